@@ -1,0 +1,57 @@
+"""The `hyperplan` command: wires subcommands; holds no logic of its own."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(
+    name="hyperplan",
+    help="Auto-parallel strategy search for large AI models on supernodes.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            typer.echo(f"hyperplan {version('hyperplan')}")
+        except PackageNotFoundError:
+            typer.echo("hyperplan (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version_: Annotated[
+        Optional[bool],
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = None,
+) -> None:
+    """Read a model (ONNX file or zoo name), cost it on a cluster, and plan its parallel strategy."""
+
+
+def _register() -> None:
+    # One module per command (group); each exposes `register(app)`.
+    from cli import estimate_cmd, hardware_cmd, inspect_cmd, zoo_cmd
+
+    inspect_cmd.register(app)
+    zoo_cmd.register(app)
+    hardware_cmd.register(app)
+    estimate_cmd.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

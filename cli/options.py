@@ -1,0 +1,65 @@
+"""Options shared by every command that reads a model: MODEL, --batch, --seq-len, --dim, zoo overrides.
+
+Defined once so `inspect`, `plan`, `estimate` spell and document them alike.
+Parsing `--dim name=value` happens here (it is CLI syntax); the library
+validates the values.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from planner.errors import InvalidInput
+
+_ZOO = "Zoo models only"
+
+Model = Annotated[str, typer.Argument(help="An ONNX file, or a zoo model name (`hyperplan zoo list`).",
+                                      show_default=False)]
+Batch = Annotated[Optional[int], typer.Option("--batch", help="Batch size: binds batch-like symbolic dims.")]
+SeqLen = Annotated[Optional[int], typer.Option("--seq-len", help="Sequence length: binds sequence-like dims.")]
+Dim = Annotated[Optional[list[str]], typer.Option("--dim", metavar="NAME=VALUE",
+                                                  help="Bind a symbolic dimension by name (repeatable).")]
+Layers = Annotated[Optional[int], typer.Option("--layers", help="Number of layers.", rich_help_panel=_ZOO)]
+Hidden = Annotated[Optional[int], typer.Option("--hidden", help="Hidden size.", rich_help_panel=_ZOO)]
+Heads = Annotated[Optional[int], typer.Option("--heads", help="Attention heads.", rich_help_panel=_ZOO)]
+KvHeads = Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (GQA).", rich_help_panel=_ZOO)]
+Vocab = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size.", rich_help_panel=_ZOO)]
+Experts = Annotated[Optional[int], typer.Option("--experts", help="Routed experts (MoE).", rich_help_panel=_ZOO)]
+TopK = Annotated[Optional[int], typer.Option("--top-k", help="Experts per token (MoE).", rich_help_panel=_ZOO)]
+
+
+def parse_dims(items: list[str] | None) -> dict[str, int]:
+    """`['batch=8', 'seq=4096']` -> {'batch': 8, 'seq': 4096}; one-sentence error for a malformed item."""
+    out: dict[str, int] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name:
+            raise InvalidInput(f"--dim {item!r} is not NAME=VALUE; write it like --dim seq=4096")
+        try:
+            number = int(value)
+        except ValueError:
+            raise InvalidInput(f"--dim {name}={value!r}: the value must be an integer, like --dim {name}=4096") \
+                from None
+        if name in out and out[name] != number:
+            raise InvalidInput(f"--dim {name} is given twice ({out[name]} and {number}); keep one")
+        out[name] = number
+    return out
+
+
+def zoo_overrides(**values: Any) -> dict[str, Any]:
+    """The architecture overrides that were given (None means 'keep the zoo's value')."""
+    return {k: v for k, v in sorted(values.items()) if v is not None}
+
+
+# -- options of the commands that cost a model on a cluster (estimate, plan, whatif) ---------------
+Cluster = Annotated[str, typer.Option("--cluster", help="A hardware preset (`hyperplan hardware list`) or a .toml file.",
+                                      show_default=False)]
+Devices = Annotated[Optional[int], typer.Option("--devices", help="Devices to use; scales the preset by nodes or "
+                                                "supernodes (default: the preset's size, or what the degrees need).")]
+GlobalBatch = Annotated[int, typer.Option("--global-batch", help="Sequences per training step.", show_default=False)]
+RequiredSeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.", show_default=False)]
+Dtype = Annotated[str, typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 or fp32.")]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]

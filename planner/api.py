@@ -1,0 +1,140 @@
+"""The public entry points: what the CLI calls and what a user can call.
+
+`load_graph` accepts what every command accepts as MODEL: a path to an ONNX
+file, or the name of a zoo model (built weightless, with overrides). Heavy
+imports (onnx, the zoo) happen inside the functions so `import planner`
+stays fast.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Any, Mapping
+
+from planner.errors import InvalidInput
+from planner.graph.ir import Graph
+
+
+def zoo_names() -> list[str]:
+    """Names the zoo can build (empty if the zoo lists none)."""
+    import models_zoo
+
+    names = getattr(models_zoo, "names", None)
+    return sorted(names()) if callable(names) else []
+
+
+def _is_zoo_name(name: str) -> bool:
+    import models_zoo
+
+    check = getattr(models_zoo, "is_zoo_name", None)
+    return bool(check(name)) if callable(check) else name in zoo_names()
+
+
+def load_graph(
+    model: str | os.PathLike,
+    *,
+    batch: int | None = None,
+    seq_len: int | None = None,
+    dims: Mapping[str, int] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Graph:
+    """The costed graph of an ONNX file or a zoo model.
+
+    A file binds its symbolic dims from `dims`, `batch` and `seq_len`; a zoo
+    model is built at `batch`/`seq_len` with the architecture `overrides`
+    (layers, hidden, heads, ...). Raises InvalidInput for anything else.
+    """
+    from planner.graph.onnx_import import import_model
+
+    overrides = {k: v for k, v in sorted((overrides or {}).items()) if v is not None}
+    text = os.fspath(model)
+    if os.path.exists(text):
+        if overrides:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in overrides)
+            verb, them = ("changes", "it") if len(overrides) == 1 else ("change", "them")
+            raise InvalidInput(f"{flags} {verb} only zoo models, and '{text}' is a file; "
+                               f"drop {them} or edit the model itself")
+        return import_model(text, dims=dims, batch=batch, seq_len=seq_len)
+    if _is_zoo_name(text):
+        if dims:
+            raise InvalidInput(f"--dim applies to ONNX files, and '{text}' is a zoo model; "
+                               "use --batch, --seq-len or the architecture options instead")
+        settings = dict(overrides)
+        for key, value in (("batch", batch), ("seq_len", seq_len)):
+            if value is not None:
+                settings.setdefault(key, value)
+        proto = _build_zoo(text, settings)
+        return import_model(proto, name=text)
+    raise InvalidInput(_unknown_model_message(text))
+
+
+def _build_zoo(name: str, settings: Mapping[str, Any]) -> Any:
+    import models_zoo
+
+    try:
+        return models_zoo.build(name, **settings)
+    except ValueError as exc:  # the zoo raises ValueError with one sentence for a bad setting
+        raise InvalidInput(f"zoo model '{name}': {exc}") from None
+
+
+def _unknown_model_message(text: str) -> str:
+    looks_like_path = os.sep in text or text.lower().endswith((".onnx", ".pb"))
+    if looks_like_path:
+        return f"model file '{text}' does not exist; check the path (`hyperplan zoo list` shows zoo models)"
+    close = difflib.get_close_matches(text, zoo_names(), n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+    return (f"no file or zoo model named '{text}'; {hint}"
+            "give the path of an .onnx file, or a zoo name (`hyperplan zoo list` shows the names)")
+
+
+def estimate_model(
+    model: str | os.PathLike,
+    *,
+    cluster: str,
+    global_batch: int,
+    seq_len: int,
+    devices: int | None = None,
+    dtype: str = "bf16",
+    mode: str = "train",
+    overrides: Mapping[str, Any] | None = None,
+    dims: Mapping[str, int] | None = None,
+    dp: int | None = None,
+    **strategy: Any,
+) -> dict[str, Any]:
+    """Score one strategy of a model on a cluster: the dict `hyperplan estimate --json` prints.
+
+    `strategy` holds the degrees and policies of `planner.strategy.Strategy`
+    (tp, pp, cp, ep, vpp, micro_batch, recompute, sp, zero, schedule,
+    offload). `dp` defaults to what the devices leave; `devices` defaults to
+    the preset's size, or to what the degrees need when `dp` is given.
+    """
+    from cost_models import load_cluster
+
+    from planner.estimate import estimate
+    from planner.graph.blocks import discover_blocks
+    from planner.strategy import Strategy, Workload
+
+    workload = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # type: ignore[arg-type]
+    inner = strategy.get("tp", 1) * strategy.get("pp", 1) * strategy.get("cp", 1)
+    if devices is None and dp is not None:
+        devices = inner * dp
+    hw = load_cluster(cluster, devices=devices)
+    if dp is None:
+        dp, rem = divmod(hw.n_devices, inner)
+        if rem or dp < 1:
+            raise InvalidInput(f"tp x pp x cp = {inner} does not divide the {hw.n_devices} devices of {hw.name}; "
+                               "change the degrees or pass --devices")
+    strat = Strategy(dp=dp, **strategy)
+    graph = load_graph(model, batch=1, seq_len=seq_len, dims=dims, overrides=overrides)
+    structure = discover_blocks(graph)
+    est = estimate(graph, structure, hw, workload, strat)
+    out = est.to_dict()
+    out["model"] = {"name": os.path.basename(os.fspath(model)), "params": graph.param_count}
+    out["cluster"] = {"name": hw.name, "devices": hw.n_devices}
+    out["workload"] = {"mode": mode, "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype}
+    out["strategy"] = {"tp": strat.tp, "pp": strat.pp, "dp": strat.dp, "cp": strat.cp, "ep": strat.ep,
+                       "vpp": strat.vpp, "micro_batch": strat.micro_batch, "recompute": strat.recompute,
+                       "sp": strat.sp, "zero": strat.zero, "schedule": strat.schedule,
+                       "offload": dict(strat.offload), "summary": strat.short()}
+    return out

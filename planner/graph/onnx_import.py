@@ -1,0 +1,257 @@
+"""ONNX model -> `Graph`: concrete shapes, parameters, scopes and a cost per node.
+
+The steps, each in its own module:
+  read (no weights loaded) -> inline local functions, keep scopes (`onnx_scopes`)
+  -> check and order the nodes (`onnx_read`) -> bind symbolic dims (`onnx_dims`)
+  -> infer shapes: ONNX, then our rules (`onnx_shapes`) -> find parameters
+  (`onnx_params`) -> cost each node (`op_costs`, `onnx_subgraphs`).
+Whatever the importer had to assume is written to `Graph.notes`.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from types import MappingProxyType
+from typing import Mapping
+
+import onnx
+
+from planner.errors import InvalidInput, InvalidModel, UnboundDimension
+from planner.graph import onnx_dims
+from planner.graph.ir import Graph, Node, Tensor
+from planner.graph.onnx_params import attrs_of, consumed_names, declared_roles, find_params, folded_nodes
+from planner.graph.onnx_read import nested_refs, read_model, skeleton, topo_order
+from planner.graph.onnx_scopes import inline_functions, node_scope
+from planner.graph.onnx_shapes import Shapes, collect, propagate, write_back
+from planner.graph.onnx_subgraphs import control_flow_cost, is_control_flow
+from planner.graph.op_cost_tables import VIEW_OPS
+from planner.graph.op_costs import OpCost, node_cost
+from planner.graph.shape_rules import is_full, merge
+
+#: Control-flow nodes described one by one in Graph.notes; the rest are counted.
+MAX_FLOW_NOTES = 10
+
+
+def import_model(source: str | os.PathLike | onnx.ModelProto, *, dims: Mapping[str, int] | None = None,
+                 batch: int | None = None, seq_len: int | None = None, name: str | None = None) -> Graph:
+    """Import an ONNX model (path or proto) as a costed `Graph` at concrete shapes.
+
+    `dims` binds symbolic dims by exact name (or ``input[k]`` for an unnamed
+    dim of a graph input); `batch` and `seq_len` bind every dim whose name
+    reads as a batch size or a sequence length (rules in `onnx_dims`).
+    """
+    _check_options(dims, batch, seq_len)
+    model, default_name = read_model(source)
+    notes: list[str] = []
+    scopes = [node_scope(n) for n in model.graph.node]
+    skel = skeleton(model)
+    skel, scopes, note = inline_functions(skel, scopes)
+    if note:
+        notes.append(note)
+    g = skel.graph
+    order = topo_order(g)
+    if order != list(range(len(order))):
+        nodes = [onnx.NodeProto() for _ in order]
+        for new, i in zip(nodes, order):
+            new.CopyFrom(g.node[i])
+        del g.node[:]
+        g.node.extend(nodes)
+        scopes = [scopes[i] for i in order]
+        notes.append("nodes were not in topological order; sorted them (stable)")
+    bound = _bind(g, dims or {}, batch, seq_len, notes)
+    known = _infer(skel, bound, notes)
+    return _build(skel, known, scopes, bound, notes, name or default_name, model)
+
+
+def _check_options(dims: Mapping[str, int] | None, batch: int | None, seq_len: int | None) -> None:
+    for flag, v in (("--batch", batch), ("--seq-len", seq_len), *((f"--dim {k}", v) for k, v in (dims or {}).items())):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0):
+            raise InvalidInput(f"{flag} must be a positive integer, got {v!r}")
+
+
+def _input_dims(g: onnx.GraphProto) -> list[tuple[onnx.ValueInfoProto, int, onnx.TensorShapeProto.Dimension]]:
+    inits = {t.name for t in g.initializer}
+    return [(vi, k, d) for vi in g.input if vi.name not in inits
+            for k, d in enumerate(vi.type.tensor_type.shape.dim)]
+
+
+def _named(g: onnx.GraphProto, key: str) -> bool:
+    """Whether the input dim `name[k]` carries a symbol (then it is listed by its symbol instead)."""
+    name, _, k = key[:-1].rpartition("[")
+    vi = next(v for v in g.input if v.name == name)
+    return bool(vi.type.tensor_type.shape.dim[int(k)].dim_param)
+
+
+def _bind(g: onnx.GraphProto, dims: Mapping[str, int], batch: int | None, seq_len: int | None,
+          notes: list[str]) -> dict[str, int]:
+    """Bind symbols, substitute them into inputs/outputs/value_info; raise for unbound input dims."""
+    all_vis = (*g.input, *g.output, *g.value_info)
+    exprs = sorted({d.dim_param for vi in all_vis for d in vi.type.tensor_type.shape.dim if d.dim_param})
+    symbols = sorted({s for e in exprs for s in onnx_dims.names_in(e)})
+    positional = {f"{vi.name}[{k}]" for vi, k, d in _input_dims(g) if not d.HasField("dim_value")}
+    stray = sorted(k for k in dims if k not in symbols and k not in positional)
+    if stray:
+        on_inputs = sorted({s for _, _, d in _input_dims(g) if d.dim_param for s in onnx_dims.names_in(d.dim_param)})
+        listed = ", ".join(on_inputs + sorted(p for p in positional if not _named(g, p))) or "none"
+        raise InvalidInput(f"--dim {stray[0]!r} names no symbolic dimension of this model; "
+                           f"its inputs' symbols are: {listed}")
+    bound = onnx_dims.bind(symbols, dims, batch, seq_len)
+    for flag, v, rule in (("--batch", batch, onnx_dims.is_batch_name), ("--seq-len", seq_len, onnx_dims.is_seq_name)):
+        if v is not None and not any(rule(s) for s in symbols):
+            notes.append(f"{flag} {v} was given but no symbolic dimension of the model reads as one; ignored")
+    read = {i for n in g.node for i in n.input}
+    inits = {t.name for t in g.initializer}
+    for vi in g.input:
+        tt = vi.type.tensor_type
+        if vi.name in read and vi.name not in inits and vi.type.HasField("tensor_type") and not tt.HasField("shape"):
+            raise InvalidModel(f"graph input '{vi.name}' declares no shape (not even its rank); re-export the model "
+                               "with example inputs so its inputs carry shapes")
+    unbound: list[str] = []
+    where = ""
+    for vi, k, d in _input_dims(g):
+        if d.HasField("dim_value"):
+            continue
+        key = f"{vi.name}[{k}]"
+        value = dims.get(key) if key in dims else (onnx_dims.evaluate(d.dim_param, bound) if d.dim_param else None)
+        if value is None:
+            missing = [s for s in onnx_dims.names_in(d.dim_param) if s not in bound] if d.dim_param else [key]
+            unbound.extend(m for m in missing if m not in unbound)
+            where = where or f"graph input '{vi.name}', dim {k}"
+        else:
+            d.dim_value = int(value)
+    if unbound:
+        raise UnboundDimension(unbound, where)
+    for vi in (*g.output, *g.value_info):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.dim_param:
+                v = onnx_dims.evaluate(d.dim_param, bound)
+                if v is not None:
+                    d.dim_value = v
+    return dict(sorted(bound.items()))
+
+
+def _infer(skel: onnx.ModelProto, bound: Mapping[str, int], notes: list[str]) -> Shapes:
+    """ONNX inference, our pass; if ours fixed shapes ONNX then could build on, once more."""
+    inferred, ok = _onnx_infer(skel, notes)
+    known = collect(inferred.graph, bound)
+    nodes = list(inferred.graph.node)
+    propagate(nodes, known, attrs_of)
+    unknown = [o for n in nodes for o in n.output if o and not is_full(known.shape.get(o))]
+    if unknown and ok:
+        fixed = write_back(skel.graph, known, [o for n in nodes for o in n.output if o])
+        if fixed:
+            again, _ = _onnx_infer(skel, notes)
+            second = collect(again.graph, bound)
+            for k, v in known.value.items():
+                second.value.setdefault(k, v)
+            for k, s in known.shape.items():
+                second.shape[k] = merge(second.shape.get(k), s)
+            propagate(list(again.graph.node), second, attrs_of)
+            known, inferred = second, again
+    skel.CopyFrom(inferred)
+    return known
+
+
+def _onnx_infer(skel: onnx.ModelProto, notes: list[str]) -> tuple[onnx.ModelProto, bool]:
+    """ONNX shape inference with data propagation; on failure, the model as is and a note."""
+    try:
+        return onnx.shape_inference.infer_shapes(skel, data_prop=True), True
+    except Exception as exc:  # onnx raises several types (InferenceError, ValidationError, RuntimeError)
+        reason = str(exc).strip().split("\n")[0][:200]
+        notes.append(f"ONNX shape inference failed ({reason}); shapes come from our own rules only")
+        return skel, False
+
+
+def _build(skel: onnx.ModelProto, known: Shapes, scopes: list[str], bound: Mapping[str, int],
+           notes: list[str], name: str, original: onnx.ModelProto) -> Graph:
+    g = skel.graph
+    nodes = list(g.node)
+    nested = {i: nested_refs(n) for i, n in enumerate(nodes) if is_control_flow(n)}
+    consumed = consumed_names(g, nodes, nested)
+    params = find_params(g, nodes, consumed, known.shape, known.dtype, declared_roles(original.graph))
+    param_set = set(params)
+    init_names = {t.name for t in g.initializer}
+    dead = sum(1 for t in g.initializer if t.name not in consumed)
+    if dead:
+        notes.append(f"{dead} initializer(s) are read by no node; ignored")
+    as_inputs = sum(1 for vi in g.input if vi.name in init_names)
+    if as_inputs:
+        notes.append(f"{as_inputs} graph input(s) have a same-named initializer; treated as weights, not inputs")
+    tensors: dict[str, Tensor] = {}
+
+    def tensor(n: str) -> None:
+        if n and n not in tensors:
+            tensors[n] = Tensor(n, _full(known.shape.get(n)), known.dtype.get(n, "undefined"), n in param_set)
+
+    inputs = tuple(vi.name for vi in g.input if vi.name not in init_names)
+    for n in inputs:
+        tensor(n)
+    folded = folded_nodes(g, nodes)
+    ir_nodes: list[Node] = []
+    used_names: set[str] = set()
+    unknown_shape = 0
+    zero = OpCost(0.0, 0.0, 0.0, True)
+    flow_notes: list[str] = []
+    for idx, (n, scope) in enumerate(zip(nodes, scopes)):
+        ins, outs, op = tuple(n.input), tuple(n.output), n.op_type
+        for t in ins + outs:
+            if t not in tensors:
+                tensor(t)
+        in_t = [tensors[i] if i else None for i in ins]
+        out_t = [tensors[o] if o else None for o in outs]
+        unknown_shape += sum(1 for t in out_t if t is not None and t.shape is None)
+        attrs = attrs_of(n) if n.attribute else {}
+        if folded[idx]:
+            cost = zero
+        elif idx in nested:
+            cost, how = control_flow_cost(n, lambda t: (_full(known.shape.get(t)), known.dtype.get(t, "undefined")),
+                                          attrs_of, known.value)
+            flow_notes.append(how)
+        else:
+            cost = node_cost(op, n.domain, attrs, [t.shape if t else None for t in in_t],
+                             [t.dtype if t else "" for t in in_t], [t.shape if t else None for t in out_t],
+                             [t.dtype if t else "" for t in out_t])
+            if cost.known and op not in VIEW_OPS and any(t is not None and t.shape is None for t in in_t + out_t):
+                cost = cost._replace(known=False)  # costed from the shapes we know: flag it
+        node_name = n.name or f"{op}_{idx}"
+        if node_name in used_names:
+            node_name = f"{node_name}#{idx}"
+        used_names.add(node_name)
+        ir_nodes.append(Node(node_name, op, ins, outs, attrs, n.domain, scope,
+                             cost.flops, cost.bytes_read, cost.bytes_written, cost.known))
+    for p in params:
+        tensor(p)
+    for vi in g.output:
+        tensor(vi.name)
+    notes.extend(flow_notes[:MAX_FLOW_NOTES])
+    if len(flow_notes) > MAX_FLOW_NOTES:
+        notes.append(f"... and {len(flow_notes) - MAX_FLOW_NOTES} more control-flow node(s) costed the same ways")
+    causal = sum(1 for n in ir_nodes if n.op_type == "Attention" and n.attrs.get("is_causal", 0))
+    if causal:
+        notes.append(f"{causal} causal Attention node(s): FLOPs count the full score matrix; a kernel that skips "
+                     "the masked half (FlashAttention) does about half of the attention FLOPs")
+    n_folded = sum(folded)
+    if n_folded:
+        notes.append(f"{n_folded} node(s) compute only from constants (folded by runtimes at load); costed 0")
+    if unknown_shape:
+        notes.append(f"{unknown_shape} tensor(s) have shapes we could not infer; their nodes are costed from the "
+                     "known shapes and flagged when a FLOP rule needed them")
+    return Graph(
+        name=name,
+        nodes=tuple(ir_nodes),
+        tensors=MappingProxyType(tensors),
+        inputs=inputs,
+        outputs=tuple(vi.name for vi in g.output),
+        params=tuple(params),
+        opset=next((op.version for op in original.opset_import if op.domain in ("", "ai.onnx")), 0),
+        producer=f"{original.producer_name} {original.producer_version}".strip(),
+        dims=MappingProxyType(dict(bound)),
+        metadata=MappingProxyType({p.key: p.value for p in original.metadata_props}),
+        notes=tuple(notes),
+    )
+
+
+def _full(shape) -> tuple[int, ...] | None:
+    """A concrete shape, or None when any dim (or the rank) is unknown."""
+    return tuple(shape) if is_full(shape) else None

@@ -1,0 +1,178 @@
+"""Which tensors are parameters, which are constants, and how node attributes read in Python.
+
+A parameter is a stored tensor the model learns (or was quantised from):
+- an initializer (inline or external data, or a graph input backed by a
+  same-named initializer, as exporters with keep_initializers_as_inputs write
+  them) of a floating dtype with more than one element, or of a 2/4/8-bit
+  integer dtype with at least `QUANT_PARAM_MIN_NUMEL` elements (quantised
+  weights);
+- the output of a ConstantOfShape whose shape is a constant, with the same
+  dtype and size rule (the light_* models of the ONNX test suite build their
+  weights this way);
+- the output of a Constant node under the same rule but with at least
+  `CONSTANT_PARAM_MIN_NUMEL` elements: Constant nodes are where exporters put
+  literals (scales, epsilons, masks), so only a large one is a weight.
+Not parameters: integer shape tensors and scalars, tensors no node reads,
+and BatchNormalization's running mean and variance (inputs 3 and 4), which are
+statistics, not trained weights — as PyTorch counts them (buffers).
+
+Where the exporter wrote down which inputs were parameters (PyTorch's
+`pkg.torch.export.ExportedProgram.graph_signature` graph metadata, with
+`PARAMETER target='...'` and `BUFFER target='...'` lines), that list wins:
+a scalar parameter such as CLIP's `logit_scale` counts, a buffer such as
+RoPE's `inv_freq` does not.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable, Mapping
+
+import onnx
+
+from planner.graph.onnx_shapes import tensor_value
+from planner.graph.dtype_rules import dtype_name
+from planner.graph.shape_rules import PShape
+
+QUANT_PARAM_MIN_NUMEL = 1024
+CONSTANT_PARAM_MIN_NUMEL = 1024
+_QUANT_DTYPES = frozenset({"int8", "uint8", "int4", "uint4", "int2", "uint2"})
+_RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                         "Bernoulli", "Multinomial", "Dropout"})
+#: Attribute tensors with at most this many elements keep their values in Node.attrs.
+ATTR_VALUES_NUMEL = 64
+
+
+def is_weight_dtype(dtype: str, numel: int, min_numel: int = 2) -> bool:
+    if dtype.startswith(("float", "bfloat")):
+        return numel >= min_numel
+    return dtype in _QUANT_DTYPES and numel >= max(min_numel, QUANT_PARAM_MIN_NUMEL)
+
+
+def _numel(shape: PShape) -> int | None:
+    if shape is None or any(d is None for d in shape):
+        return None
+    return math.prod(shape)  # type: ignore[arg-type]
+
+
+SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
+_SIGNATURE_LINE = re.compile(r"\b(PARAMETER|BUFFER|CONSTANT_TENSOR)\s+target='([^']+)'")
+
+
+def declared_roles(graph: onnx.GraphProto) -> dict[str, str]:
+    """Initializer name -> 'PARAMETER' / 'BUFFER' / 'CONSTANT_TENSOR' from the exporter's signature, if any."""
+    for prop in graph.metadata_props:
+        if prop.key == SIGNATURE_KEY:
+            return {m.group(2): m.group(1) for m in _SIGNATURE_LINE.finditer(prop.value)}
+    return {}
+
+
+def find_params(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], consumed: set[str],
+                shapes: Mapping[str, PShape], dtypes: Mapping[str, str],
+                roles: Mapping[str, str] | None = None) -> list[str]:
+    """Parameter names in order of first use (then initializer order for the rest).
+
+    `roles` is `declared_roles` of the original graph (the skeleton drops metadata).
+    """
+    stats = {n.input[i] for n in nodes if n.op_type == "BatchNormalization" for i in (3, 4) if len(n.input) > i}
+    init_names = {t.name for t in graph.initializer}
+    constant_names = set(init_names)
+    candidates: set[str] = set()
+    for t in graph.initializer:
+        numel = math.prod(t.dims)
+        if t.name in consumed and is_weight_dtype(dtype_name(t.data_type), numel):
+            candidates.add(t.name)
+    for n in nodes:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+            constant_names.update(n.output)
+            out = n.output[0]
+            numel = _numel(shapes.get(out))
+            if numel is not None and is_weight_dtype(dtypes.get(out, ""), numel, CONSTANT_PARAM_MIN_NUMEL):
+                candidates.add(out)
+        elif n.op_type == "ConstantOfShape" and n.input and n.input[0] in constant_names:
+            out = n.output[0]
+            constant_names.add(out)
+            numel = _numel(shapes.get(out))
+            if numel is not None and is_weight_dtype(dtypes.get(out, "float32"), numel):
+                candidates.add(out)
+    roles = declared_roles(graph) if roles is None else roles
+    if roles:
+        candidates = {c for c in candidates if roles.get(c, "PARAMETER") == "PARAMETER"}
+        candidates |= {t.name for t in graph.initializer if roles.get(t.name) == "PARAMETER"}
+    candidates = {c for c in candidates if c in consumed and c not in stats}
+    ordered: list[str] = []
+    seen: set[str] = set()
+    for n in nodes:
+        for i in n.input:
+            if i in candidates and i not in seen:
+                seen.add(i)
+                ordered.append(i)
+    ordered.extend(sorted(candidates - seen))  # read only by subgraphs or graph outputs
+    return ordered
+
+
+def folded_nodes(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> list[bool]:
+    """Per node: does it compute only from constants? Runtimes fold such nodes at load (cost 0 per step)."""
+    const = {t.name for t in graph.initializer}
+    out: list[bool] = []
+    for n in nodes:
+        ins = [i for i in n.input if i]
+        folded = (n.op_type == "Constant" or (bool(ins) and all(i in const for i in ins))) and \
+            n.op_type not in _RANDOM_OPS and not any(a.type in (onnx.AttributeProto.GRAPH,
+                                                                onnx.AttributeProto.GRAPHS) for a in n.attribute)
+        if folded:
+            const.update(o for o in n.output if o)
+        out.append(folded)
+    return out
+
+
+def tensor_attr(t: onnx.TensorProto) -> dict[str, Any]:
+    """A tensor attribute as plain data: dtype, shape and (small ones only) the flat values."""
+    value = tensor_value(t) if math.prod(t.dims) <= ATTR_VALUES_NUMEL else None
+    values = tuple(value.reshape(-1).tolist()) if value is not None else None
+    return {"dtype": dtype_name(t.data_type), "shape": tuple(int(d) for d in t.dims), "values": values}
+
+
+def attrs_of(node: onnx.NodeProto) -> dict[str, Any]:
+    """Node attributes as Python values; subgraphs become a short description."""
+    A = onnx.AttributeProto
+    out: dict[str, Any] = {}
+    for a in node.attribute:
+        t = a.type
+        if t == A.INT:
+            out[a.name] = a.i
+        elif t == A.FLOAT:
+            out[a.name] = a.f
+        elif t == A.STRING:
+            out[a.name] = a.s.decode("utf-8", "replace")
+        elif t == A.INTS:
+            out[a.name] = tuple(a.ints)
+        elif t == A.FLOATS:
+            out[a.name] = tuple(a.floats)
+        elif t == A.STRINGS:
+            out[a.name] = tuple(s.decode("utf-8", "replace") for s in a.strings)
+        elif t == A.TENSOR:
+            out[a.name] = tensor_attr(a.t)
+        elif t == A.TENSORS:
+            out[a.name] = tuple(tensor_attr(x) for x in a.tensors)
+        elif t == A.GRAPH:
+            out[a.name] = _graph_summary(a.g)
+        elif t == A.GRAPHS:
+            out[a.name] = tuple(_graph_summary(g) for g in a.graphs)
+        else:
+            out[a.name] = f"<{A.AttributeType.Name(t).lower()}>"
+    return out
+
+
+def _graph_summary(g: onnx.GraphProto) -> str:
+    return f"<graph '{g.name}': {len(g.node)} nodes>"
+
+
+def consumed_names(graph: onnx.GraphProto, nodes: Iterable[onnx.NodeProto], nested: Mapping[int, set[str]]) -> set[str]:
+    """Every name a node (or a subgraph of one) reads, plus the graph outputs."""
+    used = {o.name for o in graph.output}
+    for idx, n in enumerate(nodes):
+        used.update(i for i in n.input if i)
+        used.update(nested.get(idx, ()))
+    return used
