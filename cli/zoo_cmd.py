@@ -1,0 +1,93 @@
+"""`hyperplan zoo`: list the built-in reference models, export one as a weightless ONNX file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+import models_zoo
+from cli.errors import guarded
+from planner.errors import InvalidInput
+
+console = Console(highlight=False, soft_wrap=True)
+zoo_app = typer.Typer(
+    name="zoo",
+    help="Reference models built in: list them, or export one as a weightless ONNX graph.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}" if n / scale < 100 else f"{n / scale:.1f}{unit}"
+    return str(int(n))
+
+
+@zoo_app.command("list")
+@guarded
+def list_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the presets as JSON.")] = False,
+) -> None:
+    """List the presets: family, parameters (total, active), layers, and the source of their figures."""
+    rows = models_zoo.presets()
+    if as_json:
+        typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2, sort_keys=True))
+        return
+    table = Table(title="hyperplan zoo (weightless ONNX builders)")
+    for col in ("name", "family", "params", "active", "layers", "source"):
+        table.add_column(col, overflow="fold", justify="right" if col in ("params", "active", "layers") else "left")
+    for r in rows:
+        table.add_row(r.name, r.family, _human(r.params), _human(r.active_params), str(r.layers), r.source)
+    console.print(table)
+
+
+@zoo_app.command("export")
+@guarded
+def export_cmd(
+    name: Annotated[str, typer.Argument(help="Preset name (see `hyperplan zoo list`).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="ONNX file to write.")],
+    layers: Annotated[Optional[int], typer.Option(help="Number of (LLM) layers.")] = None,
+    hidden: Annotated[Optional[int], typer.Option(help="Hidden size.")] = None,
+    heads: Annotated[Optional[int], typer.Option(help="Attention heads.")] = None,
+    kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (GQA).")] = None,
+    vocab: Annotated[Optional[int], typer.Option(help="Vocabulary size.")] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Sequence length of the graph.")] = None,
+    ffn: Annotated[Optional[int], typer.Option(help="MLP width (per expert for MoE).")] = None,
+    experts: Annotated[Optional[int], typer.Option(help="Routed experts.")] = None,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Experts per token.")] = None,
+    batch: Annotated[Optional[int], typer.Option(help="Batch size of the graph.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
+    """Write the preset's weightless graph (load it with onnx.load(path, load_external_data=False))."""
+    if output.exists() and not force:
+        raise InvalidInput(f"{output} already exists; pass --force to overwrite it.")
+    overrides = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab, seq_len=seq_len,
+                     ffn=ffn, experts=experts, top_k=top_k, batch=batch)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        model = models_zoo.build(name, **overrides)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    data = model.SerializeToString()
+    try:
+        output.write_bytes(data)
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {output}: {exc.strerror}; choose another path.") from None
+    meta = {p.key: p.value for p in model.metadata_props}
+    console.print(
+        f"wrote {output}: {name}, {_human(int(meta['hyperplan.params']))} parameters "
+        f"({_human(int(meta['hyperplan.active_params']))} active), {len(model.graph.node)} nodes, "
+        f"{len(data) / 1e6:.2f} MB"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(zoo_app, name="zoo")

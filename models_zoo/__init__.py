@@ -1,0 +1,147 @@
+"""Weightless ONNX graphs of reference architectures, by name, with free hyperparameters.
+
+    >>> import models_zoo
+    >>> m = models_zoo.build("llama3-8b", layers=2, seq_len=512)   # onnx.ModelProto
+    >>> models_zoo.param_counts("deepseek-v3")                      # (total, active)
+
+Graphs hold no weights: parameters are initializers with external data at
+``#weightless`` (see `graph_builder`); read a saved one with
+``onnx.load(path, load_external_data=False)``. Summing initializer dims
+gives the parameter count; ``model.metadata_props`` carries
+``hyperplan.family``, ``hyperplan.preset``, ``hyperplan.config`` (JSON),
+``hyperplan.params`` and ``hyperplan.active_params``.
+
+This package imports onnx (and numpy) only: nothing of hyperplan. Bad names
+or overrides raise ValueError with one sentence; the planner wraps it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from onnx import ModelProto
+
+from models_zoo import deepseek, gpt, llama, multimodal, vision
+from models_zoo.common import require, with_overrides
+from models_zoo.graph_builder import WEIGHTLESS_LOCATION, materialize
+from models_zoo.multimodal import MultimodalConfig
+from models_zoo.presets import BY_NAME, PRESETS, Preset
+
+__all__ = [
+    "PresetInfo", "WEIGHTLESS_LOCATION", "build", "config", "is_zoo_name", "materialize", "names", "param_counts",
+    "presets",
+]
+
+_FAMILIES: dict[str, tuple[Callable[..., ModelProto], Callable[[Any], tuple[int, int]]]] = {
+    "gpt": (gpt.build, gpt.param_counts),
+    "llama": (llama.build, llama.param_counts),
+    "mixtral": (llama.build, llama.param_counts),
+    "deepseek": (deepseek.build, deepseek.param_counts),
+    "vit": (vision.build, vision.param_counts),
+    "multimodal": (multimodal.build, multimodal.param_counts),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PresetInfo:
+    """One row of `presets()`: our analytic counts beside the published ones."""
+
+    name: str
+    family: str
+    params: int
+    active_params: int
+    layers: int
+    source: str
+    published_params: float
+    published_active: float
+    tolerance: float
+    note: str
+
+
+def presets() -> list[PresetInfo]:
+    """Every preset in a fixed order (by family as listed, then size)."""
+    rows = []
+    for p in PRESETS:
+        total, active = _FAMILIES[p.family][1](p.config)
+        rows.append(PresetInfo(
+            p.name, p.family, total, active, _layers(p.config), p.source,
+            p.published_params, p.published_active, p.tolerance, p.note,
+        ))
+    return rows
+
+
+def names() -> list[str]:
+    """Preset names in listing order."""
+    return [p.name for p in PRESETS]
+
+
+def is_zoo_name(name: str) -> bool:
+    return isinstance(name, str) and name in BY_NAME
+
+
+def config(name: str, **overrides: Any) -> Any:
+    """The preset's config dataclass with `overrides` applied and checked."""
+    preset = _preset(name)
+    cfg = _apply(preset, overrides)
+    (cfg.synced() if isinstance(cfg, MultimodalConfig) else cfg).validate()
+    return cfg
+
+
+def build(name: str, **overrides: Any) -> ModelProto:
+    """The weightless graph of preset `name` with `overrides` (e.g. layers=2, seq_len=512, batch=4)."""
+    preset = _preset(name)
+    return _FAMILIES[preset.family][0](config(name, **overrides), preset.family, preset.name)
+
+
+def param_counts(name: str, **overrides: Any) -> tuple[int, int]:
+    """(total, active) parameters from the config's formula, without building the graph."""
+    preset = _preset(name)
+    cfg = config(name, **overrides)
+    return _FAMILIES[preset.family][1](cfg.synced() if isinstance(cfg, MultimodalConfig) else cfg)
+
+
+def _preset(name: str) -> Preset:
+    require(
+        isinstance(name, str) and name in BY_NAME,
+        f"unknown zoo model {name!r}; known: {', '.join(p.name for p in PRESETS)}.",
+    )
+    return BY_NAME[name]
+
+
+def _layers(cfg: Any) -> int:
+    return cfg.text.layers if isinstance(cfg, MultimodalConfig) else cfg.layers
+
+
+def _apply(preset: Preset, overrides: dict[str, Any]) -> Any:
+    """Route flat overrides to the config; a multimodal model splits them by prefix.
+
+    For a multimodal model, ``vision_<field>`` and ``audio_<field>`` go to the
+    towers, ``merge``/``projector_*``/``deepstack`` to the model, and every
+    other key (layers, hidden, seq_len, batch, experts, ...) to the LLM.
+    """
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    cfg = preset.config
+    what = f"zoo model {preset.name!r}"
+    if not isinstance(cfg, MultimodalConfig):
+        return with_overrides(cfg, overrides, what)
+    own = {f.name for f in dataclasses.fields(cfg)} - {"text", "vision", "audio"}
+    parts: dict[str, dict[str, Any]] = {"text": {}, "vision": {}, "audio": {}, "own": {}}
+    for key in sorted(overrides):
+        if key.startswith("vision_"):
+            parts["vision"][key[len("vision_"):]] = overrides[key]
+        elif key.startswith("audio_"):
+            require(cfg.audio is not None, f"{what} has no audio tower; drop {key!r}.")
+            parts["audio"][key[len("audio_"):]] = overrides[key]
+        elif key in own:
+            parts["own"][key] = overrides[key]
+        else:
+            parts["text"][key] = overrides[key]
+    return dataclasses.replace(
+        cfg,
+        text=with_overrides(cfg.text, parts["text"], what),
+        vision=with_overrides(cfg.vision, parts["vision"], f"{what}'s vision tower (vision_*)"),
+        audio=with_overrides(cfg.audio, parts["audio"], f"{what}'s audio tower (audio_*)") if cfg.audio else None,
+        **parts["own"],
+    )

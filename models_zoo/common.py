@@ -1,0 +1,80 @@
+"""What every family shares: config checks, the run settings, model metadata.
+
+Configs are frozen dataclasses of plain numbers; a bad value raises
+ValueError with one sentence naming the field and the fix (the planner
+turns it into its own InvalidInput).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from onnx import ModelProto
+
+from models_zoo.graph_builder import DTYPES, GraphBuilder
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise ValueError(message) unless ok: the one check used on every config field."""
+    if not ok:
+        raise ValueError(message)
+
+
+def check_positive(cfg: object, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        require(
+            isinstance(value, int) and not isinstance(value, bool) and value > 0,
+            f"{name} must be a positive integer, got {value!r}.",
+        )
+
+
+def check_dtype(dtype: str) -> None:
+    require(dtype in DTYPES, f"dtype {dtype!r} is not supported; use one of {', '.join(sorted(DTYPES))}.")
+
+
+def check_divides(part: int, whole: int, part_name: str, whole_name: str) -> None:
+    require(
+        whole % part == 0,
+        f"{whole_name}={whole} is not a multiple of {part_name}={part}; pick values that divide.",
+    )
+
+
+def config_json(cfg: object) -> str:
+    """The config as canonical JSON (sorted keys), stored in the model's metadata.
+
+    A composite config (multimodal: ``text``, ``vision``...) also gets the
+    run settings ``batch``/``seq_len`` at the top, where readers look first.
+    """
+    data = dataclasses.asdict(cfg)
+    text = data.get("text")
+    if isinstance(text, dict):
+        data.setdefault("batch", text["batch"])
+        data.setdefault("seq_len", text["seq_len"])
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def finish(b: GraphBuilder, family: str, preset: str, cfg: object, total: int, active: int) -> ModelProto:
+    """Seal the graph with hyperplan's metadata keys; cross-check the analytic count."""
+    if b.param_numel != total:  # internal invariant: the formula and the graph must agree
+        raise AssertionError(f"{family}: graph holds {b.param_numel} parameters, formula says {total}")
+    meta = {
+        "hyperplan.family": family,
+        "hyperplan.preset": preset,
+        "hyperplan.config": config_json(cfg),
+        "hyperplan.params": str(total),
+        "hyperplan.active_params": str(active),
+        "hyperplan.weights": "weightless: initializers are external data at '#weightless'; "
+        "load with onnx.load(path, load_external_data=False)",
+    }
+    return b.finish(meta, doc=f"hyperplan zoo: {preset or family} ({family}), weightless")
+
+
+def with_overrides(cfg: Any, overrides: dict[str, Any], what: str) -> Any:
+    """dataclasses.replace with a one-sentence error for a field the config does not have."""
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    for key in sorted(overrides):
+        require(key in fields, f"{what} has no setting {key!r}; valid settings: {', '.join(sorted(fields))}.")
+    return dataclasses.replace(cfg, **overrides)

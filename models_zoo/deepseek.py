@@ -1,0 +1,184 @@
+"""DeepSeek-V3-style decoder: multi-head latent attention and fine-grained MoE.
+
+MLA (DeepSeek-V2 paper, section 2.1): queries go through a low-rank
+``q_a_proj`` -> RMSNorm -> ``q_b_proj``; keys and values are decompressed
+from a ``kv_lora_rank`` latent by ``kv_b_proj``; a ``qk_rope_head_dim`` part
+of each query/key carries RoPE, the key's part shared by all heads. MoE
+layers hold ``experts`` routed experts (sigmoid scores, top-k) plus
+``shared_experts`` always-on experts; the first ``dense_layers`` layers
+have a dense MLP. Names and shapes follow transformers 5's
+``DeepseekV3ForCausalLM``.
+
+Left out (they change no parameter count of the main model, or are listed
+here): the multi-token-prediction module (14B parameters in the released
+checkpoint, 671B + 14B = 685B; it is a training-time auxiliary head); the
+routing bias ``e_score_correction_bias`` (a buffer, not a parameter);
+group-limited routing and the routed scaling factor (they change which
+experts run, not how much compute); YaRN's attention scale (long-context
+only).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from onnx import ModelProto, TensorProto
+
+from models_zoo.common import check_dtype, check_positive, finish, require
+from models_zoo.graph_builder import GraphBuilder
+from models_zoo.layers import (
+    apply_rope,
+    causal_mask,
+    gated_mlp,
+    linear,
+    merge_heads,
+    reshape,
+    rms_norm,
+    rope_tables,
+    sdpa,
+    split_heads,
+)
+from models_zoo.moe import EXPERT_LAYOUTS, routed_experts, routed_params
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeepseekConfig:
+    hidden: int
+    layers: int
+    dense_layers: int  # HF first_k_dense_replace
+    heads: int
+    q_lora_rank: int  # 0: a plain q_proj
+    kv_lora_rank: int
+    qk_nope_dim: int
+    qk_rope_dim: int
+    v_head_dim: int
+    ffn: int  # dense-layer MLP width (HF intermediate_size)
+    expert_ffn: int  # per-expert width (HF moe_intermediate_size)
+    experts: int
+    top_k: int
+    shared_experts: int
+    vocab: int
+    seq_len: int
+    batch: int = 1
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    expert_layout: str = "fused"
+    dtype: str = "bfloat16"
+
+    @property
+    def qk_dim(self) -> int:
+        return self.qk_nope_dim + self.qk_rope_dim
+
+    def validate(self) -> None:
+        check_positive(
+            self, "hidden", "layers", "heads", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim",
+            "ffn", "expert_ffn", "experts", "top_k", "vocab", "seq_len", "batch",
+        )
+        check_dtype(self.dtype)
+        require(
+            0 <= self.dense_layers <= self.layers,
+            f"dense_layers={self.dense_layers} must be in 0..layers={self.layers}.",
+        )
+        require(self.q_lora_rank >= 0, f"q_lora_rank must be >= 0, got {self.q_lora_rank}.")
+        require(self.shared_experts >= 0, f"shared_experts must be >= 0, got {self.shared_experts}.")
+        require(self.top_k <= self.experts, f"top_k={self.top_k} must not exceed experts={self.experts}.")
+        require(self.qk_rope_dim % 2 == 0, f"qk_rope_dim={self.qk_rope_dim} must be even for rotary embeddings.")
+        require(
+            self.expert_layout in EXPERT_LAYOUTS,
+            f"expert_layout {self.expert_layout!r} is unknown; use one of {', '.join(EXPERT_LAYOUTS)}.",
+        )
+
+
+def attention_params(cfg: DeepseekConfig) -> int:
+    h, n = cfg.hidden, cfg.heads
+    if cfg.q_lora_rank:
+        q = h * cfg.q_lora_rank + cfg.q_lora_rank + cfg.q_lora_rank * n * cfg.qk_dim
+    else:
+        q = h * n * cfg.qk_dim
+    kv = h * (cfg.kv_lora_rank + cfg.qk_rope_dim) + cfg.kv_lora_rank
+    kv += cfg.kv_lora_rank * n * (cfg.qk_nope_dim + cfg.v_head_dim)
+    return q + kv + n * cfg.v_head_dim * h
+
+
+def param_counts(cfg: DeepseekConfig) -> tuple[int, int]:
+    """(total, active): per token, k routed experts of E run, every other weight does."""
+    h = cfg.hidden
+    base = attention_params(cfg) + 2 * h
+    dense = base + 3 * h * cfg.ffn
+    moe = base + routed_params(h, cfg.expert_ffn, cfg.experts) + 3 * h * cfg.expert_ffn * cfg.shared_experts
+    idle = (cfg.experts - cfg.top_k) * 3 * h * cfg.expert_ffn
+    n_moe = cfg.layers - cfg.dense_layers
+    rest = 2 * cfg.vocab * h + h
+    total = cfg.dense_layers * dense + n_moe * moe + rest
+    return total, total - n_moe * idle
+
+
+def mla(b: GraphBuilder, cfg: DeepseekConfig, x: str, seq: int, cos: str, sin: str, mask: str) -> str:
+    """Multi-head latent attention in the current ``self_attn`` scope."""
+    B, H, n = cfg.batch, cfg.hidden, cfg.heads
+    nope, rope, vd = cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
+    if cfg.q_lora_rank:
+        q = linear(b, x, H, cfg.q_lora_rank, "q_a_proj")
+        q = rms_norm(b, q, cfg.q_lora_rank, "q_a_layernorm", cfg.norm_eps)
+        q = linear(b, q, cfg.q_lora_rank, n * cfg.qk_dim, "q_b_proj")
+    else:
+        q = linear(b, x, H, n * cfg.qk_dim, "q_proj")
+    q_nope, q_rot = b.op("Split", [split_heads(b, q, B, seq, n, cfg.qk_dim), b.const([nope, rope])], n_out=2, axis=-1)
+    ckv = linear(b, x, H, cfg.kv_lora_rank + rope, "kv_a_proj_with_mqa")
+    latent, k_rot = b.op("Split", [ckv, b.const([cfg.kv_lora_rank, rope])], n_out=2, axis=-1)
+    latent = rms_norm(b, latent, cfg.kv_lora_rank, "kv_a_layernorm", cfg.norm_eps)
+    kv = split_heads(b, linear(b, latent, cfg.kv_lora_rank, n * (nope + vd), "kv_b_proj"), B, seq, n, nope + vd)
+    k_nope, v = b.op("Split", [kv, b.const([nope, vd])], n_out=2, axis=-1)
+    k_rot = b.op("Unsqueeze", [k_rot, b.const([1])])  # one rotary key shared by all heads
+    q_rot = apply_rope(b, q_rot, cos, sin, rope)
+    k_rot = b.op("Expand", [apply_rope(b, k_rot, cos, sin, rope), b.const([B, n, seq, rope])])
+    q = b.op("Concat", [q_nope, q_rot], axis=-1)
+    k = b.op("Concat", [k_nope, k_rot], axis=-1)
+    o = merge_heads(b, sdpa(b, q, k, v, 1.0 / math.sqrt(cfg.qk_dim), mask), B, seq, n * vd)
+    return linear(b, o, n * vd, H, "o_proj")
+
+
+def moe_mlp(b: GraphBuilder, cfg: DeepseekConfig, x: str, seq: int) -> str:
+    """Routed experts + shared experts, in the current ``mlp`` scope."""
+    B, H = cfg.batch, cfg.hidden
+    tokens = B * seq
+    flat = reshape(b, x, [tokens, H])
+    y = routed_experts(
+        b, flat, tokens, H, cfg.expert_ffn, cfg.experts, cfg.top_k,
+        score="sigmoid", norm_topk=True, layout=cfg.expert_layout,
+    )
+    if cfg.shared_experts:
+        y = b.op("Add", [y, gated_mlp(b, flat, H, cfg.expert_ffn * cfg.shared_experts, "shared_experts")])
+    return reshape(b, y, [B, seq, H])
+
+
+def build(cfg: DeepseekConfig, family: str = "deepseek", preset: str = "") -> ModelProto:
+    """``input_ids`` [B, S] int64 -> ``logits`` [B, S, V]."""
+    cfg.validate()
+    b = GraphBuilder(preset or family, cfg.dtype)
+    B, S, H = cfg.batch, cfg.seq_len, cfg.hidden
+    ids = b.input("input_ids", TensorProto.INT64, [B, S])
+    with b.scope("model"):
+        with b.scope("embed_tokens"):
+            h = b.op("Gather", [b.param("weight", [cfg.vocab, H]), ids], axis=0)
+        with b.scope("rotary_emb"):
+            cos, sin = rope_tables(b, S, cfg.qk_rope_dim, cfg.rope_theta)
+        mask = causal_mask(b, S)
+        for i in range(cfg.layers):
+            with b.scope(f"layers.{i}"):
+                x = rms_norm(b, h, H, "input_layernorm", cfg.norm_eps)
+                with b.scope("self_attn"):
+                    h = b.op("Add", [h, mla(b, cfg, x, S, cos, sin, mask)])
+                x = rms_norm(b, h, H, "post_attention_layernorm", cfg.norm_eps)
+                if i < cfg.dense_layers:
+                    y = gated_mlp(b, x, H, cfg.ffn, "mlp")
+                else:
+                    with b.scope("mlp"):
+                        y = moe_mlp(b, cfg, x, S)
+                h = b.op("Add", [h, y])
+        h = rms_norm(b, h, H, "norm", cfg.norm_eps)
+    logits = linear(b, h, H, cfg.vocab, "lm_head")
+    b.output(logits, "logits", b.elem, [B, S, cfg.vocab])
+    total, active = param_counts(cfg)
+    return finish(b, family, preset, cfg, total, active)

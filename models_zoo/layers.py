@@ -1,0 +1,150 @@
+"""Building blocks shared by the families: linear, norms, activations, attention, RoPE.
+
+Each block emits the ops PyTorch's exporter emits for the same module
+(``nn.Linear`` -> Transpose + MatMul (+ Add), RMSNorm -> Mul/ReduceMean/Add/
+Sqrt/Reciprocal/Mul, eager attention -> MatMul/Mul/Add/Softmax/MatMul), so an
+importer costs a zoo graph and an exported model the same way. Shapes are
+concrete and tracked by the caller; blocks take the ints they need.
+"""
+
+from __future__ import annotations
+
+import math
+
+from onnx import TensorProto
+
+from models_zoo.graph_builder import GraphBuilder
+
+
+def linear(b: GraphBuilder, x: str, in_f: int, out_f: int, name: str, bias: bool = False) -> str:
+    """``nn.Linear``: weight stored [out, in], consumed as x @ W^T like the exporter does."""
+    with b.scope(name):
+        w = b.param("weight", [out_f, in_f])
+        y = b.op("MatMul", [x, b.op("Transpose", [w], perm=[1, 0])])
+        if bias:
+            y = b.op("Add", [y, b.param("bias", [out_f])])
+    return y
+
+
+def conv1d_linear(b: GraphBuilder, x: str, in_f: int, out_f: int, name: str) -> str:
+    """GPT-2's ``Conv1D``: weight stored [in, out], consumed as x @ W + b (HF GPT2 naming)."""
+    with b.scope(name):
+        y = b.op("MatMul", [x, b.param("weight", [in_f, out_f])])
+        y = b.op("Add", [y, b.param("bias", [out_f])])
+    return y
+
+
+def layer_norm(b: GraphBuilder, x: str, dim: int, name: str, eps: float = 1e-5, bias: bool = True) -> str:
+    with b.scope(name):
+        ins = [x, b.param("weight", [dim])]
+        if bias:
+            ins.append(b.param("bias", [dim]))
+        return b.op("LayerNormalization", ins, axis=-1, epsilon=eps)
+
+
+def rms_norm(b: GraphBuilder, x: str, dim: int, name: str, eps: float = 1e-6) -> str:
+    """RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * w, as HF's LlamaRMSNorm."""
+    with b.scope(name):
+        w = b.param("weight", [dim])
+        ms = b.op("ReduceMean", [b.op("Mul", [x, x]), b.const([-1])], keepdims=1)
+        inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [ms, b.fconst(eps)])])])
+        return b.op("Mul", [w, b.op("Mul", [x, inv])])
+
+
+def gelu(b: GraphBuilder, x: str, tanh: bool = False) -> str:
+    return b.op("Gelu", [x], approximate="tanh" if tanh else "none")
+
+
+def silu(b: GraphBuilder, x: str) -> str:
+    return b.op("Mul", [x, b.op("Sigmoid", [x])])
+
+
+def reshape(b: GraphBuilder, x: str, shape: list[int]) -> str:
+    return b.op("Reshape", [x, b.const(shape)])
+
+
+def split_heads(b: GraphBuilder, x: str, batch: int, seq: int, heads: int, dim: int) -> str:
+    """[B, S, h*d] -> [B, h, S, d]."""
+    return b.op("Transpose", [reshape(b, x, [batch, seq, heads, dim])], perm=[0, 2, 1, 3])
+
+
+def merge_heads(b: GraphBuilder, x: str, batch: int, seq: int, width: int) -> str:
+    """[B, h, S, d] -> [B, S, h*d]."""
+    return reshape(b, b.op("Transpose", [x], perm=[0, 2, 1, 3]), [batch, seq, width])
+
+
+def repeat_kv(b: GraphBuilder, x: str, batch: int, kv_heads: int, rep: int, seq: int, dim: int) -> str:
+    """GQA: share each K/V head among `rep` query heads (HF ``repeat_kv``: expand + reshape)."""
+    if rep == 1:
+        return x
+    x = b.op("Unsqueeze", [x, b.const([2])])
+    x = b.op("Expand", [x, b.const([batch, kv_heads, rep, seq, dim])])
+    return reshape(b, x, [batch, kv_heads * rep, seq, dim])
+
+
+def sdpa(b: GraphBuilder, q: str, k: str, v: str, scale: float, mask: str | None, dropout: float = 0.0) -> str:
+    """Eager scaled dot-product attention: softmax(q k^T * scale + mask) v (Vaswani et al. 2017, eq. 1),
+    with dropout on the probabilities when `dropout` > 0 (as Megatron-LM trains GPT)."""
+    scores = b.op("MatMul", [q, b.op("Transpose", [k], perm=[0, 1, 3, 2])])
+    scores = b.op("Mul", [scores, b.fconst(scale)])
+    if mask is not None:
+        scores = b.op("Add", [scores, mask])
+    return b.op("MatMul", [drop(b, b.op("Softmax", [scores], axis=-1), dropout), v])
+
+
+def drop(b: GraphBuilder, x: str, ratio: float) -> str:
+    """Training-mode Dropout (it keeps a 1-byte mask for backward); the identity when ratio is 0."""
+    if ratio <= 0:
+        return x
+    return b.op("Dropout", [x, b.fconst(ratio), b.const(True, TensorProto.BOOL)], n_out=2)[0]
+
+
+def filled(b: GraphBuilder, value: float, shape: list[int], elem: int) -> str:
+    """A tensor of `shape` holding `value`: Expand of a scalar Constant.
+
+    Not ConstantOfShape: importers (ours included) take a ConstantOfShape of
+    a float dtype for a stored weight, as the ONNX test suite's models use it.
+    """
+    return b.op("Expand", [b.const([value], elem), b.const(shape)])
+
+
+def causal_mask(b: GraphBuilder, seq: int) -> str:
+    """[S, S] additive mask, -inf above the diagonal, built in-graph so the file stays small."""
+    return b.op("Trilu", [filled(b, -math.inf, [seq, seq], b.elem), b.const(1)], upper=1)
+
+
+def rope_tables(b: GraphBuilder, seq: int, dim: int, theta: float) -> tuple[str, str]:
+    """cos, sin [S, dim] of rotary embeddings (Su et al. 2021, RoFormer eq. 34), HF half-split layout.
+
+    Positions come from a CumSum over ones, not a stored arange, so a 64K
+    context costs no bytes in the file. Computed in float32 and cast.
+    """
+    pos = b.op("CumSum", [filled(b, 1.0, [seq], TensorProto.FLOAT), b.const(0)])
+    pos = b.op("Sub", [pos, b.const(1.0, TensorProto.FLOAT)])
+    inv_freq = [theta ** (-2.0 * i / dim) for i in range(dim // 2)]
+    freqs = b.op("Mul", [b.op("Unsqueeze", [pos, b.const([1])]), b.const(inv_freq, TensorProto.FLOAT)])
+    emb = b.op("Concat", [freqs, freqs], axis=-1)
+    cos = b.op("Cast", [b.op("Cos", [emb])], to=b.elem)
+    sin = b.op("Cast", [b.op("Sin", [emb])], to=b.elem)
+    return cos, sin
+
+
+def apply_rope(b: GraphBuilder, x: str, cos: str, sin: str, dim: int) -> str:
+    """x * cos + rotate_half(x) * sin over the last dim of [B, h, S, dim] (HF ``apply_rotary_pos_emb``)."""
+    half = dim // 2
+    x1 = b.op("Slice", [x, b.const([0]), b.const([half]), b.const([-1])])
+    x2 = b.op("Slice", [x, b.const([half]), b.const([dim]), b.const([-1])])
+    rotated = b.op("Concat", [b.op("Neg", [x2]), x1], axis=-1)
+    return b.op("Add", [b.op("Mul", [x, cos]), b.op("Mul", [rotated, sin])])
+
+
+def gated_mlp(b: GraphBuilder, x: str, hidden: int, ffn: int, name: str) -> str:
+    """SwiGLU MLP (Shazeer 2020): down(silu(gate(x)) * up(x)), HF ``LlamaMLP`` names."""
+    with b.scope(name):
+        g = linear(b, x, hidden, ffn, "gate_proj")
+        u = linear(b, x, hidden, ffn, "up_proj")
+        return linear(b, b.op("Mul", [silu(b, g), u]), ffn, hidden, "down_proj")
+
+
+def gated_mlp_params(hidden: int, ffn: int) -> int:
+    return 3 * hidden * ffn

@@ -1,0 +1,180 @@
+"""Llama-style decoders: RMSNorm, SwiGLU, RoPE, GQA; optionally top-k MoE (Mixtral, Qwen3-MoE).
+
+One config covers Llama 2/3 (dense), Mixtral (``experts``/``top_k`` set: the
+MLP is routed) and Qwen3-MoE (plus ``qk_norm``), because they differ only in
+those switches. Parameter names and shapes are those of transformers 5's
+``LlamaForCausalLM`` / ``MixtralForCausalLM`` / ``Qwen3MoeForCausalLM``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from onnx import ModelProto, TensorProto
+
+from models_zoo.common import check_divides, check_dtype, check_positive, finish, require
+from models_zoo.graph_builder import GraphBuilder
+from models_zoo.layers import (
+    apply_rope,
+    causal_mask,
+    gated_mlp,
+    linear,
+    merge_heads,
+    repeat_kv,
+    reshape,
+    rms_norm,
+    rope_tables,
+    sdpa,
+    split_heads,
+)
+from models_zoo.moe import EXPERT_LAYOUTS, routed_experts, routed_params
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LlamaConfig:
+    """A decoder-only LM. ``ffn`` is the MLP width, per expert when ``experts`` > 0."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    seq_len: int
+    batch: int = 1
+    head_dim: int = 0  # 0: hidden // heads
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    qk_norm: bool = False
+    experts: int = 0  # 0: dense MLP
+    top_k: int = 0
+    expert_layout: str = "fused"
+    dtype: str = "bfloat16"
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    def validate(self) -> None:
+        check_positive(self, "hidden", "layers", "heads", "kv_heads", "ffn", "vocab", "seq_len", "batch")
+        check_dtype(self.dtype)
+        if not self.head_dim:
+            check_divides(self.heads, self.hidden, "heads", "hidden")
+        require(self.hd % 2 == 0, f"head dimension {self.hd} must be even for rotary embeddings.")
+        check_divides(self.kv_heads, self.heads, "kv_heads", "heads")
+        require(self.experts >= 0, f"experts must be >= 0, got {self.experts}.")
+        if self.experts:
+            require(
+                0 < self.top_k <= self.experts,
+                f"top_k={self.top_k} must be between 1 and experts={self.experts}.",
+            )
+        else:
+            require(self.top_k == 0, f"top_k={self.top_k} needs experts > 0; set experts too.")
+        require(
+            self.expert_layout in EXPERT_LAYOUTS,
+            f"expert_layout {self.expert_layout!r} is unknown; use one of {', '.join(EXPERT_LAYOUTS)}.",
+        )
+
+
+def layer_params(cfg: LlamaConfig) -> tuple[int, int]:
+    """(total, active) parameters of one decoder layer."""
+    h, hd = cfg.hidden, cfg.hd
+    attn = h * cfg.heads * hd + 2 * h * cfg.kv_heads * hd + cfg.heads * hd * h
+    attn += 2 * hd if cfg.qk_norm else 0
+    norms = 2 * h
+    if cfg.experts:
+        mlp = routed_params(h, cfg.ffn, cfg.experts)
+        idle = (cfg.experts - cfg.top_k) * 3 * h * cfg.ffn
+    else:
+        mlp, idle = 3 * h * cfg.ffn, 0
+    total = attn + norms + mlp
+    return total, total - idle
+
+
+def param_counts(cfg: LlamaConfig) -> tuple[int, int]:
+    """(total, active); active = total minus the idle (E - k) experts of every layer."""
+    total_l, active_l = layer_params(cfg)
+    emb = cfg.vocab * cfg.hidden
+    rest = emb + (0 if cfg.tie_embeddings else emb) + cfg.hidden
+    return cfg.layers * total_l + rest, cfg.layers * active_l + rest
+
+
+def decoder_layer(b: GraphBuilder, cfg: LlamaConfig, h: str, seq: int, cos: str, sin: str, mask: str) -> str:
+    """One pre-norm block in the current ``layers.N`` scope; h [B, S, H] -> [B, S, H]."""
+    B, H, hd = cfg.batch, cfg.hidden, cfg.hd
+    x = rms_norm(b, h, H, "input_layernorm", cfg.norm_eps)
+    with b.scope("self_attn"):
+        q = split_heads(b, linear(b, x, H, cfg.heads * hd, "q_proj"), B, seq, cfg.heads, hd)
+        k = split_heads(b, linear(b, x, H, cfg.kv_heads * hd, "k_proj"), B, seq, cfg.kv_heads, hd)
+        v = split_heads(b, linear(b, x, H, cfg.kv_heads * hd, "v_proj"), B, seq, cfg.kv_heads, hd)
+        if cfg.qk_norm:
+            q = rms_norm(b, q, hd, "q_norm", cfg.norm_eps)
+            k = rms_norm(b, k, hd, "k_norm", cfg.norm_eps)
+        q = apply_rope(b, q, cos, sin, hd)
+        k = apply_rope(b, k, cos, sin, hd)
+        rep = cfg.heads // cfg.kv_heads
+        k = repeat_kv(b, k, B, cfg.kv_heads, rep, seq, hd)
+        v = repeat_kv(b, v, B, cfg.kv_heads, rep, seq, hd)
+        o = merge_heads(b, sdpa(b, q, k, v, 1.0 / math.sqrt(hd), mask), B, seq, cfg.heads * hd)
+        o = linear(b, o, cfg.heads * hd, H, "o_proj")
+    h = b.op("Add", [h, o])
+    x = rms_norm(b, h, H, "post_attention_layernorm", cfg.norm_eps)
+    if cfg.experts:
+        with b.scope("mlp"):
+            tokens = B * seq
+            y = routed_experts(
+                b, reshape(b, x, [tokens, H]), tokens, H, cfg.ffn, cfg.experts, cfg.top_k,
+                layout=cfg.expert_layout,
+            )
+            y = reshape(b, y, [B, seq, H])
+    else:
+        y = gated_mlp(b, x, H, cfg.ffn, "mlp")
+    return b.op("Add", [h, y])
+
+
+def embed(b: GraphBuilder, cfg: LlamaConfig, ids: str) -> tuple[str, str]:
+    """``embed_tokens`` lookup in the current scope; returns (embeddings, table name)."""
+    with b.scope("embed_tokens"):
+        table = b.param("weight", [cfg.vocab, cfg.hidden])
+        return b.op("Gather", [table, ids], axis=0), table
+
+
+def decoder_stack(b: GraphBuilder, cfg: LlamaConfig, h: str, seq: int, hooks: dict[int, str] | None = None) -> str:
+    """Rotary tables, mask, the layers and the final norm, in the current (``model``) scope.
+
+    `hooks` maps a layer index to a [B, S, H] tensor added to the residual
+    stream after that layer (Qwen3-VL/Omni "DeepStack" visual features).
+    """
+    with b.scope("rotary_emb"):
+        cos, sin = rope_tables(b, seq, cfg.hd, cfg.rope_theta)
+    mask = causal_mask(b, seq)
+    for i in range(cfg.layers):
+        with b.scope(f"layers.{i}"):
+            h = decoder_layer(b, cfg, h, seq, cos, sin, mask)
+            if hooks and i in hooks:
+                h = b.op("Add", [h, hooks[i]])
+    return rms_norm(b, h, cfg.hidden, "norm", cfg.norm_eps)
+
+
+def lm_head(b: GraphBuilder, cfg: LlamaConfig, h: str, table: str) -> str:
+    """Logits [B, S, V]; a tied head reuses the embedding table (no new parameter)."""
+    if cfg.tie_embeddings:
+        with b.scope("lm_head"):
+            return b.op("MatMul", [h, b.op("Transpose", [table], perm=[1, 0])])
+    return linear(b, h, cfg.hidden, cfg.vocab, "lm_head")
+
+
+def build(cfg: LlamaConfig, family: str = "llama", preset: str = "") -> ModelProto:
+    """``input_ids`` [B, S] int64 -> ``logits`` [B, S, V]."""
+    cfg.validate()
+    b = GraphBuilder(preset or family, cfg.dtype)
+    ids = b.input("input_ids", TensorProto.INT64, [cfg.batch, cfg.seq_len])
+    with b.scope("model"):
+        h, table = embed(b, cfg, ids)
+        h = decoder_stack(b, cfg, h, cfg.seq_len)
+    logits = lm_head(b, cfg, h, table)
+    b.output(logits, "logits", b.elem, [cfg.batch, cfg.seq_len, cfg.vocab])
+    total, active = param_counts(cfg)
+    return finish(b, family, preset, cfg, total, active)

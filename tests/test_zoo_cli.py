@@ -1,0 +1,89 @@
+"""`hyperplan zoo list` and `hyperplan zoo export`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import onnx
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import models_zoo
+from cli import zoo_cmd
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def _root() -> None:
+        """Test root."""
+
+    zoo_cmd.register(app)
+    return app
+
+
+runner = CliRunner()
+
+
+def invoke(app, *args):
+    return runner.invoke(app, list(args), terminal_width=160)
+
+
+def test_list_json_carries_every_preset_with_its_source(app):
+    res = invoke(app, "zoo", "list", "--json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert [r["name"] for r in rows] == models_zoo.names()
+    ds = next(r for r in rows if r["name"] == "deepseek-v3")
+    assert ds["family"] == "deepseek" and ds["layers"] == 61 and ds["source"]
+    assert abs(ds["params"] / 671e9 - 1) < 0.01 and ds["active_params"] < ds["params"]
+
+
+def test_list_table_names_presets(app):
+    res = invoke(app, "zoo", "list")
+    assert res.exit_code == 0
+    assert "llama3-405b" in res.output and "mixtral-8x22b" in res.output and "671.0B" in res.output
+
+
+def test_export_writes_a_loadable_weightless_file_with_overrides(app, tmp_path):
+    out = tmp_path / "m.onnx"
+    res = invoke(app, "zoo", "export", "mixtral-8x7b", "-o", str(out), "--layers", "2", "--experts", "4",
+                 "--top-k", "1", "--seq-len", "64", "--batch", "2", "--hidden", "256", "--heads", "8",
+                 "--kv-heads", "2", "--vocab", "1000", "--ffn", "512")
+    assert res.exit_code == 0, res.output
+    model = onnx.load(str(out), load_external_data=False)
+    onnx.checker.check_model(model)
+    total = sum(math.prod(t.dims) for t in model.graph.initializer)
+    assert total == models_zoo.param_counts("mixtral-8x7b", layers=2, experts=4, top_k=1, hidden=256, heads=8,
+                                            kv_heads=2, vocab=1000, ffn=512)[0]
+    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == [2, 64]
+    assert "wrote" in res.output
+
+
+def test_export_refuses_to_overwrite_without_force(app, tmp_path):
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"keep me")
+    res = invoke(app, "zoo", "export", "gpt", "-o", str(out), "--layers", "1")
+    assert res.exit_code == 2 and "already exists" in res.output and "--force" in res.output
+    assert out.read_bytes() == b"keep me"
+    res = invoke(app, "zoo", "export", "gpt", "-o", str(out), "--layers", "1", "--force")
+    assert res.exit_code == 0 and out.read_bytes() != b"keep me"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["nope"], "unknown zoo model 'nope'"),
+        (["vit-l-16", "--seq-len", "64"], "no setting 'seq_len'"),
+        (["llama3-8b", "--heads", "7"], "not a multiple of heads=7"),
+    ],
+)
+def test_export_errors_are_one_line_without_traceback(app, tmp_path, args, words):
+    res = invoke(app, "zoo", "export", args[0], "-o", str(tmp_path / "x.onnx"), *args[1:])
+    assert res.exit_code == 2
+    assert words in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "x.onnx").exists()

@@ -1,0 +1,179 @@
+"""Every zoo preset: valid ONNX, parameter counts that match the published sizes, clean names."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+
+import onnx
+import pytest
+
+import models_zoo
+from models_zoo.graph_builder import NAME_SCOPES_KEY, WEIGHTLESS_LOCATION
+
+PRESETS = models_zoo.presets()
+NAMES = [p.name for p in PRESETS]
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, onnx.ModelProto]:
+    return {name: models_zoo.build(name) for name in NAMES}
+
+
+def graph_params(model: onnx.ModelProto) -> int:
+    return sum(math.prod(t.dims) for t in model.graph.initializer)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_preset_is_valid_onnx_and_strictly_inferable(built, name):
+    model = built[name]
+    onnx.checker.check_model(model, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    out = inferred.graph.output[0]
+    assert all(d.dim_value > 0 for d in out.type.tensor_type.shape.dim)
+
+
+@pytest.mark.parametrize("info", PRESETS, ids=NAMES)
+def test_counts_match_graph_and_published_figures(built, info):
+    model = built[info.name]
+    assert graph_params(model) == info.params
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert int(meta["hyperplan.params"]) == info.params
+    assert int(meta["hyperplan.active_params"]) == info.active_params
+    assert meta["hyperplan.family"] == info.family and meta["hyperplan.preset"] == info.name
+    assert info.tolerance <= 0.02 and info.source
+    assert abs(info.params / info.published_params - 1) <= info.tolerance, info.note
+    assert abs(info.active_params / info.published_active - 1) <= info.tolerance, info.note
+    assert info.active_params <= info.params
+
+
+def test_moe_active_is_a_fraction_and_dense_is_not():
+    rows = {p.name: p for p in PRESETS}
+    assert rows["deepseek-v3"].active_params < 0.06 * rows["deepseek-v3"].params
+    assert rows["mixtral-8x7b"].active_params < 0.3 * rows["mixtral-8x7b"].params
+    assert rows["llama3-70b"].active_params == rows["llama3-70b"].params
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_initializers_are_weightless_parameters_only(built, name):
+    model = built[name]
+    for t in model.graph.initializer:
+        assert t.data_location == onnx.TensorProto.EXTERNAL and not t.raw_data
+        assert {e.key: e.value for e in t.external_data} == {"location": WEIGHTLESS_LOCATION}
+        assert t.data_type == onnx.TensorProto.BFLOAT16
+    assert len(model.SerializeToString()) < 4_000_000
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "deepseek-v3", "llava-style-7b"])
+def test_node_names_and_scopes_follow_the_exporters(built, name):
+    """TorchScript-style names (/model/layers.0/self_attn/...) and dynamo-style name_scopes agree."""
+    model = built[name]
+    names = [n.name for n in model.graph.node]
+    assert len(set(names)) == len(names)
+    for node in model.graph.node:
+        scopes = ast.literal_eval({p.key: p.value for p in node.metadata_props}[NAME_SCOPES_KEY])
+        assert scopes[0] == ""
+        for a, b in zip(scopes[1:-2], scopes[2:-1]):  # each scope extends its parent
+            assert b.startswith(a + ".")
+        deepest = scopes[-2]
+        assert node.name.startswith("/" + "/".join(_components(deepest)) + "/" if deepest else "/")
+    expected = {
+        "llama3-8b": "/model/layers.0/self_attn/q_proj/MatMul",
+        "deepseek-v3": "/model/layers.0/self_attn/q_b_proj/MatMul",
+        "llava-style-7b": "/model/language_model/layers.0/self_attn/q_proj/MatMul",
+    }[name]
+    assert expected in set(names)
+
+
+def _components(dotted: str) -> list[str]:
+    out: list[str] = []
+    for part in dotted.split("."):
+        if part.isdigit():
+            out[-1] += "." + part
+        else:
+            out.append(part)
+    return out
+
+
+def test_parameter_names_are_hf_module_paths(built):
+    llama = {t.name: list(t.dims) for t in built["llama3-8b"].graph.initializer}
+    assert llama["model.embed_tokens.weight"] == [128256, 4096]
+    assert llama["model.layers.0.self_attn.q_proj.weight"] == [4096, 4096]
+    assert llama["model.layers.31.self_attn.k_proj.weight"] == [1024, 4096]
+    assert llama["model.layers.0.mlp.down_proj.weight"] == [4096, 14336]
+    assert llama["lm_head.weight"] == [128256, 4096]
+    ds = {t.name: list(t.dims) for t in built["deepseek-v3"].graph.initializer}
+    assert ds["model.layers.2.mlp.gate_proj.weight"] == [18432, 7168]
+    assert ds["model.layers.3.mlp.experts.gate_up_proj"] == [256, 4096, 7168]
+    assert ds["model.layers.60.mlp.experts.down_proj"] == [256, 7168, 2048]
+    assert ds["model.layers.3.mlp.gate.weight"] == [256, 7168]
+    assert ds["model.layers.3.mlp.shared_experts.up_proj.weight"] == [2048, 7168]
+    assert ds["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"] == [576, 7168]
+    llava = {t.name for t in built["llava-style-7b"].graph.initializer}
+    assert "model.vision_tower.encoder.layers.22.self_attn.q_proj.weight" in llava
+    assert "model.multi_modal_projector.linear_1.weight" in llava
+    assert "model.language_model.layers.31.mlp.up_proj.weight" in llava
+    omni = {t.name for t in built["omni-moe-30b-a3b"].graph.initializer}
+    assert "model.audio_tower.layers.31.fc2.weight" in omni
+    assert "model.language_model.layers.47.mlp.experts.gate_up_proj" in omni
+    gpt = {t.name: list(t.dims) for t in built["gpt3-175b"].graph.initializer}
+    assert gpt["transformer.h.95.attn.c_attn.weight"] == [12288, 3 * 12288]
+    assert "lm_head.weight" not in gpt  # tied to transformer.wte.weight
+
+
+def test_moe_expert_matmuls_cost_active_flops():
+    """Expert MatMuls see ceil(T*k/E) tokens per expert, not T: the graph's FLOPs are the active ones."""
+    model = models_zoo.build("mixtral-8x7b", layers=1, seq_len=1000)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in inferred.graph.value_info}
+    expert_mm = [n for n in model.graph.node if n.op_type == "MatMul" and "/experts/" in n.name]
+    assert len(expert_mm) == 2
+    assert shapes[expert_mm[0].input[0]] == [8, 250, 4096]  # 1000 tokens * top-2 / 8 experts
+    assert shapes[expert_mm[0].output[0]] == [8, 250, 2 * 14336]
+
+
+def test_overrides_change_the_graph_and_counts_agree():
+    total, active = models_zoo.param_counts("deepseek-v3", layers=5, experts=16, top_k=4)
+    model = models_zoo.build("deepseek-v3", layers=5, experts=16, top_k=4, seq_len=64, batch=2)
+    assert graph_params(model) == total and active < total
+    cfg = json.loads({p.key: p.value for p in model.metadata_props}["hyperplan.config"])
+    assert (cfg["layers"], cfg["experts"], cfg["top_k"], cfg["seq_len"], cfg["batch"]) == (5, 16, 4, 64, 2)
+    ids = model.graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in ids] == [2, 64]
+    mm = json.loads({p.key: p.value for p in models_zoo.build("llava-style-7b", seq_len=1024, batch=3,
+                                                              vision_layers=2).metadata_props}["hyperplan.config"])
+    assert (mm["batch"], mm["seq_len"], mm["vision"]["layers"], mm["vision"]["batch"]) == (3, 1024, 2, 3)
+
+
+def test_build_is_deterministic():
+    a = models_zoo.build("omni-moe-30b-a3b", layers=3, vision_layers=25).SerializeToString()
+    b = models_zoo.build("omni-moe-30b-a3b", layers=3, vision_layers=25).SerializeToString()
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "words"),
+    [
+        ("llama3-8b", {"experts_count": 8}, "no setting 'experts_count'"),
+        ("llama3-8b", {"heads": 7}, "hidden=4096 is not a multiple of heads=7"),
+        ("llama3-8b", {"layers": 0}, "layers must be a positive integer"),
+        ("mixtral-8x7b", {"top_k": 9}, "top_k=9"),
+        ("vit-l-16", {"seq_len": 128}, "no setting 'seq_len'"),
+        ("llava-style-7b", {"seq_len": 500}, "leaves no text after 576 media tokens"),
+        ("llava-style-7b", {"audio_layers": 2}, "has no audio tower"),
+        ("no-such-model", {}, "unknown zoo model 'no-such-model'"),
+    ],
+)
+def test_bad_names_and_overrides_raise_one_sentence(name, overrides, words):
+    with pytest.raises(ValueError) as err:
+        models_zoo.build(name, **overrides)
+    message = str(err.value)
+    assert words in message and "\n" not in message
+
+
+def test_listing_api():
+    assert models_zoo.is_zoo_name("deepseek-v3") and not models_zoo.is_zoo_name("deepseek")
+    assert models_zoo.names() == NAMES
+    families = {p.family for p in PRESETS}
+    assert families == {"gpt", "llama", "mixtral", "deepseek", "vit", "multimodal"}

@@ -1,0 +1,143 @@
+"""Zoo graphs against transformers' own classes: same parameter names, shapes, counts and (dense) logits."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+
+import models_zoo
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+ort = pytest.importorskip("onnxruntime")
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+_RUN = dict(seq_len=10, batch=2, dtype="float32")
+
+
+def hf_params(model) -> dict[str, tuple[int, ...]]:
+    return {n: tuple(p.shape) for n, p in model.named_parameters()}
+
+
+def zoo_params(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    return {t.name: tuple(t.dims) for t in model.graph.initializer}
+
+
+def _hf(cls, cfg):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        return cls(cfg).eval()
+
+
+def with_hf_weights(zoo: onnx.ModelProto, hf) -> onnx.ModelProto:
+    """The zoo graph holding the HF model's weights (names are the same by construction)."""
+    state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    out = onnx.ModelProto()
+    out.CopyFrom(zoo)
+    for t in out.graph.initializer:
+        t.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(state[t.name]), t.name))
+    return out
+
+
+def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+LLAMA = dict(layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=128, rope_theta=10000.0, norm_eps=1e-5)
+
+
+def _llama_hf(cls, **extra):
+    settings = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
+    cfg = getattr(transformers, cls.replace("ForCausalLM", "Config"))(**(settings | extra))
+    return _hf(getattr(transformers, cls), cfg)
+
+
+def test_llama_names_shapes_and_logits_match_transformers():
+    hf = _llama_hf("LlamaForCausalLM")
+    zoo = models_zoo.build("llama3-8b", **LLAMA, **_RUN)
+    assert zoo_params(zoo) == hf_params(hf)
+    ids = np.random.default_rng(0).integers(0, 128, (2, 10), dtype=np.int64)
+    with torch.no_grad():
+        expected = hf(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
+    got = run(with_hf_weights(zoo, hf), {"input_ids": ids})
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_mixtral_names_shapes_and_counts_match_transformers():
+    hf = _llama_hf("MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2)
+    hf_total = sum(p.numel() for p in hf.parameters())
+    zoo = models_zoo.build("mixtral-8x7b", **dict(LLAMA, experts=4, top_k=2), **_RUN)
+    assert zoo_params(zoo) == hf_params(hf)
+    assert models_zoo.param_counts("mixtral-8x7b", **dict(LLAMA, experts=4, top_k=2))[0] == hf_total
+
+
+def test_qwen3_moe_backbone_matches_transformers():
+    """The omni model's LLM is transformers' Qwen3MoeForCausalLM under ``model.language_model``."""
+    hf = _llama_hf("Qwen3MoeForCausalLM", moe_intermediate_size=96, num_experts=4, num_experts_per_tok=2,
+                   head_dim=16, num_hidden_layers=3)
+    zoo = models_zoo.build("omni-moe-30b-a3b", **dict(LLAMA, experts=4, top_k=2, head_dim=16, layers=3),
+                           **dict(_RUN, seq_len=1200))
+    ours = {k.replace("model.language_model.", "model."): v for k, v in zoo_params(zoo).items()
+            if k.startswith(("model.language_model.", "lm_head."))}
+    assert ours == hf_params(hf)
+
+
+def test_deepseek_v3_names_and_shapes_match_transformers():
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=3,
+        first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+        num_experts_per_tok=2, n_shared_experts=1, q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, n_group=2, topk_group=1, tie_word_embeddings=False,
+    )
+    hf = _hf(transformers.DeepseekV3ForCausalLM, cfg)
+    zoo = models_zoo.build(
+        "deepseek-v3", layers=3, dense_layers=1, hidden=64, heads=4, q_lora_rank=24, kv_lora_rank=16,
+        qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16, ffn=96, expert_ffn=16, experts=8, top_k=2, vocab=128, **_RUN,
+    )
+    assert zoo_params(zoo) == hf_params(hf)
+
+
+def test_gpt2_names_shapes_and_logits_match_transformers():
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=10,
+                                  attn_implementation="eager", bos_token_id=0, eos_token_id=0)
+    hf = _hf(transformers.GPT2LMHeadModel, cfg)
+    zoo = models_zoo.build("gpt", hidden=64, layers=2, heads=4, vocab=128, **_RUN)
+    assert zoo_params(zoo) == hf_params(hf)
+    ids = np.random.default_rng(1).integers(0, 128, (2, 10), dtype=np.int64)
+    with torch.no_grad():
+        expected = hf(input_ids=torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(run(with_hf_weights(zoo, hf), {"input_ids": ids}), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_vit_names_and_shapes_match_transformers():
+    cfg = transformers.ViTConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                 image_size=32, patch_size=8, num_labels=10)
+    hf = _hf(transformers.ViTForImageClassification, cfg)
+    zoo = models_zoo.build("vit-l-16", hidden=64, ffn=96, layers=2, heads=4, image_size=32, patch_size=8,
+                           num_labels=10, batch=2, dtype="float32")
+    assert zoo_params(zoo) == hf_params(hf)
+
+
+def test_llava_tower_projector_and_backbone_match_transformers():
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                           num_attention_heads=4, image_size=28, patch_size=7)
+    text = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
+    hf = _hf(transformers.LlavaForConditionalGeneration,
+             transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=5))
+    zoo = models_zoo.build("llava-style-7b", layers=2, hidden=64, heads=4, kv_heads=4, ffn=96, vocab=128,
+                           vision_layers=2, vision_hidden=32, vision_heads=4, vision_ffn=64, vision_image_size=28,
+                           vision_patch_size=7, seq_len=40, batch=2, dtype="float32")
+    ours, theirs = zoo_params(zoo), hf_params(hf)
+    assert all(theirs[k] == v for k, v in ours.items())
+    unused = {k for k in theirs if ".encoder.layers.2." in k or "post_layernorm" in k}  # penultimate-layer features
+    assert set(theirs) - set(ours) == unused
