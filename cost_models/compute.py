@@ -1,0 +1,73 @@
+"""Time of one operator on one device from its FLOPs and HBM bytes: a roofline with efficiency curves.
+
+time = max(FLOPs / (peak * eff_flops(size)), bytes / (HBM bandwidth * eff_mem(bytes)))
+(Williams, Waterman and Patterson 2009, "Roofline"; the size-dependent
+efficiencies follow Calculon, Isaev et al. SC'23, which keeps matmul
+efficiency by size as a table of the system). Matrix ops run on the
+matrix units at the dtype's dense peak; elementwise ops (norms, softmax,
+activations) run on the vector units, or are taken as bound by HBM when the
+device's vector peak is unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from cost_models.spec import Cluster
+
+OpKind = Literal["matmul", "elementwise"]
+
+
+def roofline_s(
+    flops: float,
+    bytes_moved: float,
+    *,
+    peak_flops_per_s: float | None,
+    hbm_bytes_per_s: float,
+    flops_efficiency: float = 1.0,
+    memory_efficiency: float = 1.0,
+) -> float:
+    """max(compute time, memory time); `peak_flops_per_s=None` means the op is bound by memory only."""
+    if flops < 0 or bytes_moved < 0:
+        raise ValueError(f"flops and bytes must be >= 0, got {flops} and {bytes_moved}")
+    compute = 0.0 if peak_flops_per_s is None else flops / (peak_flops_per_s * flops_efficiency)
+    memory = bytes_moved / (hbm_bytes_per_s * memory_efficiency)
+    return max(compute, memory)
+
+
+@dataclass(frozen=True, slots=True)
+class OpTime:
+    """An op's time and which roof bound it, so estimates can say why an op is slow."""
+
+    time_s: float
+    compute_s: float
+    memory_s: float
+
+    @property
+    def bound(self) -> Literal["compute", "memory"]:
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+def op_time(cluster: Cluster, flops: float, bytes_moved: float, kind: OpKind = "matmul", dtype: str = "bf16") -> OpTime:
+    """Roofline time of one op on one device of `cluster`, with the cluster's efficiency curves."""
+    if flops < 0 or bytes_moved < 0:
+        raise ValueError(f"flops and bytes must be >= 0, got {flops} and {bytes_moved}")
+    device = cluster.device
+    memory_s = bytes_moved / (device.hbm_bytes_per_s * cluster.memory_efficiency(bytes_moved))
+    if kind == "matmul":
+        compute_s = flops / (device.peak_flops(dtype) * cluster.matmul_efficiency(flops))
+    elif kind == "elementwise":
+        vector = device.vector_flops_per_s
+        compute_s = 0.0 if vector is None else flops / vector
+    else:
+        raise ValueError(f"unknown op kind {kind!r}; expected 'matmul' or 'elementwise'")
+    return OpTime(time_s=max(compute_s, memory_s), compute_s=compute_s, memory_s=memory_s)
+
+
+def op_time_s(
+    cluster: Cluster, flops: float, bytes_moved: float, kind: OpKind = "matmul", dtype: str = "bf16"
+) -> float:
+    """Seconds for one op on one device (see `op_time`)."""
+    return op_time(cluster, flops, bytes_moved, kind, dtype).time_s
+

@@ -1,0 +1,288 @@
+"""Read a hardware TOML file (a preset or the user's own) into a `Cluster`, checking every field.
+
+Files use human units (TFLOP/s, GB/s or Gb/s, GiB or GB, microseconds);
+they are converted to SI here and nowhere else. Every malformed field is a
+`SpecError` that names it, e.g. `levels[1].bandwidth_gb_s: expected a
+positive number, got "fast"`, and unknown keys are refused so that a typo
+cannot silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from cost_models.curves import EfficiencyCurve
+from cost_models.errors import SpecError
+from cost_models.spec import ALGORITHMS, DTYPES, TOPOLOGIES, Cluster, Device, Level, MemoryTier, check_device_count
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+GB = 1e9
+GIB = 2.0**30
+GBIT = 1e9 / 8
+TFLOP = 1e12
+US = 1e-6
+
+
+def preset_names() -> list[str]:
+    """Names of the bundled presets, sorted."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
+
+
+def load_cluster(name_or_path: str, devices: int | None = None) -> Cluster:
+    """A preset by name, or a TOML file by path; `devices` rescales it (see `Cluster.scaled`)."""
+    if name_or_path in preset_names():
+        cluster = _load_preset(name_or_path)
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise SpecError(
+                f"unknown hardware {name_or_path!r}: no preset has that name and no file is there; "
+                f"use one of {', '.join(preset_names())} or the path of a .toml hardware file."
+            )
+        cluster = load_file(path)
+    return cluster if devices is None else cluster.scaled(devices)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_preset(name: str) -> Cluster:
+    return load_file(PRESET_DIR / f"{name}.toml")
+
+
+def load_file(path: Path) -> Cluster:
+    """Parse and check one hardware file."""
+    source = path.name
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SpecError(f"cannot read hardware file {str(path)!r} ({exc.strerror or exc}); check the path.") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{source}: not a UTF-8 text file; give a TOML hardware file.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{source}: not valid TOML ({exc}); fix the syntax.") from None
+    return parse_cluster(data, source=source, default_name=path.stem)
+
+
+def parse_cluster(data: dict[str, Any], *, source: str, default_name: str) -> Cluster:
+    """Build a `Cluster` from the parsed TOML tables."""
+    root = _Table(data, "", source)
+    root.only("cluster", "device", "levels", "memory_tiers", "efficiency")
+    meta = root.table("cluster")
+    meta.only("name", "description", "devices", "sources")
+    name = meta.text("name", default=default_name)
+    levels = tuple(_level(t) for t in root.tables("levels", required=True))
+    _check_levels(levels, root)
+    n_devices = meta.integer("devices", minimum=1)
+    check_device_count(f"{source}: cluster.devices", levels, n_devices)
+    eff = root.table("efficiency", required=False)
+    eff.only("matmul", "memory", "dp_overlap")
+    return Cluster(
+        name=name,
+        description=meta.text("description", default=""),
+        device=_device(root.table("device")),
+        levels=levels,
+        memory_tiers=tuple(_tier(t) for t in root.tables("memory_tiers", required=False)),
+        n_devices=n_devices,
+        matmul_efficiency=eff.curve("matmul"),
+        memory_efficiency=eff.curve("memory"),
+        dp_overlap_efficiency=eff.fraction("dp_overlap", default=1.0),
+        sources=tuple(meta.texts("sources")),
+    )
+
+
+def _device(t: _Table) -> Device:
+    t.only("name", "peak_tflops", "vector_tflops", "hbm_gib", "hbm_gb", "hbm_bandwidth_gb_s")
+    peaks_t = t.table("peak_tflops")
+    peaks_t.only(*DTYPES)
+    peaks = tuple((d, peaks_t.number(d) * TFLOP) for d in DTYPES if d in peaks_t.data)
+    if not peaks:
+        raise peaks_t.error("", f"list at least one dense peak ({', '.join(DTYPES)}) in TFLOP/s")
+    vector = t.number("vector_tflops", default=None)
+    fp32 = dict(peaks).get("fp32")
+    return Device(
+        name=t.text("name"),
+        peak_flops_per_s=peaks,
+        vector_flops_per_s=vector * TFLOP if vector is not None else fp32,
+        hbm_bytes=t.one_of({"hbm_gib": GIB, "hbm_gb": GB}, "HBM capacity per device"),
+        hbm_bytes_per_s=t.number("hbm_bandwidth_gb_s") * GB,
+    )
+
+
+def _level(t: _Table) -> Level:
+    t.only("name", "link", "group_size", "bandwidth_gb_s", "bandwidth_gbit_s", "latency_us",
+           "algorithm", "topology", "bus_efficiency")
+    size = t.integer("group_size", minimum=2, default=None)
+    return Level(
+        name=t.text("name"),
+        group_size=size,
+        bandwidth_bytes_per_s=t.one_of({"bandwidth_gb_s": GB, "bandwidth_gbit_s": GBIT},
+                                       "bandwidth per device per direction"),
+        latency_s=t.number("latency_us", allow_zero=True) * US,
+        algorithm=t.choice("algorithm", ALGORITHMS),
+        topology=t.choice("topology", TOPOLOGIES, default="switched"),
+        bus_efficiency=t.curve("bus_efficiency"),
+        link=t.text("link", default=""),
+    )
+
+
+def _check_levels(levels: tuple[Level, ...], root: _Table) -> None:
+    names = [lvl.name for lvl in levels]
+    for i, lvl in enumerate(levels):
+        if names.index(lvl.name) != i:
+            raise root.error(f"levels[{i}].name", f"{lvl.name!r} is used twice; give each level its own name")
+        if lvl.group_size is None and i < len(levels) - 1:
+            raise root.error(f"levels[{i}].group_size",
+                             "missing; only the outermost level may leave it open (spanning the cluster)")
+        if i > 0 and lvl.group_size is not None:
+            inner = levels[i - 1].group_size
+            if lvl.group_size <= inner or lvl.group_size % inner:
+                raise root.error(
+                    f"levels[{i}].group_size",
+                    f"{lvl.group_size} is not a larger multiple of levels[{i - 1}].group_size {inner}; "
+                    "each group must be made of whole groups of the level below")
+
+
+def _tier(t: _Table) -> MemoryTier:
+    t.only("name", "link", "capacity_gib", "capacity_gb", "bandwidth_gb_s", "latency_us", "pooled", "efficiency")
+    return MemoryTier(
+        name=t.text("name"),
+        capacity_bytes=t.one_of({"capacity_gib": GIB, "capacity_gb": GB}, "capacity per device"),
+        bandwidth_bytes_per_s=t.number("bandwidth_gb_s") * GB,
+        latency_s=t.number("latency_us", allow_zero=True) * US,
+        pooled=t.boolean("pooled"),
+        link=t.text("link", default=""),
+        efficiency=t.curve("efficiency"),
+    )
+
+
+def _show(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+_MISSING = object()
+
+
+class _Table:
+    """One TOML table and its dotted path, with typed getters that raise SpecError naming the field."""
+
+    def __init__(self, data: Any, path: str, source: str) -> None:
+        if not isinstance(data, dict):
+            raise SpecError(f"{source}: {path}: expected a table, got {_show(data)}.")
+        self.data, self.path, self.source = data, path, source
+
+    def field(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def error(self, key: str, what: str) -> SpecError:
+        where = self.field(key) if key else self.path
+        return SpecError(f"{self.source}: {where}: {what}.")
+
+    def only(self, *keys: str) -> None:
+        for key in sorted(self.data):
+            if key not in keys:
+                raise self.error(key, f"unknown field; expected one of {', '.join(keys)}")
+
+    def _get(self, key: str, default: Any, what: str) -> Any:
+        if key in self.data:
+            return self.data[key]
+        if default is _MISSING:
+            raise self.error(key, f"missing; expected {what}")
+        return default
+
+    def table(self, key: str, required: bool = True) -> _Table:
+        value = self._get(key, _MISSING if required else {}, "a table")
+        return _Table(value, self.field(key), self.source)
+
+    def tables(self, key: str, required: bool) -> list[_Table]:
+        value = self._get(key, _MISSING if required else [], f"one or more [[{key}]] tables")
+        if not isinstance(value, list) or (required and not value):
+            raise self.error(key, f"expected one or more [[{key}]] tables, got {_show(value)}")
+        return [_Table(v, f"{self.field(key)}[{i}]", self.source) for i, v in enumerate(value)]
+
+    def text(self, key: str, default: Any = _MISSING) -> str:
+        value = self._get(key, default, "a string")
+        if not isinstance(value, str) or (default is _MISSING and not value.strip()):
+            raise self.error(key, f"expected a non-empty string, got {_show(value)}")
+        return value
+
+    def texts(self, key: str) -> list[str]:
+        value = self._get(key, [], "a list of strings")
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.error(key, f"expected a list of strings, got {_show(value)}")
+        return value
+
+    def number(self, key: str, default: Any = _MISSING, allow_zero: bool = False) -> Any:
+        value = self._get(key, default, "a positive number")
+        if value is default and default is not _MISSING:
+            return value
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value < 0 or (value == 0 and not allow_zero):
+            kind = "a non-negative number" if allow_zero else "a positive number"
+            raise self.error(key, f"expected {kind}, got {_show(value)}")
+        return float(value)
+
+    def integer(self, key: str, minimum: int, default: Any = _MISSING) -> Any:
+        value = self._get(key, default, f"an integer of at least {minimum}")
+        if value is default and default is not _MISSING:
+            return value
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise self.error(key, f"expected an integer of at least {minimum}, got {_show(value)}")
+        return value
+
+    def boolean(self, key: str) -> bool:
+        value = self._get(key, _MISSING, "true or false")
+        if not isinstance(value, bool):
+            raise self.error(key, f"expected true or false, got {_show(value)}")
+        return value
+
+    def choice(self, key: str, options: tuple[str, ...], default: Any = _MISSING) -> Any:
+        value = self._get(key, default, f"one of {', '.join(options)}")
+        if value not in options:
+            raise self.error(key, f"expected one of {', '.join(options)}, got {_show(value)}")
+        return value
+
+    def fraction(self, key: str, default: float) -> float:
+        value = self._get(key, default, "a number in (0, 1]")
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or not (0.0 < value <= 1.0):
+            raise self.error(key, f"expected a number in (0, 1], got {_show(value)}")
+        return float(value)
+
+    def one_of(self, units: dict[str, float], what: str) -> float:
+        """Exactly one of several keys giving the same quantity in different units; returns SI."""
+        given = [k for k in units if k in self.data]
+        if len(given) != 1:
+            keys = " or ".join(units)
+            raise self.error("", f"give exactly one of {keys} ({what})")
+        return self.number(given[0]) * units[given[0]]
+
+    def curve(self, key: str) -> EfficiencyCurve:
+        """A constant in (0, 1] or a list of [size, efficiency] points with sizes increasing; default 1."""
+        value = self._get(key, 1.0, "an efficiency")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return EfficiencyCurve.constant(self.fraction(key, 1.0))
+        if not isinstance(value, list) or not value:
+            raise self.error(
+                key, f"expected a number in (0, 1] or a list of [size, efficiency] points, got {_show(value)}")
+        points = []
+        previous = 0.0
+        for i, point in enumerate(value):
+            ok = (isinstance(point, list) and len(point) == 2
+                  and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in point))
+            if not ok or not (math.isfinite(point[0]) and point[0] > 0 and 0 < point[1] <= 1):
+                raise self.error(
+                    f"{key}[{i}]",
+                    f"expected [size, efficiency] with size > 0 and efficiency in (0, 1], got {_show(point)}")
+            if point[0] <= previous:
+                raise self.error(f"{key}[{i}]", f"sizes must increase, got {point[0]:g} after {previous:g}")
+            previous = point[0]
+            points.append((float(point[0]), float(point[1])))
+        return EfficiencyCurve(points=tuple(points))

@@ -1,0 +1,56 @@
+"""`hyperplan hardware list|show` through typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from typer.testing import CliRunner
+
+from cli import hardware_cmd
+
+app = typer.Typer()
+
+
+@app.callback()
+def _root() -> None:
+    """Test root."""
+
+
+hardware_cmd.register(app)
+runner = CliRunner()
+ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
+
+
+def test_list_shows_every_preset():
+    result = runner.invoke(app, ["hardware", "list"], env=ENV)
+    assert result.exit_code == 0, result.output
+    for name in ("ascend-910b", "cloudmatrix384", "dgx-a100", "dgx-h100", "gb200-nvl72"):
+        assert name in result.output
+    rows = json.loads(runner.invoke(app, ["hardware", "list", "--json"], env=ENV).output)
+    assert [r["name"] for r in rows] == sorted(r["name"] for r in rows)
+    assert {r["name"]: r["n_devices"] for r in rows}["gb200-nvl72"] == 72
+
+
+def test_show_scales_and_prints_json_deterministically():
+    args = ["hardware", "show", "dgx-a100", "--devices", "1024", "--json"]
+    first = runner.invoke(app, args, env=ENV)
+    assert first.exit_code == 0, first.output
+    data = json.loads(first.output)
+    assert data["n_devices"] == 1024 and data["levels"][1]["groups"] == 1
+    assert data["levels"][0]["groups"] == 128 and data["levels"][0]["bandwidth_bytes_per_s"] == 300e9
+    assert runner.invoke(app, args, env=ENV).output == first.output
+    table = runner.invoke(app, ["hardware", "show", "cloudmatrix384"], env=ENV)
+    assert table.exit_code == 0 and "pooled-dram" in table.output and "supernode" in table.output
+
+
+def test_errors_are_one_line_and_exit_2(tmp_path):
+    bad = runner.invoke(app, ["hardware", "show", "dgx-a100", "--devices", "12"], env=ENV)
+    assert bad.exit_code == 2
+    assert "error:" in bad.stderr and "a multiple of 8" in bad.stderr and "Traceback" not in bad.output
+    path = tmp_path / "hw.toml"
+    path.write_text('[cluster]\ndevices = "x"\n', encoding="utf-8")
+    bad_file = runner.invoke(app, ["hardware", "show", str(path)], env=ENV)
+    assert bad_file.exit_code == 2 and "hw.toml" in bad_file.stderr
+    missing = runner.invoke(app, ["hardware", "show", "nope"], env=ENV)
+    assert missing.exit_code == 2 and "unknown hardware 'nope'" in missing.stderr

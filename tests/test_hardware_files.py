@@ -1,0 +1,135 @@
+"""User hardware files: every malformed field is a one-sentence SpecError naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cost_models import SpecError, load_cluster
+from cost_models.loader import PRESET_DIR
+
+BASE = (PRESET_DIR / "dgx-a100.toml").read_text(encoding="utf-8")
+
+
+def _write(tmp_path: Path, text: str, name: str = "my.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def _mutate(old: str, new: str, count: int = 1) -> str:
+    assert BASE.count(old) >= count, old
+    return BASE.replace(old, new, count)
+
+
+def test_a_user_file_loads_and_is_named_after_its_cluster_table(tmp_path):
+    text = _mutate('name = "dgx-a100"\n', "")
+    c = load_cluster(_write(tmp_path, text, "lab.toml"), devices=16)
+    assert c.name == "lab" and c.n_devices == 16
+    assert c.device == load_cluster("dgx-a100").device
+
+
+MALFORMED = [
+    ("bandwidth_gbit_s = 200", 'bandwidth_gbit_s = "fast"',
+     'my.toml: levels[1].bandwidth_gbit_s: expected a positive number, got "fast".'),
+    ("bandwidth_gbit_s = 200", "bandwidth_gbit_s = 200\nbandwidth_gb_s = 25",
+     "levels[1]: give exactly one of bandwidth_gb_s or bandwidth_gbit_s"),
+    ("bandwidth_gb_s = 300\n", "", "levels[0]: give exactly one of bandwidth_gb_s or bandwidth_gbit_s"),
+    ("latency_us = 5.0", "latency_us = -1", "levels[1].latency_us: expected a non-negative number, got -1"),
+    ('algorithm = "ring"', 'algorithm = "butterfly"',
+     'levels[0].algorithm: expected one of ring, tree, direct, in_network, got "butterfly"'),
+    ('bus_efficiency = [[1e5, 0.40], [1e6, 0.60]', 'topology = "torus"\nbus_efficiency = [[1e5, 0.40], [1e6, 0.60]',
+     'levels[0].topology: expected one of switched, full_mesh, got "torus"'),
+    ("group_size = 8", "group_size = 1", "levels[0].group_size: expected an integer of at least 2, got 1"),
+    ("group_size = 8", "group_size = 8.5", "levels[0].group_size: expected an integer of at least 2, got 8.5"),
+    ("group_size = 8\n", "", "levels[0].group_size: missing; only the outermost level may leave it open"),
+    ('name = "infiniband"', 'name = "infiniband"\ngroup_size = 12',
+     "levels[1].group_size: 12 is not a larger multiple of levels[0].group_size 8"),
+    ('name = "infiniband"', 'name = "nvlink"', "levels[1].name: 'nvlink' is used twice"),
+    ('name = "A100-SXM4-80GB"\n', "", "device.name: missing; expected a string"),
+    ("hbm_bandwidth_gb_s", "hbm_bandwith_gb_s", "device.hbm_bandwith_gb_s: unknown field"),
+    ("hbm_gib = 80", "hbm_gib = 80\nhbm_gb = 80", "device: give exactly one of hbm_gib or hbm_gb"),
+    ("bf16 = 312", "bf17 = 312", "device.peak_tflops.bf17: unknown field"),
+    ("bf16 = 312", "bf16 = 0", "device.peak_tflops.bf16: expected a positive number, got 0"),
+    ("devices = 160", "devices = 12", "cluster.devices: 12 devices do not fit its hierarchy; use at most 8"),
+    ("devices = 160", 'devices = "many"', 'cluster.devices: expected an integer of at least 1, got "many"'),
+    ("sources = [", "sources = [3, ", "cluster.sources: expected a list of strings"),
+    ("[efficiency]", "[efficiencies]", "efficiencies: unknown field"),
+    ("matmul = [[3e7, 0.05], [3e8, 0.20]", "matmul = [[3e8, 0.20], [3e7, 0.05]",
+     "efficiency.matmul[1]: sizes must increase, got 3e+07 after 3e+08"),
+    ("matmul = [[3e7, 0.05]", "matmul = [[3e7, 1.05]",
+     "efficiency.matmul[0]: expected [size, efficiency] with size > 0 and efficiency in (0, 1], "
+     "got [30000000.0, 1.05]"),
+    ("memory = [[1e5, 0.05], [1e6", "memory = [[1e5], [1e6", "efficiency.memory[0]: expected [size, efficiency]"),
+    ("dp_overlap = 0.8", "dp_overlap = 1.5", "efficiency.dp_overlap: expected a number in (0, 1], got 1.5"),
+    ("efficiency = 0.8", 'efficiency = "high"', 'memory_tiers[0].efficiency: expected a number in (0, 1] or a list'),
+    ("pooled = false", 'pooled = "no"', 'memory_tiers[0].pooled: expected true or false, got "no"'),
+    ("capacity_gib = 256", "capacity_gb = -3", "memory_tiers[0].capacity_gb: expected a positive number, got -3"),
+    ("[cluster]", "[cluster", "my.toml: not valid TOML"),
+    ("[device.peak_tflops]\n", "", "device.bf16: unknown field"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "message"), MALFORMED, ids=[m[2][:48] for m in MALFORMED])
+def test_malformed_fields_are_named(tmp_path, old, new, message):
+    with pytest.raises(SpecError) as err:
+        load_cluster(_write(tmp_path, _mutate(old, new)))
+    text = str(err.value)
+    assert message in text
+    assert "\n" not in text and text.endswith(".")
+
+
+def test_a_file_without_levels_or_peaks(tmp_path):
+    minimal = """
+[cluster]
+devices = 4
+[device]
+name = "x"
+hbm_gib = 1
+hbm_bandwidth_gb_s = 1
+[device.peak_tflops]
+bf16 = 1
+"""
+    with pytest.raises(SpecError, match=r"my.toml: levels: missing; expected one or more \[\[levels\]\] tables"):
+        load_cluster(_write(tmp_path, minimal))
+    level = '[[levels]]\nname = "l"\nbandwidth_gb_s = 1\nlatency_us = 0\nalgorithm = "ring"\n'
+    no_peak = minimal.replace("bf16 = 1", "") + level
+    with pytest.raises(SpecError, match=r"device.peak_tflops: list at least one dense peak"):
+        load_cluster(_write(tmp_path, no_peak))
+
+
+def test_a_fixed_outermost_level_caps_the_cluster(tmp_path):
+    text = """
+[cluster]
+devices = 72
+[device]
+name = "x"
+hbm_gib = 1
+hbm_bandwidth_gb_s = 1
+[device.peak_tflops]
+bf16 = 1
+[[levels]]
+name = "rack"
+group_size = 72
+bandwidth_gb_s = 900
+latency_us = 1
+algorithm = "ring"
+"""
+    path = _write(tmp_path, text)
+    assert load_cluster(path).memory_tiers == ()
+    with pytest.raises(SpecError, match="144 devices do not fit its hierarchy; use at most 72"):
+        load_cluster(path, devices=144)
+
+
+@pytest.mark.parametrize("arg", ["no-such-preset", "/nonexistent/dir/hw.toml"])
+def test_unknown_names_and_missing_files(arg):
+    with pytest.raises(SpecError, match="no preset has that name and no file is there; use one of ascend-910b"):
+        load_cluster(arg)
+
+
+def test_a_binary_file_is_refused(tmp_path):
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(SpecError, match="bin.toml: not a UTF-8 text file"):
+        load_cluster(str(binary))
