@@ -1,0 +1,354 @@
+"""The intra-op problem: one strategy per op so that compute plus resharding is least.
+
+This is Alpa's intra-operator ILP (one-hot strategy per op, a cost on every
+edge between two layouts), with one change that keeps it small at 400B
+scale: ops of repeated blocks are *tied*. Every instance of a block type
+shares one variable per op position, and costs are multiplied by the number
+of instances, so an 80-layer model costs as much to solve as one layer plus
+the embedding and the head. Parameters are variables too (their layout is
+their storage), so tied embeddings and weight-gradient resharding fall out.
+
+The builder takes the costs as callbacks (`node_time`, `comm_time`), so this
+module knows nothing of hardware; `solve` is in `solve.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Literal, Mapping, Sequence
+
+import numpy as np
+
+from planner.activations import requires_grad
+from planner.graph.ir import Graph
+from planner.search.reshard import IMPOSSIBLE, conjugate, grad_layout, transition
+from planner.search.space import ANY, PARTIAL, REPLICATED, OpStrategy, candidate_strategies
+
+#: Seconds charged for a transition no collective can make; large enough never to be chosen.
+IMPOSSIBLE_S = 1.0e3
+
+Style = Literal["free", "megatron", "megatron_sp"]
+"""'free': every layout the space holds. 'megatron': what Megatron-LM does with a tensor axis —
+weights stay in the shard they are stored in (never gathered), matrix ops split only along a weight
+dim, and activations move only by all-reduce (Shoeybi 2019). 'megatron_sp': the same with sequence
+parallelism (Korthikanti 2022), whose activations also move by all-gather and reduce-scatter."""
+
+#: Collectives each style lets activations use.
+_STYLE_MOVES = {
+    "free": frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}),
+    "megatron": frozenset({"all_reduce"}),
+    "megatron_sp": frozenset({"all_reduce", "all_gather", "reduce_scatter"}),
+}
+
+NodeTime = Callable[[int, OpStrategy], float]
+"""Seconds for node i under a strategy, for one pass (forward, or forward+backward in training)."""
+CommTime = Callable[[str, float], float]
+"""Seconds for a collective kind over the tensor axis moving a tensor of the given full size in bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Var:
+    """One decision: the strategy of an op position (or a parameter's layout), shared by `count` instances."""
+
+    key: Hashable
+    strategies: tuple[OpStrategy, ...]
+    node: int | None  # representative node index; None for a parameter
+    param: str | None
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """A tensor moving from output `out` of var `src` to input `inp` of var `dst`, `times` times per pass."""
+
+    src: int
+    out: int
+    dst: int
+    inp: int
+    nbytes: float
+    grad: bool
+    times: int
+    fwd_times: int  # forward passes over it: times, plus one per instance whose forward is recomputed
+    shared: bool = False  # one of several readers of a tensor: costed with them (see `groups`)
+
+
+@dataclass(slots=True)
+class IntraOpProblem:
+    vars: list[Var]
+    edges: list[Edge]
+    unary: list[np.ndarray]  # seconds per strategy, already multiplied by the var's count
+    training: bool
+    comm_time: CommTime
+    index: dict[Hashable, int] = field(default_factory=dict)
+    style: Style = "free"
+    sinks: list[tuple[int, int, float]] = field(default_factory=list)  # (var, output, bytes) of graph outputs
+    groups: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
+    """(var, output, edge indices) of tensors read by several ops. Forward, the tensor is moved once
+    per distinct layout its readers need; backward, their gradients are summed where they meet, so
+    one collective per distinct gradient layout serves them all (Megatron's single "f" all-reduce
+    for the input of q, k and v), not one per reader."""
+
+    def sink_costs(self) -> dict[int, np.ndarray]:
+        """Per var, the all-reduce a graph output left as a pending sum still needs, per strategy."""
+        out: dict[int, np.ndarray] = {}
+        for v, j, nbytes in self.sinks:
+            ar = self.comm_time("all_reduce", nbytes)
+            c = np.array([ar if s.outputs[j] == PARTIAL else 0.0 for s in self.vars[v].strategies])
+            out[v] = out.get(v, 0) + c
+        return out
+
+    def pair_costs(self) -> dict[tuple[int, int], np.ndarray]:
+        """Edge costs gathered per pair of distinct vars (rows: first var's strategies)."""
+        pairs: dict[tuple[int, int], np.ndarray] = {}
+        for e in self.edges:
+            m = edge_matrix(self, e)
+            if e.src == e.dst:
+                continue  # handled in `self_costs`
+            a, b = (e.src, e.dst) if e.src < e.dst else (e.dst, e.src)
+            mm = m if e.src < e.dst else m.T
+            if (a, b) in pairs:
+                pairs[(a, b)] = pairs[(a, b)] + mm
+            else:
+                pairs[(a, b)] = mm
+        return pairs
+
+    def self_costs(self) -> dict[int, np.ndarray]:
+        """Edges from an op position to the same position of the next instance: a cost on the diagonal."""
+        out: dict[int, np.ndarray] = {}
+        for e in self.edges:
+            if e.src == e.dst:
+                d = np.diag(edge_matrix(self, e)).copy()
+                out[e.src] = out.get(e.src, 0) + d
+        return out
+
+
+def _move_cost(problem: IntraOpProblem, src: int, dst: int, nbytes: float) -> float:
+    kind = transition(src, dst)
+    if kind is None:
+        return 0.0
+    if kind == IMPOSSIBLE:
+        return IMPOSSIBLE_S
+    return problem.comm_time(kind, nbytes)
+
+
+def edge_cost(problem: IntraOpProblem, e: Edge, s_src: OpStrategy, s_dst: OpStrategy) -> dict[str, float]:
+    """Seconds by collective kind ('fwd:all_reduce', 'bwd:all_gather', ...) of one edge under two strategies."""
+    out_l = s_src.outputs[e.out]
+    in_l = s_dst.inputs[e.inp]
+    res: dict[str, float] = {}
+    kind = transition(out_l, in_l)
+    if problem.style != "free" and kind is not None and (
+        kind not in _STYLE_MOVES[problem.style] or (problem.vars[e.src].param is not None and in_l != out_l)
+    ):
+        kind = IMPOSSIBLE
+    if kind == IMPOSSIBLE:
+        return {"fwd:impossible": IMPOSSIBLE_S * e.times}
+    if kind is not None:
+        res[f"fwd:{kind}"] = _move_cost(problem, out_l, in_l, e.nbytes) * e.fwd_times
+    if e.shared:
+        return {}  # costed once for all readers: `group_demands`
+    if problem.training and e.grad:
+        g = grad_layout(in_l, s_dst.split)
+        if g is not None:
+            need = conjugate(out_l)
+            bk = transition(g, need)
+            if bk is not None:
+                res[f"bwd:{bk}"] = _move_cost(problem, g, need, e.nbytes) * e.times
+    return res
+
+
+def group_demands(problem: IntraOpProblem, edge_idxs: Sequence[int]) -> dict[tuple[str, int], list[tuple[int, int, int]]]:
+    """What the readers of one tensor may ask of its producer: ('fwd', layout needed) or ('bwd', gradient
+    layout handed back), each with the (var, strategy, passes) choices that ask it."""
+    out: dict[tuple[str, int], list[tuple[int, int, int]]] = defaultdict(list)
+    for k in edge_idxs:
+        e = problem.edges[k]
+        for s_i, s in enumerate(problem.vars[e.dst].strategies):
+            need = s.inputs[e.inp]
+            if need != ANY:
+                out[("fwd", need)].append((e.dst, s_i, e.fwd_times))
+            if problem.training and e.grad:
+                g = grad_layout(need, s.split)
+                if g is not None:
+                    out[("bwd", g)].append((e.dst, s_i, e.times))
+    return out
+
+
+def demand_cost(problem: IntraOpProblem, src: int, direction: str, layout: int, produced: int, nbytes: float,
+                passes: int) -> dict[str, float]:
+    """Seconds of serving one demand of a tensor's readers when its producer leaves it in `produced`."""
+    if direction == "fwd":
+        kind = transition(produced, layout)
+        if problem.style != "free" and kind is not None and (
+            kind not in _STYLE_MOVES[problem.style] or problem.vars[src].param is not None
+        ):
+            kind = IMPOSSIBLE
+        if kind is None:
+            return {}
+        if kind == IMPOSSIBLE:
+            return {"fwd:impossible": IMPOSSIBLE_S * passes}
+        return {f"fwd:{kind}": _move_cost(problem, produced, layout, nbytes) * passes}
+    need = conjugate(produced)
+    kind = transition(layout, need)
+    if kind is None:
+        return {}
+    return {f"bwd:{kind}": _move_cost(problem, layout, need, nbytes) * passes}
+
+
+def group_cost(problem: IntraOpProblem, src: int, out: int, edge_idxs: Sequence[int],
+               choice: Sequence[int]) -> dict[str, float]:
+    """Seconds by kind of one read-by-many tensor under an assignment."""
+    produced = problem.vars[src].strategies[choice[src]].outputs[out]
+    nbytes = problem.edges[edge_idxs[0]].nbytes
+    asked: dict[tuple[str, int], int] = {}
+    for (direction, layout), options in group_demands(problem, edge_idxs).items():
+        for v, s_i, passes in options:
+            if choice[v] == s_i:
+                asked[(direction, layout)] = max(asked.get((direction, layout), 0), passes)
+    res: dict[str, float] = defaultdict(float)
+    for (direction, layout), passes in sorted(asked.items()):
+        for k, sec in demand_cost(problem, src, direction, layout, produced, nbytes, passes).items():
+            res[k] += sec
+    return dict(res)
+
+
+def edge_matrix(problem: IntraOpProblem, e: Edge) -> np.ndarray:
+    a, b = problem.vars[e.src], problem.vars[e.dst]
+    m = np.zeros((len(a.strategies), len(b.strategies)))
+    for i, sa in enumerate(a.strategies):
+        for j, sb in enumerate(b.strategies):
+            m[i, j] = sum(edge_cost(problem, e, sa, sb).values())
+    return m
+
+
+def _param_strategies(shape: tuple[int, ...] | None, t: int) -> tuple[OpStrategy, ...]:
+    out = [OpStrategy("R", (), (REPLICATED,), False)]
+    if shape is not None and t > 1:
+        for d, n in enumerate(shape):
+            if n >= t and n % t == 0:
+                out.append(OpStrategy(f"S{d}", (), (d,), False))
+    return tuple(out)
+
+
+def build_problem(
+    graph: Graph,
+    node_keys: Sequence[Hashable],
+    param_keys: Mapping[str, Hashable],
+    t: int,
+    node_time: NodeTime,
+    comm_time: CommTime,
+    tensor_bytes: Callable[[str], float],
+    training: bool = True,
+    fwd_repeat: Sequence[int] | None = None,
+    style: Style = "free",
+    grad: set[str] | None = None,
+) -> IntraOpProblem:
+    """The tied intra-op problem of `graph` on a tensor axis of size t.
+
+    `node_keys[i]` names the variable node i belongs to (equal keys = tied
+    instances with equal shapes); `param_keys` does the same for parameters.
+    `fwd_repeat[i]` is 2 where node i's forward runs again in the backward
+    pass (recompute), so its forward resharding is paid twice.
+    """
+    shapes = {name: tt.shape for name, tt in graph.tensors.items()}
+    param_names = set(graph.params)
+    index: dict[Hashable, int] = {}
+    vars_: list[Var] = []
+    counts: dict[Hashable, int] = defaultdict(int)
+    for k in node_keys:
+        counts[k] += 1
+    pcounts: dict[Hashable, int] = defaultdict(int)
+    for k in param_keys.values():
+        pcounts[k] += 1
+    producer: dict[str, tuple[int, int]] = {}
+    for i, n in enumerate(graph.nodes):
+        k = node_keys[i]
+        if k not in index:
+            index[k] = len(vars_)
+            cands = candidate_strategies(n, shapes, t)
+            if style != "free":
+                cands = _megatron_filter(n, cands, param_names)
+            vars_.append(Var(k, cands, i, None, counts[k]))
+        for j, o in enumerate(n.outputs):
+            if o:
+                producer[o] = (index[k], j)
+    for p in graph.params:
+        k = param_keys[p]
+        if k not in index:
+            index[k] = len(vars_)
+            vars_.append(Var(k, _param_strategies(shapes.get(p), t), None, p, pcounts[k]))
+        producer[p] = (index[k], 0)
+
+    unary = [np.zeros(len(v.strategies)) for v in vars_]
+    for v_i, v in enumerate(vars_):
+        if v.node is not None:
+            unary[v_i] = np.array([node_time(v.node, s) for s in v.strategies]) * v.count
+
+    # graph outputs leave whole: a pending sum there must still be reduced
+    sinks = [(producer[name][0], producer[name][1], tensor_bytes(name)) for name in graph.outputs if name in producer]
+
+    grads = (requires_grad(graph) if grad is None else grad) if training else set()
+    agg: dict[tuple[int, int, int, int], list] = {}
+    for i, n in enumerate(graph.nodes):
+        dst = index[node_keys[i]]
+        for inp, name in enumerate(n.inputs):
+            if not name or name not in producer:
+                continue  # graph inputs and constants arrive replicated: slicing them is free
+            src, out = producer[name]
+            key = (src, out, dst, inp)
+            rep = fwd_repeat[i] if fwd_repeat is not None else 1
+            if key in agg:
+                agg[key][2] += 1
+                agg[key][3] += rep
+            else:
+                agg[key] = [tensor_bytes(name), name in grads, 1, rep]
+    edges = [Edge(s, o, d, i, b, g, c, f) for (s, o, d, i), (b, g, c, f) in agg.items()]
+    by_tensor: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for k, e in enumerate(edges):
+        if e.src != e.dst:
+            by_tensor[(e.src, e.out)].append(k)
+    groups = [(src, out, tuple(idx)) for (src, out), idx in by_tensor.items() if len(idx) > 1]
+    for _, _, idx in groups:
+        for k in idx:
+            edges[k] = dataclasses.replace(edges[k], shared=True)
+    return IntraOpProblem(vars_, edges, unary, training, comm_time, index, style, sinks, groups)
+
+
+_WEIGHT_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Gather", "FusedMatMul"})
+
+
+def _megatron_filter(node, cands: tuple[OpStrategy, ...], params: set[str]) -> tuple[OpStrategy, ...]:
+    """Drop the splits of a weight op that leave its weight whole (Megatron never splits work that way)."""
+    if node.op_type not in _WEIGHT_OPS:
+        return cands
+    pk = [k for k, x in enumerate(node.inputs) if x in params]
+    if not pk:
+        return cands
+    return tuple(s for s in cands if not s.split or all(s.inputs[k] >= 0 for k in pk))
+
+
+def total_cost(problem: IntraOpProblem, choice: Sequence[int]) -> float:
+    """Seconds of an assignment (strategy index per var): the objective the solver minimises."""
+    return breakdown(problem, choice)["total"]
+
+
+def breakdown(problem: IntraOpProblem, choice: Sequence[int]) -> dict[str, float]:
+    """Compute and communication by kind of an assignment; 'total' is their sum."""
+    out: dict[str, float] = defaultdict(float)
+    for v_i, u in enumerate(problem.unary):
+        out["compute"] += float(u[choice[v_i]])
+    for v_i, c in problem.sink_costs().items():
+        if c[choice[v_i]]:
+            out["fwd:all_reduce"] += float(c[choice[v_i]])
+    for src, o, idx in problem.groups:
+        for k, sec in group_cost(problem, src, o, idx, choice).items():
+            out[k] += sec
+    for e in problem.edges:
+        sa = problem.vars[e.src].strategies[choice[e.src]]
+        sb = problem.vars[e.dst].strategies[choice[e.dst]]
+        for k, s in edge_cost(problem, e, sa, sb).items():
+            out[k] += s
+    out["total"] = sum(v for k, v in out.items() if k != "total")
+    return dict(sorted(out.items()))

@@ -1,0 +1,452 @@
+"""Per-stage costs of one strategy: time per micro-batch by kind, and memory per device.
+
+The graph is costed once per strategy: op times at the micro-batch and
+shard they run on, tensor-parallel layouts from the intra-op solver,
+context- and expert-parallel traffic per attention core and MoE layer, and
+the tensors each op keeps for backward (with recompute and layouts applied).
+Layers are then cut into pipeline stages (and interleaved chunks), and each
+stage sums its blocks. `step_time` turns these into a step.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from cost_models import Cluster, place_group
+from cost_models.collectives import all_gather_s, all_reduce_s, all_to_all_s, reduce_scatter_s
+from cost_models.compute import op_time_s
+from cost_models.memory import MEGATRON_ADAM, inflight_microbatches, model_state_bytes
+
+from planner.activations import attention_core, layer_inputs, requires_grad, saved_tensors
+from planner.errors import InvalidInput
+from planner.graph.blocks import Structure
+from planner.graph.ir import Graph
+from planner.node_work import FLOAT_DTYPES, node_work
+from planner.search.intra_op import build_problem, edge_cost, group_cost
+from planner.search.solve import solve_intra_op
+from planner.search.space import REPLICATED, layout_name
+from planner.search.tying import tie_keys
+from planner.strategy import Strategy, Workload
+
+DTYPE_WIDTH = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
+
+
+@dataclass(slots=True)
+class Parts:
+    """Seconds of one block (or stage) per micro-batch, by kind."""
+
+    forward: float = 0.0  # forward compute
+    backward: float = 0.0  # backward compute
+    recompute: float = 0.0  # forward run again in the backward pass
+    tp_fwd: float = 0.0
+    tp_bwd: float = 0.0
+    cp_fwd: float = 0.0
+    cp_bwd: float = 0.0
+    ep_fwd: float = 0.0
+    ep_bwd: float = 0.0
+    tp_kinds: dict = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, o: "Parts", k: float = 1.0) -> None:
+        self.forward += k * o.forward
+        self.backward += k * o.backward
+        self.recompute += k * o.recompute
+        self.tp_fwd += k * o.tp_fwd
+        self.tp_bwd += k * o.tp_bwd
+        self.cp_fwd += k * o.cp_fwd
+        self.cp_bwd += k * o.cp_bwd
+        self.ep_fwd += k * o.ep_fwd
+        self.ep_bwd += k * o.ep_bwd
+        for kk, v in o.tp_kinds.items():
+            self.tp_kinds[kk] += k * v
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    index: int
+    layers: tuple[str, ...]
+    parts: Parts
+    forward_s: float
+    backward_s: float
+    dense_params: float  # per device, after tensor sharding
+    expert_params: float  # per device, after tensor and expert sharding
+    memory_bytes: Mapping[str, float]
+    boundary_bytes: float  # activation sent to the next stage per micro-batch
+    held: float  # micro-batches whose activations the stage holds at its peak
+
+
+@dataclass(frozen=True, slots=True)
+class StageCosts:
+    stages: tuple[StageCost, ...]
+    forward_flops_per_sample: float
+    layouts: Mapping[str, Mapping[str, str]]
+    solver_gap: float
+
+
+def _chunks(structure: Structure, n_chunks: int) -> dict[str, int]:
+    """Block name -> pipeline chunk: layers split evenly in graph order; other blocks go with their neighbours."""
+    layers = [b for b in structure.blocks if b.is_layer]
+    if len(layers) < n_chunks:
+        raise InvalidInput(
+            f"the model has {len(layers)} layers, too few for {n_chunks} pipeline chunks (pp x vpp); lower --pp or --vpp"
+        )
+    out: dict[str, int] = {}
+    base, extra = divmod(len(layers), n_chunks)
+    i = 0
+    for c in range(n_chunks):
+        for _ in range(base + (1 if c >= n_chunks - extra else 0)):
+            out[layers[i].name] = c
+            i += 1
+    firsts = [(min(b.nodes) if b.nodes else 0, b.name) for b in layers]
+    for b in structure.blocks:
+        if b.is_layer:
+            continue
+        start = min(b.nodes) if b.nodes else 0
+        prev = [name for first, name in firsts if first <= start]
+        out[b.name] = out[prev[-1]] if prev else 0
+    return out
+
+
+def stage_costs(
+    graph: Graph,
+    structure: Structure,
+    cluster: Cluster,
+    workload: Workload,
+    strategy: Strategy,
+    *,
+    time_limit_s: float = 10.0,
+    style: str = "megatron",
+) -> StageCosts:
+    """Costs of each pipeline stage; `style` is the tensor-parallel layout space ('megatron' or 'free')."""
+    t, cp, pp = strategy.tp, strategy.cp, strategy.pp
+    training = workload.mode == "train"
+    dtype = workload.dtype
+    width = DTYPE_WIDTH.get(dtype, 2.0)
+    work = node_work(graph)
+    bs = strategy.micro_batch / work.batch
+    fscale = width / work.float_bytes
+    params = set(graph.params)
+
+    # -- recompute: which nodes run their forward again --------------------------------------------
+    in_layer = [False] * len(graph.nodes)
+    for b in structure.blocks:
+        if b.is_layer:
+            for i in b.nodes:
+                in_layer[i] = True
+    core = attention_core(graph)
+    grad = requires_grad(graph) if training else set()
+    if not training or strategy.recompute == "none":
+        again = [0] * len(graph.nodes)
+    elif strategy.recompute == "full":
+        again = [1 if in_layer[i] else 0 for i in range(len(graph.nodes))]
+    else:
+        again = [1 if (i in core and in_layer[i]) else 0 for i in range(len(graph.nodes))]
+
+    # -- op time at the micro-batch and shard it runs on --------------------------------------------
+    cache: dict[tuple[int, int], float] = {}
+
+    def fwd_time(i: int, k: int) -> float:
+        key = (i, k)
+        if key not in cache:
+            flops = work.flops[i] * bs / (k * cp)
+            nbytes = (work.act_bytes[i] * bs / cp + work.param_bytes[i]) * fscale / k
+            cache[key] = op_time_s(cluster, flops, nbytes, "matmul" if work.matrix[i] else "elementwise", dtype)
+        return cache[key]
+
+    passes = [(3 + a) if training else 1 for a in again]
+
+    def node_time(i: int, s) -> float:
+        return passes[i] * fwd_time(i, t if s.split else 1)
+
+    tp_spans = place_group(cluster, t, stride=1) if t > 1 else ()
+
+    def comm_time(kind: str, nbytes: float) -> float:
+        if kind == "all_reduce":
+            return all_reduce_s(nbytes, tp_spans)
+        if kind == "all_gather":
+            return all_gather_s(nbytes, tp_spans)
+        if kind == "reduce_scatter":
+            return reduce_scatter_s(nbytes, tp_spans)
+        return all_to_all_s(nbytes / t, tp_spans)
+
+    def tensor_bytes(name: str) -> float:
+        tt = graph.tensors[name]
+        nb = tt.nbytes * (fscale if tt.dtype in FLOAT_DTYPES else 1.0)
+        return nb if name in params else nb * bs / cp
+
+    node_keys, param_keys = tie_keys(graph, structure)
+    problem = build_problem(graph, node_keys, param_keys, t, node_time, comm_time, tensor_bytes,
+                            training=training, fwd_repeat=[1 + a for a in again], grad=grad,
+                            style=("megatron_sp" if strategy.sp else "megatron") if style == "megatron" else style)
+    gap = 0.0
+    if t > 1:
+        allowed = _residual_pins(graph, structure, problem, workload.seq_len, strategy.sp)
+        sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed)
+        choice, gap = sol.choice, sol.gap
+    else:
+        choice = tuple(0 for _ in problem.vars)
+
+    # -- attribute time to blocks ---------------------------------------------------------------
+    var_parts = [Parts() for _ in problem.vars]
+    for v_i, v in enumerate(problem.vars):
+        if v.node is None:
+            continue
+        s = v.strategies[choice[v_i]]
+        f = fwd_time(v.node, t if s.split else 1) * v.count
+        p = var_parts[v_i]
+        p.forward += f
+        if training:
+            p.backward += 2 * f
+            p.recompute += again[v.node] * f
+    for e in problem.edges:
+        sa = problem.vars[e.src].strategies[choice[e.src]]
+        sb = problem.vars[e.dst].strategies[choice[e.dst]]
+        p = var_parts[e.dst]
+        for kind, sec in edge_cost(problem, e, sa, sb).items():
+            if kind.startswith("fwd:"):
+                first = sec * e.times / e.fwd_times
+                p.tp_fwd += first
+                p.tp_bwd += sec - first
+            else:
+                p.tp_bwd += sec
+            p.tp_kinds[kind.split(":")[1]] += sec
+    for src, o, idx in problem.groups:  # read-by-many tensors: charged to the producer
+        owner = src if problem.vars[src].node is not None else problem.edges[idx[0]].dst
+        for kind, sec in group_cost(problem, src, o, idx, choice).items():
+            direction, coll = kind.split(":")
+            if direction == "fwd":
+                first = sec / max(1, max(problem.edges[k].fwd_times / problem.edges[k].times for k in idx))
+                var_parts[owner].tp_fwd += first
+                var_parts[owner].tp_bwd += sec - first
+            else:
+                var_parts[owner].tp_bwd += sec
+            var_parts[owner].tp_kinds[coll] += sec
+    for v_i, c in problem.sink_costs().items():
+        var_parts[v_i].tp_fwd += float(c[choice[v_i]])
+        var_parts[v_i].tp_kinds["all_reduce"] += float(c[choice[v_i]])
+    block_parts: dict[str, Parts] = defaultdict(Parts)
+    for v_i, v in enumerate(problem.vars):
+        if v.node is None:
+            continue
+        blk = structure.block_of_node(v.node)
+        if blk is None:
+            continue
+        tied = isinstance(v.key, tuple) and v.key and v.key[0] == blk.type_id
+        names = structure.type(blk.type_id).instances if tied else (blk.name,)
+        for name in names:
+            block_parts[name].add(var_parts[v_i], 1.0 / len(names))
+
+    layout_of_output = _output_layouts(graph, problem, choice, node_keys, param_keys)
+    _add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_bytes, fwd_time, layout_of_output)
+
+    # -- memory per block ------------------------------------------------------------------------
+    act_block = _activation_bytes(graph, structure, strategy, training, core, problem, choice,
+                                  layout_of_output, width, bs / cp, node_keys, grad)
+    param_layout = {p: layout_of_output[p] for p in graph.params}
+
+    # -- stages ----------------------------------------------------------------------------------
+    n_chunks = pp * strategy.vpp
+    chunk = _chunks(structure, n_chunks)
+    m = strategy.micro_batches(workload)
+    schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
+    stages = []
+    for s in range(pp):
+        names = [b.name for b in structure.blocks if chunk[b.name] % pp == s]
+        parts = Parts()
+        dense = expert = 0.0
+        acts = 0.0
+        boundary = 0.0
+        for name in names:
+            parts.add(block_parts[name])
+            acts += act_block.get(name, 0.0)
+            blk = structure.block(name)
+            for p in blk.params:
+                shard = t if param_layout.get(p, REPLICATED) >= 0 else 1
+                if ".experts." in p:
+                    expert += graph.tensors[p].numel / shard / strategy.ep
+                else:
+                    dense += graph.tensors[p].numel / shard
+            if blk.is_layer:
+                ins = layer_inputs(graph, set(blk.nodes), grad)
+                boundary = max(boundary, sum(tensor_bytes(x) / (t if layout_of_output.get(x, REPLICATED) >= 0 else 1)
+                                             for x in ins))
+        held = inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp) if training else 1.0
+        dpg = strategy.dp * cp
+        if training:
+            st_d = model_state_bytes(dense, zero_stage=strategy.zero, dp=dpg, state=MEGATRON_ADAM)
+            st_e = model_state_bytes(expert, zero_stage=strategy.zero, dp=max(1, dpg // strategy.ep), state=MEGATRON_ADAM)
+            mem = {"params": st_d.params_bytes + st_e.params_bytes, "grads": st_d.grads_bytes + st_e.grads_bytes,
+                   "optimizer": st_d.optimizer_bytes + st_e.optimizer_bytes, "activations": acts * held}
+        else:
+            mem = {"params": (dense + expert) * width, "grads": 0.0, "optimizer": 0.0, "activations": acts}
+        for cls in ("params", "grads", "optimizer", "activations"):
+            frac = strategy.offload_fraction(cls)
+            if frac:
+                mem[f"offloaded_{cls}"] = mem[cls] * frac
+                mem[cls] *= 1.0 - frac
+        mem["peak"] = sum(v for k, v in mem.items() if not k.startswith("offloaded_"))
+        fwd = parts.forward + parts.tp_fwd + parts.cp_fwd + parts.ep_fwd
+        bwd = parts.backward + parts.recompute + parts.tp_bwd + parts.cp_bwd + parts.ep_bwd
+        stages.append(StageCost(s, tuple(n for n in names if structure.block(n).is_layer), parts, fwd, bwd,
+                                dense, expert, mem, boundary, held))
+    return StageCosts(tuple(stages), float(work.flops.sum()) / work.batch,
+                      _layouts(graph, structure, problem, choice), gap)
+
+
+def _residual_pins(graph: Graph, structure: Structure, problem, seq_len: int, sp: bool) -> dict[int, frozenset[int]]:
+    """Between layers the residual stream is replicated, or split by sequence with --sp (Korthikanti 2022)."""
+    pins: dict[int, frozenset[int]] = {}
+    consumers_block: dict[str, set[int]] = defaultdict(set)
+    for i, n in enumerate(graph.nodes):
+        for x in n.inputs:
+            if x:
+                consumers_block[x].add(structure.node_block[i])
+    for v_i, v in enumerate(problem.vars):
+        if v.node is None:
+            continue
+        node = graph.nodes[v.node]
+        blk = structure.node_block[v.node]
+        if blk < 0 or not structure.blocks[blk].is_layer:
+            continue
+        for j, o in enumerate(node.outputs):
+            if not o or not (consumers_block.get(o, set()) - {blk}):
+                continue
+            shape = graph.tensors[o].shape if o in graph.tensors else None
+            if not shape:
+                continue
+            want = REPLICATED
+            if sp:
+                dims = [d for d, n in enumerate(shape) if n == seq_len]
+                if not dims:
+                    continue
+                want = dims[0]
+            ok = frozenset(k for k, s in enumerate(v.strategies) if s.outputs[j] == want)
+            if ok:
+                pins[v_i] = ok & pins.get(v_i, ok)
+    return pins
+
+
+def _output_layouts(graph: Graph, problem, choice, node_keys, param_keys) -> dict[str, int]:
+    """Tensor -> the layout its producer leaves it in (absent: a graph input or constant, replicated)."""
+    out: dict[str, int] = {}
+    for i, n in enumerate(graph.nodes):
+        v_i = problem.index[node_keys[i]]
+        s = problem.vars[v_i].strategies[choice[v_i]]
+        for j, o in enumerate(n.outputs):
+            if o:
+                out[o] = s.outputs[j]
+    for p in graph.params:
+        v_i = problem.index[param_keys[p]]
+        out[p] = problem.vars[v_i].strategies[choice[v_i]].outputs[0]
+    return out
+
+
+def _add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_bytes, fwd_time, layout) -> None:
+    """Context-parallel K/V exchange per attention core, expert-parallel all-to-all per MoE layer."""
+    t, cp, ep = strategy.tp, strategy.cp, strategy.ep
+    params = set(graph.params)
+    shard = lambda x: tensor_bytes(x) / (t if layout.get(x, REPLICATED) >= 0 else 1)  # noqa: E731
+    if cp > 1:
+        spans = place_group(cluster, cp, stride=t)
+        for blk in structure.blocks:
+            kv: list[str] = []
+            core_s = 0.0
+            for i in blk.nodes:
+                n = graph.nodes[i]
+                if i not in core:
+                    continue
+                core_s += fwd_time(i, t)
+                if n.op_type == "Attention":
+                    kv += [x for x in n.inputs[1:3] if x]
+                elif n.op_type in ("MatMul", "Einsum") and not any(x in params for x in n.inputs):
+                    kv.append(n.inputs[1])
+            if not kv:
+                continue
+            # ring attention: K and V of the whole sequence pass every rank, overlapped with the core's compute
+            ag = sum(all_gather_s(shard(x) * cp, spans) for x in kv)
+            rs = sum(reduce_scatter_s(shard(x) * cp, spans) for x in kv)
+            p = block_parts[blk.name]
+            p.cp_fwd += max(0.0, ag - core_s)
+            p.cp_bwd += max(0.0, ag + rs - 2 * core_s)
+            if strategy.recompute == "full":
+                p.cp_bwd += p.cp_fwd
+    if ep > 1:
+        spans = place_group(cluster, ep, stride=t)
+        for blk in structure.blocks:
+            expert_nodes = {i for i in blk.nodes if any(".experts." in x for x in graph.nodes[i].inputs if x in params)}
+            if not expert_nodes:
+                continue
+            outputs = {o for i in expert_nodes for o in graph.nodes[i].outputs if o}
+            dispatch = {x for i in expert_nodes for x in graph.nodes[i].inputs
+                        if x and x not in params and x not in outputs}
+            combine: set[str] = set()
+            for i in blk.nodes:
+                if i in expert_nodes:
+                    continue
+                combine |= {x for x in graph.nodes[i].inputs if x in outputs}
+            moved = sum(shard(x) for x in sorted(dispatch)) + sum(shard(x) for x in sorted(combine))
+            # dispatch and combine forward, and their transposes backward (and again when the layer is recomputed)
+            p = block_parts[blk.name]
+            a2a = all_to_all_s(moved, spans)
+            p.ep_fwd += a2a
+            p.ep_bwd += a2a * (2 if strategy.recompute == "full" else 1)
+
+
+def _activation_bytes(graph, structure, strategy, training, core, problem, choice, layout, width, scale,
+                      node_keys, grad) -> dict[str, float]:
+    """Bytes each block keeps for backward per micro-batch, per device, with layouts and recompute applied."""
+    out: dict[str, float] = defaultdict(float)
+    if not training:
+        return out
+    t = strategy.tp
+    producer: dict[str, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for o in n.outputs:
+            if o:
+                producer[o] = i
+    in_core_output = {o for i in core for o in graph.nodes[i].outputs if o}
+
+    def split(saved) -> bool:
+        if layout.get(saved.tensor, REPLICATED) >= 0:
+            return True
+        v_i = problem.index[node_keys[saved.saver]]
+        s = problem.vars[v_i].strategies[choice[v_i]]
+        k = saved.input_index
+        return 0 <= k < len(s.inputs) and s.inputs[k] >= 0
+
+    full_layers = strategy.recompute == "full"
+    for sv in saved_tensors(graph, width, grad):
+        blk = structure.block_of_node(sv.saver)
+        if blk is None:
+            continue
+        if full_layers and blk.is_layer:
+            continue
+        if strategy.recompute == "selective" and blk.is_layer and sv.saver in core and (
+            sv.tensor in in_core_output or sv.input_index == -1 or graph.nodes[sv.saver].op_type == "Dropout"
+        ):
+            continue
+        out[blk.name] += sv.nbytes * scale / (t if split(sv) else 1)
+    if full_layers:
+        for blk in structure.blocks:
+            if blk.is_layer:
+                for x in layer_inputs(graph, set(blk.nodes), grad):
+                    tt = graph.tensors[x]
+                    nb = tt.numel * (width if tt.dtype in FLOAT_DTYPES else tt.nbytes / max(tt.numel, 1))
+                    out[blk.name] += nb * scale / (t if layout.get(x, REPLICATED) >= 0 else 1)
+    return out
+
+
+def _layouts(graph: Graph, structure: Structure, problem, choice) -> dict[str, dict[str, str]]:
+    """Per block type, the layout chosen for each parameter (name relative to its block): what a plan prints."""
+    out: dict[str, dict[str, str]] = {}
+    by_param = {v.param: layout_name(v.strategies[choice[v_i]].outputs[0]) for v_i, v in enumerate(problem.vars) if v.param}
+    for btype in structure.types:
+        blk = structure.block(btype.instances[0])
+        rows = {}
+        for p in blk.params:
+            rel = p[len(blk.name) + 1:] if p.startswith(blk.name + ".") else p
+            rows[rel] = by_param.get(p, "R")
+        if rows:
+            out[btype.label] = rows
+    return out

@@ -1,0 +1,122 @@
+"""What is being run (the workload) and how it is parallelised (the strategy): pure data.
+
+Kept apart from the model (the graph) and the system (the cluster), as in
+Calculon: the estimate is a function of the three. Checks here are about
+the strategy alone (degrees multiply to the device count, the batch splits
+into whole micro-batches); whether it fits in memory is the estimate's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from planner.errors import InvalidInput
+
+Mode = Literal["train", "infer"]
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["gpipe", "1f1b", "interleaved"]
+RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
+OFFLOAD_CLASSES: tuple[str, ...] = ("params", "grads", "optimizer", "activations", "kv_cache")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """One training step (or inference batch): how many sequences of how many tokens, in which dtype."""
+
+    mode: Mode = "train"
+    global_batch: int
+    seq_len: int
+    dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.global_batch < 1:
+            raise InvalidInput(f"--global-batch must be at least 1, got {self.global_batch}")
+        if self.seq_len < 1:
+            raise InvalidInput(f"--seq-len must be at least 1, got {self.seq_len}")
+
+    @property
+    def tokens(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Strategy:
+    """The parallel degrees and memory policies of one plan.
+
+    Mesh axes, fastest first: tp (tensor), cp (context), dp (data), pp
+    (pipeline); ep (expert) reuses data x context ranks, as in Megatron-LM.
+    `offload` maps a memory class to the fraction of it kept in the host or
+    pooled tier instead of HBM.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    micro_batch: int = 1
+    recompute: Recompute = "none"
+    sp: bool = False
+    zero: int = 0
+    schedule: Schedule = "1f1b"
+    offload: tuple[tuple[str, float], ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise InvalidInput(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+        if self.recompute not in RECOMPUTE_POLICIES:
+            raise InvalidInput(f"--recompute must be one of {', '.join(RECOMPUTE_POLICIES)}, got {self.recompute!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise InvalidInput(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if (self.dp * self.cp) % self.ep:
+            raise InvalidInput(
+                f"--ep {self.ep} must divide dp x cp = {self.dp * self.cp}: experts are spread over data-parallel ranks"
+            )
+        if self.sp and self.tp == 1:
+            raise InvalidInput("--sp (sequence parallelism) needs --tp greater than 1")
+        if self.vpp > 1 and self.pp == 1:
+            raise InvalidInput("--vpp (interleaved stages) needs --pp greater than 1")
+        for cls, frac in self.offload:
+            if cls not in OFFLOAD_CLASSES:
+                raise InvalidInput(f"unknown offload class {cls!r}; use one of {', '.join(OFFLOAD_CLASSES)}")
+            if not 0.0 <= frac <= 1.0:
+                raise InvalidInput(f"offload fraction of {cls} must be within 0..1, got {frac}")
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    def offload_fraction(self, cls: str) -> float:
+        return dict(self.offload).get(cls, 0.0)
+
+    def micro_batches(self, workload: Workload) -> int:
+        """Micro-batches per pipeline per step; InvalidInput unless the batch splits evenly."""
+        per_replica, rem = divmod(workload.global_batch, self.dp)
+        if rem or per_replica % self.micro_batch:
+            raise InvalidInput(
+                f"global batch {workload.global_batch} does not split into dp={self.dp} replicas of whole "
+                f"micro-batches of {self.micro_batch}; use a batch that is a multiple of {self.dp * self.micro_batch}"
+            )
+        return per_replica // self.micro_batch
+
+    def short(self) -> str:
+        """E.g. 'TP8·PP12·DP4, ZeRO-1, selective recompute'."""
+        axes = [f"{n}{v}" for n, v in (("TP", self.tp), ("CP", self.cp), ("PP", self.pp), ("DP", self.dp), ("EP", self.ep)) if v > 1]
+        parts = ["·".join(axes) or "single device"]
+        if self.vpp > 1:
+            parts[0] += f" (vpp {self.vpp})"
+        if self.sp:
+            parts.append("SP")
+        if self.zero:
+            parts.append(f"ZeRO-{self.zero}")
+        if self.recompute != "none":
+            parts.append(f"{self.recompute} recompute")
+        parts.append(f"mb {self.micro_batch}")
+        for cls, frac in self.offload:
+            if frac > 0:
+                parts.append(f"{cls} offloaded {frac:.0%}")
+        return ", ".join(parts)

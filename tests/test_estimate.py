@@ -1,0 +1,124 @@
+"""The estimate of a given strategy: its figures add up, its memory matches Korthikanti's, bad input is one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.app import app
+from planner.api import estimate_model
+from planner.errors import InvalidInput
+
+GIB = 2.0**30
+# Korthikanti et al. 2022 Figure 1 (22B: h 6144, 48 layers, 64 heads, s 2048, TP 8, micro-batch 4), GiB per GPU
+GPT22B = dict(layers=48, hidden=6144, heads=64, vocab=51200)
+runner = CliRunner()
+
+
+def _est(**kw):
+    base = dict(cluster="dgx-a100", devices=8, global_batch=4, seq_len=2048, tp=8, micro_batch=4, overrides=GPT22B)
+    base.update(kw)
+    return estimate_model("gpt", **base)
+
+
+@pytest.fixture(scope="module")
+def none_22b():
+    return _est(recompute="none")
+
+
+@pytest.fixture(scope="module")
+def sel_22b():
+    return _est(recompute="selective", sp=True)
+
+
+def test_breakdown_adds_up_to_the_step_time(none_22b, sel_22b):
+    for r in (none_22b, sel_22b):
+        assert sum(r["breakdown_s"].values()) == pytest.approx(r["step_time_s"], rel=1e-9)
+        assert r["tokens_per_s"] == pytest.approx(4 * 2048 / r["step_time_s"])
+        assert set(r["memory_gib"]) >= {"peak", "params", "grads", "optimizer", "activations"}
+
+
+def test_activation_memory_matches_korthikanti_figure_1(none_22b, sel_22b):
+    assert none_22b["memory_gib"]["activations"] == pytest.approx(59.25, rel=0.05)
+    assert sel_22b["memory_gib"]["activations"] == pytest.approx(9.56, rel=0.05)
+    states = sum(none_22b["memory_gib"][k] for k in ("params", "grads", "optimizer"))
+    assert states == pytest.approx(45.56, rel=0.05)
+
+
+def test_selective_recompute_with_sp_is_faster_and_smaller_than_full(sel_22b):
+    full = _est(recompute="full")
+    assert sel_22b["step_time_s"] < full["step_time_s"]
+    assert full["breakdown_s"]["recompute"] > sel_22b["breakdown_s"]["recompute"] > 0
+    assert full["memory_gib"]["activations"] < sel_22b["memory_gib"]["activations"]
+
+
+def test_pipeline_and_data_parallel_parts_appear_and_add_up():
+    r = estimate_model("gpt", cluster="dgx-a100", devices=32, global_batch=64, seq_len=2048, tp=4, pp=4,
+                       micro_batch=1, recompute="selective", sp=True, zero=1,
+                       overrides=dict(layers=16, hidden=4096, heads=32, vocab=51200))
+    assert r["strategy"]["dp"] == 2
+    assert r["microbatches"] == 32
+    bd = r["breakdown_s"]
+    assert bd["pp_bubble"] > 0 and bd["pp_p2p"] > 0 and bd["dp_comm"] >= 0
+    # the 1F1B bubble of equal stages is (p - 1) / m of the busy time (Narayanan 2021)
+    busy = sum(bd[k] for k in ("compute", "recompute", "tp_comm"))
+    assert bd["pp_bubble"] / busy == pytest.approx(3 / 32, rel=0.15)
+    assert sum(bd.values()) == pytest.approx(r["step_time_s"], rel=1e-9)
+    assert len(r["stages"]) == 4 and sum(s["layers"] for s in r["stages"]) == 16
+
+
+def test_a_strategy_that_does_not_fit_says_by_how_much():
+    r = estimate_model("gpt3-175b", cluster="dgx-a100", devices=8, global_batch=8, seq_len=2048, tp=8,
+                       overrides=dict(layers=24))
+    assert not r["fits"]
+    assert r["over_gib"] == pytest.approx(r["memory_gib"]["peak"] - r["hbm_gib"])
+    assert r["over_gib"] > 0
+
+
+def test_offloading_the_optimizer_moves_memory_and_costs_traffic():
+    kw = dict(cluster="dgx-a100", devices=8, global_batch=8, seq_len=2048, tp=8, recompute="full",
+              overrides=dict(layers=8, hidden=8192, heads=64, vocab=51200))
+    base = estimate_model("gpt", **kw)
+    off = estimate_model("gpt", offload=(("optimizer", 1.0),), **kw)
+    assert off["memory_gib"]["optimizer"] == pytest.approx(0.0, abs=1e-9)
+    assert off["memory_gib"]["offloaded_optimizer"] == pytest.approx(base["memory_gib"]["optimizer"])
+    assert off["breakdown_s"]["offload"] > 0 and base["breakdown_s"]["offload"] == 0
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(tp=3), "does not divide"),
+    (dict(global_batch=3, micro_batch=2), "micro-batches"),
+    (dict(pp=8), "too few"),
+    (dict(recompute="some"), "--recompute"),
+    (dict(offload=(("weights", 0.5),)), "offload class"),
+])
+def test_bad_strategies_are_one_sentence(kw, words):
+    base = dict(cluster="dgx-a100", devices=8, global_batch=8, seq_len=1024, overrides=dict(layers=4))
+    base.update(kw)
+    with pytest.raises(InvalidInput, match=words):
+        estimate_model("gpt", **base)
+
+
+def test_cli_json_has_the_documented_keys_and_is_repeatable():
+    args = ["estimate", "gpt", "--layers", "4", "--cluster", "dgx-a100", "--devices", "8", "--global-batch", "8",
+            "--seq-len", "1024", "--tp", "4", "--pp", "2", "--sp", "--recompute", "selective", "--json"]
+    a = runner.invoke(app, args)
+    b = runner.invoke(app, args)
+    assert a.exit_code == 0, a.output
+    assert a.output == b.output
+    r = json.loads(a.output)
+    for key in ("step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "memory_gib", "breakdown_s"):
+        assert key in r
+    assert r["strategy"]["dp"] == 1 and r["strategy"]["summary"].startswith("TP4·PP2")
+
+
+def test_cli_tables_and_errors():
+    ok = runner.invoke(app, ["estimate", "gpt", "--layers", "2", "--cluster", "dgx-a100", "--devices", "8",
+                             "--global-batch", "8", "--seq-len", "512", "--tp", "8"], terminal_width=120)
+    assert ok.exit_code == 0, ok.output
+    assert "step time" in ok.output and "MFU" in ok.output
+    bad = runner.invoke(app, ["estimate", "gpt", "--cluster", "nope", "--global-batch", "8", "--seq-len", "512"])
+    assert bad.exit_code == 2
+    assert "Traceback" not in bad.output
