@@ -24,10 +24,12 @@ from planner.errors import InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.node_work import FLOAT_DTYPES, node_work
-from planner.search.intra_op import build_problem, edge_cost, group_cost
+from planner.search.intra_op import build_skeleton, edge_cost, group_cost, price
 from planner.search.solve import solve_intra_op
 from planner.search.space import REPLICATED, layout_name
 from planner.search.tying import tie_keys
+
+import numpy as np
 from planner.strategy import Strategy, Workload
 
 DTYPE_WIDTH = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
@@ -108,6 +110,35 @@ def _chunks(structure: Structure, n_chunks: int) -> dict[str, int]:
     return out
 
 
+class GraphFacts:
+    """What the costing needs to know of a graph that no strategy changes: computed once, reused by every
+    strategy the planner scores (work per node, attention cores, gradients, saved tensors, tying keys)."""
+
+    def __init__(self, graph: Graph, structure: Structure) -> None:
+        self.graph, self.structure = graph, structure
+        self.work = node_work(graph)
+        self.params = set(graph.params)
+        self.core = attention_core(graph)
+        self.grad = requires_grad(graph)
+        self.in_layer = np.zeros(len(graph.nodes), dtype=bool)
+        for b in structure.blocks:
+            if b.is_layer:
+                self.in_layer[list(b.nodes)] = True
+        core_mask = np.zeros(len(graph.nodes), dtype=bool)
+        core_mask[sorted(self.core)] = True
+        self.core_in_layer = core_mask & self.in_layer
+        self.node_keys, self.param_keys = tie_keys(graph, structure)
+        self.layer_inputs = {b.name: layer_inputs(graph, set(b.nodes), self.grad) for b in structure.blocks if b.is_layer}
+        self.skeletons: dict = {}
+        self.choices: dict = {}
+        self._saved: dict[float, list] = {}
+
+    def saved(self, width: float) -> list:
+        if width not in self._saved:
+            self._saved[width] = saved_tensors(self.graph, width, self.grad)
+        return self._saved[width]
+
+
 def stage_costs(
     graph: Graph,
     structure: Structure,
@@ -117,31 +148,33 @@ def stage_costs(
     *,
     time_limit_s: float = 10.0,
     style: str = "megatron",
+    facts: GraphFacts | None = None,
 ) -> StageCosts:
-    """Costs of each pipeline stage; `style` is the tensor-parallel layout space ('megatron' or 'free')."""
+    """Costs of each pipeline stage; `style` is the tensor-parallel layout space ('megatron' or 'free').
+
+    Pass the same `facts` to score many strategies of one graph: the graph
+    analysis, the problem skeleton per tensor-axis size and the solved
+    layouts per (size, style) are then reused.
+    """
+    facts = facts or GraphFacts(graph, structure)
     t, cp, pp = strategy.tp, strategy.cp, strategy.pp
     training = workload.mode == "train"
     dtype = workload.dtype
     width = DTYPE_WIDTH.get(dtype, 2.0)
-    work = node_work(graph)
+    work = facts.work
     bs = strategy.micro_batch / work.batch
     fscale = width / work.float_bytes
-    params = set(graph.params)
+    params = facts.params
 
     # -- recompute: which nodes run their forward again --------------------------------------------
-    in_layer = [False] * len(graph.nodes)
-    for b in structure.blocks:
-        if b.is_layer:
-            for i in b.nodes:
-                in_layer[i] = True
-    core = attention_core(graph)
-    grad = requires_grad(graph) if training else set()
+    core = facts.core
+    grad = facts.grad if training else set()
     if not training or strategy.recompute == "none":
-        again = [0] * len(graph.nodes)
+        again = np.zeros(len(graph.nodes), dtype=np.int64)
     elif strategy.recompute == "full":
-        again = [1 if in_layer[i] else 0 for i in range(len(graph.nodes))]
+        again = facts.in_layer.astype(np.int64)
     else:
-        again = [1 if (i in core and in_layer[i]) else 0 for i in range(len(graph.nodes))]
+        again = facts.core_in_layer.astype(np.int64)
 
     # -- op time at the micro-batch and shard it runs on --------------------------------------------
     cache: dict[tuple[int, int], float] = {}
@@ -154,10 +187,10 @@ def stage_costs(
             cache[key] = op_time_s(cluster, flops, nbytes, "matmul" if work.matrix[i] else "elementwise", dtype)
         return cache[key]
 
-    passes = [(3 + a) if training else 1 for a in again]
+    passes = (3 + again) if training else np.ones(len(graph.nodes), dtype=np.int64)
 
-    def node_time(i: int, s) -> float:
-        return passes[i] * fwd_time(i, t if s.split else 1)
+    def var_time(i: int, s) -> float:
+        return fwd_time(i, t if s.split else 1)
 
     tp_spans = place_group(cluster, t, stride=1) if t > 1 else ()
 
@@ -175,17 +208,23 @@ def stage_costs(
         nb = tt.nbytes * (fscale if tt.dtype in FLOAT_DTYPES else 1.0)
         return nb if name in params else nb * bs / cp
 
-    node_keys, param_keys = tie_keys(graph, structure)
-    problem = build_problem(graph, node_keys, param_keys, t, node_time, comm_time, tensor_bytes,
-                            training=training, fwd_repeat=[1 + a for a in again], grad=grad,
-                            style=("megatron_sp" if strategy.sp else "megatron") if style == "megatron" else style)
+    node_keys, param_keys = facts.node_keys, facts.param_keys
+    space = ("megatron_sp" if strategy.sp else "megatron") if style == "megatron" else style
+    skey = (t, space, training)
+    if skey not in facts.skeletons:
+        facts.skeletons[skey] = build_skeleton(graph, node_keys, param_keys, t, training, space, grad)
+    problem = price(facts.skeletons[skey], var_time, passes, comm_time, tensor_bytes, 1 + again)
     gap = 0.0
-    if t > 1:
+    ckey = (skey, strategy.sp, strategy.micro_batch, strategy.recompute, cp, workload.seq_len, dtype)
+    if t == 1:
+        choice = tuple(0 for _ in problem.vars)
+    elif ckey in facts.choices:
+        choice, gap = facts.choices[ckey]
+    else:
         allowed = _residual_pins(graph, structure, problem, workload.seq_len, strategy.sp)
         sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed)
         choice, gap = sol.choice, sol.gap
-    else:
-        choice = tuple(0 for _ in problem.vars)
+        facts.choices[ckey] = (choice, gap)
 
     # -- attribute time to blocks ---------------------------------------------------------------
     var_parts = [Parts() for _ in problem.vars]
@@ -198,7 +237,7 @@ def stage_costs(
         p.forward += f
         if training:
             p.backward += 2 * f
-            p.recompute += again[v.node] * f
+            p.recompute += float(again[problem.members[v_i]].sum()) / v.count * f
     for e in problem.edges:
         sa = problem.vars[e.src].strategies[choice[e.src]]
         sb = problem.vars[e.dst].strategies[choice[e.dst]]
@@ -242,7 +281,7 @@ def stage_costs(
 
     # -- memory per block ------------------------------------------------------------------------
     act_block = _activation_bytes(graph, structure, strategy, training, core, problem, choice,
-                                  layout_of_output, width, bs / cp, node_keys, grad)
+                                  layout_of_output, width, bs / cp, node_keys, grad, facts)
     param_layout = {p: layout_of_output[p] for p in graph.params}
 
     # -- stages ----------------------------------------------------------------------------------
@@ -268,7 +307,7 @@ def stage_costs(
                 else:
                     dense += graph.tensors[p].numel / shard
             if blk.is_layer:
-                ins = layer_inputs(graph, set(blk.nodes), grad)
+                ins = facts.layer_inputs[blk.name]
                 boundary = max(boundary, sum(tensor_bytes(x) / (t if layout_of_output.get(x, REPLICATED) >= 0 else 1)
                                              for x in ins))
         held = inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp) if training else 1.0
@@ -394,7 +433,7 @@ def _add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_by
 
 
 def _activation_bytes(graph, structure, strategy, training, core, problem, choice, layout, width, scale,
-                      node_keys, grad) -> dict[str, float]:
+                      node_keys, grad, facts) -> dict[str, float]:
     """Bytes each block keeps for backward per micro-batch, per device, with layouts and recompute applied."""
     out: dict[str, float] = defaultdict(float)
     if not training:
@@ -416,7 +455,7 @@ def _activation_bytes(graph, structure, strategy, training, core, problem, choic
         return 0 <= k < len(s.inputs) and s.inputs[k] >= 0
 
     full_layers = strategy.recompute == "full"
-    for sv in saved_tensors(graph, width, grad):
+    for sv in facts.saved(width):
         blk = structure.block_of_node(sv.saver)
         if blk is None:
             continue
@@ -430,7 +469,7 @@ def _activation_bytes(graph, structure, strategy, training, core, problem, choic
     if full_layers:
         for blk in structure.blocks:
             if blk.is_layer:
-                for x in layer_inputs(graph, set(blk.nodes), grad):
+                for x in facts.layer_inputs[blk.name]:
                     tt = graph.tensors[x]
                     nb = tt.numel * (width if tt.dtype in FLOAT_DTYPES else tt.nbytes / max(tt.numel, 1))
                     out[blk.name] += nb * scale / (t if layout.get(x, REPLICATED) >= 0 else 1)

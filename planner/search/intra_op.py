@@ -89,6 +89,7 @@ class IntraOpProblem:
     per distinct layout its readers need; backward, their gradients are summed where they meet, so
     one collective per distinct gradient layout serves them all (Megatron's single "f" all-reduce
     for the input of q, k and v), not one per reader."""
+    members: list[np.ndarray] = field(default_factory=list)  # node indices each var stands for
 
     def sink_costs(self) -> dict[int, np.ndarray]:
         """Per var, the all-reduce a graph output left as a pending sum still needs, per strategy."""
@@ -232,6 +233,117 @@ def _param_strategies(shape: tuple[int, ...] | None, t: int) -> tuple[OpStrategy
     return tuple(out)
 
 
+@dataclass(frozen=True, slots=True)
+class Skeleton:
+    """The shape of the intra-op problem, independent of costs: built once per tensor-axis size.
+
+    Pricing it (`price`) at another micro-batch or recompute policy is cheap:
+    only the representative of each var and each aggregated edge is costed.
+    """
+
+    vars: list[Var]
+    members: list[np.ndarray]  # node indices each var stands for (empty for parameters)
+    edges: list[tuple[int, int, int, int, str, bool, np.ndarray]]  # src, out, dst, inp, tensor, grad, dst nodes
+    groups: list[tuple[int, int, tuple[int, ...]]]
+    sinks: list[tuple[int, int, str]]
+    index: dict[Hashable, int]
+    style: Style
+    training: bool
+
+
+def build_skeleton(
+    graph: Graph,
+    node_keys: Sequence[Hashable],
+    param_keys: Mapping[str, Hashable],
+    t: int,
+    training: bool = True,
+    style: Style = "free",
+    grad: set[str] | None = None,
+) -> Skeleton:
+    """Vars (one per op position or parameter; equal keys are tied instances), their strategies, and edges."""
+    shapes = {name: tt.shape for name, tt in graph.tensors.items()}
+    param_names = set(graph.params)
+    index: dict[Hashable, int] = {}
+    vars_: list[Var] = []
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for i, k in enumerate(node_keys):
+        members[k].append(i)
+    pcounts: dict[Hashable, int] = defaultdict(int)
+    for k in param_keys.values():
+        pcounts[k] += 1
+    producer: dict[str, tuple[int, int]] = {}
+    for i, n in enumerate(graph.nodes):
+        k = node_keys[i]
+        if k not in index:
+            index[k] = len(vars_)
+            cands = candidate_strategies(n, shapes, t)
+            if style != "free":
+                cands = _megatron_filter(n, cands, param_names)
+            vars_.append(Var(k, cands, i, None, len(members[k])))
+        for j, o in enumerate(n.outputs):
+            if o:
+                producer[o] = (index[k], j)
+    for p in graph.params:
+        k = param_keys[p]
+        if k not in index:
+            index[k] = len(vars_)
+            vars_.append(Var(k, _param_strategies(shapes.get(p), t), None, p, pcounts[k]))
+        producer[p] = (index[k], 0)
+    mem = [np.array(members[v.key] if v.node is not None else [], dtype=np.int64) for v in vars_]
+
+    grads = (requires_grad(graph) if grad is None else grad) if training else set()
+    agg: dict[tuple[int, int, int, int], list] = {}
+    for i, n in enumerate(graph.nodes):
+        dst = index[node_keys[i]]
+        for inp, name in enumerate(n.inputs):
+            if not name or name not in producer:
+                continue  # graph inputs and constants arrive replicated: slicing them is free
+            src, out = producer[name]
+            key = (src, out, dst, inp)
+            if key in agg:
+                agg[key][2].append(i)
+            else:
+                agg[key] = [name, name in grads, [i]]
+    edges = [(s_, o, d, i, name, g, np.array(nodes, dtype=np.int64))
+             for (s_, o, d, i), (name, g, nodes) in agg.items()]
+    by_tensor: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for k, e in enumerate(edges):
+        if e[0] != e[2]:
+            by_tensor[(e[0], e[1])].append(k)
+    groups = [(src, out, tuple(idx)) for (src, out), idx in by_tensor.items() if len(idx) > 1]
+    sinks = [(producer[name][0], producer[name][1], name) for name in graph.outputs if name in producer]
+    return Skeleton(vars_, mem, edges, groups, sinks, index, style, training)
+
+
+def price(
+    skel: Skeleton,
+    var_time: Callable[[int, OpStrategy], float],
+    passes: np.ndarray,
+    comm_time: CommTime,
+    tensor_bytes: Callable[[str], float],
+    fwd_repeat: np.ndarray | None = None,
+) -> IntraOpProblem:
+    """Costs on a skeleton: `var_time(rep_node, strategy)` is one forward pass of one instance; `passes[i]`
+    how many forward-equivalents node i runs per step (3 in training: forward and a backward twice as
+    long, 4 when recomputed); `fwd_repeat[i]` is 2 where node i's forward runs again."""
+    unary = []
+    for v_i, v in enumerate(skel.vars):
+        if v.node is None:
+            unary.append(np.zeros(len(v.strategies)))
+            continue
+        mult = float(passes[skel.members[v_i]].sum())
+        unary.append(np.array([var_time(v.node, s) for s in v.strategies]) * mult)
+    shared = {k for _, _, idx in skel.groups for k in idx}
+    edges = []
+    for k, (src, out, dst, inp, name, g, nodes) in enumerate(skel.edges):
+        times = len(nodes)
+        fwd_times = int(fwd_repeat[nodes].sum()) if fwd_repeat is not None else times
+        edges.append(Edge(src, out, dst, inp, tensor_bytes(name), g, times, fwd_times, k in shared))
+    sinks = [(v, j, tensor_bytes(name)) for v, j, name in skel.sinks]
+    return IntraOpProblem(skel.vars, edges, unary, skel.training, comm_time, skel.index, skel.style, sinks,
+                          skel.groups, skel.members)
+
+
 def build_problem(
     graph: Graph,
     node_keys: Sequence[Hashable],
@@ -245,75 +357,14 @@ def build_problem(
     style: Style = "free",
     grad: set[str] | None = None,
 ) -> IntraOpProblem:
-    """The tied intra-op problem of `graph` on a tensor axis of size t.
+    """The tied intra-op problem of `graph` on a tensor axis of size t, built and priced in one go.
 
-    `node_keys[i]` names the variable node i belongs to (equal keys = tied
-    instances with equal shapes); `param_keys` does the same for parameters.
-    `fwd_repeat[i]` is 2 where node i's forward runs again in the backward
-    pass (recompute), so its forward resharding is paid twice.
+    `node_time(i, s)` is the time of node i under strategy s for the whole
+    step (tied instances are charged like their representative).
     """
-    shapes = {name: tt.shape for name, tt in graph.tensors.items()}
-    param_names = set(graph.params)
-    index: dict[Hashable, int] = {}
-    vars_: list[Var] = []
-    counts: dict[Hashable, int] = defaultdict(int)
-    for k in node_keys:
-        counts[k] += 1
-    pcounts: dict[Hashable, int] = defaultdict(int)
-    for k in param_keys.values():
-        pcounts[k] += 1
-    producer: dict[str, tuple[int, int]] = {}
-    for i, n in enumerate(graph.nodes):
-        k = node_keys[i]
-        if k not in index:
-            index[k] = len(vars_)
-            cands = candidate_strategies(n, shapes, t)
-            if style != "free":
-                cands = _megatron_filter(n, cands, param_names)
-            vars_.append(Var(k, cands, i, None, counts[k]))
-        for j, o in enumerate(n.outputs):
-            if o:
-                producer[o] = (index[k], j)
-    for p in graph.params:
-        k = param_keys[p]
-        if k not in index:
-            index[k] = len(vars_)
-            vars_.append(Var(k, _param_strategies(shapes.get(p), t), None, p, pcounts[k]))
-        producer[p] = (index[k], 0)
-
-    unary = [np.zeros(len(v.strategies)) for v in vars_]
-    for v_i, v in enumerate(vars_):
-        if v.node is not None:
-            unary[v_i] = np.array([node_time(v.node, s) for s in v.strategies]) * v.count
-
-    # graph outputs leave whole: a pending sum there must still be reduced
-    sinks = [(producer[name][0], producer[name][1], tensor_bytes(name)) for name in graph.outputs if name in producer]
-
-    grads = (requires_grad(graph) if grad is None else grad) if training else set()
-    agg: dict[tuple[int, int, int, int], list] = {}
-    for i, n in enumerate(graph.nodes):
-        dst = index[node_keys[i]]
-        for inp, name in enumerate(n.inputs):
-            if not name or name not in producer:
-                continue  # graph inputs and constants arrive replicated: slicing them is free
-            src, out = producer[name]
-            key = (src, out, dst, inp)
-            rep = fwd_repeat[i] if fwd_repeat is not None else 1
-            if key in agg:
-                agg[key][2] += 1
-                agg[key][3] += rep
-            else:
-                agg[key] = [tensor_bytes(name), name in grads, 1, rep]
-    edges = [Edge(s, o, d, i, b, g, c, f) for (s, o, d, i), (b, g, c, f) in agg.items()]
-    by_tensor: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for k, e in enumerate(edges):
-        if e.src != e.dst:
-            by_tensor[(e.src, e.out)].append(k)
-    groups = [(src, out, tuple(idx)) for (src, out), idx in by_tensor.items() if len(idx) > 1]
-    for _, _, idx in groups:
-        for k in idx:
-            edges[k] = dataclasses.replace(edges[k], shared=True)
-    return IntraOpProblem(vars_, edges, unary, training, comm_time, index, style, sinks, groups)
+    skel = build_skeleton(graph, node_keys, param_keys, t, training, style, grad)
+    rep = np.asarray(fwd_repeat, dtype=np.int64) if fwd_repeat is not None else None
+    return price(skel, node_time, np.ones(len(graph.nodes)), comm_time, tensor_bytes, rep)
 
 
 _WEIGHT_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Gather", "FusedMatMul"})
