@@ -131,11 +131,23 @@ class GraphFacts:
         self.layer_inputs = {b.name: layer_inputs(graph, set(b.nodes), self.grad) for b in structure.blocks if b.is_layer}
         self.skeletons: dict = {}
         self.choices: dict = {}
-        self._saved: dict[float, list] = {}
+        self._saved: dict[float, dict[str, list]] = {}
+        self.producer: dict[str, tuple[int, int]] = {}
+        for i, n in enumerate(graph.nodes):
+            for j, o in enumerate(n.outputs):
+                if o:
+                    self.producer[o] = (i, j)
+        self.in_core_output = {o for i in self.core for o in graph.nodes[i].outputs if o}
 
-    def saved(self, width: float) -> list:
+    def saved(self, width: float) -> dict[str, list]:
+        """Saved tensors by the block of the op that saves them."""
         if width not in self._saved:
-            self._saved[width] = saved_tensors(self.graph, width, self.grad)
+            by_block: dict[str, list] = defaultdict(list)
+            for sv in saved_tensors(self.graph, width, self.grad):
+                blk = self.structure.block_of_node(sv.saver)
+                if blk is not None:
+                    by_block[blk.name].append(sv)
+            self._saved[width] = dict(by_block)
         return self._saved[width]
 
 
@@ -264,19 +276,28 @@ def stage_costs(
     for v_i, c in problem.sink_costs().items():
         var_parts[v_i].tp_fwd += float(c[choice[v_i]])
         var_parts[v_i].tp_kinds["all_reduce"] += float(c[choice[v_i]])
-    block_parts: dict[str, Parts] = defaultdict(Parts)
+    per_type: dict[str, Parts] = defaultdict(Parts)  # one instance of a tied block type
+    own: dict[str, Parts] = defaultdict(Parts)
     for v_i, v in enumerate(problem.vars):
         if v.node is None:
             continue
         blk = structure.block_of_node(v.node)
         if blk is None:
             continue
-        tied = isinstance(v.key, tuple) and v.key and v.key[0] == blk.type_id
-        names = structure.type(blk.type_id).instances if tied else (blk.name,)
-        for name in names:
-            block_parts[name].add(var_parts[v_i], 1.0 / len(names))
+        if isinstance(v.key, tuple) and v.key and v.key[0] == blk.type_id:
+            per_type[blk.type_id].add(var_parts[v_i], 1.0 / v.count)
+        else:
+            own[blk.name].add(var_parts[v_i])
+    block_parts: dict[str, Parts] = {}
+    for blk in structure.blocks:
+        p = Parts()
+        if blk.type_id in per_type:
+            p.add(per_type[blk.type_id])
+        if blk.name in own:
+            p.add(own[blk.name])
+        block_parts[blk.name] = p
 
-    layout_of_output = _output_layouts(graph, problem, choice, node_keys, param_keys)
+    layout_of_output = _Layouts(facts, problem, choice)
     _add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_bytes, fwd_time, layout_of_output)
 
     # -- memory per block ------------------------------------------------------------------------
@@ -366,19 +387,25 @@ def _residual_pins(graph: Graph, structure: Structure, problem, seq_len: int, sp
     return pins
 
 
-def _output_layouts(graph: Graph, problem, choice, node_keys, param_keys) -> dict[str, int]:
-    """Tensor -> the layout its producer leaves it in (absent: a graph input or constant, replicated)."""
-    out: dict[str, int] = {}
-    for i, n in enumerate(graph.nodes):
-        v_i = problem.index[node_keys[i]]
-        s = problem.vars[v_i].strategies[choice[v_i]]
-        for j, o in enumerate(n.outputs):
-            if o:
-                out[o] = s.outputs[j]
-    for p in graph.params:
-        v_i = problem.index[param_keys[p]]
-        out[p] = problem.vars[v_i].strategies[choice[v_i]].outputs[0]
-    return out
+class _Layouts:
+    """Tensor -> the layout its producer leaves it in, looked up on demand (absent: replicated)."""
+
+    def __init__(self, facts: GraphFacts, problem, choice) -> None:
+        self.facts, self.problem, self.choice = facts, problem, choice
+
+    def get(self, name: str, default: int = REPLICATED) -> int:
+        f, pr = self.facts, self.problem
+        if name in f.params:
+            v_i = pr.index[f.param_keys[name]]
+            return pr.vars[v_i].strategies[self.choice[v_i]].outputs[0]
+        hit = f.producer.get(name)
+        if hit is None:
+            return default
+        v_i = pr.index[f.node_keys[hit[0]]]
+        return pr.vars[v_i].strategies[self.choice[v_i]].outputs[hit[1]]
+
+    def __getitem__(self, name: str) -> int:
+        return self.get(name)
 
 
 def _add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_bytes, fwd_time, layout) -> None:
@@ -439,12 +466,7 @@ def _activation_bytes(graph, structure, strategy, training, core, problem, choic
     if not training:
         return out
     t = strategy.tp
-    producer: dict[str, int] = {}
-    for i, n in enumerate(graph.nodes):
-        for o in n.outputs:
-            if o:
-                producer[o] = i
-    in_core_output = {o for i in core for o in graph.nodes[i].outputs if o}
+    in_core_output = facts.in_core_output
 
     def split(saved) -> bool:
         if layout.get(saved.tensor, REPLICATED) >= 0:
@@ -455,17 +477,25 @@ def _activation_bytes(graph, structure, strategy, training, core, problem, choic
         return 0 <= k < len(s.inputs) and s.inputs[k] >= 0
 
     full_layers = strategy.recompute == "full"
-    for sv in facts.saved(width):
-        blk = structure.block_of_node(sv.saver)
-        if blk is None:
-            continue
+    by_block = facts.saved(width)
+    per_type: dict[str, float] = {}
+    for blk in structure.blocks:
         if full_layers and blk.is_layer:
             continue
-        if strategy.recompute == "selective" and blk.is_layer and sv.saver in core and (
-            sv.tensor in in_core_output or sv.input_index == -1 or graph.nodes[sv.saver].op_type == "Dropout"
-        ):
+        tied = blk.is_layer and structure.type(blk.type_id).count > 1
+        if tied and blk.type_id in per_type:  # tied instances keep what the first one keeps
+            out[blk.name] = per_type[blk.type_id]
             continue
-        out[blk.name] += sv.nbytes * scale / (t if split(sv) else 1)
+        total = 0.0
+        for sv in by_block.get(blk.name, ()):
+            if strategy.recompute == "selective" and blk.is_layer and sv.saver in core and (
+                sv.tensor in in_core_output or sv.input_index == -1 or graph.nodes[sv.saver].op_type == "Dropout"
+            ):
+                continue
+            total += sv.nbytes * scale / (t if split(sv) else 1)
+        out[blk.name] = total
+        if tied:
+            per_type[blk.type_id] = total
     if full_layers:
         for blk in structure.blocks:
             if blk.is_layer:
