@@ -140,15 +140,45 @@ def check_device_count(name: str, levels: tuple[Level, ...], n_devices: int) -> 
     """SpecError unless `n_devices` is part of one innermost group, or whole groups of the largest level it fills."""
     if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
         raise SpecError(f"{name}: the device count must be a positive integer, got {n_devices!r}.")
-    top = levels[-1].group_size
-    fixed = [lvl.group_size for lvl in levels if lvl.group_size is not None]
-    fits = top is None or n_devices <= top
-    filled = [g for g in fixed if g <= n_devices]
-    if fits and (not filled or n_devices % filled[-1] == 0):
+    if fits_hierarchy(levels, n_devices):
         return
+    below, above = nearest_valid_counts(levels, n_devices)
+    nearest = " or ".join(str(n) for n in (below, above) if n is not None)
     raise SpecError(
-        f"{name}: {n_devices} devices do not fit its hierarchy; use {valid_counts_hint(levels)}."
+        f"{name}: {n_devices} devices do not fit its hierarchy; use {valid_counts_hint(levels)} "
+        f"(nearest: {nearest})."
     )
+
+
+def fits_hierarchy(levels: tuple[Level, ...], n_devices: int) -> bool:
+    """True if `n_devices` (>= 1) is part of one innermost group or whole groups of the largest level it fills.
+
+    Why: a collective's cost depends on how a group splits over the levels, so a
+    cluster must be made of whole nodes (whole supernodes past one supernode);
+    a partial node is allowed only as the whole cluster (a single-node run).
+    """
+    top = levels[-1].group_size
+    if top is not None and n_devices > top:
+        return False
+    filled = [lvl.group_size for lvl in levels if lvl.group_size is not None and lvl.group_size <= n_devices]
+    return not filled or n_devices % filled[-1] == 0
+
+
+def nearest_valid_counts(levels: tuple[Level, ...], n_devices: int) -> tuple[int | None, int | None]:
+    """The largest valid count <= n_devices and the smallest >= it (None where there is none).
+
+    Below: round down to the largest fixed group that n fills (always valid,
+    since rounding down keeps that group filled). Above: round up to the same
+    group; that never passes the next level's size, which is a multiple of it.
+    """
+    top = levels[-1].group_size
+    if top is not None and n_devices >= top:
+        return top, (top if n_devices == top else None)
+    filled = [lvl.group_size for lvl in levels if lvl.group_size is not None and lvl.group_size <= n_devices]
+    if not filled:
+        return n_devices, n_devices
+    step = filled[-1]
+    return n_devices - n_devices % step, -(-n_devices // step) * step
 
 
 def cluster_as_dict(cluster: Cluster) -> dict:

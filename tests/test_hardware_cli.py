@@ -29,7 +29,8 @@ def test_list_shows_every_preset():
         assert name in result.output
     rows = json.loads(runner.invoke(app, ["hardware", "list", "--json"], env=ENV).output)
     assert [r["name"] for r in rows] == sorted(r["name"] for r in rows)
-    assert {r["name"]: r["n_devices"] for r in rows}["gb200-nvl72"] == 72
+    sizes = {r["name"]: r["n_devices"] for r in rows}
+    assert (sizes["gb200-nvl72"], sizes["cloudmatrix384"], sizes["cloudmatrix384-die"]) == (72, 384, 768)
 
 
 def test_show_scales_and_prints_json_deterministically():
@@ -52,5 +53,7 @@ def test_errors_are_one_line_and_exit_2(tmp_path):
     path.write_text('[cluster]\ndevices = "x"\n', encoding="utf-8")
     bad_file = runner.invoke(app, ["hardware", "show", str(path)], env=ENV)
     assert bad_file.exit_code == 2 and "hw.toml" in bad_file.stderr
+    split = runner.invoke(app, ["hardware", "show", "cloudmatrix384", "--devices", "100"], env=ENV)
+    assert split.exit_code == 2 and "(nearest: 96 or 104)" in split.stderr
     missing = runner.invoke(app, ["hardware", "show", "nope"], env=ENV)
     assert missing.exit_code == 2 and "unknown hardware 'nope'" in missing.stderr
