@@ -86,18 +86,26 @@ class StageCosts:
     solver_gap: float
 
 
-def _chunks(structure: Structure, n_chunks: int) -> dict[str, int]:
-    """Block name -> pipeline chunk: layers split evenly in graph order; other blocks go with their neighbours."""
+def even_split(n_layers: int, n_chunks: int) -> tuple[int, ...]:
+    """Layers per chunk, as even as possible (the remainder goes to the last chunks, away from the embedding)."""
+    base, extra = divmod(n_layers, n_chunks)
+    return tuple(base + (1 if c >= n_chunks - extra else 0) for c in range(n_chunks))
+
+
+def _chunks(structure: Structure, n_chunks: int, sizes: tuple[int, ...] = ()) -> dict[str, int]:
+    """Block name -> pipeline chunk: layers in graph order by `sizes`; other blocks go with their neighbours."""
     layers = [b for b in structure.blocks if b.is_layer]
     if len(layers) < n_chunks:
         raise InvalidInput(
             f"the model has {len(layers)} layers, too few for {n_chunks} pipeline chunks (pp x vpp); lower --pp or --vpp"
         )
+    sizes = sizes or even_split(len(layers), n_chunks)
+    if sum(sizes) != len(layers):
+        raise InvalidInput(f"stage layer counts {list(sizes)} add up to {sum(sizes)}, but the model has {len(layers)} layers")
     out: dict[str, int] = {}
-    base, extra = divmod(len(layers), n_chunks)
     i = 0
-    for c in range(n_chunks):
-        for _ in range(base + (1 if c >= n_chunks - extra else 0)):
+    for c, size in enumerate(sizes):
+        for _ in range(size):
             out[layers[i].name] = c
             i += 1
     firsts = [(min(b.nodes) if b.nodes else 0, b.name) for b in layers]
@@ -159,7 +167,7 @@ def stage_costs(
     strategy: Strategy,
     *,
     time_limit_s: float = 10.0,
-    style: str = "megatron",
+    style: str | None = None,
     facts: GraphFacts | None = None,
 ) -> StageCosts:
     """Costs of each pipeline stage; `style` is the tensor-parallel layout space ('megatron' or 'free').
@@ -169,6 +177,7 @@ def stage_costs(
     layouts per (size, style) are then reused.
     """
     facts = facts or GraphFacts(graph, structure)
+    style = style or ("free" if strategy.layouts == "searched" else "megatron")
     t, cp, pp = strategy.tp, strategy.cp, strategy.pp
     training = workload.mode == "train"
     dtype = workload.dtype
@@ -307,7 +316,7 @@ def stage_costs(
 
     # -- stages ----------------------------------------------------------------------------------
     n_chunks = pp * strategy.vpp
-    chunk = _chunks(structure, n_chunks)
+    chunk = _chunks(structure, n_chunks, strategy.stage_layers)
     m = strategy.micro_batches(workload)
     schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
     stages = []

@@ -62,6 +62,8 @@ class Strategy:
     zero: int = 0
     schedule: Schedule = "1f1b"
     offload: tuple[tuple[str, float], ...] = field(default_factory=tuple)
+    stage_layers: tuple[int, ...] = ()  # layers per pipeline chunk (pp x vpp of them); () = as even as possible
+    layouts: str = "megatron"  # tensor-axis layout space: "megatron" (Megatron-LM's) or "searched" (free ILP)
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch"):
@@ -80,6 +82,12 @@ class Strategy:
             raise InvalidInput("--sp (sequence parallelism) needs --tp greater than 1")
         if self.vpp > 1 and self.pp == 1:
             raise InvalidInput("--vpp (interleaved stages) needs --pp greater than 1")
+        if self.stage_layers and (len(self.stage_layers) != self.pp * self.vpp or min(self.stage_layers) < 1):
+            raise InvalidInput(
+                f"stage_layers {list(self.stage_layers)} must give pp x vpp = {self.pp * self.vpp} positive layer counts"
+            )
+        if self.layouts not in ("megatron", "searched"):
+            raise InvalidInput(f"layouts must be 'megatron' or 'searched', got {self.layouts!r}")
         for cls, frac in self.offload:
             if cls not in OFFLOAD_CLASSES:
                 raise InvalidInput(f"unknown offload class {cls!r}; use one of {', '.join(OFFLOAD_CLASSES)}")
@@ -116,6 +124,14 @@ class Strategy:
         if self.recompute != "none":
             parts.append(f"{self.recompute} recompute")
         parts.append(f"mb {self.micro_batch}")
+        if self.stage_layers and len(set(self.stage_layers)) > 1:
+            parts.append("layers/stage " + "+".join(str(n) for n in self.stage_layers))
+        if self.stage_layers and (len(self.stage_layers) != self.pp * self.vpp or min(self.stage_layers) < 1):
+            raise InvalidInput(
+                f"stage_layers {list(self.stage_layers)} must give pp x vpp = {self.pp * self.vpp} positive layer counts"
+            )
+        if self.layouts not in ("megatron", "searched"):
+            raise InvalidInput(f"layouts must be 'megatron' or 'searched', got {self.layouts!r}")
         for cls, frac in self.offload:
             if frac > 0:
                 parts.append(f"{cls} offloaded {frac:.0%}")
