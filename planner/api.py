@@ -138,3 +138,88 @@ def estimate_model(
                        "sp": strat.sp, "zero": strat.zero, "schedule": strat.schedule,
                        "offload": dict(strat.offload), "summary": strat.short()}
     return out
+
+
+def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any) -> dict[str, Any]:
+    return {
+        "model": {"name": os.path.basename(os.fspath(model)), "params": graph.param_count},
+        "cluster": {"name": hw.name, "devices": hw.n_devices},
+        "workload": {"mode": workload.mode, "global_batch": workload.global_batch, "seq_len": workload.seq_len,
+                     "dtype": workload.dtype},
+    }
+
+
+def plan_model(
+    model: str | os.PathLike,
+    *,
+    cluster: str,
+    global_batch: int,
+    seq_len: int,
+    devices: int | None = None,
+    dtype: str = "bf16",
+    mode: str = "train",
+    time_limit_s: float = 60.0,
+    overrides: Mapping[str, Any] | None = None,
+    dims: Mapping[str, int] | None = None,
+    progress: Any = None,
+    memory_gib: float | None = None,
+) -> dict[str, Any]:
+    """Search the fastest strategy that fits: the dict `hyperplan plan --json` prints.
+
+    `memory_gib` caps the HBM a plan may use per device (default: all of it).
+
+    Raises `Infeasible` when nothing fits, saying how much memory the closest
+    strategy needs and about how many devices would hold it.
+    """
+    from cost_models import load_cluster
+
+    from planner.errors import Infeasible
+    from planner.estimate import estimate
+    from planner.graph.blocks import discover_blocks
+    from planner.plan import Plan, mesh_axes, plan_to_dict
+    from planner.search.plan_search import search
+    from planner.strategy import Workload
+
+    workload = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # type: ignore[arg-type]
+    hw = with_memory_cap(load_cluster(cluster, devices=devices), memory_gib)
+    graph = load_graph(model, batch=1, seq_len=seq_len, dims=dims, overrides=overrides)
+    structure = discover_blocks(graph)
+    result = search(graph, structure, hw, workload, time_limit_s=time_limit_s, progress=progress)
+    if result.best is None:
+        raise Infeasible(_infeasible_message(model, hw, result))
+    est = estimate(graph, structure, hw, workload, result.best.strategy)
+    others = tuple(c for c in result.ranked if c.mesh != result.best.mesh)[:3]
+    plan = Plan(result.best.strategy, est, others, result, mesh_axes(hw, result.best.strategy))
+    out = plan_to_dict(plan)
+    out.update(_describe(model, graph, hw, workload))
+    return out
+
+
+def with_memory_cap(hw: Any, memory_gib: float | None) -> Any:
+    """The cluster with at most `memory_gib` of HBM per device usable by a plan."""
+    import dataclasses
+
+    if memory_gib is None:
+        return hw
+    if memory_gib <= 0:
+        raise InvalidInput(f"--memory-gib must be positive, got {memory_gib}")
+    cap = min(hw.device.hbm_bytes, memory_gib * 2.0**30)
+    return dataclasses.replace(hw, device=dataclasses.replace(hw.device, hbm_bytes=cap))
+
+
+def _infeasible_message(model: Any, hw: Any, result: Any) -> str:
+    from cost_models.spec import nearest_valid_counts
+
+    c = result.closest
+    gib = 2.0**30
+    if c is None or c.peak_bytes == float("inf"):
+        why = c.note if c is not None else "no strategy could be built"
+        return f"no strategy fits {os.path.basename(os.fspath(model))} on {hw.n_devices} devices of {hw.name}: {why}"
+    need = c.peak_bytes / gib
+    have = hw.device.hbm_bytes / gib
+    rough = int(hw.n_devices * c.peak_bytes / hw.device.hbm_bytes) + 1
+    _, up = nearest_valid_counts(hw.levels, rough)
+    more = up if up is not None else rough
+    return (f"no strategy fits {os.path.basename(os.fspath(model))} on {hw.n_devices} devices of {hw.name}: the "
+            f"closest ({c.strategy.short()}) needs {need:.1f} GiB per device and a device has {have:.0f} GiB; "
+            f"try about {more} devices (--devices {more}), a shorter --seq-len, or offload")

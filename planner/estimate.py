@@ -65,7 +65,7 @@ class Estimate:
 
     def to_dict(self) -> dict:
         g = {k: v / GIB for k, v in self.memory_bytes.items()}
-        return {
+        return plain({
             "step_time_s": self.step_time_s,
             "tokens_per_s": self.tokens_per_s,
             "tflops_per_device": self.tflops_per_device,
@@ -85,7 +85,18 @@ class Estimate:
             ],
             "layouts": {k: dict(v) for k, v in sorted(self.layouts.items())},
             "solver_gap": self.solver_gap,
-        }
+        })
+
+
+def plain(obj):
+    """The same structure with numpy scalars as Python numbers, so YAML and JSON writers take it."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):
+        return obj.item()
+    return obj
 
 
 def check_devices(cluster: Cluster, strategy: Strategy) -> None:

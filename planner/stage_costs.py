@@ -50,6 +50,10 @@ class Parts:
     ep_bwd: float = 0.0
     tp_kinds: dict = field(default_factory=lambda: defaultdict(float))
 
+    def total(self) -> float:
+        return (self.forward + self.backward + self.recompute + self.tp_fwd + self.tp_bwd + self.cp_fwd
+                + self.cp_bwd + self.ep_fwd + self.ep_bwd)
+
     def add(self, o: "Parts", k: float = 1.0) -> None:
         self.forward += k * o.forward
         self.backward += k * o.backward
@@ -84,6 +88,7 @@ class StageCosts:
     forward_flops_per_sample: float
     layouts: Mapping[str, Mapping[str, str]]
     solver_gap: float
+    block_s: Mapping[str, float] = field(default_factory=dict)  # forward + backward per micro-batch, per block
 
 
 def even_split(n_layers: int, n_chunks: int) -> tuple[int, ...]:
@@ -139,6 +144,9 @@ class GraphFacts:
         self.layer_inputs = {b.name: layer_inputs(graph, set(b.nodes), self.grad) for b in structure.blocks if b.is_layer}
         self.skeletons: dict = {}
         self.choices: dict = {}
+        #: The planner sets this: layouts solved for one micro-batch and recompute policy are reused for the
+        #: others of the same tensor axis (the final plan is re-estimated with its own solve).
+        self.reuse_layouts = False
         self._saved: dict[float, dict[str, list]] = {}
         self.producer: dict[str, tuple[int, int]] = {}
         for i, n in enumerate(graph.nodes):
@@ -236,7 +244,9 @@ def stage_costs(
         facts.skeletons[skey] = build_skeleton(graph, node_keys, param_keys, t, training, space, grad)
     problem = price(facts.skeletons[skey], var_time, passes, comm_time, tensor_bytes, 1 + again)
     gap = 0.0
-    ckey = (skey, strategy.sp, strategy.micro_batch, strategy.recompute, cp, workload.seq_len, dtype)
+    ckey = (skey, strategy.sp, cp, workload.seq_len, dtype)
+    if not facts.reuse_layouts:
+        ckey += (strategy.micro_batch, strategy.recompute)
     if t == 1:
         choice = tuple(0 for _ in problem.vars)
     elif ckey in facts.choices:
@@ -359,8 +369,9 @@ def stage_costs(
         bwd = parts.backward + parts.recompute + parts.tp_bwd + parts.cp_bwd + parts.ep_bwd
         stages.append(StageCost(s, tuple(n for n in names if structure.block(n).is_layer), parts, fwd, bwd,
                                 dense, expert, mem, boundary, held))
+    block_s = {name: p.total() for name, p in block_parts.items()}
     return StageCosts(tuple(stages), float(work.flops.sum()) / work.batch,
-                      _layouts(graph, structure, problem, choice), gap)
+                      _layouts(graph, structure, problem, choice), gap, block_s)
 
 
 def _residual_pins(graph: Graph, structure: Structure, problem, seq_len: int, sp: bool) -> dict[int, frozenset[int]]:

@@ -1,0 +1,84 @@
+"""What the planner chose, why it beat the runners-up, and the figures it was chosen by.
+
+A plan is the chosen `Strategy` plus its exact estimate (re-estimated on its
+own, so `hyperplan estimate` and `hyperplan validate` of the same strategy
+print the same numbers), the mesh with its placement on the interconnect,
+and the best strategy of each other mesh with the reason it lost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from cost_models import Cluster, place_group
+
+from planner.estimate import Estimate, plain
+from planner.search.plan_search import Candidate, SearchResult
+from planner.strategy import Strategy
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    strategy: Strategy
+    estimate: Estimate
+    runners_up: tuple[Candidate, ...]
+    search: SearchResult
+    mesh: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+
+
+def mesh_axes(cluster: Cluster, s: Strategy) -> tuple[dict[str, Any], ...]:
+    """The named mesh, fastest axis first, with the interconnect levels each axis spans."""
+    axes = []
+    stride = 1
+    for name, size in (("tp", s.tp), ("cp", s.cp), ("dp", s.dp), ("pp", s.pp)):
+        spans = place_group(cluster, size, stride=stride) if size > 1 else ()
+        axes.append({"name": name, "size": size, "stride": stride,
+                     "levels": [f"{sp.level.name}x{sp.participants}" for sp in spans]})
+        stride *= size
+    if s.ep > 1:
+        spans = place_group(cluster, s.ep, stride=s.tp)
+        axes.append({"name": "ep", "size": s.ep, "stride": s.tp, "within": "dp x cp",
+                     "levels": [f"{sp.level.name}x{sp.participants}" for sp in spans]})
+    return tuple(axes)
+
+
+def why_slower(loser: Candidate, winner_breakdown: Mapping[str, float], winner_step: float) -> str:
+    """One line: how much slower, and the parts of the step that grew most."""
+    if not loser.fits:
+        return f"does not fit: {loser.peak_bytes / 2**30:.1f} GiB per device"
+    if not math.isfinite(loser.step_s):
+        return loser.note or "not feasible"
+    diffs = sorted(((loser.breakdown_s.get(k, 0.0) - winner_breakdown.get(k, 0.0), k)
+                    for k in set(loser.breakdown_s) | set(winner_breakdown)), reverse=True)
+    grew = [f"{k} +{d:.3g} s" for d, k in diffs[:2] if d > 1e-9]
+    pct = (loser.step_s / winner_step - 1.0) * 100
+    return f"{pct:.1f}% slower" + (f" ({', '.join(grew)})" if grew else "")
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    est = plan.estimate.to_dict()
+    win_bd = plan.estimate.breakdown_s
+    return plain({
+        "strategy": strategy_dict(plan.strategy),
+        "mesh": list(plan.mesh),
+        "estimate": est,
+        "runners_up": [
+            {"summary": c.strategy.short(), "strategy": strategy_dict(c.strategy),
+             "step_time_s": c.step_s if math.isfinite(c.step_s) else None, "fits": c.fits,
+             "peak_gib": c.peak_bytes / 2**30 if math.isfinite(c.peak_bytes) else None,
+             "why": why_slower(c, win_bd, plan.estimate.step_time_s)}
+            for c in plan.runners_up
+        ],
+        # no wall-clock time here: the same inputs give the same document, byte for byte
+        "search": {"evaluated": plan.search.evaluated, "meshes": plan.search.meshes,
+                   "complete": plan.search.complete, "layout_solver_gap": plan.estimate.solver_gap},
+    })
+
+
+def strategy_dict(s: Strategy) -> dict[str, Any]:
+    return {"tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp, "micro_batch": s.micro_batch,
+            "recompute": s.recompute, "sp": s.sp, "zero": s.zero, "schedule": s.schedule,
+            "offload": dict(s.offload), "stage_layers": list(s.stage_layers), "layouts": s.layouts,
+            "summary": s.short()}

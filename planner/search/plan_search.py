@@ -1,0 +1,249 @@
+"""The outer search: which mesh, pipeline cut, micro-batch, recompute and ZeRO level, around the layout ILP.
+
+Decomposition (as Alpa does, but over a pruned enumeration instead of a
+profile-driven DP): the inner integer program picks per-op layouts on the
+tensor axis once per axis size (tied blocks keep it small, HiGHS proves its
+optimum); the outer loop scores meshes by the analytic step time, keeping
+the ones that fit in memory.
+
+1. every mesh (tp x cp x pp x dp, ep for MoE) that the device count, the
+   scale-up domain (tensor axis inside it), the layers and the batch allow,
+   probed at micro-batch 1 with the cheapest recompute and ZeRO level that fit;
+2. the best meshes again over micro-batch sizes and interleaved stages;
+3. the best few with a balanced pipeline cut (`pipeline.balanced_split`).
+Memory is a hard constraint; among plans that fit, the fastest step wins,
+ties broken by fewer devices on the slow axes, then by order of discovery.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping
+
+from cost_models import Cluster
+
+from planner.errors import HyperplanError
+from planner.graph.blocks import Structure
+from planner.graph.ir import Graph
+from planner.search.pipeline import balanced_split
+from planner.stage_costs import GraphFacts, stage_costs
+from planner.step_time import step_breakdown
+from planner.strategy import Strategy, Workload
+
+Progress = Callable[[str, float], None]
+"""Called with a message and the fraction of the search done."""
+
+_RECOMPUTE_LADDER = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One scored strategy."""
+
+    strategy: Strategy
+    step_s: float
+    fits: bool
+    peak_bytes: float
+    breakdown_s: Mapping[str, float] = field(default_factory=dict)
+    note: str = ""
+
+    @property
+    def mesh(self) -> tuple[int, int, int, int, int]:
+        s = self.strategy
+        return (s.tp, s.cp, s.pp, s.dp, s.ep)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    best: Candidate | None
+    ranked: tuple[Candidate, ...]  # the best candidate of each mesh, best first
+    closest: Candidate | None  # when nothing fits: the candidate least over memory
+    evaluated: int
+    meshes: int
+    wall_s: float
+    complete: bool  # False when the time limit cut the search short
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _is_moe(graph: Graph) -> bool:
+    return any(".experts." in p for p in graph.params)
+
+
+def tensor_axis_limit(cluster: Cluster) -> int:
+    """Largest tensor-parallel degree: inside the scale-up domain (every level but the scale-out one), at most 16."""
+    inner = [lvl.group_size for lvl in cluster.levels[:-1] if lvl.group_size] or [
+        cluster.levels[0].group_size or cluster.n_devices]
+    return max(1, min(16, max(inner), cluster.n_devices))
+
+
+def meshes(graph: Graph, structure: Structure, cluster: Cluster, workload: Workload) -> list[tuple[int, int, int, int, int]]:
+    """Every (tp, cp, pp, dp, ep) the devices, scale-up domain, layers and batch allow."""
+    n = cluster.n_devices
+    layers = len(structure.layers())
+    tmax = tensor_axis_limit(cluster)
+    out = []
+    moe = _is_moe(graph)
+    for tp in (1, 2, 4, 8, 16):
+        if tp > tmax or n % tp:
+            continue
+        for cp in (1, 2, 4, 8):
+            if cp > 1 and workload.seq_len < 16384:
+                continue
+            if (n // tp) % cp:
+                continue
+            for pp in _divisors(n // (tp * cp)):
+                if pp > max(1, layers):
+                    continue
+                dp = n // (tp * cp * pp)
+                if workload.global_batch % dp:
+                    continue
+                eps = [e for e in (1, 2, 4, 8, 16, 32, 64) if (dp * cp) % e == 0] if moe else [1]
+                for ep in eps:
+                    out.append((tp, cp, pp, dp, ep))
+    return out
+
+
+class _Scorer:
+    """Scores strategies with shared graph facts; layouts are solved once per tensor-axis size."""
+
+    def __init__(self, graph: Graph, structure: Structure, cluster: Cluster, workload: Workload,
+                 time_limit_s: float) -> None:
+        self.graph, self.structure, self.cluster, self.workload = graph, structure, cluster, workload
+        self.facts = GraphFacts(graph, structure)
+        self.facts.reuse_layouts = True
+        self.count = 0
+        self.time_limit_s = time_limit_s
+
+    def score(self, s: Strategy) -> Candidate:
+        self.count += 1
+        try:
+            m = s.micro_batches(self.workload)
+            costs = stage_costs(self.graph, self.structure, self.cluster, self.workload, s, facts=self.facts,
+                                time_limit_s=self.time_limit_s)
+            bd, step = step_breakdown(costs, self.cluster, self.workload, s, m)
+        except HyperplanError as exc:
+            return Candidate(s, math.inf, False, math.inf, note=str(exc))
+        peak = max(st.memory_bytes["peak"] for st in costs.stages)
+        self.last_costs = costs
+        return Candidate(s, step, peak <= self.cluster.device.hbm_bytes, peak, bd)
+
+
+def _key(c: Candidate, hbm: float) -> tuple:
+    if c.fits:
+        return (0, c.step_s, c.strategy.pp, c.strategy.tp)
+    return (1, c.peak_bytes - hbm, c.step_s)
+
+
+def search(
+    graph: Graph,
+    structure: Structure,
+    cluster: Cluster,
+    workload: Workload,
+    *,
+    time_limit_s: float = 60.0,
+    progress: Progress | None = None,
+    layouts: str = "searched",
+    offload: tuple[tuple[str, float], ...] = (),
+) -> SearchResult:
+    """The fastest strategy that fits, the runners-up per mesh, and how much was searched."""
+    t0 = time.perf_counter()
+    report = progress or (lambda msg, frac: None)
+    scorer = _Scorer(graph, structure, cluster, workload, max(1.0, time_limit_s / 4))
+    hbm = cluster.device.hbm_bytes
+    all_meshes = meshes(graph, structure, cluster, workload)
+    if not all_meshes:
+        raise HyperplanError(
+            f"no parallel layout of {cluster.n_devices} devices divides the global batch {workload.global_batch}; "
+            "use a batch that is a multiple of the data-parallel degree"
+        )
+    per_replica = {d: workload.global_batch // d for d in {m[3] for m in all_meshes}}
+    best_by_mesh: dict[tuple, Candidate] = {}
+    complete = True
+
+    def consider(c: Candidate) -> None:
+        old = best_by_mesh.get(c.mesh)
+        if old is None or _key(c, hbm) < _key(old, hbm):
+            best_by_mesh[c.mesh] = c
+
+    def ladder(base: Strategy) -> Candidate:
+        """The fastest recompute / ZeRO combination of one strategy that fits (or the least over memory)."""
+        zeros = (0, 1, 2, 3) if base.dp * base.cp > 1 else (0,)
+        best: Candidate | None = None
+        for rc in _RECOMPUTE_LADDER:
+            for z in zeros[1:] if len(zeros) > 1 else zeros:
+                c = scorer.score(replace(base, recompute=rc, zero=z))
+                if best is None or _key(c, hbm) < _key(best, hbm):
+                    best = c
+                if c.fits:
+                    return best
+        return best  # type: ignore[return-value]
+
+    # 1. probe every mesh at micro-batch 1
+    for k, (tp, cp, pp, dp, ep) in enumerate(all_meshes):
+        if time.perf_counter() - t0 > time_limit_s * 0.6:
+            complete = False
+            break
+        report(f"mesh TP{tp}·CP{cp}·PP{pp}·DP{dp}·EP{ep}", 0.6 * k / len(all_meshes))
+        base = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, micro_batch=1, sp=tp > 1, layouts=layouts,
+                        offload=offload)
+        consider(ladder(base))
+
+    # 2. the best meshes over micro-batch sizes and interleaving
+    top = sorted(best_by_mesh.values(), key=lambda c: _key(c, hbm))[:6]
+    for k, cand in enumerate(top):
+        if time.perf_counter() - t0 > time_limit_s * 0.85:
+            complete = False
+            break
+        report(f"micro-batches for {cand.strategy.short()}", 0.6 + 0.25 * k / max(1, len(top)))
+        s = cand.strategy
+        for mb in (2, 4, 8):
+            if per_replica[s.dp] % mb:
+                continue
+            consider(ladder(replace(s, micro_batch=mb)))
+        layers = len(structure.layers())
+        if s.pp > 1 and layers >= 2 * s.pp:
+            consider(ladder(replace(s, vpp=2)))
+
+    # 3. a balanced pipeline cut for the best few
+    top = sorted(best_by_mesh.values(), key=lambda c: _key(c, hbm))[:3]
+    for cand in top:
+        s = cand.strategy
+        if s.pp == 1 or s.vpp > 1 or not cand.fits:
+            continue
+        report(f"balancing stages of {s.short()}", 0.9)
+        split = _balanced(scorer, s)
+        if split and split != _even(len(structure.layers()), s.pp):
+            consider(scorer.score(replace(s, stage_layers=split)))
+
+    ranked = tuple(sorted(best_by_mesh.values(), key=lambda c: _key(c, hbm)))
+    best = ranked[0] if ranked and ranked[0].fits else None
+    closest = None if best else (ranked[0] if ranked else None)
+    report("done", 1.0)
+    return SearchResult(best, ranked, closest, scorer.count, len(all_meshes), time.perf_counter() - t0, complete)
+
+
+def _even(n: int, k: int) -> tuple[int, ...]:
+    from planner.stage_costs import even_split
+
+    return even_split(n, k)
+
+
+def _balanced(scorer: _Scorer, s: Strategy) -> tuple[int, ...] | None:
+    """Layers per stage that balance the stage times of `s` (embedding and head included)."""
+    scorer.score(s)
+    costs = scorer.last_costs
+    st = scorer.structure
+    layers = st.layers()
+    first_layer = min(layers[0].nodes) if layers[0].nodes else 0
+    last_layer = max(layers[-1].nodes) if layers[-1].nodes else 0
+    head = sum(costs.block_s.get(b.name, 0.0) for b in st.blocks if not b.is_layer and b.nodes and min(b.nodes) > last_layer)
+    stem = sum(costs.block_s.get(b.name, 0.0) for b in st.blocks if not b.is_layer and b.nodes and min(b.nodes) < first_layer)
+    try:
+        return balanced_split([costs.block_s.get(b.name, 0.0) for b in layers], s.pp, stem, head)
+    except ValueError:
+        return None

@@ -1,0 +1,109 @@
+"""The planner: it beats hand-tuned layouts under the same cost model, respects memory, and explains itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.app import app
+from planner.api import estimate_model, plan_model
+from planner.errors import Infeasible
+from planner.search.pipeline import balanced_split
+
+runner = CliRunner()
+SMALL = dict(layers=8, hidden=2048, heads=16, vocab=32000)
+
+
+@pytest.fixture(scope="module")
+def small_plan():
+    return plan_model("gpt", cluster="dgx-a100", devices=16, global_batch=64, seq_len=2048, overrides=SMALL)
+
+
+def test_plan_fits_and_its_estimate_adds_up(small_plan):
+    est = small_plan["estimate"]
+    assert est["fits"]
+    assert est["memory_gib"]["peak"] <= est["hbm_gib"]
+    assert sum(est["breakdown_s"].values()) == pytest.approx(est["step_time_s"], rel=1e-9)
+    s = small_plan["strategy"]
+    assert s["tp"] * s["pp"] * s["dp"] * s["cp"] == 16
+
+
+def test_plan_equals_estimate_of_its_own_strategy(small_plan):
+    """`hyperplan estimate` of the chosen strategy prints the same figures as `plan` did."""
+    s = small_plan["strategy"]
+    again = estimate_model("gpt", cluster="dgx-a100", devices=16, global_batch=64, seq_len=2048, overrides=SMALL,
+                           tp=s["tp"], pp=s["pp"], dp=s["dp"], cp=s["cp"], ep=s["ep"], vpp=s["vpp"],
+                           micro_batch=s["micro_batch"], recompute=s["recompute"], sp=s["sp"], zero=s["zero"],
+                           schedule=s["schedule"], stage_layers=tuple(s["stage_layers"]), layouts=s["layouts"])
+    assert again["step_time_s"] == small_plan["estimate"]["step_time_s"]
+    assert again["memory_gib"] == small_plan["estimate"]["memory_gib"]
+
+
+def test_runners_up_are_slower_and_say_why(small_plan):
+    best = small_plan["estimate"]["step_time_s"]
+    assert small_plan["runners_up"]
+    for r in small_plan["runners_up"]:
+        if r["fits"]:
+            assert r["step_time_s"] >= best * (1 - 1e-9)
+            assert "slower" in r["why"]
+
+
+@pytest.mark.parametrize("row", [
+    # Korthikanti 2022 Table 5, 22B: TP8 on 8 A100s, batch 4, micro-batch 4, selective recompute with SP
+    dict(h=6144, L=48, heads=64, gpus=8, batch=4, tp=8, pp=1, mb=4, recompute="selective", sp=True),
+    # Narayanan 2021 Table 1, 1.7B: pure DP over 32 GPUs, batch 512 (micro-batch and recompute as published: full)
+    dict(h=2304, L=24, heads=24, gpus=32, batch=512, tp=1, pp=1, mb=2, recompute="full", sp=False),
+])
+def test_plan_is_at_least_as_good_as_the_published_layout(row):
+    over = dict(hidden=row["h"], layers=row["L"], heads=row["heads"], vocab=51200)
+    kw = dict(cluster="dgx-a100", devices=row["gpus"], global_batch=row["batch"], seq_len=2048, overrides=over)
+    published = estimate_model("gpt", tp=row["tp"], pp=row["pp"], micro_batch=row["mb"],
+                               recompute=row["recompute"], sp=row["sp"], **kw)
+    planned = plan_model("gpt", **kw)
+    assert planned["estimate"]["fits"]
+    assert planned["estimate"]["step_time_s"] <= published["step_time_s"] * (1 + 1e-9)
+
+
+def test_a_tighter_memory_budget_changes_the_plan(small_plan):
+    roomy = small_plan
+    peak = roomy["estimate"]["memory_gib"]["peak"]
+    tight = plan_model("gpt", cluster="dgx-a100", devices=16, global_batch=64, seq_len=2048, overrides=SMALL,
+                       memory_gib=peak * 0.6)
+    assert tight["estimate"]["memory_gib"]["peak"] <= peak * 0.6
+    assert tight["strategy"] != roomy["strategy"]
+    assert tight["estimate"]["step_time_s"] >= roomy["estimate"]["step_time_s"]
+
+
+def test_impossible_request_says_how_much_it_would_take():
+    with pytest.raises(Infeasible, match=r"needs \d+\.\d GiB per device .* try about \d+ devices"):
+        plan_model("llama3-70b", cluster="dgx-a100", devices=8, global_batch=8, seq_len=4096)
+
+
+def test_balanced_split_moves_layers_off_the_heavy_ends():
+    assert balanced_split([1.0] * 8, 4) == (2, 2, 2, 2)
+    # a head as heavy as two layers: the last stage gets fewer layers
+    assert balanced_split([1.0] * 10, 4, 0.0, 2.0) == (3, 3, 3, 1)
+    assert max(balanced_split([1.0] * 9, 3, 1.0, 1.0)) <= 4
+
+
+def test_cli_plan_is_deterministic_and_writes_a_file(tmp_path):
+    args = ["plan", "gpt", "--layers", "4", "--hidden", "1024", "--heads", "8", "--cluster", "dgx-a100",
+            "--devices", "8", "--global-batch", "32", "--seq-len", "1024", "--json"]
+    a = runner.invoke(app, args + ["-o", str(tmp_path / "p.yaml")])
+    b = runner.invoke(app, args)
+    assert a.exit_code == 0, a.output
+    assert a.output == b.output
+    doc = json.loads(a.output)
+    assert (tmp_path / "p.yaml").read_text().startswith("cluster:")
+    assert doc["strategy"]["summary"]
+    human = runner.invoke(app, args[:-1], terminal_width=120)
+    assert human.exit_code == 0 and "plan:" in human.output and "runners-up" in human.output
+
+
+def test_cli_plan_errors_are_one_line():
+    r = runner.invoke(app, ["plan", "llama3-70b", "--cluster", "dgx-a100", "--devices", "8", "--global-batch", "8",
+                            "--seq-len", "4096"])
+    assert r.exit_code == 3
+    assert "Traceback" not in r.output and "no strategy fits" in r.output
