@@ -108,6 +108,18 @@ def meshes(graph: Graph, structure: Structure, cluster: Cluster, workload: Workl
     return out
 
 
+def probe_meshes(all_meshes: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int, int, int, int]]:
+    """The meshes probed first: for MoE, only no expert parallelism and the widest; the rest come in step 2."""
+    widest: dict[tuple, int] = {}
+    for tp, cp, pp, dp, ep in all_meshes:
+        widest[(tp, cp, pp, dp)] = max(ep, widest.get((tp, cp, pp, dp), 1))
+    out = []
+    for tp, cp, pp, dp, ep in all_meshes:
+        if ep in (1, widest[(tp, cp, pp, dp)]):
+            out.append((tp, cp, pp, dp, ep))
+    return out
+
+
 class _Scorer:
     """Scores strategies with shared graph facts; layouts are solved once per tensor-axis size."""
 
@@ -184,11 +196,12 @@ def search(
         return best  # type: ignore[return-value]
 
     # 1. probe every mesh at micro-batch 1
-    for k, (tp, cp, pp, dp, ep) in enumerate(all_meshes):
+    probes = probe_meshes(all_meshes)
+    for k, (tp, cp, pp, dp, ep) in enumerate(probes):
         if time.perf_counter() - t0 > time_limit_s * 0.6:
             complete = False
             break
-        report(f"mesh TP{tp}·CP{cp}·PP{pp}·DP{dp}·EP{ep}", 0.6 * k / len(all_meshes))
+        report(f"mesh TP{tp}·CP{cp}·PP{pp}·DP{dp}·EP{ep}", 0.6 * k / len(probes))
         base = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, micro_batch=1, sp=tp > 1, layouts=layouts,
                         offload=offload)
         consider(ladder(base))
@@ -208,6 +221,9 @@ def search(
         layers = len(structure.layers())
         if s.pp > 1 and layers >= 2 * s.pp:
             consider(ladder(replace(s, vpp=2)))
+        for tp, cp, pp, dp, ep in all_meshes:  # the expert-parallel degrees between the probed ones
+            if (tp, cp, pp, dp) == (s.tp, s.cp, s.pp, s.dp) and ep not in (1, s.ep) and (tp, cp, pp, dp, ep) not in probes:
+                consider(ladder(replace(s, ep=ep)))
 
     # 3. a balanced pipeline cut for the best few
     top = sorted(best_by_mesh.values(), key=lambda c: _key(c, hbm))[:3]
