@@ -58,6 +58,8 @@ def plan_cmd(
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the plan to a .yaml or .json file.")] = None,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="HBM a plan may use per device "
                                                         "(default: all of it), e.g. to leave room for the runtime.")] = None,
+    no_offload: Annotated[bool, typer.Option("--no-offload", help="Keep everything in HBM: no HyperOffload of "
+                                             "parameters, optimizer states or activations to host/pooled memory.")] = False,
     dtype: opt.Dtype = "bf16",
     as_json: opt.Json = False,
     layers: opt.Layers = None,
@@ -89,7 +91,7 @@ def plan_cmd(
 
         result = plan_model(model, cluster=cluster, devices=devices, global_batch=global_batch, seq_len=seq_len,
                             dtype=dtype, time_limit_s=time_limit, overrides=overrides, dims=opt.parse_dims(dim),
-                            progress=progress, memory_gib=memory_gib)
+                            progress=progress, memory_gib=memory_gib, offload=not no_offload)
     if output:
         write_document(result, output, protect=(model,))
     if as_json:

@@ -163,10 +163,12 @@ def plan_model(
     dims: Mapping[str, int] | None = None,
     progress: Any = None,
     memory_gib: float | None = None,
+    offload: bool = True,
 ) -> dict[str, Any]:
     """Search the fastest strategy that fits: the dict `hyperplan plan --json` prints.
 
-    `memory_gib` caps the HBM a plan may use per device (default: all of it).
+    `memory_gib` caps the HBM a plan may use per device (default: all of it);
+    `offload=False` keeps everything in HBM (HyperOffload off).
 
     Raises `Infeasible` when nothing fits, saying how much memory the closest
     strategy needs and about how many devices would hold it.
@@ -184,7 +186,8 @@ def plan_model(
     hw = with_memory_cap(load_cluster(cluster, devices=devices), memory_gib)
     graph = load_graph(model, batch=1, seq_len=seq_len, dims=dims, overrides=overrides)
     structure = discover_blocks(graph)
-    result = search(graph, structure, hw, workload, time_limit_s=time_limit_s, progress=progress)
+    result = search(graph, structure, hw, workload, time_limit_s=time_limit_s, progress=progress,
+                    allow_offload=offload)
     if result.best is None:
         raise Infeasible(_infeasible_message(model, hw, result))
     est = estimate(graph, structure, hw, workload, result.best.strategy)

@@ -99,6 +99,17 @@ def plain(obj):
     return obj
 
 
+def fits_memory(cluster: Cluster, memory_bytes: Mapping[str, float]) -> bool:
+    """HBM holds the peak, and the host/pooled tier holds what was offloaded to it."""
+    if memory_bytes["peak"] > cluster.device.hbm_bytes:
+        return False
+    offloaded = sum(v for k, v in memory_bytes.items() if k.startswith("offloaded_"))
+    if offloaded <= 0:
+        return True
+    tiers = [t for t in cluster.memory_tiers if t.pooled] or list(cluster.memory_tiers)
+    return bool(tiers) and offloaded <= tiers[0].capacity_bytes
+
+
 def check_devices(cluster: Cluster, strategy: Strategy) -> None:
     if strategy.devices != cluster.n_devices:
         raise InvalidInput(
@@ -141,7 +152,7 @@ def estimate(
         model_flops_per_step=model_flops,
         memory_bytes=dict(worst.memory_bytes),
         hbm_bytes=cluster.device.hbm_bytes,
-        fits=worst.memory_bytes["peak"] <= cluster.device.hbm_bytes,
+        fits=all(fits_memory(cluster, s.memory_bytes) for s in stages),
         breakdown_s=bd,
         stages=stages,
         layouts=costs.layouts,

@@ -25,6 +25,7 @@ from typing import Callable, Mapping
 from cost_models import Cluster
 
 from planner.errors import HyperplanError
+from planner.estimate import fits_memory
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.search.pipeline import balanced_split
@@ -48,6 +49,7 @@ class Candidate:
     peak_bytes: float
     breakdown_s: Mapping[str, float] = field(default_factory=dict)
     note: str = ""
+    memory_bytes: Mapping[str, float] = field(default_factory=dict)  # the stage with the highest peak
 
     @property
     def mesh(self) -> tuple[int, int, int, int, int]:
@@ -140,9 +142,10 @@ class _Scorer:
             bd, step = step_breakdown(costs, self.cluster, self.workload, s, m)
         except HyperplanError as exc:
             return Candidate(s, math.inf, False, math.inf, note=str(exc))
-        peak = max(st.memory_bytes["peak"] for st in costs.stages)
+        worst = max(costs.stages, key=lambda st: (st.memory_bytes["peak"], -st.index)).memory_bytes
         self.last_costs = costs
-        return Candidate(s, step, peak <= self.cluster.device.hbm_bytes, peak, bd)
+        fits = all(fits_memory(self.cluster, st.memory_bytes) for st in costs.stages)
+        return Candidate(s, step, fits, worst["peak"], bd, memory_bytes=dict(worst))
 
 
 def _key(c: Candidate, hbm: float) -> tuple:
@@ -161,6 +164,7 @@ def search(
     progress: Progress | None = None,
     layouts: str = "searched",
     offload: tuple[tuple[str, float], ...] = (),
+    allow_offload: bool = True,
 ) -> SearchResult:
     """The fastest strategy that fits, the runners-up per mesh, and how much was searched."""
     t0 = time.perf_counter()
@@ -182,17 +186,39 @@ def search(
         if old is None or _key(c, hbm) < _key(old, hbm):
             best_by_mesh[c.mesh] = c
 
-    def ladder(base: Strategy) -> Candidate:
-        """The fastest recompute / ZeRO combination of one strategy that fits (or the least over memory)."""
-        zeros = (0, 1, 2, 3) if base.dp * base.cp > 1 else (0,)
+    def ladder(base: Strategy, with_offload: bool = False) -> Candidate:
+        """The fastest recompute / ZeRO (/ offload) combination of one strategy that fits, or the least over.
+
+        Without offload, less recompute and a lower ZeRO stage are faster, so the
+        first combination that fits wins. With offload (HyperOffload), a level
+        that does not fit may still fit by moving a fraction of a memory class
+        to the host or pooled tier; whether that beats the next recompute level
+        depends on the tier's link, so both are scored.
+        """
+        zeros = (1, 2, 3) if base.dp * base.cp > 1 else (0,)
         best: Candidate | None = None
+        fitting: list[Candidate] = []
         for rc in _RECOMPUTE_LADDER:
-            for z in zeros[1:] if len(zeros) > 1 else zeros:
+            last: Candidate | None = None
+            for z in zeros:
                 c = scorer.score(replace(base, recompute=rc, zero=z))
                 if best is None or _key(c, hbm) < _key(best, hbm):
                     best = c
+                last = c
                 if c.fits:
-                    return best
+                    fitting.append(c)
+                    break
+            if fitting and fitting[-1].strategy.recompute == rc:
+                break  # a plain fit at this level: more recompute is only slower
+            if with_offload and last is not None and math.isfinite(last.peak_bytes):
+                for variant in offload_variants(last, hbm):
+                    c = scorer.score(variant)
+                    if best is None or _key(c, hbm) < _key(best, hbm):
+                        best = c
+                    if c.fits:
+                        fitting.append(c)
+        if fitting:
+            return min(fitting, key=lambda c: _key(c, hbm))
         return best  # type: ignore[return-value]
 
     # 1. probe every mesh at micro-batch 1
@@ -206,7 +232,12 @@ def search(
                         offload=offload)
         consider(ladder(base))
 
-    # 2. the best meshes over micro-batch sizes and interleaving
+    # 1b. nothing fits: try offload on the probes closest to fitting
+    if allow_offload and not any(c.fits for c in best_by_mesh.values()):
+        for cand in sorted(best_by_mesh.values(), key=lambda c: _key(c, hbm))[:12]:
+            consider(ladder(cand.strategy, with_offload=True))
+
+    # 2. the best meshes over micro-batch sizes, interleaving and offload
     top = sorted(best_by_mesh.values(), key=lambda c: _key(c, hbm))[:6]
     for k, cand in enumerate(top):
         if time.perf_counter() - t0 > time_limit_s * 0.85:
@@ -214,10 +245,12 @@ def search(
             break
         report(f"micro-batches for {cand.strategy.short()}", 0.6 + 0.25 * k / max(1, len(top)))
         s = cand.strategy
+        if allow_offload:
+            consider(ladder(s, with_offload=True))
         for mb in (2, 4, 8):
             if per_replica[s.dp] % mb:
                 continue
-            consider(ladder(replace(s, micro_batch=mb)))
+            consider(ladder(replace(s, micro_batch=mb), with_offload=allow_offload))
         layers = len(structure.layers())
         if s.pp > 1 and layers >= 2 * s.pp:
             consider(ladder(replace(s, vpp=2)))
@@ -241,6 +274,41 @@ def search(
     closest = None if best else (ranked[0] if ranked else None)
     report("done", 1.0)
     return SearchResult(best, ranked, closest, scorer.count, len(all_meshes), time.perf_counter() - t0, complete)
+
+
+_OFFLOAD_STEP = 0.05
+
+
+def offload_variants(c: Candidate, hbm: float) -> list[Strategy]:
+    """Strategies that move just enough of one memory class (or the optimizer and one more) off HBM to fit.
+
+    Fractions are rounded up to 5% steps; activations first (their traffic hides behind compute), then
+    the optimizer states (ZeRO-Offload: the update runs on the host), then parameters.
+    """
+    mem = c.memory_bytes
+    over = mem.get("peak", 0.0) - 0.99 * hbm
+    if over <= 0 or c.strategy.tp == 0:
+        return []
+    base = dict(c.strategy.offload)
+    out: list[Strategy] = []
+
+    def frac(need: float, have: float) -> float | None:
+        if have <= 0:
+            return None
+        f = math.ceil(need / have / _OFFLOAD_STEP) * _OFFLOAD_STEP
+        return min(1.0, round(f, 2)) if need <= have else None
+
+    for cls in ("activations", "optimizer", "params"):
+        f = frac(over, mem.get(cls, 0.0))
+        if f:
+            out.append(replace(c.strategy, offload=tuple(sorted({**base, cls: f}.items()))))
+    rest = over - mem.get("optimizer", 0.0)
+    if rest > 0 and mem.get("optimizer", 0.0) > 0:
+        for cls in ("activations", "params"):
+            f = frac(rest, mem.get(cls, 0.0))
+            if f:
+                out.append(replace(c.strategy, offload=tuple(sorted({**base, "optimizer": 1.0, cls: f}.items()))))
+    return out
 
 
 def _even(n: int, k: int) -> tuple[int, ...]:
