@@ -60,6 +60,8 @@ def plan_cmd(
                                                         "(default: all of it), e.g. to leave room for the runtime.")] = None,
     no_offload: Annotated[bool, typer.Option("--no-offload", help="Keep everything in HBM: no HyperOffload of "
                                              "parameters, optimizer states or activations to host/pooled memory.")] = False,
+    no_mpmd: Annotated[bool, typer.Option("--no-mpmd", help="Keep the whole model one program: no HyperMPMD device "
+                                          "groups for vision/audio encoders beside the backbone.")] = False,
     dtype: opt.Dtype = "bf16",
     as_json: opt.Json = False,
     layers: opt.Layers = None,
@@ -91,7 +93,7 @@ def plan_cmd(
 
         result = plan_model(model, cluster=cluster, devices=devices, global_batch=global_batch, seq_len=seq_len,
                             dtype=dtype, time_limit_s=time_limit, overrides=overrides, dims=opt.parse_dims(dim),
-                            progress=progress, memory_gib=memory_gib, offload=not no_offload)
+                            progress=progress, memory_gib=memory_gib, offload=not no_offload, mpmd=not no_mpmd)
     if output:
         write_document(result, output, protect=(model,))
     if as_json:
@@ -104,7 +106,27 @@ def plan_cmd(
 
 def print_plan(r: dict) -> None:
     s = r["strategy"]
+    mp = r.get("mpmd")
+    if mp and mp["used"]:
+        console.print(f"[bold]plan:[/] {len(r['programs'])} programs on disjoint device groups (HyperMPMD), "
+                      f"step {mp['step_time_s']:.3f} s vs {mp['spmd_step_time_s'] or float('nan'):.3f} s as one program; "
+                      f"imbalance {mp['imbalance']:.2f}")
+        t = Table(title="programs", title_justify="left")
+        for c in ("program", "devices", "ranks", "strategy", "step s"):
+            t.add_column(c)
+        for p in r["programs"]:
+            t.add_row(p["name"], str(p["devices"]), f"{p['ranks'][0]}-{p['ranks'][1]}", p["strategy"]["summary"],
+                      f"{p['estimate']['step_time_s']:.3f}")
+        console.print(t)
+        est = dict(r["estimate"])
+        est.update({k: r[k] for k in ("model", "cluster", "workload")})
+        est["strategy"] = s
+        print_estimate(est)
+        return
     console.print(f"[bold]plan:[/] {s['summary']}")
+    if mp:
+        console.print(f"HyperMPMD (encoders on their own devices) was {mp['step_time_s'] / (r['estimate']['step_time_s']) - 1:.1%} "
+                      "slower here: one program wins")
     mesh = " x ".join(f"{a['name']}={a['size']}" + (f" ({'+'.join(a['levels'])})" if a["levels"] else "")
                       for a in r["mesh"] if a["size"] > 1) or "one device"
     console.print(f"mesh: {mesh}")

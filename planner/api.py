@@ -164,11 +164,13 @@ def plan_model(
     progress: Any = None,
     memory_gib: float | None = None,
     offload: bool = True,
+    mpmd: bool = True,
 ) -> dict[str, Any]:
     """Search the fastest strategy that fits: the dict `hyperplan plan --json` prints.
 
     `memory_gib` caps the HBM a plan may use per device (default: all of it);
-    `offload=False` keeps everything in HBM (HyperOffload off).
+    `offload=False` keeps everything in HBM (HyperOffload off); `mpmd=False` keeps the whole model one
+    program (no HyperMPMD device groups for encoders beside the backbone).
 
     Raises `Infeasible` when nothing fits, saying how much memory the closest
     strategy needs and about how many devices would hold it.
@@ -188,12 +190,46 @@ def plan_model(
     structure = discover_blocks(graph)
     result = search(graph, structure, hw, workload, time_limit_s=time_limit_s, progress=progress,
                     allow_offload=offload)
-    if result.best is None:
+    mp = None
+    if mpmd:
+        from planner.search.mpmd import plan_mpmd
+
+        mp = plan_mpmd(graph, structure, hw, workload, time_limit_s=time_limit_s, allow_offload=offload,
+                       progress=progress)
+    if result.best is None and mp is None:
         raise Infeasible(_infeasible_message(model, hw, result))
-    est = estimate(graph, structure, hw, workload, result.best.strategy)
-    others = tuple(c for c in result.ranked if c.mesh != result.best.mesh)[:3]
-    plan = Plan(result.best.strategy, est, others, result, mesh_axes(hw, result.best.strategy))
-    out = plan_to_dict(plan)
+    out: dict[str, Any]
+    if result.best is not None:
+        est = estimate(graph, structure, hw, workload, result.best.strategy)
+        others = tuple(c for c in result.ranked if c.mesh != result.best.mesh)[:3]
+        plan = Plan(result.best.strategy, est, others, result, mesh_axes(hw, result.best.strategy))
+        out = plan_to_dict(plan)
+        out["programs"] = [{"name": "model", "submodels": [s.name for s in structure.submodels],
+                            "devices": hw.n_devices, "ranks": [0, hw.n_devices - 1], "strategy": out["strategy"]}]
+    if mp is not None:
+        from planner.search.mpmd import exact_programs
+
+        progs, overall = exact_programs(mp, hw, workload)
+        spmd_step = out["estimate"]["step_time_s"] if result.best is not None else None
+        mpmd_info = {"step_time_s": overall["step_time_s"], "spmd_step_time_s": spmd_step,
+                     "imbalance": overall["imbalance"], "programs": [
+                         {k: p[k] for k in ("name", "devices", "ranks")} | {"summary": p["strategy"]["summary"],
+                                                                            "step_time_s": p["estimate"]["step_time_s"]}
+                         for p in progs]}
+        if overall["fits"] and (spmd_step is None or overall["step_time_s"] < spmd_step):
+            backbone = progs[-1]
+            out = {"strategy": backbone["strategy"], "mesh": [], "estimate": overall, "runners_up": (
+                [{"summary": "single program: " + plan.strategy.short(), "strategy": out["strategy"],
+                  "step_time_s": spmd_step, "fits": True, "peak_gib": plan.estimate.memory_bytes["peak"] / 2**30,
+                  "why": f"{(spmd_step / overall['step_time_s'] - 1) * 100:.1f}% slower than MPMD"}]
+                if result.best is not None else []),
+                "search": {"evaluated": result.evaluated, "meshes": result.meshes, "complete": result.complete,
+                           "layout_solver_gap": overall["solver_gap"]},
+                "programs": progs}
+            mpmd_info["used"] = True
+        else:
+            mpmd_info["used"] = False
+        out["mpmd"] = mpmd_info
     out.update(_describe(model, graph, hw, workload))
     return out
 

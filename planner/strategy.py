@@ -109,7 +109,13 @@ class Strategy:
                 f"global batch {workload.global_batch} does not split into dp={self.dp} replicas of whole "
                 f"micro-batches of {self.micro_batch}; use a batch that is a multiple of {self.dp * self.micro_batch}"
             )
-        return per_replica // self.micro_batch
+        m = per_replica // self.micro_batch
+        if self.vpp > 1 and m % self.pp:
+            raise InvalidInput(
+                f"interleaved 1F1B needs the {m} micro-batches per step to be a multiple of --pp {self.pp}; "
+                "change --global-batch, --micro-batch or --vpp"
+            )
+        return m
 
     def short(self) -> str:
         """E.g. 'TP8·PP12·DP4, ZeRO-1, selective recompute'."""

@@ -126,9 +126,9 @@ class _Scorer:
     """Scores strategies with shared graph facts; layouts are solved once per tensor-axis size."""
 
     def __init__(self, graph: Graph, structure: Structure, cluster: Cluster, workload: Workload,
-                 time_limit_s: float) -> None:
+                 time_limit_s: float, facts: GraphFacts | None = None) -> None:
         self.graph, self.structure, self.cluster, self.workload = graph, structure, cluster, workload
-        self.facts = GraphFacts(graph, structure)
+        self.facts = facts or GraphFacts(graph, structure)
         self.facts.reuse_layouts = True
         self.count = 0
         self.time_limit_s = time_limit_s
@@ -165,11 +165,15 @@ def search(
     layouts: str = "searched",
     offload: tuple[tuple[str, float], ...] = (),
     allow_offload: bool = True,
+    facts: GraphFacts | None = None,
 ) -> SearchResult:
-    """The fastest strategy that fits, the runners-up per mesh, and how much was searched."""
+    """The fastest strategy that fits, the runners-up per mesh, and how much was searched.
+
+    Pass `facts` to share graph analysis and solved layouts between searches of one graph
+    (the MPMD split search plans the same sub-model on several group sizes)."""
     t0 = time.perf_counter()
     report = progress or (lambda msg, frac: None)
-    scorer = _Scorer(graph, structure, cluster, workload, max(1.0, time_limit_s / 4))
+    scorer = _Scorer(graph, structure, cluster, workload, max(1.0, time_limit_s / 4), facts)
     hbm = cluster.device.hbm_bytes
     all_meshes = meshes(graph, structure, cluster, workload)
     if not all_meshes:
