@@ -7,6 +7,7 @@ from typing import Callable, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cost_models.errors import SpecError
 from planner.errors import HyperplanError
@@ -24,7 +25,7 @@ def guarded(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except (HyperplanError, SpecError) as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", markup=True)
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
             raise typer.Exit(getattr(exc, "exit_code", 2)) from None
 
     return wrapper  # type: ignore[return-value]

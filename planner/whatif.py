@@ -1,0 +1,377 @@
+"""What-if sweeps: the best plan of one model at each (cluster, device count), and how it scales.
+
+Each point is a full `plan_model` search; points are independent, so they run
+in worker processes (at most one per core) and are cached on disk by a hash
+of everything that decides the result, so re-running a sweep with one more
+point computes only that point. Figures that compare points (scaling and
+marginal efficiency, cost per token) are derived after the points are known
+and are never cached.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from planner.errors import HyperplanError, Infeasible, InvalidInput, SolverTimeout
+
+Progress = Callable[[str, float], None]
+"""Called with a message and the fraction of the points done."""
+
+MAX_POINTS = 256  # a typo like 1..100000+1 should be an error, not a week of planning
+_RANGE = re.compile(r"^(\d+)\.\.(\d+)(?:([x+])(\d+))?$")
+_DEVICES_HELP = "write counts like 64,128,256, a geometric range like 64..1024x2 or a stepped range like 64..384+64"
+_NUMBERS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "mfu", "peak_memory_gib")
+
+
+# -- parsing the sweep's axes ---------------------------------------------------------------------
+def parse_devices(text: str) -> tuple[int, ...]:
+    """`'64,128'`, `'64..1024x2'` (start..stop x factor) or `'64..384+64'` (step) -> sorted distinct counts."""
+    counts: set[int] = set()
+    for i, raw in enumerate(str(text).split(","), start=1):
+        item = raw.strip()
+        if not item:
+            raise InvalidInput(f"--devices {text!r}: item {i} is empty; {_DEVICES_HELP}")
+        if item.isdigit():
+            counts.add(_positive(int(item), item))
+            continue
+        m = _RANGE.match(item)
+        if m is None:
+            raise InvalidInput(f"--devices: {item!r} is neither a device count nor a range; {_DEVICES_HELP}")
+        start, stop = _positive(int(m[1]), item), int(m[2])
+        kind, by = m[3] or "x", int(m[4] or 2)
+        if stop < start:
+            raise InvalidInput(f"--devices {item}: the range ends ({stop}) before it starts ({start}); "
+                               "write the smaller count first")
+        if kind == "x" and by < 2:
+            raise InvalidInput(f"--devices {item}: a geometric range needs a factor of at least 2, "
+                               f"like {start}..{stop}x2")
+        if kind == "+" and by < 1:
+            raise InvalidInput(f"--devices {item}: a stepped range needs a step of at least 1, "
+                               f"like {start}..{stop}+{start}")
+        n = start
+        while n <= stop and len(counts) <= MAX_POINTS:
+            counts.add(n)
+            n = n * by if kind == "x" else n + by
+        if len(counts) > MAX_POINTS:
+            break
+    if len(counts) > MAX_POINTS:
+        raise InvalidInput(f"--devices {text!r} makes more than {MAX_POINTS} device counts; use a coarser range")
+    return tuple(sorted(counts))
+
+
+def _positive(n: int, item: str) -> int:
+    if n < 1:
+        raise InvalidInput(f"--devices: {item!r} has a count of {n}; device counts start at 1")
+    return n
+
+
+def parse_clusters(text: str) -> tuple[str, ...]:
+    """`'cloudmatrix384,gb200-nvl72'` -> the names (or .toml paths) in the order given, without repeats."""
+    names = [c.strip() for c in str(text).split(",")]
+    if not all(names):
+        raise InvalidInput(f"--cluster {text!r} has an empty name; "
+                           "write NAME[,NAME...], like cloudmatrix384,gb200-nvl72")
+    return tuple(dict.fromkeys(names))
+
+
+def parse_prices(items: Sequence[str] | None, clusters: Sequence[str]) -> dict[str, float]:
+    """`['cloudmatrix384=2.5']` -> {cluster: price per device-hour}; the prices are the user's, never guessed."""
+    out: dict[str, float] = {}
+    for item in items or ():
+        name, sep, value = (s.strip() for s in item.partition("="))
+        if not sep or not name:
+            raise InvalidInput(f"--price {item!r} is not CLUSTER=PRICE; write it like --price {clusters[0]}=2.5")
+        if name not in clusters:
+            raise InvalidInput(f"--price {item!r}: {name!r} is not a swept cluster ({', '.join(clusters)})")
+        try:
+            price = float(value)
+        except ValueError:
+            price = float("nan")
+        if not price > 0 or price == float("inf"):
+            raise InvalidInput(f"--price {item!r}: the price per device-hour must be a positive number, "
+                               f"like {name}=2.5")
+        out[name] = price
+    return out
+
+
+# -- the cache ------------------------------------------------------------------------------------
+def cache_dir() -> Path:
+    """`$HYPERPLAN_CACHE/whatif`, else `$XDG_CACHE_HOME` (or ~/.cache) `/hyperplan/whatif`."""
+    root = os.environ.get("HYPERPLAN_CACHE")
+    if root:
+        return Path(root) / "whatif"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hyperplan" / "whatif"
+
+
+def _file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+_CODE_DIGEST: list[str] = []
+
+
+def code_digest() -> str:
+    """The hyperplan version and a hash of its source and presets.
+
+    Why both: the version alone would serve stale plans while the planner
+    changes between releases; hashing ~100 files takes milliseconds.
+    """
+    if not _CODE_DIGEST:
+        import cost_models
+        import models_zoo
+
+        h = hashlib.sha256()
+        for pkg in (cost_models, models_zoo, __import__("planner")):
+            base = Path(pkg.__file__).parent
+            for p in sorted(q for q in base.rglob("*") if q.suffix in (".py", ".toml", ".json") and q.is_file()):
+                h.update(f"{pkg.__name__}/{p.relative_to(base).as_posix()}\0".encode())
+                h.update(p.read_bytes())
+        try:
+            ver = version("hyperplan")
+        except PackageNotFoundError:
+            ver = "unknown"
+        _CODE_DIGEST.append(f"{ver}+{h.hexdigest()[:16]}")
+    return _CODE_DIGEST[0]
+
+
+def _identity(model: str | os.PathLike, cluster: str) -> tuple[dict[str, str], dict[str, str]]:
+    """What names the model and the cluster for the cache: a file by its content, a name by itself."""
+    from cost_models.loader import PRESET_DIR, preset_names
+
+    text = os.fspath(model)
+    model_id = {"file_sha256": _file_sha256(text)} if os.path.isfile(text) else {"zoo": text}
+    path = PRESET_DIR / f"{cluster}.toml" if cluster in preset_names() else Path(cluster)
+    return model_id, {"name": cluster, "sha256": _file_sha256(path)}
+
+
+def point_key(task: Mapping[str, Any]) -> str:
+    """The cache key of one point: a SHA-256 over every input that decides its plan."""
+    blob = json.dumps({**task, "code": code_digest()}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _cache_read(folder: Path, key: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / f"{key}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # absent or damaged: compute it again
+    return data.get("point") if isinstance(data, dict) and data.get("key") == key else None
+
+
+def _cache_write(folder: Path, key: str, point: Mapping[str, Any]) -> None:
+    """Atomic write; a cache that cannot be written only costs time, so errors are ignored."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"key": key, "point": point}, f, sort_keys=True)
+        os.replace(tmp, folder / f"{key}.json")
+    except OSError:
+        pass
+
+
+# -- one point ------------------------------------------------------------------------------------
+def _plan_point(task: Mapping[str, Any]) -> dict[str, Any]:
+    """Plan one point (in a worker process); the outcome as a plain, picklable record."""
+    from planner.api import plan_model
+
+    rec: dict[str, Any] = {"status": "ok", "reason": None, "params": None, "search_complete": None}
+    rec.update(dict.fromkeys(_NUMBERS))
+    try:
+        r = plan_model(task["model"], cluster=task["cluster"], devices=task["devices"],
+                       global_batch=task["global_batch"], seq_len=task["seq_len"], dtype=task["dtype"],
+                       mode=task["mode"], time_limit_s=task["time_limit_s"], overrides=task["overrides"],
+                       dims=task["dims"], memory_gib=task["memory_gib"])
+    except Infeasible as exc:
+        return {**rec, "status": "infeasible", "reason": str(exc), "plan": None}
+    except SolverTimeout as exc:
+        return {**rec, "status": "timeout", "reason": str(exc), "plan": None}
+    except HyperplanError as exc:  # a wrong input: the same at every point, so the sweep stops
+        return {**rec, "status": "raise", "reason": str(exc), "plan": None}
+    except Exception as exc:  # noqa: BLE001 - a planner bug at one point must not lose the others
+        return {**rec, "status": "error", "reason": f"the planner failed: {type(exc).__name__}: {exc}", "plan": None}
+    est = r["estimate"]
+    return {**rec, "plan": r["strategy"]["summary"], "params": r["model"]["params"],
+            "step_time_s": est["step_time_s"], "tokens_per_s": est["tokens_per_s"],
+            "tokens_per_s_per_device": est["tokens_per_s"] / task["devices"], "mfu": est["mfu"],
+            "peak_memory_gib": est["memory_gib"]["peak"], "search_complete": r["search"]["complete"]}
+
+
+def _pool_context() -> Any:
+    """forkserver where there is one: workers fork from a clean server (safe beside the progress thread)
+    and share its imports; spawn elsewhere."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["planner.whatif", "planner.api", "planner.search.plan_search",
+                                    "planner.estimate", "planner.graph.onnx_import", "models_zoo"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def _compute(tasks: list[dict[str, Any]], workers: int | None, done: Callable[[int, dict[str, Any]], None]) -> None:
+    """Plan every task, in parallel when there is more than one; `done(index, record)` as each finishes,
+    so that an interrupted sweep keeps what it planned."""
+    cores = os.cpu_count() or 1
+    n = min(workers or cores, cores, len(tasks))
+    if n <= 1:
+        for i, t in enumerate(tasks):
+            rec = _plan_point(t)
+            if rec["status"] == "raise":
+                raise InvalidInput(rec["reason"])
+            done(i, rec)
+        return
+    try:
+        with cf.ProcessPoolExecutor(max_workers=n, mp_context=_pool_context()) as pool:
+            futures = {pool.submit(_plan_point, t): i for i, t in enumerate(tasks)}
+            for fut in cf.as_completed(futures):
+                rec = fut.result()
+                if rec["status"] == "raise":
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise InvalidInput(rec["reason"])
+                done(futures[fut], rec)
+    except cf.BrokenExecutor:
+        raise HyperplanError("a planning process died (out of memory, or a script that starts a sweep without "
+                             "`if __name__ == '__main__':`); run with one worker (--workers 1) to see why") from None
+
+
+# -- the sweep ------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """A sweep's result document, and how many of its points missed the cache (kept out of the
+    document so that a cached and a fresh run print the same bytes)."""
+
+    doc: dict[str, Any]
+    computed: int
+
+
+def run_sweep(
+    model: str | os.PathLike,
+    *,
+    clusters: Sequence[str],
+    devices: Sequence[int],
+    global_batch: int,
+    seq_len: int,
+    dtype: str = "bf16",
+    mode: str = "train",
+    time_limit_s: float = 60.0,
+    overrides: Mapping[str, Any] | None = None,
+    dims: Mapping[str, int] | None = None,
+    memory_gib: float | None = None,
+    prices: Mapping[str, float] | None = None,
+    use_cache: bool = True,
+    cache: str | os.PathLike | None = None,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> Sweep:
+    """Plan `model` at every (cluster, device count); `.doc` is what `hyperplan whatif --json` prints.
+
+    Points come out in the order of `clusters`, then by device count. A count
+    a cluster cannot take is listed as `invalid`, one where nothing fits as
+    `infeasible`, each with the reason. `prices` (per device-hour, the user's
+    figures) add a cost per million tokens.
+    """
+    from cost_models import load_cluster
+    from cost_models.errors import SpecError
+
+    from planner.strategy import Workload
+
+    if mode == "infer":
+        raise InvalidInput("--mode infer: what-if for inference is not planned yet; use --mode train")
+    if mode != "train":
+        raise InvalidInput(f"--mode {mode!r}: use train (infer is not planned yet)")
+    Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # checks batch and length
+    if not time_limit_s > 0:
+        raise InvalidInput(f"--time-limit must be positive, got {time_limit_s}")
+    clusters, counts = tuple(dict.fromkeys(clusters)), tuple(sorted(set(devices)))
+    if not clusters or not counts:
+        raise InvalidInput("a sweep needs at least one --cluster and one --devices count")
+    folder = Path(cache) if cache is not None else cache_dir()
+    base = {"global_batch": global_batch, "seq_len": seq_len, "dtype": dtype, "mode": mode,
+            "time_limit_s": float(time_limit_s), "memory_gib": memory_gib,
+            "overrides": dict(sorted((overrides or {}).items())), "dims": dict(sorted((dims or {}).items()))}
+    points: list[dict[str, Any]] = []
+    pending: list[tuple[int, dict[str, Any], str]] = []
+    for name in clusters:
+        load_cluster(name)  # an unknown cluster stops the sweep: SpecError names the presets
+        model_id, cluster_id = _identity(model, name)
+        for n in counts:
+            point = {"cluster": name, "devices": n}
+            try:
+                load_cluster(name, devices=n)
+            except SpecError as exc:
+                points.append({**point, **_empty("invalid", str(exc))})
+                continue
+            task = {**base, "model": os.fspath(model), "cluster": name, "devices": n}
+            key = point_key({**task, "model": model_id, "cluster": cluster_id})
+            hit = _cache_read(folder, key) if use_cache else None
+            points.append({**point, **(hit or {})})
+            if hit is None:
+                pending.append((len(points) - 1, task, key))
+    if not any(p.get("status") != "invalid" for p in points):
+        raise InvalidInput(f"no device count of {list(counts)} fits {', '.join(clusters)}: {points[0]['reason']}")
+    finished = [0]
+
+    def done(j: int, rec: dict[str, Any]) -> None:
+        i, task, key = pending[j]
+        points[i].update(rec)
+        if use_cache and rec["status"] in ("ok", "infeasible"):  # timeouts and failures depend on the machine
+            _cache_write(folder, key, rec)
+        finished[0] += 1
+        if progress is not None:
+            progress(f"{task['cluster']} x {task['devices']}", finished[0] / len(pending))
+
+    _compute([t for _, t, _ in pending], workers, done)
+    return Sweep(doc=_summarise(model, clusters, points, base, prices or {}), computed=len(pending))
+
+
+def _empty(status: str, reason: str) -> dict[str, Any]:
+    return {"status": status, "reason": reason, "plan": None, "params": None, "search_complete": None,
+            **dict.fromkeys(_NUMBERS)}
+
+
+def _summarise(model: Any, clusters: Sequence[str], points: list[dict[str, Any]], base: Mapping[str, Any],
+               prices: Mapping[str, float]) -> dict[str, Any]:
+    """Add the figures that compare points of one cluster, and the sweep's header."""
+    params = next((p["params"] for p in points if p["params"] is not None), None)
+    header = []
+    for name in clusters:
+        mine = [p for p in points if p["cluster"] == name]
+        ok = [p for p in mine if p["status"] == "ok"]
+        price = prices.get(name)
+        prev = None
+        for p in mine:
+            p.pop("params", None)
+            p["scaling_efficiency"] = p["marginal_efficiency"] = p["cost_per_mtoken"] = None
+            if p["status"] != "ok":
+                continue
+            # Scaling efficiency: throughput per device against the smallest feasible point (1.0 = linear).
+            p["scaling_efficiency"] = p["tokens_per_s_per_device"] / ok[0]["tokens_per_s_per_device"]
+            # Marginal efficiency: what the devices added since the previous feasible point bring,
+            # per device, against the baseline's per-device throughput; near 0, adding devices stops paying.
+            if prev is not None:
+                gain = (p["tokens_per_s"] - prev["tokens_per_s"]) / (p["devices"] - prev["devices"])
+                p["marginal_efficiency"] = gain / ok[0]["tokens_per_s_per_device"]
+            if price is not None:  # price per device-hour x devices / tokens per hour, per million tokens
+                p["cost_per_mtoken"] = price * p["devices"] / (3600.0 * p["tokens_per_s"]) * 1e6
+            prev = p
+        header.append({"name": name, "baseline_devices": ok[0]["devices"] if ok else None,
+                       "price_per_device_hour": price})
+    workload = {k: base[k] for k in ("mode", "global_batch", "seq_len", "dtype")}
+    return {"model": {"name": os.path.basename(os.fspath(model)), "params": params,
+                      "overrides": base["overrides"]},
+            "workload": workload, "time_limit_s": base["time_limit_s"], "memory_gib": base["memory_gib"],
+            "clusters": header, "points": points}
