@@ -69,6 +69,27 @@ def load_graph(
     raise InvalidInput(_unknown_model_message(text))
 
 
+def _graph_for_costing(model: str | os.PathLike, seq_len: int, dims: Mapping[str, int] | None,
+                       overrides: Mapping[str, Any] | None) -> Graph:
+    """`load_graph` at batch 1, remembered for the process: a what-if sweep plans one model many times.
+
+    Files are keyed by path, size and modification time, so an edited file is read again.
+    """
+    text = os.fspath(model)
+    stamp = (os.path.getsize(text), os.stat(text).st_mtime_ns) if os.path.exists(text) else None
+    key = (text, stamp, seq_len, tuple(sorted((dims or {}).items())), tuple(sorted((overrides or {}).items())))
+    hit = _GRAPHS.get(key)
+    if hit is None:
+        hit = load_graph(model, batch=1, seq_len=seq_len, dims=dims, overrides=overrides)
+        if len(_GRAPHS) >= 4:
+            _GRAPHS.pop(next(iter(_GRAPHS)))
+        _GRAPHS[key] = hit
+    return hit
+
+
+_GRAPHS: dict[tuple, Graph] = {}
+
+
 def _build_zoo(name: str, settings: Mapping[str, Any]) -> Any:
     import models_zoo
 
@@ -126,7 +147,7 @@ def estimate_model(
             raise InvalidInput(f"tp x pp x cp = {inner} does not divide the {hw.n_devices} devices of {hw.name}; "
                                "change the degrees or pass --devices")
     strat = Strategy(dp=dp, **strategy)
-    graph = load_graph(model, batch=1, seq_len=seq_len, dims=dims, overrides=overrides)
+    graph = _graph_for_costing(model, seq_len, dims, overrides)
     structure = discover_blocks(graph)
     est = estimate(graph, structure, hw, workload, strat)
     out = est.to_dict()
@@ -186,7 +207,7 @@ def plan_model(
 
     workload = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # type: ignore[arg-type]
     hw = with_memory_cap(load_cluster(cluster, devices=devices), memory_gib)
-    graph = load_graph(model, batch=1, seq_len=seq_len, dims=dims, overrides=overrides)
+    graph = _graph_for_costing(model, seq_len, dims, overrides)
     structure = discover_blocks(graph)
     result = search(graph, structure, hw, workload, time_limit_s=time_limit_s, progress=progress,
                     allow_offload=offload)
