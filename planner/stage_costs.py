@@ -19,8 +19,9 @@ from cost_models.collectives import all_gather_s, all_reduce_s, all_to_all_s, re
 from cost_models.compute import op_time_s
 from cost_models.memory import MEGATRON_ADAM, inflight_microbatches, model_state_bytes
 
-from planner.activations import attention_core, layer_inputs, requires_grad, saved_tensors
+from planner.activations import _CONTRACTIONS, attention_core, layer_inputs, requires_grad, saved_tensors
 from planner.errors import InvalidInput
+from planner.fusion import fused_act_bytes
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.node_work import FLOAT_DTYPES, node_work
@@ -80,6 +81,7 @@ class StageCost:
     memory_bytes: Mapping[str, float]
     boundary_bytes: float  # activation sent to the next stage per micro-batch
     held: float  # micro-batches whose activations the stage holds at its peak
+    gather_bytes: float = 0.0  # the part of the boundary held whole by every tensor rank: all-gathered after the p2p
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +150,7 @@ class GraphFacts:
         #: others of the same tensor axis (the final plan is re-estimated with its own solve).
         self.reuse_layouts = False
         self._saved: dict[float, dict[str, list]] = {}
+        self._fused: dict[tuple[bool, float], np.ndarray] = {}
         self.producer: dict[str, tuple[int, int]] = {}
         for i, n in enumerate(graph.nodes):
             for j, o in enumerate(n.outputs):
@@ -165,6 +168,14 @@ class GraphFacts:
                     by_block[blk.name].append(sv)
             self._saved[width] = dict(by_block)
         return self._saved[width]
+
+    def act_bytes(self, training: bool, width: float) -> np.ndarray:
+        """Per-node activation bytes once chains of memory-bound ops are fused (see `planner.fusion`)."""
+        key = (training, width)
+        if key not in self._fused:
+            stored = {sv.tensor for svs in self.saved(width).values() for sv in svs} if training else set()
+            self._fused[key] = fused_act_bytes(self.graph, self.work.act_bytes, self.work.matrix, stored)
+        return self._fused[key]
 
 
 def stage_costs(
@@ -207,16 +218,21 @@ def stage_costs(
 
     # -- op time at the micro-batch and shard it runs on --------------------------------------------
     cache: dict[tuple[int, int], float] = {}
+    act = facts.act_bytes(training, width)
 
     def fwd_time(i: int, k: int) -> float:
         key = (i, k)
         if key not in cache:
             flops = work.flops[i] * bs / (k * cp)
-            nbytes = (work.act_bytes[i] * bs / cp + work.param_bytes[i]) * fscale / k
+            nbytes = (act[i] * bs / cp + work.param_bytes[i]) * fscale / k
             cache[key] = op_time_s(cluster, flops, nbytes, "matmul" if work.matrix[i] else "elementwise", dtype)
         return cache[key]
 
-    passes = (3 + again) if training else np.ones(len(graph.nodes), dtype=np.int64)
+    # backward: a contraction computes two products (input and weight gradients, Narayanan 2021 section 5.1);
+    # a memory-bound op reads the output gradient and what it saved and writes the input gradient, about
+    # the traffic of its forward (PyTorch's autograd formulas for softmax, norms, GeLU, dropout, add)
+    bwd = np.where(work.matrix, 2, 1)
+    passes = (1 + bwd + again) if training else np.ones(len(graph.nodes), dtype=np.int64)
 
     def var_time(i: int, s) -> float:
         return fwd_time(i, t if s.split else 1)
@@ -267,7 +283,7 @@ def stage_costs(
         p = var_parts[v_i]
         p.forward += f
         if training:
-            p.backward += 2 * f
+            p.backward += bwd[v.node] * f
             p.recompute += float(again[problem.members[v_i]].sum()) / v.count * f
     for e in problem.edges:
         sa = problem.vars[e.src].strategies[choice[e.src]]
@@ -278,6 +294,10 @@ def stage_costs(
                 first = sec * e.times / e.fwd_times
                 p.tp_fwd += first
                 p.tp_bwd += sec - first
+                if kind == "fwd:all_gather" and training and _keeps_input(graph, problem.vars[e.dst].node, e.inp, grad):
+                    extra = first * (2 - e.fwd_times / e.times)  # gathered again in backward (see _keeps_input)
+                    p.tp_bwd += extra
+                    p.tp_kinds["all_gather"] += extra
             else:
                 p.tp_bwd += sec
             p.tp_kinds[kind.split(":")[1]] += sec
@@ -286,9 +306,15 @@ def stage_costs(
         for kind, sec in group_cost(problem, src, o, idx, choice).items():
             direction, coll = kind.split(":")
             if direction == "fwd":
-                first = sec / max(1, max(problem.edges[k].fwd_times / problem.edges[k].times for k in idx))
+                ratio = max(1, max(problem.edges[k].fwd_times / problem.edges[k].times for k in idx))
+                first = sec / ratio
                 var_parts[owner].tp_fwd += first
                 var_parts[owner].tp_bwd += sec - first
+                if coll == "all_gather" and training and any(
+                        _keeps_input(graph, problem.vars[problem.edges[k].dst].node, problem.edges[k].inp, grad)
+                        for k in idx):
+                    var_parts[owner].tp_bwd += first * (2 - ratio)  # gathered again in backward (see _keeps_input)
+                    var_parts[owner].tp_kinds[coll] += first * (2 - ratio)
             else:
                 var_parts[owner].tp_bwd += sec
             var_parts[owner].tp_kinds[coll] += sec
@@ -335,7 +361,7 @@ def stage_costs(
         parts = Parts()
         dense = expert = 0.0
         acts = 0.0
-        boundary = 0.0
+        boundary = gather = 0.0
         for name in names:
             parts.add(block_parts[name])
             acts += act_block.get(name, 0.0)
@@ -348,8 +374,14 @@ def stage_costs(
                     dense += graph.tensors[p].numel / shard
             if blk.is_layer:
                 ins = facts.layer_inputs[blk.name]
-                boundary = max(boundary, sum(tensor_bytes(x) / (t if layout_of_output.get(x, REPLICATED) >= 0 else 1)
-                                             for x in ins))
+                # Megatron-LM's scatter/gather (Narayanan 2021, section 4.1): each tensor rank sends 1/t of a
+                # boundary tensor it holds whole, and the receiving stage all-gathers it over its tensor group
+                boundary = max(boundary, sum(tensor_bytes(x) for x in ins) / t)
+                if t > 1:  # what the previous layer hands over whole (the first layer's input never crosses)
+                    whole = [x for x in ins if layout_of_output.get(x, REPLICATED) < 0 and x in facts.producer
+                             and structure.node_block[facts.producer[x][0]] >= 0
+                             and structure.blocks[structure.node_block[facts.producer[x][0]]].is_layer]
+                    gather = max(gather, sum(tensor_bytes(x) for x in whole))
         held = inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp) if training else 1.0
         dpg = strategy.dp * cp
         if training:
@@ -368,10 +400,24 @@ def stage_costs(
         fwd = parts.forward + parts.tp_fwd + parts.cp_fwd + parts.ep_fwd
         bwd = parts.backward + parts.recompute + parts.tp_bwd + parts.cp_bwd + parts.ep_bwd
         stages.append(StageCost(s, tuple(n for n in names if structure.block(n).is_layer), parts, fwd, bwd,
-                                dense, expert, mem, boundary, held))
+                                dense, expert, mem, boundary, held, gather))
     block_s = {name: p.total() for name, p in block_parts.items()}
     return StageCosts(tuple(stages), float(work.flops.sum()) / work.batch,
                       _layouts(graph, structure, problem, choice), gap, block_s)
+
+
+def _keeps_input(graph: Graph, node: int | None, inp: int, grad: set[str]) -> bool:
+    """Whether a contraction keeps input `inp` for its backward (another of its inputs needs a gradient).
+
+    Such an input, all-gathered from sequence shards, is stored as its shard
+    and all-gathered again in the backward pass for the weight gradient
+    (Korthikanti 2022, section 4.2.2, which is what `_activation_bytes`
+    counts); recomputing the forward gathers it anyway.
+    """
+    if node is None or graph.nodes[node].op_type not in _CONTRACTIONS:
+        return False
+    ins = graph.nodes[node].inputs
+    return any(x in grad for j, x in enumerate(ins) if x and j != inp)
 
 
 def _residual_pins(graph: Graph, structure: Structure, problem, seq_len: int, sp: bool) -> dict[int, frozenset[int]]:

@@ -56,6 +56,8 @@ def step_breakdown(
     if pp > 1:
         spans = place_group(cluster, 2, stride=t * cp * dp)
         p2p = send_recv_s(max(s.boundary_bytes for s in stages), spans)
+        if t > 1:  # the receiver all-gathers what was sent scattered (see stage_costs)
+            p2p += all_gather_s(max(s.gather_bytes for s in stages), place_group(cluster, t, stride=1))
     schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
     pipe = pipeline_time([s.forward_s for s in stages], [s.backward_s for s in stages], m, schedule,
                          strategy.vpp, p2p)
