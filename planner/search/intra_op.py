@@ -14,7 +14,6 @@ module knows nothing of hardware; `solve` is in `solve.py`.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Literal, Mapping, Sequence

@@ -32,7 +32,7 @@ from planner.graph.ir import Graph
 from planner.graph.subgraph import boundary_bytes, extract
 from planner.node_work import graph_batch
 from planner.search.plan_search import Candidate, search
-from planner.stage_costs import GraphFacts
+from planner.graph_facts import GraphFacts
 from planner.strategy import Workload
 
 _MIN_SHARE = 0.002  # encoders below this share of the FLOPs are not worth a group of their own

@@ -29,7 +29,8 @@ from planner.estimate import fits_memory
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.search.pipeline import balanced_split
-from planner.stage_costs import GraphFacts, stage_costs
+from planner.graph_facts import GraphFacts
+from planner.stage_costs import stage_costs
 from planner.step_time import step_breakdown
 from planner.strategy import Strategy, Workload
 
