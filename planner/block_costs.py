@@ -126,7 +126,8 @@ class Layouts:
         return self.get(name)
 
 
-def add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_bytes, fwd_time, layout) -> None:
+def add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_bytes, fwd_time, layout,
+              policy) -> None:
     """Context-parallel K/V exchange per attention core, expert-parallel all-to-all per MoE layer."""
     t, cp, ep = strategy.tp, strategy.cp, strategy.ep
     params = set(graph.params)
@@ -153,7 +154,7 @@ def add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_byt
             p = block_parts[blk.name]
             p.cp_fwd += max(0.0, ag - core_s)
             p.cp_bwd += max(0.0, ag + rs - 2 * core_s)
-            if strategy.recompute == "full":
+            if policy.get(blk.name) == "full":
                 p.cp_bwd += p.cp_fwd
     if ep > 1:
         spans = place_group(cluster, ep, stride=t)
@@ -174,11 +175,11 @@ def add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_byt
             p = block_parts[blk.name]
             a2a = all_to_all_s(moved, spans)
             p.ep_fwd += a2a
-            p.ep_bwd += a2a * (2 if strategy.recompute == "full" else 1)
+            p.ep_bwd += a2a * (2 if policy.get(blk.name) == "full" else 1)
 
 
 def activation_bytes(graph, structure, strategy, training, core, problem, choice, layout, width, scale,
-                      node_keys, grad, facts) -> dict[str, float]:
+                     node_keys, grad, facts, policy) -> dict[str, float]:
     """Bytes each block keeps for backward per micro-batch, per device, with layouts and recompute applied."""
     out: dict[str, float] = defaultdict(float)
     if not training:
@@ -194,29 +195,29 @@ def activation_bytes(graph, structure, strategy, training, core, problem, choice
         k = saved.input_index
         return 0 <= k < len(s.inputs) and s.inputs[k] >= 0
 
-    full_layers = strategy.recompute == "full"
     by_block = facts.saved(width)
-    per_type: dict[str, float] = {}
+    per_type: dict[tuple[str, str], float] = {}
     for blk in structure.blocks:
-        if full_layers and blk.is_layer:
+        rc = policy.get(blk.name, "none")
+        if rc == "full":
             continue
         tied = blk.is_layer and structure.type(blk.type_id).count > 1
-        if tied and blk.type_id in per_type:  # tied instances keep what the first one keeps
-            out[blk.name] = per_type[blk.type_id]
+        if tied and (blk.type_id, rc) in per_type:  # tied instances with one policy keep the same
+            out[blk.name] = per_type[(blk.type_id, rc)]
             continue
         total = 0.0
         for sv in by_block.get(blk.name, ()):
-            if strategy.recompute == "selective" and blk.is_layer and sv.saver in core and (
+            if rc == "selective" and sv.saver in core and (
                 sv.tensor in in_core_output or sv.input_index == -1 or graph.nodes[sv.saver].op_type == "Dropout"
             ):
                 continue
             total += sv.nbytes * scale / (t if split(sv) else 1)
         out[blk.name] = total
         if tied:
-            per_type[blk.type_id] = total
-    if full_layers:
+            per_type[(blk.type_id, rc)] = total
+    if any(v == "full" for v in policy.values()):
         for blk in structure.blocks:
-            if blk.is_layer:
+            if policy.get(blk.name) == "full":
                 for x in facts.layer_inputs[blk.name]:
                     tt = graph.tensors[x]
                     nb = tt.numel * (width if tt.dtype in FLOAT_DTYPES else tt.nbytes / max(tt.numel, 1))

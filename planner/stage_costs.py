@@ -92,6 +92,19 @@ def _chunks(structure: Structure, n_chunks: int, sizes: tuple[int, ...] = ()) ->
     return out
 
 
+def _layer_policies(structure: Structure, chunk: Mapping[str, int], strategy: Strategy) -> dict[str, str]:
+    """Recompute policy per layer block: by its position in its pipeline chunk (Megatron-LM's
+    --recompute-num-layers with the block method); blocks that are not layers are not recomputed."""
+    seen: dict[int, int] = defaultdict(int)
+    out: dict[str, str] = {}
+    for blk in structure.blocks:
+        if blk.is_layer:
+            c = chunk[blk.name]
+            out[blk.name] = strategy.layer_policy(seen[c])
+            seen[c] += 1
+    return out
+
+
 def stage_costs(
     graph: Graph,
     structure: Structure,
@@ -120,15 +133,21 @@ def stage_costs(
     fscale = width / work.float_bytes
     params = facts.params
 
-    # -- recompute: which nodes run their forward again --------------------------------------------
+    # -- recompute: which nodes run their forward again, layer by layer ------------------------------
     core = facts.core
     grad = facts.grad if training else set()
-    if not training or strategy.recompute == "none":
-        again = np.zeros(len(graph.nodes), dtype=np.int64)
-    elif strategy.recompute == "full":
-        again = facts.in_layer.astype(np.int64)
-    else:
-        again = facts.core_in_layer.astype(np.int64)
+    n_chunks = pp * strategy.vpp
+    chunk = _chunks(structure, n_chunks, strategy.stage_layers)
+    policy = _layer_policies(structure, chunk, strategy) if training else {}
+    again = np.zeros(len(graph.nodes), dtype=np.int64)
+    core_nodes = np.flatnonzero(facts.core_in_layer)
+    for blk in structure.blocks:
+        rc = policy.get(blk.name, "none")
+        if rc == "full":
+            again[list(blk.nodes)] = 1
+        elif rc == "selective" and blk.nodes:
+            mine = core_nodes[(core_nodes >= min(blk.nodes)) & (core_nodes <= max(blk.nodes))]
+            again[[i for i in mine if structure.node_block[i] == structure.node_block[blk.nodes[0]]]] = 1
 
     # -- op time at the micro-batch and shard it runs on --------------------------------------------
     cache: dict[tuple[int, int], float] = {}
@@ -176,7 +195,7 @@ def stage_costs(
     gap = 0.0
     ckey = (skey, strategy.sp, cp, workload.seq_len, dtype)
     if not facts.reuse_layouts:
-        ckey += (strategy.micro_batch, strategy.recompute)
+        ckey += (strategy.micro_batch, strategy.recompute, strategy.full_recompute_layers)
     if t == 1:
         choice = tuple(0 for _ in problem.vars)
     elif ckey in facts.choices:
@@ -257,16 +276,14 @@ def stage_costs(
         block_parts[blk.name] = p
 
     layout_of_output = Layouts(facts, problem, choice)
-    add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_bytes, fwd_time, layout_of_output)
+    add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_bytes, fwd_time, layout_of_output, policy)
 
     # -- memory per block ------------------------------------------------------------------------
     act_block = activation_bytes(graph, structure, strategy, training, core, problem, choice,
-                                  layout_of_output, width, bs / cp, node_keys, grad, facts)
+                                  layout_of_output, width, bs / cp, node_keys, grad, facts, policy)
     param_layout = {p: layout_of_output[p] for p in graph.params}
 
     # -- stages ----------------------------------------------------------------------------------
-    n_chunks = pp * strategy.vpp
-    chunk = _chunks(structure, n_chunks, strategy.stage_layers)
     m = strategy.micro_batches(workload)
     schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
     stages = []

@@ -63,6 +63,7 @@ class Strategy:
     schedule: Schedule = "1f1b"
     offload: tuple[tuple[str, float], ...] = field(default_factory=tuple)
     stage_layers: tuple[int, ...] = ()  # layers per pipeline chunk (pp x vpp of them); () = as even as possible
+    full_recompute_layers: int = 0  # per chunk, the first k layers recompute fully, the rest use `recompute`
     layouts: str = "megatron"  # tensor-axis layout space: "megatron" (Megatron-LM's) or "searched" (free ILP)
 
     def __post_init__(self) -> None:
@@ -86,6 +87,8 @@ class Strategy:
             raise InvalidInput(
                 f"stage_layers {list(self.stage_layers)} must give pp x vpp = {self.pp * self.vpp} positive layer counts"
             )
+        if self.full_recompute_layers < 0:
+            raise InvalidInput(f"--full-recompute-layers must be >= 0, got {self.full_recompute_layers}")
         if self.layouts not in ("megatron", "searched"):
             raise InvalidInput(f"layouts must be 'megatron' or 'searched', got {self.layouts!r}")
         for cls, frac in self.offload:
@@ -100,6 +103,10 @@ class Strategy:
 
     def offload_fraction(self, cls: str) -> float:
         return dict(self.offload).get(cls, 0.0)
+
+    def layer_policy(self, position_in_chunk: int) -> Recompute:
+        """The recompute policy of the layer at this position of its pipeline chunk."""
+        return "full" if position_in_chunk < self.full_recompute_layers else self.recompute
 
     def micro_batches(self, workload: Workload) -> int:
         """Micro-batches per pipeline per step; InvalidInput unless the batch splits evenly."""
@@ -127,7 +134,9 @@ class Strategy:
             parts.append("SP")
         if self.zero:
             parts.append(f"ZeRO-{self.zero}")
-        if self.recompute != "none":
+        if self.full_recompute_layers and self.recompute != "full":
+            parts.append(f"full recompute of {self.full_recompute_layers} layers/chunk, {self.recompute} for the rest")
+        elif self.recompute != "none":
             parts.append(f"{self.recompute} recompute")
         parts.append(f"mb {self.micro_batch}")
         if self.stage_layers and len(set(self.stage_layers)) > 1:
@@ -136,6 +145,8 @@ class Strategy:
             raise InvalidInput(
                 f"stage_layers {list(self.stage_layers)} must give pp x vpp = {self.pp * self.vpp} positive layer counts"
             )
+        if self.full_recompute_layers < 0:
+            raise InvalidInput(f"--full-recompute-layers must be >= 0, got {self.full_recompute_layers}")
         if self.layouts not in ("megatron", "searched"):
             raise InvalidInput(f"layouts must be 'megatron' or 'searched', got {self.layouts!r}")
         for cls, frac in self.offload:

@@ -122,3 +122,17 @@ def test_cli_tables_and_errors():
     bad = runner.invoke(app, ["estimate", "gpt", "--cluster", "nope", "--global-batch", "8", "--seq-len", "512"])
     assert bad.exit_code == 2
     assert "Traceback" not in bad.output
+
+
+def test_recompute_chosen_per_layer_sits_between_its_two_policies():
+    """k fully recomputed layers per chunk (Megatron's --recompute-num-layers): memory and time in between."""
+    kw = dict(cluster="dgx-a100", devices=16, global_batch=8, seq_len=2048, tp=8, pp=2, micro_batch=1, sp=True,
+              overrides=dict(layers=8, hidden=4096, heads=32, vocab=51200))
+    sel = estimate_model("gpt", recompute="selective", **kw)
+    mixed = estimate_model("gpt", recompute="selective", full_recompute_layers=2, **kw)
+    full = estimate_model("gpt", recompute="full", **kw)
+    a = [r["memory_gib"]["activations"] for r in (full, mixed, sel)]
+    t = [r["step_time_s"] for r in (full, mixed, sel)]
+    assert a[0] < a[1] < a[2]
+    assert t[0] > t[1] > t[2]
+    assert "full recompute of 2 layers/chunk" in mixed["strategy"]["summary"]

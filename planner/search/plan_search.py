@@ -30,7 +30,7 @@ from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.search.pipeline import balanced_split
 from planner.graph_facts import GraphFacts
-from planner.stage_costs import stage_costs
+from planner.stage_costs import even_split, stage_costs
 from planner.step_time import step_breakdown
 from planner.strategy import Strategy, Workload
 
@@ -133,8 +133,15 @@ class _Scorer:
         self.facts.reuse_layouts = True
         self.count = 0
         self.time_limit_s = time_limit_s
+        self.memo: dict[Strategy, Candidate] = {}
 
     def score(self, s: Strategy) -> Candidate:
+        if s in self.memo:
+            return self.memo[s]
+        self.memo[s] = c = self._score(s)
+        return c
+
+    def _score(self, s: Strategy) -> Candidate:
         self.count += 1
         try:
             m = s.micro_batches(self.workload)
@@ -191,20 +198,29 @@ def search(
         if old is None or _key(c, hbm) < _key(old, hbm):
             best_by_mesh[c.mesh] = c
 
-    def ladder(base: Strategy, with_offload: bool = False) -> Candidate:
+    def ladder(base: Strategy, with_offload: bool = False, per_layer: bool = False) -> Candidate:
         """The fastest recompute / ZeRO (/ offload) combination of one strategy that fits, or the least over.
 
         Without offload, less recompute and a lower ZeRO stage are faster, so the
         first combination that fits wins. With offload (HyperOffload), a level
         that does not fit may still fit by moving a fraction of a memory class
         to the host or pooled tier; whether that beats the next recompute level
-        depends on the tier's link, so both are scored.
+        depends on the tier's link, so both are scored. With `per_layer`, a level
+        that does not fit is also tried with just enough layers of each chunk
+        recomputed fully (recompute chosen per layer).
         """
         zeros = (1, 2, 3) if base.dp * base.cp > 1 else (0,)
         best: Candidate | None = None
         fitting: list[Candidate] = []
+        last: Candidate | None = None  # the most frugal combination tried at the previous recompute level
         for rc in _RECOMPUTE_LADDER:
-            last: Candidate | None = None
+            if per_layer and rc == "full" and not fitting and last is not None and math.isfinite(last.peak_bytes):
+                mixed = _fewest_full_layers(last.strategy)
+                if mixed is not None:
+                    fitting.append(mixed)
+                    if best is None or _key(mixed, hbm) < _key(best, hbm):
+                        best = mixed
+            last = None
             for z in zeros:
                 c = scorer.score(replace(base, recompute=rc, zero=z))
                 if best is None or _key(c, hbm) < _key(best, hbm):
@@ -226,16 +242,42 @@ def search(
             return min(fitting, key=lambda c: _key(c, hbm))
         return best  # type: ignore[return-value]
 
-    # 1. probe every mesh at micro-batch 1
+    def _fewest_full_layers(s: Strategy) -> Candidate | None:
+        """Bisect the number of fully recomputed layers per chunk that makes `s` fit (memory falls with it)."""
+        per_chunk = math.ceil(len(structure.layers()) / (s.pp * s.vpp))
+        lo, hi = 0, per_chunk  # lo does not fit; hi = all layers full, which the ladder tries anyway
+        found = None
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            c = scorer.score(replace(s, full_recompute_layers=mid))
+            if c.fits:
+                hi, found = mid, c
+            else:
+                lo = mid
+        return found
+
+    # 1. probe every mesh at micro-batch 1; within one (tp, cp, ep) family, deeper pipelines stop being
+    #    probed once two in a row fit but are slower than the family's best (more stages only add bubble)
     probes = probe_meshes(all_meshes)
+    worse: dict[tuple[int, int, int], int] = {}
+    family_best: dict[tuple[int, int, int], float] = {}
     for k, (tp, cp, pp, dp, ep) in enumerate(probes):
         if time.perf_counter() - t0 > time_limit_s * 0.6:
             complete = False
             break
+        fam = (tp, cp, ep)
+        if worse.get(fam, 0) >= 2:
+            continue
         report(f"mesh TP{tp}·CP{cp}·PP{pp}·DP{dp}·EP{ep}", 0.6 * k / len(probes))
         base = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, micro_batch=1, sp=tp > 1, layouts=layouts,
                         offload=offload)
-        consider(ladder(base))
+        c = ladder(base)
+        consider(c)
+        if c.fits:
+            if c.step_s > family_best.get(fam, math.inf):
+                worse[fam] = worse.get(fam, 0) + 1
+            else:
+                family_best[fam], worse[fam] = c.step_s, 0
 
     # 1b. nothing fits: try offload on the probes closest to fitting
     if allow_offload and not any(c.fits for c in best_by_mesh.values()):
@@ -252,10 +294,11 @@ def search(
         s = cand.strategy
         if allow_offload:
             consider(ladder(s, with_offload=True))
+        consider(ladder(s, per_layer=True))
         for mb in (2, 4, 8):
             if per_replica[s.dp] % mb:
                 continue
-            consider(ladder(replace(s, micro_batch=mb), with_offload=allow_offload))
+            consider(ladder(replace(s, micro_batch=mb), with_offload=allow_offload, per_layer=True))
         layers = len(structure.layers())
         if s.pp > 1 and layers >= 2 * s.pp:
             consider(ladder(replace(s, vpp=2)))
@@ -317,14 +360,12 @@ def offload_variants(c: Candidate, hbm: float) -> list[Strategy]:
 
 
 def _even(n: int, k: int) -> tuple[int, ...]:
-    from planner.stage_costs import even_split
-
     return even_split(n, k)
 
 
 def _balanced(scorer: _Scorer, s: Strategy) -> tuple[int, ...] | None:
     """Layers per stage that balance the stage times of `s` (embedding and head included)."""
-    scorer.score(s)
+    scorer._score(s)  # not the memo: the stage costs themselves are needed
     costs = scorer.last_costs
     st = scorer.structure
     layers = st.layers()
