@@ -238,3 +238,55 @@ def layout_table(graph: Graph, structure: Structure, problem, choice) -> dict[st
         if rows:
             out[btype.label] = rows
     return out
+
+
+def layout_memory(graph: Graph, structure: Structure, facts: GraphFacts, problem, strategy, policy, stage0: set[str],
+                  width: float, scale: float, held: float) -> list:
+    """Per var and strategy, the bytes one device of the first pipeline stage holds because of that choice:
+    its parameters' states (by ZeRO stage and offload) and the activations its ops keep (by recompute).
+
+    The first stage holds the most micro-batches in flight under 1F1B (Narayanan 2021), so its memory is
+    the one the integer program constrains.
+    """
+    import numpy as np
+
+    t, dpg, ep, z = strategy.tp, strategy.dp * strategy.cp, strategy.ep, strategy.zero
+    f = strategy.offload_fraction
+
+    def per_param(expert: bool) -> float:
+        g = max(1, dpg // ep) if expert else dpg
+        b = width * (1 - f("params")) / (g if z >= 3 else 1) + 4.0 * (1 - f("grads")) / (g if z >= 2 else 1)
+        b += 12.0 * (1 - f("optimizer")) / (g if z >= 1 else 1)
+        return b / (ep if expert else 1)
+
+    in_stage0 = {p for b in stage0 for p in structure.block(b).params}
+    by_key: dict = defaultdict(list)
+    for p, k in facts.param_keys.items():
+        if p in in_stage0:
+            by_key[k].append(p)
+    saved_by_node = facts.saved_by_node(width)
+    core, in_core_output = facts.core, facts.in_core_output
+    keep_act = 1.0 - f("activations")
+    out = []
+    for v in problem.vars:
+        m = np.zeros(len(v.strategies))
+        if v.param is not None:
+            total = sum(graph.tensors[p].numel * per_param(".experts." in p) for p in by_key.get(v.key, ()))
+            for s_i, s in enumerate(v.strategies):
+                m[s_i] = total / (t if s.outputs[0] >= 0 else 1)
+        else:
+            for i in problem.members[problem.index[v.key]]:
+                blk = structure.block_of_node(int(i))
+                if blk is None or blk.name not in stage0 or policy.get(blk.name) == "full":
+                    continue
+                for sv in saved_by_node.get(int(i), ()):
+                    if policy.get(blk.name) == "selective" and sv.saver in core and (
+                            sv.tensor in in_core_output or sv.input_index == -1
+                            or graph.nodes[sv.saver].op_type == "Dropout"):
+                        continue
+                    for s_i, s in enumerate(v.strategies):
+                        k = sv.input_index
+                        split = (s.inputs[k] >= 0) if 0 <= k < len(s.inputs) else (s.outputs[0] >= 0)
+                        m[s_i] += sv.nbytes * scale * held * keep_act / (t if split else 1)
+        out.append(m)
+    return out

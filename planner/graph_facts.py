@@ -64,6 +64,17 @@ class GraphFacts:
             self._saved[width] = dict(by_block)
         return self._saved[width]
 
+    def saved_by_node(self, width: float) -> dict[int, list]:
+        """Saved tensors by the node that saves them."""
+        key = ("by_node", width)
+        if key not in self._fused:
+            out: dict[int, list] = defaultdict(list)
+            for svs in self.saved(width).values():
+                for sv in svs:
+                    out[sv.saver].append(sv)
+            self._fused[key] = dict(out)  # type: ignore[assignment]
+        return self._fused[key]  # type: ignore[return-value]
+
     def act_bytes(self, training: bool, width: float) -> np.ndarray:
         """Per-node activation bytes once chains of memory-bound ops are fused (see `planner.fusion`)."""
         key = (training, width)

@@ -21,9 +21,9 @@ from cost_models.collectives import all_gather_s, all_reduce_s, all_to_all_s, re
 from cost_models.compute import op_time_s
 from cost_models.memory import MEGATRON_ADAM, inflight_microbatches, model_state_bytes
 
-from planner.block_costs import (Layouts, Parts, activation_bytes, add_cp_ep, keeps_input, layout_table,
-                                 residual_pins)
-from planner.errors import InvalidInput
+from planner.block_costs import (Layouts, Parts, activation_bytes, add_cp_ep, keeps_input, layout_memory,
+                                 layout_table, residual_pins)
+from planner.errors import Infeasible, InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph_facts import GraphFacts
@@ -202,7 +202,19 @@ def stage_costs(
         choice, gap = facts.choices[ckey]
     else:
         allowed = residual_pins(graph, structure, problem, workload.seq_len, strategy.sp)
-        sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed)
+        if training and not facts.reuse_layouts:  # the integer program's memory constraint (first stage)
+            stage0 = {b.name for b in structure.blocks if chunk[b.name] % pp == 0}
+            held0 = inflight_microbatches("interleaved" if strategy.vpp > 1 else strategy.schedule, pp=pp,
+                                          microbatches=strategy.micro_batches(workload), stage=0,
+                                          virtual_stages=strategy.vpp)
+            problem.memory = layout_memory(graph, structure, facts, problem, strategy, policy, stage0, width,
+                                           bs / cp, held0)
+            problem.memory_budget = cluster.device.hbm_bytes
+        try:
+            sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed)
+        except Infeasible:  # no layout fits: the fastest one, reported as over memory
+            problem.memory_budget = None
+            sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed)
         choice, gap = sol.choice, sol.gap
         facts.choices[ckey] = (choice, gap)
 

@@ -149,3 +149,23 @@ def test_free_search_rediscovers_megatron_on_a_transformer_layer(model):
     assert {p: lay[p] for p in row} == {p: want_row for p in row}
     kinds = costs.stages[0].parts.tp_kinds
     assert kinds.get("all_reduce", 0) + kinds.get("reduce_scatter", 0) > 10 * kinds.get("all_to_all", 0)
+
+
+@pytest.mark.parametrize("backend", ["highs", "cpsat"])
+def test_a_memory_budget_makes_the_solver_shard_weights(backend):
+    """Comm is expensive here, so the unconstrained optimum replicates everything; a per-device memory
+    budget below the replicated weights forces a sharded layout, at a higher cost."""
+    import numpy as np
+
+    g = _mlp(1, 64, 256, 1024)
+    prob = _problem(g, 4, 1e-15, 1e-6)
+    free = solve_intra_op(prob, backend=backend)
+    weights = {v_i: g.tensors[v.param].nbytes for v_i, v in enumerate(prob.vars) if v.param}
+    prob.memory = [np.array([weights.get(v_i, 0.0) / (1 if s.outputs[0] < 0 else 4) for s in v.strategies])
+                   if v.param else np.zeros(len(v.strategies)) for v_i, v in enumerate(prob.vars)]
+    replicated = sum(weights.values())
+    assert sum(m[c] for m, c in zip(prob.memory, free.choice)) == pytest.approx(replicated)
+    prob.memory_budget = replicated * 0.5
+    tight = solve_intra_op(prob, backend=backend)
+    assert sum(m[c] for m, c in zip(prob.memory, tight.choice)) <= replicated * 0.5
+    assert tight.cost_s > free.cost_s

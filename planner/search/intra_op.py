@@ -89,6 +89,10 @@ class IntraOpProblem:
     one collective per distinct gradient layout serves them all (Megatron's single "f" all-reduce
     for the input of q, k and v), not one per reader."""
     members: list[np.ndarray] = field(default_factory=list)  # node indices each var stands for
+    #: Bytes per device each var's strategies put in HBM (its parameters' states, the activations its ops keep),
+    #: and the budget they must fit in: the integer program's memory constraint. Empty: unconstrained.
+    memory: list[np.ndarray] = field(default_factory=list)
+    memory_budget: float | None = None
 
     def sink_costs(self) -> dict[int, np.ndarray]:
         """Per var, the all-reduce a graph output left as a pending sum still needs, per strategy."""

@@ -11,13 +11,14 @@ nanoseconds; one worker and a fixed seed make the answer repeatable.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
 
-from planner.errors import SolverTimeout
+from planner.errors import Infeasible, SolverTimeout
 from planner.search.intra_op import IntraOpProblem, demand_cost, group_demands, total_cost
 
 _NS = 1e9
@@ -134,6 +135,10 @@ def solve_intra_op_cpsat(
             ci = int(round((c - base) * _NS))
             if ci:
                 terms.append((x[v][s], ci))
+    if problem.memory and problem.memory_budget is not None:  # memory: the layouts fit the budget (KiB)
+        model.Add(sum(int(math.ceil(problem.memory[v][s_i] / 1024)) * x[v][s_i] for v in range(n)
+                      for s_i in range(len(x[v])) if problem.memory[v][s_i])
+                  <= int(problem.memory_budget // 1024))
     model.Minimize(sum(c * var for var, c in terms))
 
     solver = cp_model.CpSolver()
@@ -141,6 +146,8 @@ def solve_intra_op_cpsat(
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
     status = solver.Solve(model)
+    if status == cp_model.INFEASIBLE:
+        raise Infeasible("no tensor layout fits the memory budget")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise SolverTimeout(
             f"the layout solver found no strategy within {time_limit_s:g} s; raise --time-limit"
@@ -260,12 +267,18 @@ def solve_intra_op_highs(
         for s in range(len(x[v])):
             if s not in ok:
                 ub[x[v][s]] = 0.0
+    # memory: what the layouts put in HBM stays within the device's budget
+    if problem.memory and problem.memory_budget is not None:
+        row([(x[v][s_i], float(problem.memory[v][s_i])) for v in range(n) for s_i in range(len(x[v]))
+             if problem.memory[v][s_i]], -np.inf, float(problem.memory_budget))
     integrality = np.zeros(len(cost))
     integrality[:n_int] = 1
     a = coo_matrix((vals, (rows, cols)), shape=(len(lo), len(cost))).tocsr()
     res = milp(np.array(cost) * _NS, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
                bounds=Bounds(lb, ub), options={"time_limit": float(time_limit_s), "disp": False, "mip_rel_gap": 1e-7})
     if res.x is None:
+        if res.status == 2:  # infeasible: no layout fits the memory budget
+            raise Infeasible("no tensor layout fits the memory budget")
         raise SolverTimeout(f"the layout solver found no strategy within {time_limit_s:g} s; raise --time-limit")
     choice = tuple(int(np.argmax([res.x[c] for c in x[v]])) for v in range(n))
     gap = float(getattr(res, "mip_gap", 0.0) or 0.0)
