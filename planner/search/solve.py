@@ -35,6 +35,16 @@ class Solution:
     wall_s: float
 
 
+def _costs(problem: IntraOpProblem) -> tuple[list[np.ndarray], dict[tuple[int, int], np.ndarray]]:
+    """Per-var costs (op time, same-position edges, graph outputs) and the costs of pairs of vars."""
+    unary = [u.astype(float).copy() for u in problem.unary]
+    for v, d in problem.self_costs().items():
+        unary[v] = unary[v] + d
+    for v, d in problem.sink_costs().items():
+        unary[v] = unary[v] + d
+    return unary, problem.pair_costs()
+
+
 def _separable(m: np.ndarray) -> bool:
     """True if m[i, j] = r[i] + c[j]: then the pair needs no edge variables."""
     resid = m - m[:, :1] - m[:1, :] + m[0, 0]
@@ -74,12 +84,7 @@ def solve_intra_op_cpsat(
     t0 = time.perf_counter()
     fixed = dict(fixed or {})
     n = len(problem.vars)
-    unary = [u.astype(float).copy() for u in problem.unary]
-    for v, d in problem.self_costs().items():
-        unary[v] = unary[v] + d
-    for v, d in problem.sink_costs().items():
-        unary[v] = unary[v] + d
-    pairs = problem.pair_costs()
+    unary, pairs = _costs(problem)
 
     # variables: one-hot strategy per var
     model = cp_model.CpModel()
@@ -195,12 +200,7 @@ def solve_intra_op_highs(
     t0 = time.perf_counter()
     fixed = dict(fixed or {})
     n = len(problem.vars)
-    unary = [u.astype(float).copy() for u in problem.unary]
-    for v, d in problem.self_costs().items():
-        unary[v] = unary[v] + d
-    for v, d in problem.sink_costs().items():
-        unary[v] = unary[v] + d
-    pairs = problem.pair_costs()
+    unary, pairs = _costs(problem)
 
     # variables: one-hot x first, then auxiliaries appended as we go
     cost: list[float] = []
