@@ -35,7 +35,9 @@ from planner.search.plan_search import Candidate, search
 from planner.graph_facts import GraphFacts
 from planner.strategy import Workload
 
-_MIN_SHARE = 0.002  # encoders below this share of the FLOPs are not worth a group of their own
+#: Encoders below this share of the FLOPs are not worth a group of their own (and a search of their own):
+#: a group is at least one node, so a 2% tower would leave its devices mostly idle.
+MIN_SHARE = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +76,7 @@ def split_programs(graph: Graph, structure: Structure) -> list[Program]:
     total = sum(s.flops for s in subs) or 1.0
     backbone = max(subs, key=lambda s: (s.flops, s.name))
     encoders = [s for s in subs if s is not backbone]
-    if sum(s.flops for s in encoders) / total < _MIN_SHARE:
+    if sum(s.flops for s in encoders) / total < MIN_SHARE:
         return []
     out = []
     for name, members in (("encoders", encoders), (backbone.name, [backbone])):
