@@ -69,3 +69,58 @@ class EfficiencyCurve:
     def to_list(self) -> list[list[float]]:
         """Points as plain lists, for JSON and TOML."""
         return [[s, e] for s, e in self.points]
+
+
+# -- the overhead law: how the matmul and memory curves are generated -------------------------------------
+#
+# One op costs a fixed overhead t0 (launch, prologue, last partial wave) beside a rate plateau * peak:
+#     time = t0 + size / (plateau * peak)  =>  efficiency = plateau * size / (size + n_half),
+#     n_half = t0 * plateau * peak,
+# Hockney's (r_inf, n_1/2) model of a pipelined unit (Hockney & Jesshope, Parallel Computers 2, 1988,
+# sec. 1.3.3): n_half is the size at which an op reaches half the plateau. It is the law that
+# benchmarks/fit_calibration.py fits; the same t0 on a faster device moves n_half up with the peak, which
+# is why a curve cannot be copied between devices as a table but can be regenerated from its parameters.
+
+
+def overhead_law(size: float, peak_per_s: float, plateau: float, overhead_s: float) -> float:
+    """Fraction of `peak_per_s` reached by one op of `size` (FLOPs or bytes) that pays `overhead_s` once."""
+    return plateau * size / (size + half_size(peak_per_s, plateau, overhead_s))
+
+
+def half_size(peak_per_s: float, plateau: float, overhead_s: float) -> float:
+    """n_1/2 = t0 * plateau * peak: the op size (FLOPs or bytes) that reaches half the plateau."""
+    if not (math.isfinite(peak_per_s) and peak_per_s > 0.0):
+        raise SpecError(f"the overhead law needs a positive peak rate, got {peak_per_s!r}.")
+    if not (0.0 < plateau <= 1.0):
+        raise SpecError(f"the overhead law's plateau must lie in (0, 1], got {plateau!r}.")
+    if not (math.isfinite(overhead_s) and overhead_s > 0.0):
+        raise SpecError(f"the overhead law's per-op overhead must be a positive number of seconds, got {overhead_s!r}.")
+    return overhead_s * plateau * peak_per_s
+
+
+def half_decade_sizes(n_half: float, span_decades: tuple[float, float]) -> tuple[float, ...]:
+    """Sizes 10**(k/2) from n_half * 10**span[0] to n_half * 10**span[1], ends rounded to the nearest half-decade.
+
+    Sizes are kept to 3 significant digits (3.16e7), as the presets store them. Spans relative to n_half put
+    the samples at the same places on the curve's shape whatever the device's peak.
+    """
+    low, high = span_decades
+    if not (math.isfinite(n_half) and n_half > 0.0):
+        raise SpecError(f"a half-efficiency size must be a positive number, got {n_half!r}.")
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise SpecError(f"a sampling span must be two finite decade offsets, low < high, got {span_decades!r}.")
+    centre = math.log10(n_half)
+    first, last = (math.floor(2.0 * (centre + d) + 0.5) for d in (low, high))
+    return tuple(float(f"{10.0 ** (k / 2.0):.3g}") for k in range(first, last + 1))
+
+
+def law_curve(
+    peak_per_s: float, plateau: float, overhead_s: float, span_decades: tuple[float, float], digits: int = 3
+) -> EfficiencyCurve:
+    """The overhead law sampled at half-decades around its n_half, efficiencies rounded to `digits` (>= 10**-digits)."""
+    n_half = half_size(peak_per_s, plateau, overhead_s)
+    floor = 10.0**-digits
+    points = tuple(
+        (s, max(floor, round(plateau * s / (s + n_half), digits))) for s in half_decade_sizes(n_half, span_decades)
+    )
+    return EfficiencyCurve(points=points)
