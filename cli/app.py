@@ -38,13 +38,16 @@ def _root(
 
 def _register() -> None:
     # One module per command (group); each exposes `register(app)`.
-    from cli import estimate_cmd, hardware_cmd, inspect_cmd, plan_cmd, whatif_cmd, zoo_cmd
+    from cli import (estimate_cmd, export_cmd, hardware_cmd, inspect_cmd, plan_cmd, validate_cmd, whatif_cmd,
+                     zoo_cmd)
 
     inspect_cmd.register(app)
     zoo_cmd.register(app)
     hardware_cmd.register(app)
     estimate_cmd.register(app)
     plan_cmd.register(app)
+    validate_cmd.register(app)
+    export_cmd.register(app)
     whatif_cmd.register(app)
 
 

@@ -36,38 +36,55 @@ def parse_offload(items: list[str] | None) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(out.items()))
 
 
+_OptCluster = Annotated[Optional[str], typer.Option(
+    "--cluster", help="A hardware preset (`hyperplan hardware list`) or a .toml file (with --plan: the file's).",
+    show_default=False)]
+_OptBatch = Annotated[Optional[int], typer.Option("--global-batch", help="Sequences per training step.",
+                                                  show_default=False)]
+_OptSeq = Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per sequence.", show_default=False)]
+_OptDtype = Annotated[Optional[str], typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 or fp32 "
+                                                  "[default: bf16, or the --plan file's].", show_default=False)]
+
+
 @guarded
 def estimate_cmd(
     model: opt.Model,
-    cluster: opt.Cluster,
-    global_batch: opt.GlobalBatch,
-    seq_len: opt.RequiredSeqLen,
+    cluster: _OptCluster = None,
+    global_batch: _OptBatch = None,
+    seq_len: _OptSeq = None,
     devices: opt.Devices = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.", rich_help_panel=_PAR)] = 1,
-    pp: Annotated[int, typer.Option("--pp", help="Pipeline stages.", rich_help_panel=_PAR)] = 1,
+    plan: Annotated[Optional[str], typer.Option(
+        "--plan", help="Score the strategy of a HyperShard declaration (.yaml/.json; hand-edited ones too); its "
+                       "cluster, devices and workload apply unless given here.", rich_help_panel=_PAR)] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel degree. [default: 1]",
+                                              rich_help_panel=_PAR, show_default=False)] = None,
+    pp: Annotated[Optional[int], typer.Option("--pp", help="Pipeline stages. [default: 1]", rich_help_panel=_PAR,
+                                              show_default=False)] = None,
     dp: Annotated[Optional[int], typer.Option("--dp", help="Data-parallel degree (default: what the devices leave).",
                                               rich_help_panel=_PAR)] = None,
-    cp: Annotated[int, typer.Option("--cp", help="Context-parallel degree (splits the sequence).",
-                                    rich_help_panel=_PAR)] = 1,
-    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel degree (over data x context ranks).",
-                                    rich_help_panel=_PAR)] = 1,
-    vpp: Annotated[int, typer.Option("--vpp", help="Interleaved chunks per stage (interleaved 1F1B).",
-                                     rich_help_panel=_PAR)] = 1,
-    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.",
-                                             rich_help_panel=_PAR)] = 1,
-    recompute: Annotated[str, typer.Option("--recompute", help="Activation recompute: none, selective or full.",
-                                           rich_help_panel=_PAR)] = "none",
-    sp: Annotated[bool, typer.Option("--sp", help="Sequence parallelism over the tensor axis.",
-                                     rich_help_panel=_PAR)] = False,
-    zero: Annotated[int, typer.Option("--zero", help="ZeRO stage 0-3 over the data-parallel group.",
-                                      rich_help_panel=_PAR)] = 0,
-    schedule: Annotated[str, typer.Option("--schedule", help="Pipeline schedule: 1f1b or gpipe (--vpp > 1: interleaved).",
-                                          rich_help_panel=_PAR)] = "1f1b",
+    cp: Annotated[Optional[int], typer.Option("--cp", help="Context-parallel degree (splits the sequence). "
+                                              "[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
+    ep: Annotated[Optional[int], typer.Option("--ep", help="Expert-parallel degree (over data x context ranks). "
+                                              "[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
+    vpp: Annotated[Optional[int], typer.Option("--vpp", help="Interleaved chunks per stage (interleaved 1F1B). "
+                                               "[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
+    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Sequences per micro-batch. "
+                                                       "[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
+    recompute: Annotated[Optional[str], typer.Option("--recompute", help="Activation recompute: none, selective or "
+                                                     "full. [default: none]", rich_help_panel=_PAR,
+                                                     show_default=False)] = None,
+    sp: Annotated[Optional[bool], typer.Option("--sp", help="Sequence parallelism over the tensor axis.",
+                                               rich_help_panel=_PAR, show_default=False)] = None,
+    zero: Annotated[Optional[int], typer.Option("--zero", help="ZeRO stage 0-3 over the data-parallel group. "
+                                                "[default: 0]", rich_help_panel=_PAR, show_default=False)] = None,
+    schedule: Annotated[Optional[str], typer.Option("--schedule", help="Pipeline schedule: 1f1b or gpipe (--vpp > 1: "
+                                                    "interleaved). [default: 1f1b]", rich_help_panel=_PAR,
+                                                    show_default=False)] = None,
     offload: Annotated[Optional[list[str]], typer.Option(
         "--offload", metavar="CLASS=FRACTION",
         help="Keep a fraction of a memory class (params, grads, optimizer, activations) in host/pooled memory.",
         rich_help_panel=_PAR)] = None,
-    dtype: opt.Dtype = "bf16",
+    dtype: _OptDtype = None,
     as_json: opt.Json = False,
     layers: opt.Layers = None,
     hidden: opt.Hidden = None,
@@ -82,16 +99,37 @@ def estimate_cmd(
 
     Example: hyperplan estimate llama3-70b --cluster cloudmatrix384 --devices 64 --global-batch 256
     --seq-len 4096 --tp 8 --pp 4 --sp --recompute selective --zero 1
+
+    Or score a (hand-edited) declaration: hyperplan estimate llama3-70b --plan plan.yaml
     """
     overrides = opt.zoo_overrides(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
                                   experts=experts, top_k=top_k)
-    with render.progress(f"estimating {model} on {cluster} ..."):
-        result = estimate_model(
-            model, cluster=cluster, devices=devices, global_batch=global_batch, seq_len=seq_len, dtype=dtype,
-            tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, micro_batch=micro_batch, recompute=recompute, sp=sp,
-            zero=zero, schedule=schedule, offload=parse_offload(offload), overrides=overrides,
-            dims=opt.parse_dims(dim),
-        )
+    given = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vpp": vpp, "micro-batch": micro_batch,
+             "recompute": recompute, "sp": sp, "zero": zero, "schedule": schedule, "offload": offload}
+    if plan is not None:
+        clash = [f"--{k}" for k, v in given.items() if v is not None]
+        if clash:
+            raise InvalidInput(f"{', '.join(clash)} and --plan both set the strategy; edit the declaration or drop "
+                               "--plan")
+        from planner.hypershard.declared import estimate_declared
+
+        with render.progress(f"estimating {model} with {plan} ..."):
+            result = estimate_declared(plan, model, cluster=cluster, devices=devices, global_batch=global_batch,
+                                       seq_len=seq_len, dtype=dtype, overrides=overrides, dims=opt.parse_dims(dim))
+    else:
+        missing = [flag for flag, v in (("--cluster", cluster), ("--global-batch", global_batch),
+                                        ("--seq-len", seq_len)) if v is None]
+        if missing:
+            raise InvalidInput(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} needed (or --plan FILE "
+                               "to take them from a declaration)")
+        with render.progress(f"estimating {model} on {cluster} ..."):
+            result = estimate_model(
+                model, cluster=cluster, devices=devices, global_batch=global_batch, seq_len=seq_len,
+                dtype=dtype or "bf16", tp=tp or 1, pp=pp or 1, dp=dp, cp=cp or 1, ep=ep or 1, vpp=vpp or 1,
+                micro_batch=micro_batch or 1, recompute=recompute or "none", sp=bool(sp), zero=zero or 0,
+                schedule=schedule or "1f1b", offload=parse_offload(offload), overrides=overrides,
+                dims=opt.parse_dims(dim),
+            )
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
         return

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -19,30 +15,13 @@ from cli.errors import err_console, guarded
 from cli.estimate_cmd import print_estimate
 from planner.api import plan_model
 from planner.errors import InvalidInput
+from planner.hypershard import Request, declare_plan, write_document
 
 console = Console(highlight=False, soft_wrap=False)
 
 
 def register(app: typer.Typer) -> None:
     app.command("plan")(plan_cmd)
-
-
-def write_document(doc: dict, path: str, protect: tuple[str, ...] = ()) -> None:
-    """Write YAML or JSON by extension, atomically, never over one of the inputs."""
-    target = Path(path)
-    if target.suffix.lower() not in (".yaml", ".yml", ".json"):
-        raise InvalidInput(f"-o {path}: use a .yaml, .yml or .json file name")
-    for p in protect:
-        if p and os.path.exists(p) and target.exists() and os.path.samefile(p, target):
-            raise InvalidInput(f"-o {path} is an input of this command; write the plan elsewhere")
-    if target.parent and not target.parent.exists():
-        raise InvalidInput(f"-o {path}: folder {target.parent} does not exist")
-    text = json.dumps(doc, indent=2, sort_keys=True) + "\n" if target.suffix.lower() == ".json" else \
-        yaml.safe_dump(doc, sort_keys=True, default_flow_style=False)
-    fd, tmp = tempfile.mkstemp(dir=str(target.parent or "."), prefix=".hyperplan-", suffix=target.suffix)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, target)
 
 
 @guarded
@@ -55,7 +34,8 @@ def plan_cmd(
     mode: Annotated[str, typer.Option("--mode", help="train (inference planning: see --help of a later version).")] = "train",
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds the search may take; the best plan so "
                                                                    "far is returned when it runs out.")] = 60.0,
-    output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the plan to a .yaml or .json file.")] = None,
+    output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the HyperShard declaration to a "
+                                                  ".yaml or .json file (`hyperplan validate` / `export` read it).")] = None,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="HBM a plan may use per device "
                                                         "(default: all of it), e.g. to leave room for the runtime.")] = None,
     no_offload: Annotated[bool, typer.Option("--no-offload", help="Keep everything in HBM: no HyperOffload of "
@@ -95,13 +75,15 @@ def plan_cmd(
                             dtype=dtype, time_limit_s=time_limit, overrides=overrides, dims=opt.parse_dims(dim),
                             progress=progress, memory_gib=memory_gib, offload=not no_offload, mpmd=not no_mpmd)
     if output:
-        write_document(result, output, protect=(model,))
+        request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
+                          memory_gib=memory_gib)
+        write_document(declare_plan(result, request), output, protect=(model, cluster))
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     print_plan(result)
     if output:
-        console.print(f"plan written to {output}")
+        console.print(f"HyperShard declaration written to {output}")
 
 
 def print_plan(r: dict) -> None:

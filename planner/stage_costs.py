@@ -66,7 +66,7 @@ def even_split(n_layers: int, n_chunks: int) -> tuple[int, ...]:
     return tuple(base + (1 if c >= n_chunks - extra else 0) for c in range(n_chunks))
 
 
-def _chunks(structure: Structure, n_chunks: int, sizes: tuple[int, ...] = ()) -> dict[str, int]:
+def assign_chunks(structure: Structure, n_chunks: int, sizes: tuple[int, ...] = ()) -> dict[str, int]:
     """Block name -> pipeline chunk: layers in graph order by `sizes`; other blocks go with their neighbours."""
     layers = [b for b in structure.blocks if b.is_layer]
     if len(layers) < n_chunks:
@@ -137,7 +137,7 @@ def stage_costs(
     core = facts.core
     grad = facts.grad if training else set()
     n_chunks = pp * strategy.vpp
-    chunk = _chunks(structure, n_chunks, strategy.stage_layers)
+    chunk = assign_chunks(structure, n_chunks, strategy.stage_layers)
     policy = _layer_policies(structure, chunk, strategy) if training else {}
     again = np.zeros(len(graph.nodes), dtype=np.int64)
     core_nodes = np.flatnonzero(facts.core_in_layer)

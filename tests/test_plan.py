@@ -96,7 +96,7 @@ def test_cli_plan_is_deterministic_and_writes_a_file(tmp_path):
     assert a.exit_code == 0, a.output
     assert a.output == b.output
     doc = json.loads(a.output)
-    assert (tmp_path / "p.yaml").read_text().startswith("cluster:")
+    assert (tmp_path / "p.yaml").read_text().startswith("hypershard: 1\n")  # the HyperShard declaration
     assert doc["strategy"]["summary"]
     human = runner.invoke(app, args[:-1], terminal_width=120)
     assert human.exit_code == 0 and "plan:" in human.output and "runners-up" in human.output

@@ -1,0 +1,55 @@
+"""`hyperplan validate FILE`: check a HyperShard declaration and re-estimate it; a table of checks, or JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from cli import options as opt
+from cli import render
+from cli.errors import guarded
+from cli.estimate_cmd import print_estimate
+from planner.hypershard.io import read_document
+from planner.hypershard.validate import validate_document
+
+console = Console(highlight=False, soft_wrap=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate_cmd)
+
+
+@guarded
+def validate_cmd(
+    file: Annotated[str, typer.Argument(help="A HyperShard declaration (.yaml, .yml or .json).", show_default=False)],
+    as_json: opt.Json = False,
+) -> None:
+    """Check a declaration against the schema, its model's tensors, the cluster's size and memory, and re-estimate it.
+
+    The re-estimate must equal the estimate the file records (what `hyperplan plan` printed). Exits 2 when a
+    check fails.
+
+    Example: hyperplan validate plan.yaml
+    """
+    doc = read_document(file)
+    with render.progress(f"validating {file} ..."):
+        report = validate_document(doc, os.path.basename(file), base_dir=os.path.dirname(os.path.abspath(file)))
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+    else:
+        console.print(f"[bold]{escape(file)}[/]")
+        for c in report.checks:
+            mark = "[green]  ok[/]" if c.ok else "[bold red]FAIL[/]"
+            console.print(f"{mark}  {c.name:<9} {escape(c.detail)}", soft_wrap=True)
+        for w in report.warnings:
+            console.print(f"[yellow]note:[/] {escape(w)}")
+        if report.estimate is not None:
+            print_estimate(report.estimate)
+        console.print("valid" if report.ok else "[bold red]not valid[/]")
+    if not report.ok:
+        raise typer.Exit(2)

@@ -1,0 +1,73 @@
+"""Exporters from a HyperShard declaration to execution frameworks, one module per target.
+
+Each module has `SUFFIX` (the output file's extension) and
+`render(doc, base_dir=...)`, returning Python source (str) or an ONNX
+model (bytes). Modules are imported on use: none of the frameworks is
+needed to export, only to run what is exported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from planner.errors import InvalidInput
+from planner.hypershard.io import umask
+
+#: Backend name (as `--backend` takes it) -> module under planner.hypershard.backends.
+BACKENDS: dict[str, str] = {
+    "hyper-parallel": "hyper_parallel",
+    "mindspore": "mindspore",
+    "torch": "torch",
+    "jax": "jax",
+    "onnx": "onnx",
+}
+
+
+def _module(backend: str) -> Any:
+    if backend not in BACKENDS:
+        raise InvalidInput(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    return importlib.import_module(f"planner.hypershard.backends.{BACKENDS[backend]}")
+
+
+def suffix(backend: str) -> str:
+    return _module(backend).SUFFIX
+
+
+def export(doc: Mapping[str, Any], backend: str, *, base_dir: str | None = None) -> str | bytes:
+    """The exported artefact: Python source, or a serialized ONNX model."""
+    return _module(backend).render(doc, base_dir=base_dir)
+
+
+def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: str | None = None,
+                   protect: tuple[str, ...] = ()) -> int:
+    """Write the export to `out` atomically (never over an input); returns the bytes written."""
+    want = suffix(backend)
+    target = Path(out)
+    if target.suffix.lower() != want:
+        raise InvalidInput(f"-o {out}: the {backend} backend writes a {want} file; name it like plan{want}")
+    for p in protect:
+        if p and os.path.exists(p) and target.exists() and os.path.samefile(p, target):
+            raise InvalidInput(f"-o {out} is an input of this command; write the export elsewhere")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.exists():
+        raise InvalidInput(f"-o {out}: folder {folder} does not exist")
+    data = export(doc, backend, base_dir=base_dir)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=".hyperplan-", suffix=want)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; give what open() would
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return len(raw)
+
+
+__all__ = ["BACKENDS", "export", "export_to_file", "suffix"]

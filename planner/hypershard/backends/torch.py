@@ -1,0 +1,325 @@
+"""Exporter to PyTorch: a DeviceMesh, a `parallelize_module` plan, checkpointing and FSDP2, in torchtitan's style.
+
+The generated file holds the declaration as data and applies it in
+torchtitan's fixed order (tensor parallel, then activation checkpointing,
+then FSDP). Tensor-parallel styles are chosen per module from its weight's
+declared layout and use: a linear split on its output features is
+ColwiseParallel, split on the features it sums over (`output_partial`)
+RowwiseParallel; an embedding split on the vocabulary is RowwiseParallel,
+on the hidden dim ColwiseParallel; under sequence parallelism norms on the
+residual stream are SequenceParallel and the stream stays a DTensor split
+by sequence (Korthikanti 2022). ZeRO-1/2 map to FSDP2 without resharding
+after forward, ZeRO-3 with it, ZeRO-0 to HSDP with one shard (plain data
+parallel); host offload to CPUOffloadPolicy. Layouts torch's styles cannot
+express (a split norm weight) are kept replicated and listed in the file.
+Expert parallelism has no generic torch style and is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from planner.errors import InvalidInput
+from planner.hypershard.backends import common
+from planner.hypershard.layouts import dim_axes
+
+SUFFIX = ".py"
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+_BODY = r'''
+def build_mesh(device_type="cuda"):
+    """The world mesh, slowest axis first; data parallel is split into replicate x shard axes as in torchtitan."""
+    return init_device_mesh(device_type, tuple(n for _, n in MESH), mesh_dim_names=tuple(a for a, _ in MESH))
+
+
+def _axes(spec):
+    return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+
+
+def _tp_dim(entry):
+    return next((d for d, spec in enumerate(entry["dims"]) if "tp" in _axes(spec)), None)
+
+
+def _seq_split(entry):
+    seen = entry.get("input") or []
+    return len(seen) > 1 and "tp" in _axes(seen[1])
+
+
+def _style(entry):
+    """The torch parallel style of a module whose weight has this declared layout (None: leave it replicated)."""
+    op, dim = entry["op"], _tp_dim(entry)
+    stream = Shard(1) if SEQUENCE_PARALLEL else Replicate()
+    arrives = Shard(1) if _seq_split(entry) else Replicate()
+    if op == "linear" and dim is not None:
+        if entry.get("output_partial"):
+            return RowwiseParallel(output_layouts=stream, use_local_output=not SEQUENCE_PARALLEL)
+        if entry.get("model_output"):
+            return ColwiseParallel(input_layouts=arrives, output_layouts=Replicate())
+        return ColwiseParallel(input_layouts=arrives)
+    if op == "embedding":
+        if dim == 0:
+            return RowwiseParallel(input_layouts=Replicate(), output_layouts=stream,
+                                   use_local_output=not SEQUENCE_PARALLEL)
+        if dim == 1:
+            return ColwiseParallel(input_layouts=Replicate(), output_layouts=stream,
+                                   use_local_output=not SEQUENCE_PARALLEL)
+        if SEQUENCE_PARALLEL:
+            return PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1),
+                                       use_local_output=False)
+    if op == "scale" and SEQUENCE_PARALLEL and _seq_split(entry):
+        return SequenceParallel()
+    return None
+
+
+def tp_plan(model):
+    """Module path -> parallel style for every module with a weight: torchtitan's plan, built from the layouts."""
+    plan = {}
+    for path, module in model.named_modules():
+        weight = module._parameters.get("weight") if path else None
+        if weight is None:
+            continue
+        entry = layout_of(f"{path}.weight")
+        style = _style(entry)
+        if style is not None:
+            _check(path, module, entry)
+            plan[path] = style
+    return plan
+
+
+def _check(path, module, entry):
+    """The styles assume torch's conventions: nn.Linear weights are [out, in], nn.Embedding's [vocab, dim]."""
+    dim = _tp_dim(entry)
+    if entry["op"] == "linear" and dim is not None:
+        want = 1 if entry.get("output_partial") else 0
+        if not isinstance(module, nn.Linear) or dim != want:
+            raise ValueError(f"{path} ({type(module).__name__}) is declared split on weight dim {dim}; torch's "
+                             f"Colwise/RowwiseParallel need an nn.Linear split on dim {want}")
+    if entry["op"] == "embedding" and dim is not None and not isinstance(module, nn.Embedding):
+        raise ValueError(f"{path} ({type(module).__name__}) is declared as a split embedding but is no nn.Embedding")
+
+
+def _matches(path, pattern):
+    return path.count(".") == pattern.count(".") and fnmatch.fnmatchcase(path, pattern)
+
+
+def _layers(model):
+    """The layers (modules the recompute rules name) that hold parameters on this rank."""
+    return [(path, m) for path, m in model.named_modules()
+            if path and _rule_of(path) is not None and any(True for _ in m.parameters())]
+
+
+def _rule_of(path):
+    """A layer's recompute rule: its exact entry, else the glob (of the same depth) that matches it."""
+    for rule in RECOMPUTE:
+        if rule["match"] == path:
+            return rule
+    return next((r for r in RECOMPUTE if any(c in r["match"] for c in "*?[") and _matches(path, r["match"])), None)
+
+
+def _replace(model, path, new):
+    parent, _, leaf = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, new)
+
+
+def _save_matmuls(ctx, op, *args, **kwargs):
+    """Selective recompute: keep matmul outputs, recompute the rest (the attention core, Korthikanti 2022)."""
+    keep = op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten._scaled_mm.default)
+    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class _Swap(nn.Module):
+    """Runs a layer with its saved activations kept in host memory (activation offload)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        with torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()):
+            return self.module(*args, **kwargs)
+
+
+def apply_recompute(model):
+    """Checkpoint or swap each layer as its recompute rule says (swap: the first share of the layers)."""
+    layers = _layers(model)
+    for k, (path, module) in enumerate(layers):
+        rule = _rule_of(path)
+        if rule["default"] == "recompute":
+            module = checkpoint_wrapper(module)
+        elif rule.get("ops", {}).get("core_attention") == "recompute":
+            module = checkpoint_wrapper(module, context_fn=partial(create_selective_checkpoint_contexts,
+                                                                   _save_matmuls))
+        if k < round(rule.get("swap_fraction", 0.0) * len(layers)):
+            module = _Swap(module)
+        _replace(model, path, module)
+    return model
+
+
+def _dp_mesh(mesh):
+    if ZERO["stage"] == 0:
+        return mesh[("dp_replicate", "dp_shard")]  # HSDP with one shard: plain data parallel
+    if dict(MESH)["cp"] > 1:
+        return mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
+    return mesh["dp_shard"]
+
+
+def apply_fsdp(model, mesh):
+    """FSDP2 on each layer and on the root, as the declaration's ZeRO stage and offload say."""
+    sizes = dict(MESH)
+    if sizes["dp_replicate"] * sizes["dp_shard"] * sizes["cp"] == 1:
+        return model
+    kwargs = {"mesh": _dp_mesh(mesh), "reshard_after_forward": ZERO["stage"] == 3}
+    if PARAM_DTYPE:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, PARAM_DTYPE), reduce_dtype=torch.float32)
+    if any(OFFLOAD[k] > 0 for k in ("params", "grads", "optimizer")):
+        kwargs["offload_policy"] = CPUOffloadPolicy()  # torch offloads all of them, not a fraction
+    for _, layer in _layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def parallelize(model, mesh):
+    """Apply the declaration: tensor parallel, then activation checkpointing, then FSDP (torchtitan's order)."""
+    if dict(MESH)["tp"] > 1:
+        parallelize_module(model, mesh["tp"], tp_plan(model))
+    apply_recompute(model)
+    return apply_fsdp(model, mesh)
+
+
+def batch_shard(mesh):
+    """(index, count): which slice of each global batch this rank reads (its data-parallel coordinate)."""
+    sizes = dict(MESH)
+    index = mesh["dp_replicate"].get_local_rank() * sizes["dp_shard"] + mesh["dp_shard"].get_local_rank()
+    return index, sizes["dp_replicate"] * sizes["dp_shard"]
+
+
+def context_parallel_context(mesh, buffers, seq_dims):
+    """The context manager that splits `buffers` by sequence over cp (torch's experimental context_parallel)."""
+    if dict(MESH)["cp"] == 1:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.experimental import context_parallel
+
+    return context_parallel(mesh["cp"], buffers=buffers, buffer_seq_dims=seq_dims)
+
+
+class _Chunk(nn.Module):
+    """One pipeline chunk of a Hugging Face *ForCausalLM: token ids in on the first, hidden states after."""
+
+    def __init__(self, model, first):
+        super().__init__()
+        self.model, self.first = model, first
+
+    def forward(self, x):
+        out = self.model(input_ids=x) if self.first else self.model(inputs_embeds=x)
+        return out.logits if hasattr(out, "logits") else out[0]
+
+
+class _Skip(nn.Module):
+    """Stands for a layer of another chunk: passes the hidden states through (names and indices stay)."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return hidden_states
+
+
+def chunk_model(model, chunk):
+    """A copy of `model` with only this chunk's layers; other chunks' embedding goes (None), their head too
+    (Identity), so parameter names stay those of the declaration."""
+    model = copy.deepcopy(model)
+    layers = [n for c in CHUNKS for n in c["layers"]]
+    for c, spec in enumerate(CHUNKS):
+        if c == chunk:
+            continue
+        for name in spec["layers"]:
+            _replace(model, name, _Skip())
+        for path in spec["blocks"]:
+            if any(n.startswith(path + ".") for n in layers) or not _has_params(model, path):
+                continue
+            _replace(model, path, None if c == 0 else nn.Identity())
+    return model
+
+
+def _has_params(model, path):
+    try:
+        return any(True for _ in model.get_submodule(path).parameters())
+    except AttributeError:
+        return False
+
+
+def pipeline_schedule(model, mesh, device, loss_fn):
+    """This rank's PipelineStage(s), each chunk parallelized as declared, and the declared schedule."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    pp = dict(MESH)["pp"]
+    stages = []
+    for c in range(mesh["pp"].get_local_rank(), len(CHUNKS), pp):
+        inner = parallelize(chunk_model(model, c), mesh)
+        stages.append(PipelineStage(_Chunk(inner, c == 0), c, len(CHUNKS), device, group=mesh["pp"].get_group()))
+    if len(stages) > 1:
+        return stages, ScheduleInterleaved1F1B(stages, n_microbatches=MICRO_BATCHES, loss_fn=loss_fn)
+    kind = ScheduleGPipe if SCHEDULE == "gpipe" else Schedule1F1B
+    return stages, kind(stages[0], n_microbatches=MICRO_BATCHES, loss_fn=loss_fn)
+'''
+
+
+def _mesh(doc: Mapping[str, Any]) -> list[tuple[str, int]]:
+    sizes = common.axis_sizes(doc)
+    dp = sizes.get("dp", 1)
+    zero0 = doc["zero"]["stage"] == 0
+    return [("pp", sizes.get("pp", 1)), ("dp_replicate", dp if zero0 else 1), ("dp_shard", 1 if zero0 else dp),
+            ("cp", sizes.get("cp", 1)), ("tp", sizes.get("tp", 1))]
+
+
+def _not_expressed(doc: Mapping[str, Any]) -> list[str]:
+    """Declared layouts the styles cannot apply: splits of other ops than linear and embedding."""
+    out = []
+    for pattern, e in doc["layouts"]["params"].items():
+        split = [d for d, spec in enumerate(e["dims"]) if "tp" in dim_axes(spec)]
+        if split and e.get("op") not in ("linear", "embedding") and not pattern.endswith(".bias"):
+            out.append(pattern)
+    return out
+
+
+def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
+    """The Python source of the torch plan."""
+    sizes = common.axis_sizes(doc)
+    if sizes.get("ep", 1) > 1:
+        raise InvalidInput(f"the torch backend has no generic expert-parallel style (ep={sizes['ep']}); export with "
+                           "--backend jax, mindspore or hyper-parallel, or plan with ep 1")
+    chunks = sorted((ch for st in doc["programs"][0]["stages"] for ch in st["chunks"]), key=lambda c: c["chunk"])
+    prog = doc["programs"][0]
+    data = [
+        ("MESH", _mesh(doc), "(axis, size), slowest first: rank = ((((pp x DR + dr) x DS + ds) x CP + cp) x TP + tp"),
+        ("SEQUENCE_PARALLEL", bool(doc["layouts"]["sequence_parallel"]), None),
+        ("LAYOUTS", common.layouts(doc), "parameter name or glob -> declared layout (per dim: axis, axes or None)"),
+        ("NOT_EXPRESSED", _not_expressed(doc), "declared splits torch's parallel styles cannot apply: kept replicated"),
+        ("ZERO", doc["zero"], None),
+        ("RECOMPUTE", doc["recompute"].get("layers", []), "per layer stack: save / recompute / swap"),
+        ("OFFLOAD", doc["offload"], "fraction of each memory class kept in host memory"),
+        ("PARAM_DTYPE", _DTYPES.get(doc["workload"]["dtype"]), "FSDP mixed precision (None: keep the model's)"),
+        ("CHUNKS", [{"layers": c["layers"], "blocks": c.get("blocks", [])} for c in chunks],
+         "pipeline chunks in order; chunk c runs on stage c mod pp"),
+        ("SCHEDULE", prog["schedule"], None),
+        ("MICRO_BATCH_SIZE", prog["micro_batch_size"], None),
+        ("MICRO_BATCHES", prog.get("micro_batches", 1), "per step and pipeline"),
+    ]
+    lines = ['"""' + common.header(doc, "PyTorch plan (DTensor, FSDP2)") + "\n\nApply inside an initialised "
+             "process group:\n\n    mesh = build_mesh(\"cuda\")\n    model = parallelize(model, mesh)\n"
+             "    index, count = batch_shard(mesh)   # this rank reads batch slice `index` of `count`\n\n"
+             "With pipeline stages: `pipeline_schedule(model, mesh, device, loss_fn)`.\n\"\"\"", "",
+             "from __future__ import annotations", "", "import contextlib", "import copy", "import fnmatch",
+             "from functools import partial", "", "import torch", "from torch import nn",
+             "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper",
+             "from torch.distributed.device_mesh import init_device_mesh",
+             "from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard",
+             "from torch.distributed.tensor import Replicate, Shard",
+             "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,",
+             "                                               SequenceParallel, parallelize_module)",
+             "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts", ""]
+    for name, value, note in data:
+        if note:
+            lines.append(f"# {note}")
+        lines.append(f"{name} = {common.literal(value)}")
+    lines += ["", "", common.RESOLVER_SRC, "", _BODY.strip("\n"), ""]
+    return "\n".join(lines)

@@ -1,0 +1,177 @@
+"""Reading and writing declarations: YAML or JSON by extension, atomically, with one-sentence errors.
+
+A malformed file is the user's input, so every failure is an `InvalidInput`
+naming the file and the field (`meshes[0].axes[1].size must be an integer,
+got 'four'`), checked against the JSON Schema shipped beside this module.
+Writing keeps the document's own key order (it reads top-down: model,
+cluster, mesh, programs, layouts, ..., estimate) and short lists of scalars
+on one line (`dims: [tp, null]`), so the same plan gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from planner.errors import InvalidInput
+
+SUFFIXES = (".yaml", ".yml", ".json")
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, except flat lists of scalars (layouts, levels), which read best on one line."""
+
+
+def _scalar_or_axes(x: Any) -> bool:
+    return x is None or isinstance(x, (str, int, float, bool)) or (isinstance(x, list) and all(isinstance(y, str) for y in x))
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    names = all(isinstance(x, str) for x in data)  # layer lists: one wrapped line rather than one per layer
+    flow = bool(data) and (names or (len(data) <= 8 and all(_scalar_or_axes(x) for x in data)))
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _represent_list)
+_Dumper.add_representer(tuple, _represent_list)
+
+
+def dumps(doc: Mapping[str, Any], suffix: str) -> str:
+    """The document's text in the format of `suffix` (.json, else YAML)."""
+    if suffix.lower() == ".json":
+        return json.dumps(doc, indent=2) + "\n"
+    return yaml.dump(dict(doc), Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
+                     width=120)
+
+
+def write_document(doc: Mapping[str, Any], path: str, protect: tuple[str, ...] = ()) -> None:
+    """Write YAML or JSON by extension, atomically, never over one of the inputs (`protect`)."""
+    target = Path(path)
+    if target.suffix.lower() not in SUFFIXES:
+        raise InvalidInput(f"-o {path}: use a .yaml, .yml or .json file name")
+    for p in protect:
+        if p and os.path.exists(p) and target.exists() and os.path.samefile(p, target):
+            raise InvalidInput(f"-o {path} is an input of this command; write the output elsewhere")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.exists():
+        raise InvalidInput(f"-o {path}: folder {folder} does not exist")
+    text = dumps(doc, target.suffix)
+    fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=".hyperplan-", suffix=target.suffix)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; give what open() would
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def read_document(path: str) -> dict[str, Any]:
+    """Load and schema-check a declaration; InvalidInput with the file and field for anything wrong."""
+    p = Path(path)
+    if p.suffix.lower() not in SUFFIXES:
+        raise InvalidInput(f"{path}: a declaration is a .yaml, .yml or .json file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidInput(f"declaration file '{path}' does not exist; check the path") from None
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{path}: not a UTF-8 text file; give a YAML or JSON declaration") from None
+    except OSError as exc:
+        raise InvalidInput(f"cannot read '{path}' ({exc.strerror or exc}); check the path") from None
+    doc = parse(text, p.name, json_format=p.suffix.lower() == ".json")
+    check_schema(doc, p.name)
+    return doc
+
+
+def parse(text: str, name: str, *, json_format: bool) -> dict[str, Any]:
+    if json_format:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"{name}: not valid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}); "
+                               "fix the syntax") from None
+    else:
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            why = getattr(exc, "problem", None) or "syntax error"
+            raise InvalidInput(f"{name}: not valid YAML{where} ({why}); fix the syntax") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"{name}: a declaration is a mapping with keys like hypershard, model, meshes; "
+                           f"this file holds {type(doc).__name__ if doc is not None else 'nothing'}")
+    return doc
+
+
+@functools.lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    """The JSON Schema of a declaration (shipped as package data)."""
+    return json.loads(resources.files("planner.hypershard").joinpath("schema.json").read_text(encoding="utf-8"))
+
+
+def _field(path: Any) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _reason(err: Any) -> str:
+    v, kind = err.validator, err.validator_value
+    got = json.dumps(err.instance)[:60] if not isinstance(err.instance, (dict, list)) else type(err.instance).__name__
+    if v == "type":
+        kinds = kind if isinstance(kind, list) else [kind]
+        return f"must be {' or '.join(kinds)}, got {got}"
+    if v == "enum":
+        return f"must be one of {', '.join(json.dumps(k) for k in kind)}, got {got}"
+    if v == "const":
+        return f"must be {json.dumps(kind)}, got {got}"
+    if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        return f"must be {'at least' if 'inimum' in v else 'at most'} {kind}, got {got}"
+    if v == "required":
+        missing = [k for k in kind if isinstance(err.instance, dict) and k not in err.instance]
+        return f"is missing {', '.join(repr(k) for k in missing)}"
+    if v == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        return f"has unknown key {', '.join(repr(k) for k in extra)}"
+    if v in ("minItems", "maxItems"):
+        return f"must have {'at least' if v == 'minItems' else 'at most'} {kind} items"
+    if v == "pattern":
+        return f"must match {kind}, got {got}"
+    return err.message
+
+
+def check_schema(doc: Mapping[str, Any], name: str) -> None:
+    """InvalidInput naming the first field (in document order) that breaks the schema."""
+    try:
+        import jsonschema
+        from jsonschema.exceptions import best_match
+    except ImportError:
+        raise InvalidInput("checking a declaration needs the jsonschema package; install it with "
+                           "`pip install jsonschema`") from None
+
+    version = doc.get("hypershard")
+    if version is not None and version != schema()["properties"]["hypershard"]["const"]:
+        raise InvalidInput(f"{name} declares format version {version!r}; this hyperplan reads version "
+                           f"{schema()['properties']['hypershard']['const']} (re-plan with this version)")
+    err = best_match(jsonschema.Draft202012Validator(schema()).iter_errors(doc))
+    if err is not None:
+        raise InvalidInput(f"{name}: field '{_field(err.absolute_path)}' {_reason(err)}; "
+                           "fix it (the HyperShard schema is planner/hypershard/schema.json)")

@@ -1,0 +1,81 @@
+"""The CLI around declarations: plan -o, validate, export, estimate --plan; errors are one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cli.app import app
+
+runner = CliRunner()
+MODEL = ["gpt", "--layers", "2", "--hidden", "512", "--heads", "8"]
+WHERE = ["--cluster", "dgx-a100", "--devices", "8", "--global-batch", "32", "--seq-len", "512"]
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli")
+    r = runner.invoke(app, ["plan", *MODEL, *WHERE, "--json", "-o", str(folder / "plan.yaml")])
+    assert r.exit_code == 0, r.output
+    return folder, json.loads(r.output)
+
+
+def test_plan_writes_a_declaration_that_validates_to_its_numbers(planned):
+    folder, plan = planned
+    r = runner.invoke(app, ["validate", str(folder / "plan.yaml"), "--json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    assert report["ok"] and report["estimate"]["step_time_s"] == plan["estimate"]["step_time_s"]
+    human = runner.invoke(app, ["validate", str(folder / "plan.yaml")], terminal_width=120)
+    assert human.exit_code == 0 and "valid" in human.output and "equal to the recorded estimate" in human.output
+
+
+def test_estimate_with_plan_scores_the_file(planned):
+    folder, plan = planned
+    r = runner.invoke(app, ["estimate", "gpt", "--plan", str(folder / "plan.yaml"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["step_time_s"] == plan["estimate"]["step_time_s"]
+    clash = runner.invoke(app, ["estimate", "gpt", "--plan", str(folder / "plan.yaml"), "--tp", "2"])
+    assert clash.exit_code == 2 and "--tp and --plan both set the strategy" in clash.output
+    missing = runner.invoke(app, ["estimate", "gpt", "--cluster", "dgx-a100"])
+    assert missing.exit_code == 2 and "--global-batch, --seq-len are needed" in missing.output
+
+
+def test_an_edited_file_fails_validation_but_is_scored(planned, tmp_path):
+    folder, plan = planned
+    doc = yaml.safe_load((folder / "plan.yaml").read_text())
+    doc["programs"][0]["micro_batch_size"] = 1
+    doc["programs"][0]["micro_batches"] = plan["workload"]["global_batch"] // plan["strategy"]["dp"]
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(doc))
+    r = runner.invoke(app, ["validate", str(tmp_path / "edited.yaml")], terminal_width=200)
+    assert r.exit_code == 2 and "FAIL" in r.output and "not valid" in r.output
+    scored = runner.invoke(app, ["estimate", "gpt", "--plan", str(tmp_path / "edited.yaml"), "--json"])
+    assert scored.exit_code == 0 and json.loads(scored.output)["strategy"]["micro_batch"] == 1
+
+
+@pytest.mark.parametrize("backend, name", [("torch", "p.py"), ("jax", "p.py"), ("mindspore", "p.py"),
+                                           ("hyper-parallel", "p.py"), ("onnx", "p.onnx")])
+def test_export_writes_each_backend(planned, tmp_path, backend, name):
+    folder, _ = planned
+    r = runner.invoke(app, ["export", str(folder / "plan.yaml"), "--backend", backend, "-o", str(tmp_path / name)])
+    assert r.exit_code == 0, r.output
+    assert f"{backend} export written" in r.output and (tmp_path / name).stat().st_size > 1000
+
+
+def test_errors_are_one_line(planned, tmp_path):
+    folder, _ = planned
+    (tmp_path / "bad.yaml").write_text("hypershard: 2\n")
+    cases = [
+        (["validate", str(tmp_path / "bad.yaml")], "declares format version 2; this hyperplan reads version 1"),
+        (["validate", str(tmp_path / "none.yaml")], "does not exist"),
+        (["export", str(folder / "plan.yaml"), "--backend", "caffe", "-o", str(tmp_path / "x.py")], "unknown backend"),
+        (["export", str(folder / "plan.yaml"), "--backend", "torch", "-o", str(folder / "plan.yaml")], "writes a .py"),
+    ]
+    for args, message in cases:
+        r = runner.invoke(app, args, terminal_width=300)
+        assert r.exit_code == 2, r.output
+        assert message in r.output and "Traceback" not in r.output
+        assert len(r.output.strip().splitlines()) == 1
