@@ -31,7 +31,7 @@ def plan_cmd(
     global_batch: opt.GlobalBatch,
     seq_len: opt.RequiredSeqLen,
     devices: opt.Devices = None,
-    mode: Annotated[str, typer.Option("--mode", help="train (inference planning: see --help of a later version).")] = "train",
+    mode: Annotated[str, typer.Option("--mode", help="What to plan: train. (Inference planning, prefill and decode, is not available yet.)")] = "train",
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds the search may take; the best plan so "
                                                                    "far is returned when it runs out.")] = 60.0,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the HyperShard declaration to a "
