@@ -64,6 +64,8 @@ def export_cmd(
     experts: Annotated[Optional[int], typer.Option(help="Routed experts.")] = None,
     top_k: Annotated[Optional[int], typer.Option("--top-k", help="Experts per token.")] = None,
     batch: Annotated[Optional[int], typer.Option(help="Batch size of the graph.")] = None,
+    flat: Annotated[bool, typer.Option("--flat", help="Write every layer's nodes out instead of one local "
+                                       "function per layer type (a plain graph, about 10x larger).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Write the preset's weightless graph (load it with onnx.load(path, load_external_data=False))."""
@@ -73,7 +75,7 @@ def export_cmd(
                      ffn=ffn, experts=experts, top_k=top_k, batch=batch)
     overrides = {k: v for k, v in overrides.items() if v is not None}
     try:
-        model = models_zoo.build(name, **overrides)
+        model = models_zoo.build(name, flat=flat, **overrides)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     data = model.SerializeToString()
@@ -82,10 +84,11 @@ def export_cmd(
     except OSError as exc:
         raise InvalidInput(f"cannot write {output}: {exc.strerror}; choose another path.") from None
     meta = {p.key: p.value for p in model.metadata_props}
+    shared = f" in {len(model.functions)} layer function(s)" if model.functions else ""
     console.print(
         f"wrote {output}: {name}, {_human(int(meta['hyperplan.params']))} parameters "
-        f"({_human(int(meta['hyperplan.active_params']))} active), {len(model.graph.node)} nodes, "
-        f"{len(data) / 1e6:.2f} MB"
+        f"({_human(int(meta['hyperplan.active_params']))} active), {models_zoo.inlined_node_count(model)} nodes"
+        f"{shared}, {len(data) / 1e3:.0f} KB"
     )
 
 

@@ -6,7 +6,8 @@
 
 Graphs hold no weights: parameters are initializers with external data at
 ``#weightless`` (see `graph_builder`); read a saved one with
-``onnx.load(path, load_external_data=False)``. Summing initializer dims
+``onnx.load(path, load_external_data=False)``. Repeated layers are
+model-local functions unless ``build(..., flat=True)``. Summing initializer dims
 gives the parameter count; ``model.metadata_props`` carries
 ``hyperplan.family``, ``hyperplan.preset``, ``hyperplan.config`` (JSON),
 ``hyperplan.params`` and ``hyperplan.active_params``.
@@ -26,12 +27,13 @@ from onnx import ModelProto
 from models_zoo import deepseek, gpt, llama, multimodal, vision
 from models_zoo.common import require, with_overrides
 from models_zoo.graph_builder import WEIGHTLESS_LOCATION, materialize
+from models_zoo.layer_functions import inlined_node_count
 from models_zoo.multimodal import MultimodalConfig
 from models_zoo.presets import BY_NAME, PRESETS, Preset
 
 __all__ = [
-    "PresetInfo", "WEIGHTLESS_LOCATION", "build", "config", "is_zoo_name", "materialize", "names", "param_counts",
-    "presets",
+    "PresetInfo", "WEIGHTLESS_LOCATION", "build", "config", "inlined_node_count", "is_zoo_name", "materialize", "names",
+    "param_counts", "presets",
 ]
 
 _FAMILIES: dict[str, tuple[Callable[..., ModelProto], Callable[[Any], tuple[int, int]]]] = {
@@ -89,10 +91,18 @@ def config(name: str, **overrides: Any) -> Any:
     return cfg
 
 
-def build(name: str, **overrides: Any) -> ModelProto:
-    """The weightless graph of preset `name` with `overrides` (e.g. layers=2, seq_len=512, batch=4)."""
+def build(name: str, *, flat: bool = False, **overrides: Any) -> ModelProto:
+    """The weightless graph of preset `name` with `overrides` (e.g. layers=2, seq_len=512, batch=4).
+
+    Each repeated layer is a model-local function called once per layer
+    (`layer_functions`: a few hundred KB for 671B parameters); `flat=True`
+    gives the same graph with every layer's nodes written out (what a
+    consumer that annotates nodes one by one needs). Both import, run in
+    onnxruntime and cost the same.
+    """
     preset = _preset(name)
-    return _FAMILIES[preset.family][0](config(name, **overrides), preset.family, preset.name)
+    require(isinstance(flat, bool), f"flat must be True or False, got {flat!r}.")
+    return _FAMILIES[preset.family][0](config(name, **overrides), preset.family, preset.name, flat=flat)
 
 
 def param_counts(name: str, **overrides: Any) -> tuple[int, int]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from models_zoo.common import check_divides, check_dtype, check_positive, require
 from models_zoo.graph_builder import GraphBuilder
+from models_zoo.layer_functions import call_layer
 from models_zoo.layers import gelu, layer_norm, linear, merge_heads, sdpa, split_heads
 
 
@@ -63,9 +64,24 @@ def param_counts(cfg: AudioConfig) -> int:
     return stem + cfg.layers * layer + 2 * d + proj
 
 
+def _layer(b: GraphBuilder, cfg: AudioConfig, h: str) -> str:
+    """One pre-LayerNorm encoder layer in the current ``layers.N`` scope (HF ``WhisperEncoderLayer``)."""
+    B, d, T, n = cfg.batch, cfg.hidden, cfg.positions, cfg.heads
+    x = layer_norm(b, h, d, "self_attn_layer_norm", cfg.norm_eps)
+    with b.scope("self_attn"):
+        q = split_heads(b, linear(b, x, d, d, "q_proj", bias=True), B, T, n, d // n)
+        k = split_heads(b, linear(b, x, d, d, "k_proj"), B, T, n, d // n)
+        v = split_heads(b, linear(b, x, d, d, "v_proj", bias=True), B, T, n, d // n)
+        o = merge_heads(b, sdpa(b, q, k, v, 1.0 / math.sqrt(d // n), None), B, T, d)
+        h = b.op("Add", [h, linear(b, o, d, d, "out_proj", bias=True)])
+    x = layer_norm(b, h, d, "final_layer_norm", cfg.norm_eps)
+    y = linear(b, gelu(b, linear(b, x, d, cfg.ffn, "fc1", bias=True)), cfg.ffn, d, "fc2", bias=True)
+    return b.op("Add", [h, y])
+
+
 def tower(b: GraphBuilder, cfg: AudioConfig, features: str) -> str:
     """input_features [B, mel, frames] -> [B, tokens, out_dim or hidden], in the current scope."""
-    B, d, T, n = cfg.batch, cfg.hidden, cfg.positions, cfg.heads
+    d, T = cfg.hidden, cfg.positions
     with b.scope("conv1"):
         x = b.op("Conv", [features, b.param("weight", [d, cfg.mel_bins, 3]), b.param("bias", [d])],
                  kernel_shape=[3], pads=[1, 1])
@@ -80,17 +96,8 @@ def tower(b: GraphBuilder, cfg: AudioConfig, features: str) -> str:
             pos = b.op("Slice", [pos, b.const([0]), b.const([T]), b.const([0])])
     h = b.op("Add", [x, pos])
     for i in range(cfg.layers):
-        with b.scope(f"layers.{i}"):
-            x = layer_norm(b, h, d, "self_attn_layer_norm", cfg.norm_eps)
-            with b.scope("self_attn"):
-                q = split_heads(b, linear(b, x, d, d, "q_proj", bias=True), B, T, n, d // n)
-                k = split_heads(b, linear(b, x, d, d, "k_proj"), B, T, n, d // n)
-                v = split_heads(b, linear(b, x, d, d, "v_proj", bias=True), B, T, n, d // n)
-                o = merge_heads(b, sdpa(b, q, k, v, 1.0 / math.sqrt(d // n), None), B, T, d)
-                h = b.op("Add", [h, linear(b, o, d, d, "out_proj", bias=True)])
-            x = layer_norm(b, h, d, "final_layer_norm", cfg.norm_eps)
-            y = linear(b, gelu(b, linear(b, x, d, cfg.ffn, "fc1", bias=True)), cfg.ffn, d, "fc2", bias=True)
-            h = b.op("Add", [h, y])
+        h = call_layer(b, "WhisperEncoderLayer", f"layers.{i}", lambda lb, x: _layer(lb, cfg, x),
+                       {"hidden_states": h})
     if cfg.pool > 1:
         with b.scope("avg_pooler"):
             h = b.op("Transpose", [h], perm=[0, 2, 1])

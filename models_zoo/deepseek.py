@@ -27,6 +27,7 @@ from onnx import ModelProto, TensorProto
 
 from models_zoo.common import check_dtype, check_positive, finish, require
 from models_zoo.graph_builder import GraphBuilder
+from models_zoo.layer_functions import call_layer
 from models_zoo.layers import (
     apply_rope,
     causal_mask,
@@ -153,10 +154,25 @@ def moe_mlp(b: GraphBuilder, cfg: DeepseekConfig, x: str, seq: int) -> str:
     return reshape(b, y, [B, seq, H])
 
 
-def build(cfg: DeepseekConfig, family: str = "deepseek", preset: str = "") -> ModelProto:
-    """``input_ids`` [B, S] int64 -> ``logits`` [B, S, V]."""
+def decoder_layer(b: GraphBuilder, cfg: DeepseekConfig, h: str, cos: str, sin: str, mask: str, moe: bool) -> str:
+    """One pre-norm block in the current ``layers.N`` scope: MLA, then a dense or an MoE MLP."""
+    H, S = cfg.hidden, cfg.seq_len
+    x = rms_norm(b, h, H, "input_layernorm", cfg.norm_eps)
+    with b.scope("self_attn"):
+        h = b.op("Add", [h, mla(b, cfg, x, S, cos, sin, mask)])
+    x = rms_norm(b, h, H, "post_attention_layernorm", cfg.norm_eps)
+    if moe:
+        with b.scope("mlp"):
+            y = moe_mlp(b, cfg, x, S)
+    else:
+        y = gated_mlp(b, x, H, cfg.ffn, "mlp")
+    return b.op("Add", [h, y])
+
+
+def build(cfg: DeepseekConfig, family: str = "deepseek", preset: str = "", flat: bool = False) -> ModelProto:
+    """``input_ids`` [B, S] int64 -> ``logits`` [B, S, V]; layers as functions unless `flat`."""
     cfg.validate()
-    b = GraphBuilder(preset or family, cfg.dtype)
+    b = GraphBuilder(preset or family, cfg.dtype, flat=flat)
     B, S, H = cfg.batch, cfg.seq_len, cfg.hidden
     ids = b.input("input_ids", TensorProto.INT64, [B, S])
     with b.scope("model"):
@@ -166,17 +182,12 @@ def build(cfg: DeepseekConfig, family: str = "deepseek", preset: str = "") -> Mo
             cos, sin = rope_tables(b, S, cfg.qk_rope_dim, cfg.rope_theta)
         mask = causal_mask(b, S)
         for i in range(cfg.layers):
-            with b.scope(f"layers.{i}"):
-                x = rms_norm(b, h, H, "input_layernorm", cfg.norm_eps)
-                with b.scope("self_attn"):
-                    h = b.op("Add", [h, mla(b, cfg, x, S, cos, sin, mask)])
-                x = rms_norm(b, h, H, "post_attention_layernorm", cfg.norm_eps)
-                if i < cfg.dense_layers:
-                    y = gated_mlp(b, x, H, cfg.ffn, "mlp")
-                else:
-                    with b.scope("mlp"):
-                        y = moe_mlp(b, cfg, x, S)
-                h = b.op("Add", [h, y])
+            moe = i >= cfg.dense_layers
+            h = call_layer(
+                b, "DeepseekV3MoeLayer" if moe else "DeepseekV3DenseLayer", f"layers.{i}",
+                lambda lb, x, c, s, m, moe=moe: decoder_layer(lb, cfg, x, c, s, m, moe),
+                {"hidden_states": h, "cos": cos, "sin": sin, "attention_mask": mask},
+            )
         h = rms_norm(b, h, H, "norm", cfg.norm_eps)
     logits = linear(b, h, H, cfg.vocab, "lm_head")
     b.output(logits, "logits", b.elem, [B, S, cfg.vocab])

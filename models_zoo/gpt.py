@@ -23,6 +23,7 @@ from onnx import ModelProto, TensorProto
 
 from models_zoo.common import check_divides, check_dtype, check_positive, finish, require
 from models_zoo.graph_builder import GraphBuilder
+from models_zoo.layer_functions import call_layer
 from models_zoo.layers import causal_mask, conv1d_linear, drop, gelu, layer_norm, linear, merge_heads, sdpa, split_heads
 
 
@@ -78,11 +79,27 @@ def param_counts(cfg: GptConfig) -> tuple[int, int]:
     return total, total
 
 
-def build(cfg: GptConfig, family: str = "gpt", preset: str = "") -> ModelProto:
-    """``input_ids`` [B, S] int64 -> ``logits`` [B, S, V]."""
-    cfg.validate()
-    b = GraphBuilder(preset or family, cfg.dtype)
+def block(b: GraphBuilder, cfg: GptConfig, h: str, mask: str) -> str:
+    """One pre-LayerNorm block in the current ``h.N`` scope (HF ``GPT2Block``)."""
     B, S, H, a = cfg.batch, cfg.seq_len, cfg.hidden, cfg.heads * cfg.hd
+    x = layer_norm(b, h, H, "ln_1", cfg.norm_eps)
+    with b.scope("attn"):
+        qkv = conv1d_linear(b, x, H, 3 * a, "c_attn")
+        q, k, v = b.op("Split", [qkv, b.const([a, a, a])], n_out=3, axis=-1)
+        q, k, v = (split_heads(b, t, B, S, cfg.heads, cfg.hd) for t in (q, k, v))
+        o = merge_heads(b, sdpa(b, q, k, v, 1.0 / math.sqrt(cfg.hd), mask, cfg.dropout), B, S, a)
+        h = b.op("Add", [h, drop(b, conv1d_linear(b, o, a, H, "c_proj"), cfg.dropout)])
+    x = layer_norm(b, h, H, "ln_2", cfg.norm_eps)
+    with b.scope("mlp"):
+        y = gelu(b, conv1d_linear(b, x, H, cfg.width, "c_fc"), tanh=True)
+        return b.op("Add", [h, drop(b, conv1d_linear(b, y, cfg.width, H, "c_proj"), cfg.dropout)])
+
+
+def build(cfg: GptConfig, family: str = "gpt", preset: str = "", flat: bool = False) -> ModelProto:
+    """``input_ids`` [B, S] int64 -> ``logits`` [B, S, V]; layers as functions unless `flat`."""
+    cfg.validate()
+    b = GraphBuilder(preset or family, cfg.dtype, flat=flat)
+    B, S, H = cfg.batch, cfg.seq_len, cfg.hidden
     ids = b.input("input_ids", TensorProto.INT64, [B, S])
     with b.scope("transformer"):
         with b.scope("wte"):
@@ -95,18 +112,8 @@ def build(cfg: GptConfig, family: str = "gpt", preset: str = "") -> ModelProto:
             h = drop(b, b.op("Add", [h, pos]), cfg.dropout)
         mask = causal_mask(b, S)
         for i in range(cfg.layers):
-            with b.scope(f"h.{i}"):
-                x = layer_norm(b, h, H, "ln_1", cfg.norm_eps)
-                with b.scope("attn"):
-                    qkv = conv1d_linear(b, x, H, 3 * a, "c_attn")
-                    q, k, v = b.op("Split", [qkv, b.const([a, a, a])], n_out=3, axis=-1)
-                    q, k, v = (split_heads(b, t, B, S, cfg.heads, cfg.hd) for t in (q, k, v))
-                    o = merge_heads(b, sdpa(b, q, k, v, 1.0 / math.sqrt(cfg.hd), mask, cfg.dropout), B, S, a)
-                    h = b.op("Add", [h, drop(b, conv1d_linear(b, o, a, H, "c_proj"), cfg.dropout)])
-                x = layer_norm(b, h, H, "ln_2", cfg.norm_eps)
-                with b.scope("mlp"):
-                    y = gelu(b, conv1d_linear(b, x, H, cfg.width, "c_fc"), tanh=True)
-                    h = b.op("Add", [h, drop(b, conv1d_linear(b, y, cfg.width, H, "c_proj"), cfg.dropout)])
+            h = call_layer(b, "GPT2Block", f"h.{i}", lambda lb, x, m: block(lb, cfg, x, m),
+                           {"hidden_states": h, "attention_mask": mask})
         h = layer_norm(b, h, H, "ln_f", cfg.norm_eps)
     if cfg.tie_embeddings:  # GPT-2 ties lm_head to wte: no parameter of its own
         with b.scope("lm_head"):

@@ -1,9 +1,10 @@
 """Emit an ONNX graph the way PyTorch's exporter would, without any weights.
 
 Why a builder of our own: the zoo's graphs must be small (a 671B model in
-well under a few MB) and fast to build (< 2 s), so parameters are
-*weightless* initializers (external data at a location that names no file)
-and every op is appended straight to protobuf lists.
+a few hundred KB) and fast to build (< 2 s), so parameters are
+*weightless* initializers (external data at a location that names no file),
+repeated layers can be local functions, and every op is appended straight
+to protobuf lists.
 
 Conventions the rest of hyperplan relies on:
 
@@ -17,6 +18,11 @@ Conventions the rest of hyperplan relies on:
   (``/model/layers.0/self_attn/q_proj/MatMul``) and carries the metadata
   key ``pkg.torch.onnx.name_scopes`` in the format of torch's dynamo exporter
   (``"['', 'model', 'model.layers.0', ..., 'matmul_12']"``);
+- with ``flat=False`` each repeated layer is one model-local function
+  (`layer_functions`) called once per layer: body nodes are named relative
+  to the layer (``/self_attn/q_proj/MatMul``) without metadata, the call
+  sits in the layer's scope, so an importer that inlines gets the same
+  names and scopes back;
 - weightless initializers use ``data_location=EXTERNAL`` with location
   ``#weightless``. onnx.checker does not look for a file when the location
   starts with ``#`` and no model path is given; a saved zoo file must
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from onnx import ModelProto, StringStringEntryProto, TensorProto, helper
@@ -38,6 +45,8 @@ WEIGHTLESS_LOCATION = "#weightless"
 OPSET = 22
 IR_VERSION = 10
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+#: Domain of the zoo's layer functions (model-local, version 1).
+FUNCTION_DOMAIN = "hyperplan.zoo"
 
 DTYPES: dict[str, int] = {
     "float32": TensorProto.FLOAT,
@@ -65,13 +74,18 @@ class GraphBuilder:
     returns its output names.
     """
 
-    def __init__(self, name: str, dtype: str) -> None:
+    def __init__(self, name: str, dtype: str, *, flat: bool = True) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(sorted(DTYPES))}.")
         self.name = name
         self.dtype = dtype
         self.elem = DTYPES[dtype]
+        self.flat = flat
         self.graph = helper.make_graph([], name, [], [])
+        #: Layer functions defined so far, by name (`layer_functions.LayerFunction`), in definition order.
+        self.functions: dict[str, Any] = {}
+        #: In a function body: the parameters it takes as inputs, (relative name, shape); None in a graph.
+        self.body_params: list[tuple[str, tuple[int, ...]]] | None = None
         self._scope: list[str] = []
         self._scope_info: tuple[str, str, list[str]] = ("", "", [""])
         self._op_counts: dict[tuple[str, str], int] = {}
@@ -112,8 +126,15 @@ class GraphBuilder:
         self.graph.output.append(helper.make_tensor_value_info(name, elem, list(shape)))
 
     def param(self, suffix: str, shape: Sequence[int]) -> str:
-        """Declare a weightless parameter `<module path>.<suffix>` of the model dtype."""
+        """Declare a weightless parameter `<module path>.<suffix>` of the model dtype.
+
+        In a function body the parameter is a function input of that
+        (layer-relative) name instead; each call declares the real one.
+        """
         full = f"{self.module_path}.{suffix}" if self.module_path else suffix
+        if self.body_params is not None:
+            self.body_params.append((full, tuple(int(d) for d in shape)))
+            return full
         t = self.graph.initializer.add()
         t.name = full
         t.data_type = self.elem
@@ -134,9 +155,14 @@ class GraphBuilder:
         inputs: Sequence[str],
         n_out: int = 1,
         outputs: Sequence[str] | None = None,
+        domain: str = "",
         **attrs: object,
     ) -> str | list[str]:
-        """Append one node in the current scope; return its output name (a list when n_out > 1)."""
+        """Append one node in the current scope; return its output name (a list when n_out > 1).
+
+        Function bodies carry no scope metadata: their node names hold the
+        layer-relative path, and one copy per function is all the file has.
+        """
         prefix, _, cumulative = self._scope_info
         key = (prefix, op_type)
         k = self._op_counts.get(key, 0)
@@ -147,9 +173,10 @@ class GraphBuilder:
             for _ in range(n_out):
                 self._values += 1
                 outputs.append(f"{op_type.lower()}_{self._values}")
-        node = helper.make_node(op_type, list(inputs), list(outputs), name=node_name, **attrs)
-        short = f"{op_type.lower()}_{k}" if k else op_type.lower()
-        node.metadata_props.append(StringStringEntryProto(key=NAME_SCOPES_KEY, value=repr(cumulative + [short])))
+        node = helper.make_node(op_type, list(inputs), list(outputs), name=node_name, domain=domain or None, **attrs)
+        if self.body_params is None:
+            short = f"{op_type.lower()}_{k}" if k else op_type.lower()
+            node.metadata_props.append(StringStringEntryProto(key=NAME_SCOPES_KEY, value=repr(cumulative + [short])))
         self.graph.node.append(node)
         return outputs[0] if len(outputs) == 1 else list(outputs)
 
@@ -170,15 +197,31 @@ class GraphBuilder:
         """A scalar constant of the model dtype (for scales and epsilons)."""
         return self.const(float(value), self.elem)
 
+    def op_counts(self) -> dict[tuple[str, str], int]:
+        """Nodes emitted so far per (scope prefix, op type): the numbering of node names."""
+        return self._op_counts
+
+    def skip_op_names(self, counts: dict[tuple[str, str], int]) -> None:
+        """Advance the numbering as if nodes `counts` (prefixes relative to the current scope) had been
+        emitted here: a layer called as a function leaves later names as the flat graph has them."""
+        prefix = self._scope_info[0]
+        for (rel, op_type), n in counts.items():
+            key = (prefix + rel, op_type)
+            self._op_counts[key] = self._op_counts.get(key, 0) + n
+
     # ---- result ---------------------------------------------------------------------------
     def finish(self, metadata: dict[str, str], doc: str = "") -> ModelProto:
+        opsets = [helper.make_opsetid("", OPSET)]
+        if self.functions:
+            opsets.append(helper.make_opsetid(FUNCTION_DOMAIN, 1))
         model = helper.make_model(
             self.graph,
-            opset_imports=[helper.make_opsetid("", OPSET)],
+            opset_imports=opsets,
             producer_name="hyperplan.models_zoo",
             producer_version="0.1.0",
             ir_version=IR_VERSION,
             doc_string=doc,
+            functions=[f.proto for f in self.functions.values()],
         )
         for k in sorted(metadata):
             model.metadata_props.append(StringStringEntryProto(key=k, value=metadata[k]))

@@ -15,6 +15,7 @@ from onnx import ModelProto, TensorProto
 
 from models_zoo.common import check_divides, check_dtype, check_positive, finish, require
 from models_zoo.graph_builder import GraphBuilder
+from models_zoo.layer_functions import call_layer
 from models_zoo.layers import (
     apply_rope,
     causal_mask,
@@ -150,12 +151,24 @@ def decoder_stack(b: GraphBuilder, cfg: LlamaConfig, h: str, seq: int, hooks: di
     with b.scope("rotary_emb"):
         cos, sin = rope_tables(b, seq, cfg.hd, cfg.rope_theta)
     mask = causal_mask(b, seq)
+
+    def layer(lb: GraphBuilder, x: str, c: str, s: str, m: str) -> str:
+        return decoder_layer(lb, cfg, x, seq, c, s, m)
+
     for i in range(cfg.layers):
-        with b.scope(f"layers.{i}"):
-            h = decoder_layer(b, cfg, h, seq, cos, sin, mask)
-            if hooks and i in hooks:
+        h = call_layer(b, layer_kind(cfg), f"layers.{i}", layer, {"hidden_states": h, "cos": cos, "sin": sin,
+                                                                  "attention_mask": mask})
+        if hooks and i in hooks:
+            with b.scope(f"layers.{i}"):
                 h = b.op("Add", [h, hooks[i]])
     return rms_norm(b, h, cfg.hidden, "norm", cfg.norm_eps)
+
+
+def layer_kind(cfg: LlamaConfig) -> str:
+    """The function name of a decoder layer: HF's class for this variant."""
+    if not cfg.experts:
+        return "LlamaDecoderLayer"
+    return "Qwen3MoeDecoderLayer" if cfg.qk_norm else "MixtralDecoderLayer"
 
 
 def lm_head(b: GraphBuilder, cfg: LlamaConfig, h: str, table: str) -> str:
@@ -166,10 +179,10 @@ def lm_head(b: GraphBuilder, cfg: LlamaConfig, h: str, table: str) -> str:
     return linear(b, h, cfg.hidden, cfg.vocab, "lm_head")
 
 
-def build(cfg: LlamaConfig, family: str = "llama", preset: str = "") -> ModelProto:
-    """``input_ids`` [B, S] int64 -> ``logits`` [B, S, V]."""
+def build(cfg: LlamaConfig, family: str = "llama", preset: str = "", flat: bool = False) -> ModelProto:
+    """``input_ids`` [B, S] int64 -> ``logits`` [B, S, V]; layers as functions unless `flat`."""
     cfg.validate()
-    b = GraphBuilder(preset or family, cfg.dtype)
+    b = GraphBuilder(preset or family, cfg.dtype, flat=flat)
     ids = b.input("input_ids", TensorProto.INT64, [cfg.batch, cfg.seq_len])
     with b.scope("model"):
         h, table = embed(b, cfg, ids)

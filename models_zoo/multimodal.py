@@ -120,12 +120,13 @@ def _project(b: GraphBuilder, cfg: MultimodalConfig, x: str) -> str:
     return linear(b, x, hid, cfg.text.hidden, "linear_2", bias=True)
 
 
-def build(cfg: MultimodalConfig, family: str = "multimodal", preset: str = "") -> ModelProto:
-    """``pixel_values`` (+ ``input_features``) + ``input_ids`` -> ``logits`` [B, seq_len, V]."""
+def build(cfg: MultimodalConfig, family: str = "multimodal", preset: str = "", flat: bool = False) -> ModelProto:
+    """``pixel_values`` (+ ``input_features``) + ``input_ids`` -> ``logits`` [B, seq_len, V]; layers as
+    functions unless `flat`."""
     cfg = cfg.synced()
     cfg.validate()
     t, v = cfg.text, cfg.vision
-    b = GraphBuilder(preset or family, t.dtype)
+    b = GraphBuilder(preset or family, t.dtype, flat=flat)
     B, S = t.batch, t.seq_len
     pixels = b.input("pixel_values", b.elem, [B, v.channels, v.image_size, v.image_size])
     feats = None

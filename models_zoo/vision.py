@@ -22,9 +22,13 @@ from onnx import ModelProto
 
 from models_zoo.common import check_divides, check_dtype, check_positive, finish, require
 from models_zoo.graph_builder import GraphBuilder
+from models_zoo.layer_functions import call_layer
 from models_zoo.layers import gelu, layer_norm, linear, merge_heads, reshape, rms_norm, sdpa, split_heads
 
 STYLES = ("vit", "clip", "siglip", "internvit")
+#: Function name of an encoder layer: HF's class for each style.
+LAYER_KINDS = {"vit": "ViTLayer", "clip": "CLIPEncoderLayer", "siglip": "SiglipEncoderLayer",
+               "internvit": "InternVLVisionLayer"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,8 +150,8 @@ def tower(b: GraphBuilder, cfg: VisionConfig, pixels: str, taps: dict[int, str] 
     h = _embeddings(b, cfg, pixels)
     container = {"vit": "layers", "internvit": "encoder.layer"}.get(cfg.style, "encoder.layers")
     for i in range(cfg.layers):
-        with b.scope(f"{container}.{i}"):
-            h = _layer(b, cfg, h)
+        h = call_layer(b, LAYER_KINDS[cfg.style], f"{container}.{i}", lambda lb, x: _layer(lb, cfg, x),
+                       {"hidden_states": h})
         if taps is not None and i in taps:
             taps[i] = h
     if cfg.style == "vit":
@@ -157,11 +161,12 @@ def tower(b: GraphBuilder, cfg: VisionConfig, pixels: str, taps: dict[int, str] 
     return h
 
 
-def build(cfg: VisionConfig, family: str = "vit", preset: str = "") -> ModelProto:
-    """``pixel_values`` [B, C, I, I] -> ``logits`` [B, num_labels] (ViT image classifier)."""
+def build(cfg: VisionConfig, family: str = "vit", preset: str = "", flat: bool = False) -> ModelProto:
+    """``pixel_values`` [B, C, I, I] -> ``logits`` [B, num_labels] (ViT image classifier); layers as
+    functions unless `flat`."""
     cfg.validate()
     require(cfg.style == "vit", f"a stand-alone vision model uses style 'vit', not {cfg.style!r}.")
-    b = GraphBuilder(preset or family, cfg.dtype)
+    b = GraphBuilder(preset or family, cfg.dtype, flat=flat)
     B, I = cfg.batch, cfg.image_size
     pixels = b.input("pixel_values", b.elem, [B, cfg.channels, I, I])
     with b.scope("vit"):

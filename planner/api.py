@@ -94,7 +94,7 @@ def _build_zoo(name: str, settings: Mapping[str, Any]) -> Any:
     import models_zoo
 
     try:
-        return models_zoo.build(name, **settings)
+        return models_zoo.build(name, flat=True, **settings)  # in memory: no functions to inline
     except ValueError as exc:  # the zoo raises ValueError with one sentence for a bad setting
         raise InvalidInput(f"zoo model '{name}': {exc}") from None
 

@@ -64,6 +64,19 @@ def test_export_writes_a_loadable_weightless_file_with_overrides(app, tmp_path):
     assert "wrote" in res.output
 
 
+def test_export_writes_layer_functions_unless_flat(app, tmp_path):
+    compact, flat = tmp_path / "c.onnx", tmp_path / "f.onnx"
+    res = invoke(app, "zoo", "export", "deepseek-v3", "-o", str(compact))
+    assert res.exit_code == 0, res.output
+    assert "9159 nodes in 2 layer function(s)" in res.output
+    res = invoke(app, "zoo", "export", "deepseek-v3", "-o", str(flat), "--flat")
+    assert res.exit_code == 0 and "9159 nodes," in res.output
+    a, b = (onnx.load(str(p), load_external_data=False) for p in (compact, flat))
+    assert [f.name for f in a.functions] == ["DeepseekV3DenseLayer", "DeepseekV3MoeLayer"] and not b.functions
+    assert compact.stat().st_size < 250_000 < 1_500_000 < flat.stat().st_size
+    assert [t.name for t in a.graph.initializer] == [t.name for t in b.graph.initializer]
+
+
 def test_export_refuses_to_overwrite_without_force(app, tmp_path):
     out = tmp_path / "m.onnx"
     out.write_bytes(b"keep me")

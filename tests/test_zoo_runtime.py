@@ -60,6 +60,15 @@ def test_tiny_family_member_runs_with_finite_output(name):
         assert out.shape == (2, TINY[name]["seq_len"], 96)
 
 
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_flat_and_function_forms_compute_the_same_logits(name):
+    """Same parameter names and order, so the same random weights: the two forms must agree."""
+    compact = models_zoo.build(name, **TINY[name])
+    flat = models_zoo.build(name, flat=True, **TINY[name])
+    assert compact.functions and not flat.functions
+    np.testing.assert_allclose(run(compact, seed=5), run(flat, seed=5), rtol=1e-6, atol=1e-6)
+
+
 def test_uneven_routing_pads_to_capacity():
     """T*k not a multiple of E: the dispatch pads to E*ceil(T*k/E) rows and still runs."""
     model = models_zoo.build("mixtral-8x7b", **dict(TINY["mixtral-8x7b"], experts=5, top_k=2, seq_len=7))

@@ -91,28 +91,42 @@ def _prefix(outer: str, inner: str) -> str:
     return f"{outer}.{inner}" if inner else outer
 
 
+def _join_names(call: str, inner: str) -> str:
+    """'/model/layers.3/Block' + '/fc/MatMul' -> '/model/layers.3/fc/MatMul'; '' unless both are paths."""
+    if not (inner and call.startswith("/")):
+        return ""
+    return call.rsplit("/", 1)[0] + inner
+
+
 def inline_functions(model: onnx.ModelProto, scopes: list[str]) -> tuple[onnx.ModelProto, list[str], str]:
     """Inline model-local functions; return the model, the scope of each resulting node, and a note.
 
     The inliner replaces each call by the function's body in place, in order,
     but drops metadata; we rebuild the scopes by expanding each call the same
-    way: a body node's scope is the call's scope followed by its own.
+    way: a body node's scope is the call's scope followed by its own. Names
+    get the same treatment when both are paths (``/model/layers.3/Block`` and
+    ``/self_attn/MatMul`` -> ``/model/layers.3/self_attn/MatMul``, as a flat
+    export names it); others keep the inliner's unique names.
     """
     if not model.functions:
         return model, scopes, ""
     funcs = {(f.domain, f.name): f for f in model.functions}
-    memo: dict[tuple[str, str], list[str]] = {}
+    memo: dict[tuple[str, str], list[tuple[str, str]]] = {}
 
-    def expand(key: tuple[str, str], depth: int = 0) -> list[str]:
+    def expand(key: tuple[str, str], depth: int = 0) -> list[tuple[str, str]]:
+        """(scope, path name or '') of each node the function inlines to."""
         if key in memo:
             return memo[key]
         if depth > 64:
             raise RecursionError
-        out: list[str] = []
+        out: list[tuple[str, str]] = []
         for n in funcs[key].node:
             own = node_scope(n)
             callee = (n.domain, n.op_type)
-            out.extend(_prefix(own, s) for s in expand(callee, depth + 1)) if callee in funcs else out.append(own)
+            if callee in funcs:
+                out.extend((_prefix(own, s), _join_names(n.name, m)) for s, m in expand(callee, depth + 1))
+            else:
+                out.append((own, n.name if n.name.startswith("/") else ""))
         memo[key] = out
         return out
 
@@ -124,14 +138,25 @@ def inline_functions(model: onnx.ModelProto, scopes: list[str]) -> tuple[onnx.Mo
         raise InvalidModel(f"the model's local functions could not be inlined ({reason}); "
                            "check that every function called is defined") from None
     new_scopes: list[str] = []
+    names: list[str] = []
     try:
         for n, scope in zip(model.graph.node, scopes):
             key = (n.domain, n.op_type)
-            new_scopes.extend(_prefix(scope, s) for s in expand(key)) if key in funcs else new_scopes.append(scope)
+            if key in funcs:
+                for s, m in expand(key):
+                    new_scopes.append(_prefix(scope, s))
+                    names.append(_join_names(n.name, m))
+            else:
+                new_scopes.append(scope)
+                names.append("")
     except RecursionError:
         new_scopes = []
     if len(new_scopes) != len(inlined.graph.node):  # the inliner did something we did not mirror
         new_scopes = [scope_from_node_name(n.name) for n in inlined.graph.node]
+    else:
+        for node, name in zip(inlined.graph.node, names):
+            if name:
+                node.name = name
     if not calls:
         return inlined, new_scopes, ""
     used = sorted({f"{d}::{o}" for d, o in memo} | {f"{d}::{o}" for d, o in calls})
