@@ -281,5 +281,5 @@ def _infeasible_message(model: Any, hw: Any, result: Any) -> str:
     _, up = nearest_valid_counts(hw.levels, rough)
     more = up if up is not None else rough
     return (f"no strategy fits {os.path.basename(os.fspath(model))} on {hw.n_devices} devices of {hw.name}: the "
-            f"closest ({c.strategy.short()}) needs {need:.1f} GiB per device and a device has {have:.0f} GiB; "
+            f"closest ({c.strategy.short()}) needs {need:.3g} GiB per device and a device has {have:.3g} GiB; "
             f"try about {more} devices (--devices {more}), a shorter --seq-len, or offload")
