@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 
@@ -12,7 +11,7 @@ from planner.graph.ir import Graph, Node, Tensor
 from planner.search.intra_op import breakdown, build_problem, total_cost
 from planner.search.reshard import conjugate, grad_layout, transition
 from planner.search.solve import solve_exhaustive, solve_intra_op
-from planner.search.space import PARTIAL, REPLICATED, candidate_strategies, view_dim_map
+from planner.search.space import PARTIAL, REPLICATED, view_dim_map
 from planner.search.tying import tie_keys
 
 # A toy cost model: compute 1 ns per FLOP / shard, collectives priced by bytes.
