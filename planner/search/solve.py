@@ -10,8 +10,11 @@ nanoseconds; one worker and a fixed seed make the answer repeatable.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Mapping
@@ -33,6 +36,25 @@ class Solution:
     optimal: bool
     gap: float  # (cost - best bound) / cost; 0 when proven optimal
     wall_s: float
+
+
+@contextlib.contextmanager
+def _native_stdout_silenced():
+    """HiGHS's C++ core can print diagnostics straight to file descriptor 1 even with display off, which
+    would corrupt `--json` output: point fd 1 at /dev/null while it runs."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no real stdout (embedded use): nothing to protect
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _costs(problem: IntraOpProblem) -> tuple[list[np.ndarray], dict[tuple[int, int], np.ndarray]]:
@@ -274,8 +296,9 @@ def solve_intra_op_highs(
     integrality = np.zeros(len(cost))
     integrality[:n_int] = 1
     a = coo_matrix((vals, (rows, cols)), shape=(len(lo), len(cost))).tocsr()
-    res = milp(np.array(cost) * _NS, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
-               bounds=Bounds(lb, ub), options={"time_limit": float(time_limit_s), "disp": False, "mip_rel_gap": 1e-7})
+    with _native_stdout_silenced():
+        res = milp(np.array(cost) * _NS, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
+                   bounds=Bounds(lb, ub), options={"time_limit": float(time_limit_s), "disp": False, "mip_rel_gap": 1e-7})
     if res.x is None:
         if res.status == 2:  # infeasible: no layout fits the memory budget
             raise Infeasible("no tensor layout fits the memory budget")
