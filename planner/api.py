@@ -62,8 +62,8 @@ def load_graph(
                                "use --batch, --seq-len or the architecture options instead")
         settings = dict(overrides)
         for key, value in (("batch", batch), ("seq_len", seq_len)):
-            if value is not None:
-                settings.setdefault(key, value)
+            if value is not None and key not in settings and _zoo_takes(text, key, value):
+                settings[key] = value  # image models (ViT) have no sequence length: their tokens are patches
         proto = _build_zoo(text, settings)
         return import_model(proto, name=text)
     raise InvalidInput(_unknown_model_message(text))
@@ -88,6 +88,17 @@ def _graph_for_costing(model: str | os.PathLike, seq_len: int, dims: Mapping[str
 
 
 _GRAPHS: dict[tuple, Graph] = {}
+
+
+def _zoo_takes(name: str, key: str, value: Any) -> bool:
+    """Whether zoo model `name` has the setting `key` at all (a bad value still fails loudly later)."""
+    import models_zoo
+
+    try:
+        models_zoo.config(name, **{key: value})
+    except ValueError as exc:
+        return f"no setting '{key}'" not in str(exc)
+    return True
 
 
 def _build_zoo(name: str, settings: Mapping[str, Any]) -> Any:

@@ -136,3 +136,10 @@ def test_recompute_chosen_per_layer_sits_between_its_two_policies():
     assert a[0] < a[1] < a[2]
     assert t[0] > t[1] > t[2]
     assert "full recompute of 2 layers/chunk" in mixed["strategy"]["summary"]
+
+
+def test_an_image_model_takes_the_sequence_length_as_token_accounting_only():
+    """ViT has no sequence setting (its tokens are patches): --seq-len must not be an error."""
+    r = estimate_model("vit-l-16", cluster="dgx-a100", devices=8, global_batch=64, seq_len=197, micro_batch=8,
+                       overrides=dict(layers=4))
+    assert r["fits"] and r["step_time_s"] > 0
