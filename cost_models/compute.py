@@ -56,7 +56,12 @@ def op_time(cluster: Cluster, flops: float, bytes_moved: float, kind: OpKind = "
     device = cluster.device
     memory_s = bytes_moved / (device.hbm_bytes_per_s * cluster.memory_efficiency(bytes_moved))
     if kind == "matmul":
-        compute_s = flops / (device.peak_flops(dtype) * cluster.matmul_efficiency(flops))
+        peak = device.peak_flops(dtype)
+        # the matmul curve is sampled against the bf16 peak (the precision it was fitted at); a faster dtype
+        # reaches the same efficiency at proportionally more FLOPs per op (a fixed per-kernel overhead,
+        # Hockney's n-half: n_half = t0 * plateau * peak)
+        ref = dict(device.peak_flops_per_s).get("bf16", peak)
+        compute_s = flops / (peak * cluster.matmul_efficiency(flops * ref / peak))
     elif kind == "elementwise":
         vector = device.vector_flops_per_s
         compute_s = 0.0 if vector is None else flops / vector

@@ -66,3 +66,13 @@ def test_curves_are_hashable_values():
     a = EfficiencyCurve(points=((1.0, 0.5), (10.0, 0.9)))
     b = EfficiencyCurve(points=((1.0, 0.5), (10.0, 0.9)))
     assert a == b and hash(a) == hash(b)
+
+
+def test_a_faster_dtype_needs_a_bigger_op_for_the_same_efficiency():
+    """fp8 about doubles the peak: an op r times bigger (r = fp8 / bf16 peak) runs as long as the bf16 one."""
+    c = load_cluster("dgx-h100", devices=8)
+    r = c.device.peak_flops("fp8") / c.device.peak_flops("bf16")
+    bf16 = op_time(c, 1e10, 0.0, "matmul", "bf16").compute_s
+    fp8 = op_time(c, 1e10 * r, 0.0, "matmul", "fp8").compute_s
+    assert fp8 == pytest.approx(bf16, rel=1e-9)
+    assert op_time(c, 1e10, 0.0, "matmul", "fp8").compute_s > bf16 / 2
