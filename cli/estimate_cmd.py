@@ -73,6 +73,10 @@ def estimate_cmd(
     recompute: Annotated[Optional[str], typer.Option("--recompute", help="Activation recompute: none, selective or "
                                                      "full. [default: none]", rich_help_panel=_PAR,
                                                      show_default=False)] = None,
+    full_recompute_layers: Annotated[Optional[int], typer.Option(
+        "--full-recompute-layers", help="In each pipeline chunk, recompute the first N layers fully and the rest "
+        "with --recompute (Megatron's --recompute-num-layers). [default: 0]", rich_help_panel=_PAR,
+        show_default=False)] = None,
     sp: Annotated[Optional[bool], typer.Option("--sp", help="Sequence parallelism over the tensor axis.",
                                                rich_help_panel=_PAR, show_default=False)] = None,
     zero: Annotated[Optional[int], typer.Option("--zero", help="ZeRO stage 0-3 over the data-parallel group. "
@@ -105,7 +109,8 @@ def estimate_cmd(
     overrides = opt.zoo_overrides(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
                                   experts=experts, top_k=top_k)
     given = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vpp": vpp, "micro-batch": micro_batch,
-             "recompute": recompute, "sp": sp, "zero": zero, "schedule": schedule, "offload": offload}
+             "recompute": recompute, "full-recompute-layers": full_recompute_layers, "sp": sp, "zero": zero,
+             "schedule": schedule, "offload": offload}
     if plan is not None:
         clash = [f"--{k}" for k, v in given.items() if v is not None]
         if clash:
@@ -126,7 +131,8 @@ def estimate_cmd(
             result = estimate_model(
                 model, cluster=cluster, devices=devices, global_batch=global_batch, seq_len=seq_len,
                 dtype=dtype or "bf16", tp=tp or 1, pp=pp or 1, dp=dp, cp=cp or 1, ep=ep or 1, vpp=vpp or 1,
-                micro_batch=micro_batch or 1, recompute=recompute or "none", sp=bool(sp), zero=zero or 0,
+                micro_batch=micro_batch or 1, recompute=recompute or "none",
+                full_recompute_layers=full_recompute_layers or 0, sp=bool(sp), zero=zero or 0,
                 schedule=schedule or "1f1b", offload=parse_offload(offload), overrides=overrides,
                 dims=opt.parse_dims(dim),
             )

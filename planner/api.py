@@ -165,10 +165,9 @@ def estimate_model(
     out["model"] = {"name": os.path.basename(os.fspath(model)), "params": graph.param_count}
     out["cluster"] = {"name": hw.name, "devices": hw.n_devices}
     out["workload"] = {"mode": mode, "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype}
-    out["strategy"] = {"tp": strat.tp, "pp": strat.pp, "dp": strat.dp, "cp": strat.cp, "ep": strat.ep,
-                       "vpp": strat.vpp, "micro_batch": strat.micro_batch, "recompute": strat.recompute,
-                       "sp": strat.sp, "zero": strat.zero, "schedule": strat.schedule,
-                       "offload": dict(strat.offload), "summary": strat.short()}
+    from planner.plan import strategy_dict
+
+    out["strategy"] = strategy_dict(strat)
     return out
 
 
