@@ -175,6 +175,15 @@ def print_estimate(r: dict) -> None:
     bt.add_row("[bold]step[/]", f"[bold]{total:.4f}[/]", "100%")
     console.print(bt)
 
+    if r.get("offload"):
+        ot = Table(title="offload (HyperOffload) per memory class", title_justify="left")
+        for c in ("class", "fraction", "off HBM GiB", "traffic GiB/step", "exposed s"):
+            ot.add_column(c, justify="right" if c != "class" else "left")
+        for cls, v in r["offload"].items():
+            ot.add_row(cls, f"{v['fraction']:.0%}", f"{v['offloaded_gib']:.2f}", f"{v['traffic_gib_per_step']:.1f}",
+                       f"{v['exposed_s']:.4f}")
+        console.print(ot)
+
     if len(r["stages"]) > 1:
         st = Table(title="pipeline stages", title_justify="left")
         for c in ("stage", "layers", "devices", "fwd s/mb", "bwd s/mb", "peak GiB"):

@@ -58,6 +58,7 @@ class Estimate:
     layouts: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     microbatches: int = 1
     solver_gap: float = 0.0
+    offload: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # per memory class moved off HBM
 
     @property
     def over_bytes(self) -> float:
@@ -85,6 +86,9 @@ class Estimate:
             ],
             "layouts": {k: dict(v) for k, v in sorted(self.layouts.items())},
             "solver_gap": self.solver_gap,
+            "offload": {cls: {"fraction": v["fraction"], "offloaded_gib": v["offloaded_bytes"] / GIB,
+                              "traffic_gib_per_step": v["traffic_bytes"] / GIB, "exposed_s": v["exposed_s"]}
+                        for cls, v in sorted(self.offload.items())},
         })
 
 
@@ -131,7 +135,7 @@ def estimate(
     check_devices(cluster, strategy)
     m = strategy.micro_batches(workload)
     costs: StageCosts = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s)
-    bd, step = step_breakdown(costs, cluster, workload, strategy, m)
+    bd, step, offload = step_breakdown(costs, cluster, workload, strategy, m)
 
     peak = cluster.device.peak_flops(workload.dtype)
     model_flops = 3.0 * costs.forward_flops_per_sample * workload.global_batch
@@ -158,6 +162,7 @@ def estimate(
         layouts=costs.layouts,
         microbatches=m,
         solver_gap=costs.solver_gap,
+        offload=offload,
     )
 
 

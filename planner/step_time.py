@@ -37,8 +37,9 @@ def _dp_reduction_s(cluster: Cluster, strategy: Strategy, n_params: float, group
 
 def step_breakdown(
     costs: StageCosts, cluster: Cluster, workload: Workload, strategy: Strategy, m: int
-) -> tuple[dict[str, float], float]:
-    """(breakdown by kind, step time) of a training step; inference steps are one forward pass."""
+) -> tuple[dict[str, float], float, dict[str, dict]]:
+    """(breakdown by kind, step time, offload per memory class of the stage that sets the step) of a training
+    step; inference steps are one forward pass."""
     stages = costs.stages
     width = DTYPE_WIDTH.get(workload.dtype, 2.0)
     t, cp, dp, pp = strategy.tp, strategy.cp, strategy.dp, strategy.pp
@@ -50,7 +51,7 @@ def step_breakdown(
         total = sum(f)
         bd = {"compute": p.forward, "tp_comm": p.tp_fwd, "cp_comm": p.cp_fwd, "ep_comm": p.ep_fwd,
               "pp_other_stages": total - f[slow]}
-        return bd, sum(bd.values())
+        return bd, sum(bd.values()), {}
 
     p2p = 0.0
     if pp > 1:
@@ -78,6 +79,7 @@ def step_breakdown(
     tier = _tier(cluster, strategy)
     tail = 0.0
     dp_exposed = opt = off = 0.0
+    detail: dict[str, dict] = {}
     for s in stages:
         red = _dp_reduction_s(cluster, strategy, s.dense_params, dpg, t, width)
         red += _dp_reduction_s(cluster, strategy, s.expert_params, dpg // strategy.ep, t * strategy.ep, width)
@@ -92,32 +94,56 @@ def step_breakdown(
         frac_opt = strategy.offload_fraction("optimizer")
         step_opt = op_time_s(cluster, 10.0 * local * (1 - frac_opt), ADAM_BYTES_PER_PARAM * local * (1 - frac_opt),
                              "elementwise", workload.dtype)
-        offload = 0.0 if tier is None else _offload_exposed_s(s, strategy, tier, m, local, width)
+        per_class = {} if tier is None else offload_by_class(s, strategy, tier, m, local, width)
+        offload = sum(v["exposed_s"] for v in per_class.values())
         if exposed + step_opt + offload > tail:
             tail, dp_exposed, opt, off = exposed + step_opt + offload, exposed, step_opt, offload
+            detail = {cls: dict(v) for cls, v in per_class.items()}
     bd["dp_comm"] = dp_exposed
     bd["optimizer"] = opt
     bd["offload"] = off
-    return bd, pipe.total_s + tail
+    return bd, pipe.total_s + tail, detail
 
 
 def _offload_exposed_s(s, strategy: Strategy, tier, m: int, local_params: float, width: float) -> float:
-    """Offload traffic of one stage that compute cannot hide.
+    """Offload traffic of one stage that compute cannot hide (the sum of `offload_by_class`)."""
+    return sum(v["exposed_s"] for v in offload_by_class(s, strategy, tier, m, local_params, width).values())
+
+
+def offload_by_class(s, strategy: Strategy, tier, m: int, local_params: float, width: float) -> dict[str, dict]:
+    """Per memory class: bytes moved off HBM, bytes moved over the tier's link per step, and the exposed time.
 
     Optimizer states on the host: gradients go down and updated parameters
     come back after the backward (the update runs where the states live), so
-    that traffic is exposed. Parameters are fetched for every micro-batch's
-    forward and backward, activations stored after the forward and fetched
-    for the backward: prefetched, so only what exceeds the compute shows.
+    that traffic is exposed; gradients likewise. Parameters are fetched for
+    every micro-batch's forward and backward, activations stored after the
+    forward and fetched for the backward: prefetched, so only what exceeds
+    the compute shows. The two streamed classes share the link, so the part
+    of their time that compute cannot hide is split between them pro rata.
     """
-    frac_opt = strategy.offload_fraction("optimizer")
-    exposed = transfer_s(frac_opt * local_params * (MEGATRON_ADAM.grad_bytes + width), tier)
-    exposed += transfer_s(frac_opt * local_params * ADAM_BYTES_PER_PARAM, tier)
     n_params = s.dense_params + s.expert_params
-    exposed += transfer_s(strategy.offload_fraction("grads") * n_params * MEGATRON_ADAM.grad_bytes, tier)
-    streamed = 2 * m * strategy.offload_fraction("params") * n_params * width
-    streamed += 2 * m * s.memory_bytes.get("offloaded_activations", 0.0) / max(s.held, 1.0)
-    return exposed + exposed_s(transfer_s(streamed, tier), m * (s.forward_s + s.backward_s))
+    window = m * (s.forward_s + s.backward_s)
+    out: dict[str, dict] = {}
+    f_opt = strategy.offload_fraction("optimizer")
+    if f_opt:
+        moved = f_opt * local_params * (MEGATRON_ADAM.grad_bytes + width + ADAM_BYTES_PER_PARAM)
+        out["optimizer"] = {"traffic_bytes": moved, "exposed_s": transfer_s(moved, tier)}
+    f_g = strategy.offload_fraction("grads")
+    if f_g:
+        moved = f_g * n_params * MEGATRON_ADAM.grad_bytes
+        out["grads"] = {"traffic_bytes": moved, "exposed_s": transfer_s(moved, tier)}
+    streamed = {"params": 2 * m * strategy.offload_fraction("params") * n_params * width,
+                "activations": 2 * m * s.memory_bytes.get("offloaded_activations", 0.0) / max(s.held, 1.0)}
+    total = sum(streamed.values())
+    if total > 0:
+        hidden_left = exposed_s(transfer_s(total, tier), window)
+        for cls, moved in streamed.items():
+            if moved > 0:
+                out[cls] = {"traffic_bytes": moved, "exposed_s": hidden_left * moved / total}
+    for cls, v in out.items():
+        v["offloaded_bytes"] = s.memory_bytes.get(f"offloaded_{cls}", 0.0)
+        v["fraction"] = strategy.offload_fraction(cls)
+    return out
 
 
 def _tier(cluster: Cluster, strategy: Strategy):

@@ -85,6 +85,12 @@ def test_offloading_the_optimizer_moves_memory_and_costs_traffic():
     assert off["memory_gib"]["optimizer"] == pytest.approx(0.0, abs=1e-9)
     assert off["memory_gib"]["offloaded_optimizer"] == pytest.approx(base["memory_gib"]["optimizer"])
     assert off["breakdown_s"]["offload"] > 0 and base["breakdown_s"]["offload"] == 0
+    # per class: what moved, its traffic, and the exposed time that adds up to the breakdown's offload
+    cls = off["offload"]["optimizer"]
+    assert cls["fraction"] == 1.0 and cls["offloaded_gib"] == pytest.approx(base["memory_gib"]["optimizer"])
+    assert cls["traffic_gib_per_step"] > 0
+    assert sum(v["exposed_s"] for v in off["offload"].values()) == pytest.approx(off["breakdown_s"]["offload"])
+    assert base["offload"] == {}
 
 
 @pytest.mark.parametrize("kw,words", [

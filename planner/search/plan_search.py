@@ -147,7 +147,7 @@ class _Scorer:
             m = s.micro_batches(self.workload)
             costs = stage_costs(self.graph, self.structure, self.cluster, self.workload, s, facts=self.facts,
                                 time_limit_s=self.time_limit_s)
-            bd, step = step_breakdown(costs, self.cluster, self.workload, s, m)
+            bd, step, _ = step_breakdown(costs, self.cluster, self.workload, s, m)
         except HyperplanError as exc:
             return Candidate(s, math.inf, False, math.inf, note=str(exc))
         worst = max(costs.stages, key=lambda st: (st.memory_bytes["peak"], -st.index)).memory_bytes
