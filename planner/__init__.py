@@ -1,7 +1,10 @@
 """hyperplan's planner: ONNX graph in, parallel strategy out.
 
 The public names are loaded on first use (PEP 562) so that `import planner`
-costs nothing: no onnx, no solver, until a function needs them.
+costs nothing: no onnx, no solver, until a function needs them. What the
+CLI calls, a user can call: `planner.plan_model(...)` (hyperplan plan),
+`planner.estimate_model(...)` (estimate), `planner.run_sweep(...)` (whatif),
+`planner.load_graph(...)` with `planner.discover_blocks(...)` (inspect).
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers and readers; at run time see __getattr__
-    from planner.api import load_graph
+    from planner.api import estimate_model, load_graph, plan_model
+    from planner.whatif import run_sweep
     from planner.errors import HyperplanError, Infeasible, InvalidInput, InvalidModel, SolverTimeout, \
         UnboundDimension
     from planner.graph.blocks import Block, BlockType, Structure, SubModel, discover_blocks
@@ -18,6 +22,9 @@ if TYPE_CHECKING:  # for type checkers and readers; at run time see __getattr__
 
 _EXPORTS: dict[str, str] = {
     "load_graph": "planner.api",
+    "plan_model": "planner.api",
+    "estimate_model": "planner.api",
+    "run_sweep": "planner.whatif",
     "discover_blocks": "planner.graph.blocks",
     "Block": "planner.graph.blocks",
     "BlockType": "planner.graph.blocks",
