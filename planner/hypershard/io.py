@@ -16,7 +16,7 @@ import os
 import tempfile
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import yaml
 
@@ -56,23 +56,32 @@ def write_document(doc: Mapping[str, Any], path: str, protect: tuple[str, ...] =
     target = Path(path)
     if target.suffix.lower() not in SUFFIXES:
         raise InvalidInput(f"-o {path}: use a .yaml, .yml or .json file name")
+    write_atomically(path, lambda: dumps(doc, target.suffix), protect, "output")
+
+
+def write_atomically(out: str, produce: Callable[[], str | bytes], protect: tuple[str, ...], noun: str) -> int:
+    """Check that `out` is not an input and its folder exists, then write what `produce()` returns through a
+    temporary file renamed into place (nothing half-written, nothing the user gave overwritten); returns the bytes."""
+    target = Path(out)
     for p in protect:
         if p and os.path.exists(p) and target.exists() and os.path.samefile(p, target):
-            raise InvalidInput(f"-o {path} is an input of this command; write the output elsewhere")
+            raise InvalidInput(f"-o {out} is an input of this command; write the {noun} elsewhere")
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.exists():
-        raise InvalidInput(f"-o {path}: folder {folder} does not exist")
-    text = dumps(doc, target.suffix)
+        raise InvalidInput(f"-o {out}: folder {folder} does not exist")
+    data = produce()
+    raw = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=".hyperplan-", suffix=target.suffix)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; give what open() would
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    return len(raw)
 
 
 def umask() -> int:

@@ -9,13 +9,11 @@ needed to export, only to run what is exported.
 from __future__ import annotations
 
 import importlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 from planner.errors import InvalidInput
-from planner.hypershard.io import umask
+from planner.hypershard.io import write_atomically
 
 #: Backend name (as `--backend` takes it) -> module under planner.hypershard.backends.
 BACKENDS: dict[str, str] = {
@@ -49,25 +47,7 @@ def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: 
     target = Path(out)
     if target.suffix.lower() != want:
         raise InvalidInput(f"-o {out}: the {backend} backend writes a {want} file; name it like plan{want}")
-    for p in protect:
-        if p and os.path.exists(p) and target.exists() and os.path.samefile(p, target):
-            raise InvalidInput(f"-o {out} is an input of this command; write the export elsewhere")
-    folder = target.parent if str(target.parent) else Path(".")
-    if not folder.exists():
-        raise InvalidInput(f"-o {out}: folder {folder} does not exist")
-    data = export(doc, backend, base_dir=base_dir)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=".hyperplan-", suffix=want)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; give what open() would
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return len(raw)
+    return write_atomically(out, lambda: export(doc, backend, base_dir=base_dir), protect, "export")
 
 
 __all__ = ["BACKENDS", "export", "export_to_file", "suffix"]

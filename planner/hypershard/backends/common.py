@@ -35,6 +35,16 @@ def literal(obj: Any) -> str:
     return pprint.pformat(obj, width=110, sort_dicts=False)
 
 
+def assignments(data: Any) -> list[str]:
+    """`NAME = literal` lines (each after its `# note`, if any) for the constants a generated module starts with."""
+    lines: list[str] = []
+    for name, value, note in data:
+        if note:
+            lines.append(f"# {note}")
+        lines.append(f"{name} = {literal(value)}")
+    return lines
+
+
 def axis_sizes(doc: Mapping[str, Any]) -> dict[str, int]:
     """Mesh axis sizes by name, fastest first, with the ep alias if any."""
     mesh = doc["meshes"][0]

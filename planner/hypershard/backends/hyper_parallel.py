@@ -138,9 +138,6 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
              "from hyper_parallel.core.fully_shard.utils import CPUOffloadPolicy",
              "from hyper_parallel.core.pipeline_parallel import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B",
              "from hyper_parallel.core.shard.sharding_plan import ShardingPlan", ""]
-    for name, value, note in data:
-        if note:
-            lines.append(f"# {note}")
-        lines.append(f"{name} = {common.literal(value)}")
+    lines += common.assignments(data)
     lines += ["", "", common.RESOLVER_SRC, "", _BODY.strip("\n"), ""]
     return "\n".join(lines)

@@ -87,9 +87,6 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
              "    mesh = build_mesh()\n    params = shard_params(flat_params, mesh)   # {name: array}\n\"\"\"", "",
              "from __future__ import annotations", "", "import fnmatch", "", "import jax", "import numpy as np",
              "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P", ""]
-    for name, value, note in data:
-        if note:
-            lines.append(f"# {note}")
-        lines.append(f"{name} = {common.literal(value)}")
+    lines += common.assignments(data)
     lines += ["", "", common.RESOLVER_SRC, "", _BODY.strip("\n"), ""]
     return "\n".join(lines)

@@ -108,10 +108,7 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
              "from __future__ import annotations", "", "import fnmatch", "",
              "from mindspore.parallel import Layout, shard", "from mindspore.parallel.auto_parallel import AutoParallel",
              "from mindspore.parallel.nn import Pipeline", ""]
-    for name, value, note in data:
-        if note:
-            lines.append(f"# {note}")
-        lines.append(f"{name} = {common.literal(value)}")
+    lines += common.assignments(data)
     lines += ["LAYOUT = None  # set by parallelize(): the Layout over one stage's device matrix", "", "",
               common.RESOLVER_SRC, "", _BODY.strip("\n"), ""]
     return "\n".join(lines)

@@ -317,9 +317,6 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
              "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,",
              "                                               SequenceParallel, parallelize_module)",
              "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts", ""]
-    for name, value, note in data:
-        if note:
-            lines.append(f"# {note}")
-        lines.append(f"{name} = {common.literal(value)}")
+    lines += common.assignments(data)
     lines += ["", "", common.RESOLVER_SRC, "", _BODY.strip("\n"), ""]
     return "\n".join(lines)
