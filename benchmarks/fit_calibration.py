@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from calibrate import DEFAULT_RUNS, Predictor, load_file, preset_for, runs_of, split_rows  # noqa: E402
 
 from cost_models import Cluster, load_cluster  # noqa: E402
-from cost_models.curves import EfficiencyCurve  # noqa: E402
+from cost_models.curves import EfficiencyCurve, overhead_law  # noqa: E402
 
 MATMUL_SIZES = tuple(float(f"{10.0 ** (k / 2):.3g}") for k in range(14, 27))  # 1e7 .. 1e13 FLOPs, as stored
 MEMORY_SIZES = tuple(float(f"{10.0 ** (k / 2):.3g}") for k in range(10, 21))  # 1e5 .. 1e10 bytes
@@ -52,9 +52,10 @@ LOWER = np.array([0.30, 0.30, math.log10(1e-6)])
 UPPER = np.array([1.00, 1.00, math.log10(3e-5)])
 
 
-def saturating(sizes: tuple[float, ...], plateau: float, knee: float, digits: int = 3) -> EfficiencyCurve:
-    """plateau * size / (size + knee) at `sizes`, rounded as the TOML stores it (never below 0.001)."""
-    pts = tuple((s, max(10.0**-digits, round(plateau * s / (s + knee), digits))) for s in sizes)
+def sampled(sizes: tuple[float, ...], peak: float, plateau: float, t0: float, digits: int = 3) -> EfficiencyCurve:
+    """The overhead law (`cost_models.curves.overhead_law`) at fixed `sizes`, rounded as the TOML stores it
+    (never below 0.001)."""
+    pts = tuple((s, max(10.0**-digits, round(overhead_law(s, peak, plateau, t0), digits))) for s in sizes)
     return EfficiencyCurve(points=pts)
 
 
@@ -63,8 +64,8 @@ def curves(x: np.ndarray, cluster: Cluster) -> tuple[EfficiencyCurve, Efficiency
     e_max, m_max, t0 = float(x[0]), float(x[1]), 10.0 ** float(x[2])
     peak = max(v for _, v in cluster.device.peak_flops_per_s)
     dense = dict(cluster.device.peak_flops_per_s).get("bf16", peak)
-    return (saturating(MATMUL_SIZES, e_max, t0 * e_max * dense),
-            saturating(MEMORY_SIZES, m_max, t0 * m_max * cluster.device.hbm_bytes_per_s))
+    return (sampled(MATMUL_SIZES, dense, e_max, t0),
+            sampled(MEMORY_SIZES, cluster.device.hbm_bytes_per_s, m_max, t0))
 
 
 def with_params(cluster: Cluster, x: np.ndarray) -> Cluster:
