@@ -162,9 +162,7 @@ def estimate_model(
     structure = discover_blocks(graph)
     est = estimate(graph, structure, hw, workload, strat)
     out = est.to_dict()
-    out["model"] = {"name": os.path.basename(os.fspath(model)), "params": graph.param_count}
-    out["cluster"] = {"name": hw.name, "devices": hw.n_devices}
-    out["workload"] = {"mode": mode, "global_batch": global_batch, "seq_len": seq_len, "dtype": dtype}
+    out.update(_describe(model, graph, hw, workload))
     from planner.plan import strategy_dict
 
     out["strategy"] = strategy_dict(strat)
