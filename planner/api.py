@@ -148,14 +148,16 @@ def estimate_model(
     from planner.strategy import Strategy, Workload
 
     workload = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # type: ignore[arg-type]
-    inner = strategy.get("tp", 1) * strategy.get("pp", 1) * strategy.get("cp", 1)
+    stage_tp = tuple(strategy.get("stage_tp") or ())
+    inner = (sum(stage_tp) if stage_tp else strategy.get("tp", 1) * strategy.get("pp", 1)) * strategy.get("cp", 1)
     if devices is None and dp is not None:
         devices = inner * dp
     hw = load_cluster(cluster, devices=devices)
     if dp is None:
         dp, rem = divmod(hw.n_devices, inner)
         if rem or dp < 1:
-            raise InvalidInput(f"tp x pp x cp = {inner} does not divide the {hw.n_devices} devices of {hw.name}; "
+            what = "sum(stage_tp) x cp" if stage_tp else "tp x pp x cp"
+            raise InvalidInput(f"{what} = {inner} does not divide the {hw.n_devices} devices of {hw.name}; "
                                "change the degrees or pass --devices")
     strat = Strategy(dp=dp, **strategy)
     graph = _graph_for_costing(model, seq_len, dims, overrides)

@@ -240,13 +240,14 @@ def layout_table(graph: Graph, structure: Structure, problem, choice) -> dict[st
     return out
 
 
-def layout_memory(graph: Graph, structure: Structure, facts: GraphFacts, problem, strategy, policy, stage0: set[str],
-                  width: float, scale: float, held: float) -> list:
-    """Per var and strategy, the bytes one device of the first pipeline stage holds because of that choice:
-    its parameters' states (by ZeRO stage and offload) and the activations its ops keep (by recompute).
+def layout_memory(graph: Graph, structure: Structure, facts: GraphFacts, problem, strategy, policy,
+                  stages: list[tuple[set[str], float]], width: float, scale: float) -> list[list]:
+    """Per pipeline stage, per var and strategy: the bytes one device of that stage holds because of that
+    choice: its parameters' states (by ZeRO stage and offload) and the activations its ops keep (by recompute).
 
-    The first stage holds the most micro-batches in flight under 1F1B (Narayanan 2021), so its memory is
-    the one the integer program constrains.
+    `stages` gives each stage's blocks and the micro-batches it holds in flight. Tied layers share one
+    var across stages, so each stage gets its own row: under 1F1B the first stage holds the most
+    micro-batches (Narayanan 2021), but the last may hold the vocabulary's weights and logits.
     """
     import numpy as np
 
@@ -259,26 +260,30 @@ def layout_memory(graph: Graph, structure: Structure, facts: GraphFacts, problem
         b += 12.0 * (1 - f("optimizer")) / (g if z >= 1 else 1)
         return b / (ep if expert else 1)
 
-    in_stage0 = {p for b in stage0 for p in structure.block(b).params}
+    stage_of = {b: k for k, (blocks, _) in enumerate(stages) for b in blocks}
+    held = [h for _, h in stages]
+    param_stage = {p: stage_of[b.name] for b in structure.blocks if b.name in stage_of for p in b.params}
     by_key: dict = defaultdict(list)
     for p, k in facts.param_keys.items():
-        if p in in_stage0:
+        if p in param_stage:
             by_key[k].append(p)
     saved_by_node = facts.saved_by_node(width)
     core, in_core_output = facts.core, facts.in_core_output
     keep_act = 1.0 - f("activations")
-    out = []
+    out = [[] for _ in stages]
     for v in problem.vars:
-        m = np.zeros(len(v.strategies))
+        m = np.zeros((len(stages), len(v.strategies)))
         if v.param is not None:
-            total = sum(graph.tensors[p].numel * per_param(".experts." in p) for p in by_key.get(v.key, ()))
-            for s_i, s in enumerate(v.strategies):
-                m[s_i] = total / (t if s.outputs[0] >= 0 else 1)
+            for p in by_key.get(v.key, ()):
+                total = graph.tensors[p].numel * per_param(".experts." in p)
+                for s_i, s in enumerate(v.strategies):
+                    m[param_stage[p], s_i] += total / (t if s.outputs[0] >= 0 else 1)
         else:
             for i in problem.members[problem.index[v.key]]:
                 blk = structure.block_of_node(int(i))
-                if blk is None or blk.name not in stage0 or policy.get(blk.name) == "full":
+                if blk is None or blk.name not in stage_of or policy.get(blk.name) == "full":
                     continue
+                k_st = stage_of[blk.name]
                 for sv in saved_by_node.get(int(i), ()):
                     if policy.get(blk.name) == "selective" and sv.saver in core and (
                             sv.tensor in in_core_output or sv.input_index == -1
@@ -287,6 +292,7 @@ def layout_memory(graph: Graph, structure: Structure, facts: GraphFacts, problem
                     for s_i, s in enumerate(v.strategies):
                         k = sv.input_index
                         split = (s.inputs[k] >= 0) if 0 <= k < len(s.inputs) else (s.outputs[0] >= 0)
-                        m[s_i] += sv.nbytes * scale * held * keep_act / (t if split else 1)
-        out.append(m)
+                        m[k_st, s_i] += sv.nbytes * scale * held[k_st] * keep_act / (t if split else 1)
+        for k_st in range(len(stages)):
+            out[k_st].append(m[k_st])
     return out

@@ -115,6 +115,12 @@ def fits_memory(cluster: Cluster, memory_bytes: Mapping[str, float]) -> bool:
 
 
 def check_devices(cluster: Cluster, strategy: Strategy) -> None:
+    if strategy.devices != cluster.n_devices and strategy.stage_tp:
+        raise InvalidInput(
+            f"stages of tensor degrees {'+'.join(map(str, strategy.stage_tp))} x cp {strategy.cp} x dp {strategy.dp} "
+            f"= {strategy.devices} devices, but the cluster has {cluster.n_devices}; pass --devices {strategy.devices} "
+            "or change the degrees"
+        )
     if strategy.devices != cluster.n_devices:
         raise InvalidInput(
             f"tp x cp x dp x pp = {strategy.tp} x {strategy.cp} x {strategy.dp} x {strategy.pp} = {strategy.devices} "
@@ -130,11 +136,16 @@ def estimate(
     strategy: Strategy,
     *,
     time_limit_s: float = 10.0,
+    param_pins: Mapping[str, int] | None = None,
 ) -> Estimate:
-    """Score one strategy: the numbers `hyperplan estimate` prints."""
+    """Score one strategy: the numbers `hyperplan estimate` prints (`param_pins`: see `stage_costs`)."""
     check_devices(cluster, strategy)
     m = strategy.micro_batches(workload)
-    costs: StageCosts = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s)
+    costs: StageCosts = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
+                                    param_pins=param_pins)
+    if not all(fits_memory(cluster, s.memory_bytes) for s in costs.stages):  # the fastest layouts do not fit
+        costs = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
+                            param_pins=param_pins, memory_constraint=True)
     bd, step, offload = step_breakdown(costs, cluster, workload, strategy, m)
 
     peak = cluster.device.peak_flops(workload.dtype)
@@ -143,7 +154,8 @@ def estimate(
         model_flops = costs.forward_flops_per_sample * workload.global_batch
     n = cluster.n_devices
     stages = tuple(
-        StageEstimate(index=s.index, layers=s.layers, devices=n // strategy.pp, forward_s=s.forward_s,
+        StageEstimate(index=s.index, layers=s.layers, devices=strategy.tp_of_stage(s.index) * strategy.dp * strategy.cp,
+                      forward_s=s.forward_s,
                       backward_s=s.backward_s, memory_bytes=s.memory_bytes)
         for s in costs.stages
     )

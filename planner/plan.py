@@ -33,15 +33,41 @@ def mesh_axes(cluster: Cluster, s: Strategy) -> tuple[dict[str, Any], ...]:
     axes = []
     stride = 1
     for name, size in (("tp", s.tp), ("cp", s.cp), ("dp", s.dp), ("pp", s.pp)):
+        if s.stage_tp and name == "pp":  # stages of different widths: no one stride; their blocks follow
+            axes.append({"name": name, "size": size, "stride": None, "levels": []})
+            continue
         spans = place_group(cluster, size, stride=stride) if size > 1 else ()
         axes.append({"name": name, "size": size, "stride": stride,
                      "levels": [f"{sp.level.name}x{sp.participants}" for sp in spans]})
         stride *= size
+    if s.stage_tp:
+        for stage, (first, last) in enumerate(stage_ranks(s)):
+            width = s.stage_tp[stage]
+            spans = place_group(cluster, width, stride=1) if width > 1 else ()
+            axes.append({"name": f"stage{stage}", "size": last - first + 1, "ranks": [first, last], "tp": width,
+                         "levels": [f"{sp.level.name}x{sp.participants}" for sp in spans]})
     if s.ep > 1:
         spans = place_group(cluster, s.ep, stride=s.tp)
         axes.append({"name": "ep", "size": s.ep, "stride": s.tp, "within": "dp x cp",
                      "levels": [f"{sp.level.name}x{sp.participants}" for sp in spans]})
     return tuple(axes)
+
+
+def stage_ranks(s: Strategy) -> list[tuple[int, int]]:
+    """First and last rank of each pipeline stage's block (tp x cp x dp ranks, tensor axis fastest).
+
+    Stages of different widths take their blocks widest first, so every block starts at a multiple of
+    its own tensor width and power-of-two tensor groups never straddle a node (the placement the cost
+    model assumes); equal widths keep pipeline order.
+    """
+    per = [s.tp_of_stage(k) * s.cp * s.dp for k in range(s.pp)]
+    order = sorted(range(s.pp), key=lambda k: (-s.tp_of_stage(k), k))
+    out: dict[int, tuple[int, int]] = {}
+    first = 0
+    for k in order:
+        out[k] = (first, first + per[k] - 1)
+        first += per[k]
+    return [out[k] for k in range(s.pp)]
 
 
 def why_slower(loser: Candidate, winner_breakdown: Mapping[str, float], winner_step: float) -> str:
@@ -81,4 +107,4 @@ def strategy_dict(s: Strategy) -> dict[str, Any]:
     return {"tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp, "micro_batch": s.micro_batch,
             "recompute": s.recompute, "sp": s.sp, "zero": s.zero, "schedule": s.schedule,
             "offload": dict(s.offload), "stage_layers": list(s.stage_layers), "layouts": s.layouts,
-            "full_recompute_layers": s.full_recompute_layers, "summary": s.short()}
+            "full_recompute_layers": s.full_recompute_layers, "stage_tp": list(s.stage_tp), "summary": s.short()}

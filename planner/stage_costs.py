@@ -11,7 +11,7 @@ stage sums its blocks. `step_time` turns these into a step.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 import numpy as np
@@ -49,6 +49,7 @@ class StageCost:
     boundary_bytes: float  # activation sent to the next stage per micro-batch
     held: float  # micro-batches whose activations the stage holds at its peak
     gather_bytes: float = 0.0  # the part of the boundary held whole by every tensor rank: all-gathered after the p2p
+    tp: int = 1  # the stage's tensor-parallel degree (stages may differ: `Strategy.stage_tp`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,8 @@ class StageCosts:
     layouts: Mapping[str, Mapping[str, str]]
     solver_gap: float
     block_s: Mapping[str, float] = field(default_factory=dict)  # forward + backward per micro-batch, per block
+    block_act_bytes: Mapping[str, float] = field(default_factory=dict)  # kept for backward, per micro-batch
+    block_params: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # (dense, expert) per device
 
 
 def even_split(n_layers: int, n_chunks: int) -> tuple[int, ...]:
@@ -115,14 +118,25 @@ def stage_costs(
     time_limit_s: float = 10.0,
     style: str | None = None,
     facts: GraphFacts | None = None,
+    param_pins: Mapping[str, int] | None = None,
+    memory_constraint: bool = False,
 ) -> StageCosts:
     """Costs of each pipeline stage; `style` is the tensor-parallel layout space ('megatron' or 'free').
 
+    With `memory_constraint`, the layouts are chosen under one HBM constraint per stage (slower layouts
+    that fit); without it, the fastest layouts (`estimate` falls back to the constraint when those do
+    not fit).
+
     Pass the same `facts` to score many strategies of one graph: the graph
     analysis, the problem skeleton per tensor-axis size and the solved
-    layouts per (size, style) are then reused.
+    layouts per (size, style) are then reused. `param_pins` fixes parameters' tensor-axis layouts (name ->
+    the dim split over tp, or REPLICATED), as a hand-edited declaration asks; the solver chooses the rest.
     """
     facts = facts or GraphFacts(graph, structure)
+    if strategy.stage_tp:
+        return _unequal_stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
+                                    style=style, facts=facts, param_pins=param_pins,
+                                    memory_constraint=memory_constraint)
     style = style or ("free" if strategy.layouts == "searched" else "megatron")
     t, cp, pp = strategy.tp, strategy.cp, strategy.pp
     training = workload.mode == "train"
@@ -193,22 +207,32 @@ def stage_costs(
         facts.skeletons[skey] = build_skeleton(graph, node_keys, param_keys, t, training, space, grad)
     problem = price(facts.skeletons[skey], var_time, passes, comm_time, tensor_bytes, 1 + again)
     gap = 0.0
+    constrain = training and memory_constraint
     ckey = (skey, strategy.sp, cp, workload.seq_len, dtype)
     if not facts.reuse_layouts:
-        ckey += (strategy.micro_batch, strategy.recompute, strategy.full_recompute_layers)
+        ckey += (strategy.micro_batch, strategy.recompute, strategy.full_recompute_layers, constrain)
+        if constrain:
+            ckey += (strategy.pp, strategy.vpp, strategy.stage_layers, strategy.zero, strategy.offload,
+                     strategy.dp, strategy.ep, strategy.micro_batches(workload), cluster.device.hbm_bytes)
+    if param_pins:
+        ckey += (tuple(sorted(param_pins.items())),)
     if t == 1:
         choice = tuple(0 for _ in problem.vars)
     elif ckey in facts.choices:
         choice, gap = facts.choices[ckey]
     else:
         allowed = residual_pins(graph, structure, problem, workload.seq_len, strategy.sp)
-        if training and not facts.reuse_layouts:  # the integer program's memory constraint (first stage)
-            stage0 = {b.name for b in structure.blocks if chunk[b.name] % pp == 0}
-            held0 = inflight_microbatches("interleaved" if strategy.vpp > 1 else strategy.schedule, pp=pp,
-                                          microbatches=strategy.micro_batches(workload), stage=0,
-                                          virtual_stages=strategy.vpp)
-            problem.memory = layout_memory(graph, structure, facts, problem, strategy, policy, stage0, width,
-                                           bs / cp, held0)
+        for p, want in sorted((param_pins or {}).items()):
+            v_i = problem.index[facts.param_keys[p]]
+            ok = frozenset(k for k, s in enumerate(problem.vars[v_i].strategies) if s.outputs[0] == want)
+            allowed[v_i] = ok & allowed.get(v_i, ok)
+        if constrain:  # the integer program's memory constraints, one per stage
+            schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
+            m = strategy.micro_batches(workload)
+            rows = [({b.name for b in structure.blocks if chunk[b.name] % pp == s},
+                     inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp))
+                    for s in range(pp)]
+            problem.memory = layout_memory(graph, structure, facts, problem, strategy, policy, rows, width, bs / cp)
             problem.memory_budget = cluster.device.hbm_bytes
         try:
             sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed)
@@ -266,6 +290,13 @@ def stage_costs(
     for v_i, c in problem.sink_costs().items():
         var_parts[v_i].tp_fwd += float(c[choice[v_i]])
         var_parts[v_i].tp_kinds["all_reduce"] += float(c[choice[v_i]])
+    bad = [v_i for v_i, vp in enumerate(var_parts) if vp.tp_kinds.get("impossible")] if param_pins else []
+    if bad:
+        node = graph.nodes[problem.vars[bad[0]].node]
+        read = [x for x in node.inputs if x in param_pins] or ["its weight"]
+        raise InvalidInput(f"op {node.name!r} cannot read the declared layout of {read[0]} in the {space!r} "
+                           "tensor-axis layout space (a stored weight would move, or a split become a pending sum); "
+                           "declare the layout the estimator chose, or set layouts.space to searched")
     per_type: dict[str, Parts] = defaultdict(Parts)  # one instance of a tied block type
     own: dict[str, Parts] = defaultdict(Parts)
     for v_i, v in enumerate(problem.vars):
@@ -298,6 +329,16 @@ def stage_costs(
     # -- stages ----------------------------------------------------------------------------------
     m = strategy.micro_batches(workload)
     schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
+    block_params: dict[str, tuple[float, float]] = {}
+    for blk in structure.blocks:
+        dense = expert = 0.0
+        for p in blk.params:
+            shard = t if param_layout.get(p, REPLICATED) >= 0 else 1
+            if ".experts." in p:
+                expert += graph.tensors[p].numel / shard / strategy.ep
+            else:
+                dense += graph.tensors[p].numel / shard
+        block_params[blk.name] = (dense, expert)
     stages = []
     for s in range(pp):
         names = [b.name for b in structure.blocks if chunk[b.name] % pp == s]
@@ -309,12 +350,8 @@ def stage_costs(
             parts.add(block_parts[name])
             acts += act_block.get(name, 0.0)
             blk = structure.block(name)
-            for p in blk.params:
-                shard = t if param_layout.get(p, REPLICATED) >= 0 else 1
-                if ".experts." in p:
-                    expert += graph.tensors[p].numel / shard / strategy.ep
-                else:
-                    dense += graph.tensors[p].numel / shard
+            dense += block_params[name][0]
+            expert += block_params[name][1]
             if blk.is_layer:
                 ins = facts.layer_inputs[blk.name]
                 # Megatron-LM's scatter/gather (Narayanan 2021, section 4.1): each tensor rank sends 1/t of a
@@ -326,26 +363,52 @@ def stage_costs(
                              and structure.blocks[structure.node_block[facts.producer[x][0]]].is_layer]
                     gather = max(gather, sum(tensor_bytes(x) for x in whole))
         held = inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp) if training else 1.0
-        dpg = strategy.dp * cp
-        if training:
-            st_d = model_state_bytes(dense, zero_stage=strategy.zero, dp=dpg, state=MEGATRON_ADAM)
-            st_e = model_state_bytes(expert, zero_stage=strategy.zero, dp=max(1, dpg // strategy.ep), state=MEGATRON_ADAM)
-            mem = {"params": st_d.params_bytes + st_e.params_bytes, "grads": st_d.grads_bytes + st_e.grads_bytes,
-                   "optimizer": st_d.optimizer_bytes + st_e.optimizer_bytes, "activations": acts * held}
-        else:
-            mem = {"params": (dense + expert) * width, "grads": 0.0, "optimizer": 0.0, "activations": acts}
-        for cls in ("params", "grads", "optimizer", "activations"):
-            frac = strategy.offload_fraction(cls)
-            if frac:
-                mem[f"offloaded_{cls}"] = mem[cls] * frac
-                mem[cls] *= 1.0 - frac
-        mem["peak"] = sum(v for k, v in mem.items() if not k.startswith("offloaded_"))
+        mem = stage_memory(dense, expert, acts * held, strategy, training, width)
         fwd = parts.forward + parts.tp_fwd + parts.cp_fwd + parts.ep_fwd
         bwd = parts.backward + parts.recompute + parts.tp_bwd + parts.cp_bwd + parts.ep_bwd
         stages.append(StageCost(s, tuple(n for n in names if structure.block(n).is_layer), parts, fwd, bwd,
-                                dense, expert, mem, boundary, held, gather))
+                                dense, expert, mem, boundary, held, gather, t))
     block_s = {name: p.total() for name, p in block_parts.items()}
     return StageCosts(tuple(stages), float(work.flops.sum()) / work.batch,
-                      layout_table(graph, structure, problem, choice), gap, block_s)
+                      layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block), block_params)
+
+
+def stage_memory(dense: float, expert: float, activation_bytes: float, strategy: Strategy, training: bool,
+                 width: float) -> dict[str, float]:
+    """Bytes per device by memory class of a stage holding these parameters (per device, after tensor and
+    expert sharding) and activations: states by ZeRO stage, what is offloaded moved to `offloaded_*`, and
+    the HBM `peak`. Linear in its inputs, so per-layer figures add up to a stage's."""
+    if training:
+        dpg = strategy.dp * strategy.cp
+        st_d = model_state_bytes(dense, zero_stage=strategy.zero, dp=dpg, state=MEGATRON_ADAM)
+        st_e = model_state_bytes(expert, zero_stage=strategy.zero, dp=max(1, dpg // strategy.ep), state=MEGATRON_ADAM)
+        mem = {"params": st_d.params_bytes + st_e.params_bytes, "grads": st_d.grads_bytes + st_e.grads_bytes,
+               "optimizer": st_d.optimizer_bytes + st_e.optimizer_bytes, "activations": activation_bytes}
+    else:
+        mem = {"params": (dense + expert) * width, "grads": 0.0, "optimizer": 0.0, "activations": activation_bytes}
+    for cls in ("params", "grads", "optimizer", "activations"):
+        frac = strategy.offload_fraction(cls)
+        if frac:
+            mem[f"offloaded_{cls}"] = mem[cls] * frac
+            mem[cls] *= 1.0 - frac
+    mem["peak"] = sum(v for k, v in mem.items() if not k.startswith("offloaded_"))
+    return mem
+
+
+def _unequal_stage_costs(graph: Graph, structure: Structure, cluster: Cluster, workload: Workload,
+                         strategy: Strategy, **options) -> StageCosts:
+    """Stages of different tensor-parallel widths: stage s is costed as it would be in a pipeline whose every
+    stage had its width (same cut, same in-flight micro-batches), since a stage's work, layouts and memory
+    depend only on its own width and position. Layouts are reported for the widest stage."""
+    widths = sorted(set(strategy.stage_tp))
+    by_width = {w: stage_costs(graph, structure, cluster, workload,
+                               replace(strategy, tp=w, stage_tp=(), sp=strategy.sp and w > 1),
+                               **options)
+                for w in widths}
+    stages = tuple(by_width[w].stages[s] for s, w in enumerate(strategy.stage_tp))
+    wide = by_width[widths[-1]]
+    return StageCosts(stages, wide.forward_flops_per_sample, wide.layouts,
+                      max(c.solver_gap for c in by_width.values()), wide.block_s, wide.block_act_bytes,
+                      wide.block_params)
 
 

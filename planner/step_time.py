@@ -57,8 +57,9 @@ def step_breakdown(
     if pp > 1:
         spans = place_group(cluster, 2, stride=t * cp * dp)
         p2p = send_recv_s(max(s.boundary_bytes for s in stages), spans)
-        if t > 1:  # the receiver all-gathers what was sent scattered (see stage_costs)
-            p2p += all_gather_s(max(s.gather_bytes for s in stages), place_group(cluster, t, stride=1))
+        # the receiver all-gathers what was sent scattered (see stage_costs), over its own tensor group
+        p2p += max(all_gather_s(s.gather_bytes, place_group(cluster, s.tp, stride=1)) if s.tp > 1 else 0.0
+                   for s in stages)
     schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
     pipe = pipeline_time([s.forward_s for s in stages], [s.backward_s for s in stages], m, schedule,
                          strategy.vpp, p2p)
@@ -81,12 +82,12 @@ def step_breakdown(
     dp_exposed = opt = off = 0.0
     detail: dict[str, dict] = {}
     for s in stages:
-        red = _dp_reduction_s(cluster, strategy, s.dense_params, dpg, t, width)
-        red += _dp_reduction_s(cluster, strategy, s.expert_params, dpg // strategy.ep, t * strategy.ep, width)
+        red = _dp_reduction_s(cluster, strategy, s.dense_params, dpg, s.tp, width)
+        red += _dp_reduction_s(cluster, strategy, s.expert_params, dpg // strategy.ep, s.tp * strategy.ep, width)
         layers = max(1, len(s.layers))
         exposed = exposed_dp_reduction_s(cluster, red, s.backward_s, red / layers)
         if strategy.zero == 3 and dpg > 1:  # parameters gathered before each micro-batch's forward and backward
-            spans = place_group(cluster, dpg, stride=t)
+            spans = place_group(cluster, dpg, stride=s.tp)
             gather = 2 * m * all_gather_s(s.dense_params * width, spans)
             exposed += exposed_s(gather, m * (s.forward_s + s.backward_s), cluster.dp_overlap_efficiency)
         local = s.dense_params / (dpg if strategy.zero >= 1 else 1) + s.expert_params / (

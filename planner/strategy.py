@@ -65,6 +65,7 @@ class Strategy:
     stage_layers: tuple[int, ...] = ()  # layers per pipeline chunk (pp x vpp of them); () = as even as possible
     full_recompute_layers: int = 0  # per chunk, the first k layers recompute fully, the rest use `recompute`
     layouts: str = "megatron"  # tensor-axis layout space: "megatron" (Megatron-LM's) or "searched" (free ILP)
+    stage_tp: tuple[int, ...] = ()  # tensor degree of each pipeline stage when they differ; () = `tp` everywhere
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch"):
@@ -91,6 +92,15 @@ class Strategy:
             raise InvalidInput(f"--full-recompute-layers must be >= 0, got {self.full_recompute_layers}")
         if self.layouts not in ("megatron", "searched"):
             raise InvalidInput(f"layouts must be 'megatron' or 'searched', got {self.layouts!r}")
+        if self.stage_tp:
+            if len(self.stage_tp) != self.pp or self.pp < 2 or min(self.stage_tp) < 1:
+                raise InvalidInput(f"stage_tp {list(self.stage_tp)} must give one positive tensor degree for each "
+                                   f"of the pp = {self.pp} pipeline stages (and pp must be at least 2)")
+            if self.vpp > 1:
+                raise InvalidInput("stages with different device counts (stage_tp) need --vpp 1")
+            if self.tp != max(self.stage_tp):
+                raise InvalidInput(f"with stage_tp {list(self.stage_tp)}, tp must be the widest stage's degree, "
+                                   f"{max(self.stage_tp)}, not {self.tp}")
         for cls, frac in self.offload:
             if cls not in OFFLOAD_CLASSES:
                 raise InvalidInput(f"unknown offload class {cls!r}; use one of {', '.join(OFFLOAD_CLASSES)}")
@@ -99,7 +109,13 @@ class Strategy:
 
     @property
     def devices(self) -> int:
+        if self.stage_tp:
+            return sum(self.stage_tp) * self.dp * self.cp
         return self.tp * self.pp * self.dp * self.cp
+
+    def tp_of_stage(self, stage: int) -> int:
+        """The tensor-parallel degree of one pipeline stage."""
+        return self.stage_tp[stage] if self.stage_tp else self.tp
 
     def offload_fraction(self, cls: str) -> float:
         return dict(self.offload).get(cls, 0.0)
@@ -125,8 +141,10 @@ class Strategy:
         return m
 
     def short(self) -> str:
-        """E.g. 'TP8·PP12·DP4, ZeRO-1, selective recompute'."""
-        axes = [f"{n}{v}" for n, v in (("TP", self.tp), ("CP", self.cp), ("PP", self.pp), ("DP", self.dp), ("EP", self.ep)) if v > 1]
+        """E.g. 'TP8·PP12·DP4, ZeRO-1, selective recompute'; stages of different widths read 'TP4+8·PP2·DP4'."""
+        tp = "+".join(str(n) for n in self.stage_tp) if self.stage_tp else self.tp  # per stage: 'TP4+8·PP2'
+        axes = [f"{n}{v}" for n, v in (("TP", tp), ("CP", self.cp), ("PP", self.pp), ("DP", self.dp), ("EP", self.ep))
+                if v != 1]
         parts = ["·".join(axes) or "single device"]
         if self.vpp > 1:
             parts[0] += f" (vpp {self.vpp})"
@@ -141,14 +159,7 @@ class Strategy:
         parts.append(f"mb {self.micro_batch}")
         if self.stage_layers and len(set(self.stage_layers)) > 1:
             parts.append("layers/stage " + "+".join(str(n) for n in self.stage_layers))
-        if self.stage_layers and (len(self.stage_layers) != self.pp * self.vpp or min(self.stage_layers) < 1):
-            raise InvalidInput(
-                f"stage_layers {list(self.stage_layers)} must give pp x vpp = {self.pp * self.vpp} positive layer counts"
-            )
-        if self.full_recompute_layers < 0:
-            raise InvalidInput(f"--full-recompute-layers must be >= 0, got {self.full_recompute_layers}")
-        if self.layouts not in ("megatron", "searched"):
-            raise InvalidInput(f"layouts must be 'megatron' or 'searched', got {self.layouts!r}")
+
         for cls, frac in self.offload:
             if frac > 0:
                 parts.append(f"{cls} offloaded {frac:.0%}")

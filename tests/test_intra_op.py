@@ -160,11 +160,22 @@ def test_a_memory_budget_makes_the_solver_shard_weights(backend):
     prob = _problem(g, 4, 1e-15, 1e-6)
     free = solve_intra_op(prob, backend=backend)
     weights = {v_i: g.tensors[v.param].nbytes for v_i, v in enumerate(prob.vars) if v.param}
-    prob.memory = [np.array([weights.get(v_i, 0.0) / (1 if s.outputs[0] < 0 else 4) for s in v.strategies])
-                   if v.param else np.zeros(len(v.strategies)) for v_i, v in enumerate(prob.vars)]
+    row = [np.array([weights.get(v_i, 0.0) / (1 if s.outputs[0] < 0 else 4) for s in v.strategies])
+           if v.param else np.zeros(len(v.strategies)) for v_i, v in enumerate(prob.vars)]
+    prob.memory = [row]
     replicated = sum(weights.values())
-    assert sum(m[c] for m, c in zip(prob.memory, free.choice)) == pytest.approx(replicated)
+    assert sum(m[c] for m, c in zip(row, free.choice)) == pytest.approx(replicated)
     prob.memory_budget = replicated * 0.5
     tight = solve_intra_op(prob, backend=backend)
-    assert sum(m[c] for m, c in zip(prob.memory, tight.choice)) <= replicated * 0.5
+    assert sum(m[c] for m, c in zip(row, tight.choice)) <= replicated * 0.5
     assert tight.cost_s > free.cost_s
+
+    # one constraint per pipeline stage: the weights split over two stages, each must fit on its own
+    first = min(weights)
+    stages = [[m if v_i == first else np.zeros_like(m) for v_i, m in enumerate(row)],
+              [np.zeros_like(m) if v_i == first else m for v_i, m in enumerate(row)]]
+    prob.memory = stages
+    prob.memory_budget = 0.6 * max(sum(float(m.max()) for m in st) for st in stages)
+    split = solve_intra_op(prob, backend=backend)
+    for st in stages:
+        assert sum(m[c] for m, c in zip(st, split.choice)) <= prob.memory_budget

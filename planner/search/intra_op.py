@@ -89,9 +89,10 @@ class IntraOpProblem:
     one collective per distinct gradient layout serves them all (Megatron's single "f" all-reduce
     for the input of q, k and v), not one per reader."""
     members: list[np.ndarray] = field(default_factory=list)  # node indices each var stands for
-    #: Bytes per device each var's strategies put in HBM (its parameters' states, the activations its ops keep),
-    #: and the budget they must fit in: the integer program's memory constraint. Empty: unconstrained.
-    memory: list[np.ndarray] = field(default_factory=list)
+    #: Per pipeline stage, the bytes per device each var's strategies put in HBM (its parameters' states, the
+    #: activations its ops keep), and the budget each stage must fit in: the integer program's memory
+    #: constraints, one per stage. Empty: unconstrained.
+    memory: list[list[np.ndarray]] = field(default_factory=list)
     memory_budget: float | None = None
 
     def sink_costs(self) -> dict[int, np.ndarray]:

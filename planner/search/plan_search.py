@@ -10,7 +10,8 @@ the ones that fit in memory.
    scale-up domain (tensor axis inside it), the layers and the batch allow,
    probed at micro-batch 1 with the cheapest recompute and ZeRO level that fit;
 2. the best meshes again over micro-batch sizes and interleaved stages;
-3. the best few with a balanced pipeline cut (`pipeline.balanced_split`).
+3. the best few with a balanced pipeline cut (`pipeline.balanced_split`);
+4. the best few pipelines with stages of different widths (`stage_widths`).
 Memory is a hard constraint; among plans that fit, the fastest step wins,
 ties broken by fewer devices on the slow axes, then by order of discovery.
 """
@@ -30,7 +31,8 @@ from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.search.pipeline import balanced_split
 from planner.graph_facts import GraphFacts
-from planner.stage_costs import even_split, stage_costs
+from planner.search.stage_widths import unequal_stage_strategies
+from planner.stage_costs import DTYPE_WIDTH, StageCosts, even_split, stage_costs
 from planner.step_time import step_breakdown
 from planner.strategy import Strategy, Workload
 
@@ -53,9 +55,10 @@ class Candidate:
     memory_bytes: Mapping[str, float] = field(default_factory=dict)  # the stage with the highest peak
 
     @property
-    def mesh(self) -> tuple[int, int, int, int, int]:
+    def mesh(self) -> tuple:
+        """(tp, cp, pp, dp, ep), and the stages' widths when they differ."""
         s = self.strategy
-        return (s.tp, s.cp, s.pp, s.dp, s.ep)
+        return (s.tp, s.cp, s.pp, s.dp, s.ep) + ((s.stage_tp,) if s.stage_tp else ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,12 +144,16 @@ class _Scorer:
         self.memo[s] = c = self._score(s)
         return c
 
+    def costs(self, s: Strategy) -> StageCosts:
+        """The stage costs of `s` (not counted as a scored strategy)."""
+        return stage_costs(self.graph, self.structure, self.cluster, self.workload, s, facts=self.facts,
+                           time_limit_s=self.time_limit_s)
+
     def _score(self, s: Strategy) -> Candidate:
         self.count += 1
         try:
             m = s.micro_batches(self.workload)
-            costs = stage_costs(self.graph, self.structure, self.cluster, self.workload, s, facts=self.facts,
-                                time_limit_s=self.time_limit_s)
+            costs = self.costs(s)
             bd, step, _ = step_breakdown(costs, self.cluster, self.workload, s, m)
         except HyperplanError as exc:
             return Candidate(s, math.inf, False, math.inf, note=str(exc))
@@ -316,6 +323,16 @@ def search(
         split = _balanced(scorer, s)
         if split and split != _even(len(structure.layers()), s.pp):
             consider(scorer.score(replace(s, stage_layers=split)))
+
+    # 4. stages of different widths for the best few pipelines: heavy stages get more tensor ranks
+    top = sorted(best_by_mesh.values(), key=lambda c: _key(c, hbm))[:3]
+    for cand in top:
+        if not cand.fits or time.perf_counter() - t0 > time_limit_s * 0.95:
+            continue
+        report(f"stage widths of {cand.strategy.short()}", 0.95)
+        for s in unequal_stage_strategies(structure, cluster, workload, cand.strategy, scorer.costs,
+                                          tensor_axis_limit(cluster), DTYPE_WIDTH.get(workload.dtype, 2.0)):
+            consider(scorer.score(s))
 
     ranked = tuple(sorted(best_by_mesh.values(), key=lambda c: _key(c, hbm)))
     best = ranked[0] if ranked and ranked[0].fits else None

@@ -162,9 +162,9 @@ def solve_intra_op_cpsat(
             ci = int(round((c - base) * _NS))
             if ci:
                 terms.append((x[v][s], ci))
-    if problem.memory and problem.memory_budget is not None:  # memory: the layouts fit the budget (KiB)
-        model.Add(sum(int(math.ceil(problem.memory[v][s_i] / 1024)) * x[v][s_i] for v in range(n)
-                      for s_i in range(len(x[v])) if problem.memory[v][s_i])
+    for mem in problem.memory if problem.memory_budget is not None else ():  # each stage fits (KiB)
+        model.Add(sum(int(math.ceil(mem[v][s_i] / 1024)) * x[v][s_i] for v in range(n)
+                      for s_i in range(len(x[v])) if mem[v][s_i])
                   <= int(problem.memory_budget // 1024))
     model.Minimize(sum(c * var for var, c in terms))
 
@@ -289,10 +289,10 @@ def solve_intra_op_highs(
         for s in range(len(x[v])):
             if s not in ok:
                 ub[x[v][s]] = 0.0
-    # memory: what the layouts put in HBM stays within the device's budget
-    if problem.memory and problem.memory_budget is not None:
-        row([(x[v][s_i], float(problem.memory[v][s_i])) for v in range(n) for s_i in range(len(x[v]))
-             if problem.memory[v][s_i]], -np.inf, float(problem.memory_budget))
+    # memory: what the layouts put in HBM stays within the device's budget, on every pipeline stage
+    for mem in problem.memory if problem.memory_budget is not None else ():
+        row([(x[v][s_i], float(mem[v][s_i])) for v in range(n) for s_i in range(len(x[v]))
+             if mem[v][s_i]], -np.inf, float(problem.memory_budget))
     integrality = np.zeros(len(cost))
     integrality[:n_int] = 1
     a = coo_matrix((vals, (rows, cols)), shape=(len(lo), len(cost))).tocsr()

@@ -1,0 +1,91 @@
+"""Pipeline stages with different device counts: give the heavy stages more tensor ranks.
+
+A uniform pipeline gives every stage the same mesh, so the stage with the
+embedding or the vocabulary head, or a device count that does not factor
+into equal stages, leaves devices waiting on the slowest stage. Here each
+stage of one pipeline replica picks its own tensor-parallel width (half,
+equal or double the uniform one) and its layers, with the widths adding up
+to the replica's tensor ranks: `pipeline.unequal_split` solves that
+exactly from per-layer costs measured at each width, and the planner then
+scores the cut like any other strategy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from cost_models import Cluster
+from cost_models.memory import inflight_microbatches
+
+from planner.graph.blocks import Structure
+from planner.search.pipeline import WidthCosts, unequal_split
+from planner.stage_costs import StageCosts, stage_memory
+from planner.strategy import Strategy, Workload
+
+Costing = Callable[[Strategy], StageCosts]
+"""Costs a strategy (shared graph facts and solved layouts): `stage_costs` bound to one graph and cluster."""
+
+
+def width_costs(structure: Structure, costs: StageCosts, strategy: Strategy, training: bool,
+                width: float) -> WidthCosts:
+    """Per-layer time and memory of a costing at one tensor width, with the embedding's and the head's apart."""
+    layers = structure.layers()
+    first_node = min(layers[0].nodes) if layers[0].nodes else 0
+
+    def state(name: str) -> float:
+        dense, expert = costs.block_params.get(name, (0.0, 0.0))
+        return stage_memory(dense, expert, 0.0, strategy, training, width)["peak"]
+
+    def act(name: str) -> float:
+        return stage_memory(0.0, 0.0, costs.block_act_bytes.get(name, 0.0), strategy, training, width)["peak"]
+
+    first = [b.name for b in structure.blocks if not b.is_layer and b.nodes and min(b.nodes) < first_node]
+    last = [b.name for b in structure.blocks if not b.is_layer and b.name not in first]
+    return WidthCosts(
+        tp=strategy.tp,
+        layer_s=[costs.block_s.get(b.name, 0.0) for b in layers],
+        layer_state_bytes=[state(b.name) for b in layers],
+        layer_act_bytes=[act(b.name) for b in layers],
+        first_s=sum(costs.block_s.get(n, 0.0) for n in first),
+        last_s=sum(costs.block_s.get(n, 0.0) for n in last),
+        first_bytes=(sum(map(state, first)), sum(map(act, first))),
+        last_bytes=(sum(map(state, last)), sum(map(act, last))),
+    )
+
+
+def unequal_stage_strategies(structure: Structure, cluster: Cluster, workload: Workload, base: Strategy,
+                             costing: Costing, tp_limit: int, width: float) -> list[Strategy]:
+    """Strategies whose stages differ in width, one per stage count around `base.pp`; [] when none can.
+
+    Widths are base.tp / 2, base.tp and 2 base.tp (within `tp_limit`); the replica's tensor ranks
+    (base.tp x base.pp) are kept, so the data-parallel degree and micro-batches do not change.
+    """
+    if base.pp < 2 or base.vpp > 1 or base.full_recompute_layers or base.stage_tp:
+        return []
+    training = workload.mode == "train"
+    budget = base.tp * base.pp
+    widths = sorted({w for w in (base.tp // 2, base.tp, 2 * base.tp) if 1 <= w <= tp_limit})
+    if len(widths) < 2:
+        return []
+    per_width = {}
+    for w in widths:
+        s = replace(base, tp=w, sp=base.sp and w > 1, stage_layers=())
+        per_width[w] = width_costs(structure, costing(s), s, training, width)
+    m = base.micro_batches(workload)
+    n_layers = len(structure.layers())
+    out = []
+    for n_stages in sorted({base.pp - 1, base.pp, base.pp + 1}):
+        if n_stages < 2 or n_stages > n_layers:
+            continue
+        held = [inflight_microbatches(base.schedule, pp=n_stages, microbatches=m, stage=c) if training else 1.0
+                for c in range(n_stages)]
+        cut = unequal_split(list(per_width.values()), n_stages, budget, held, cluster.device.hbm_bytes)
+        if cut is None:
+            continue
+        sizes, tps = cut
+        if len(set(tps)) == 1:
+            continue  # uniform widths: the balanced cut of the plain search covers it
+        out.append(replace(base, pp=n_stages, tp=max(tps), stage_tp=tps, stage_layers=sizes,
+                           sp=base.sp and max(tps) > 1))
+    return out
