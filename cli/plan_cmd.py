@@ -13,7 +13,7 @@ from rich.table import Table
 from cli import options as opt
 from cli.errors import err_console, guarded
 from cli.estimate_cmd import print_estimate
-from planner.api import plan_model
+from planner.api import plan_inference, plan_model
 from planner.errors import InvalidInput
 from planner.hypershard import Request, declare_plan, write_document
 
@@ -24,14 +24,35 @@ def register(app: typer.Typer) -> None:
     app.command("plan")(plan_cmd)
 
 
+_INFER = "Inference (--mode infer)"
+
+
 @guarded
 def plan_cmd(
     model: opt.Model,
     cluster: opt.Cluster,
-    global_batch: opt.GlobalBatch,
-    seq_len: opt.RequiredSeqLen,
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Sequences per training step "
+                                                        "(--mode train).", show_default=False)] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per sequence (--mode train).",
+                                                   show_default=False)] = None,
     devices: opt.Devices = None,
-    mode: Annotated[str, typer.Option("--mode", help="What to plan: train. (Inference planning, prefill and decode, is not available yet.)")] = "train",
+    mode: Annotated[str, typer.Option("--mode", help="What to plan: train, or infer (serving: prefill and "
+                                      "decode device groups, layouts and batches).")] = "train",
+    prompt_len: Annotated[Optional[int], typer.Option("--prompt-len", help="Prompt tokens per request.",
+                                                      rich_help_panel=_INFER, show_default=False)] = None,
+    gen_len: Annotated[Optional[int], typer.Option("--gen-len", help="Generated tokens per request.",
+                                                   rich_help_panel=_INFER, show_default=False)] = None,
+    batch: Annotated[Optional[int], typer.Option("--batch", help="Sequences per data-parallel replica per step "
+                                                 "(instead of latency targets).", rich_help_panel=_INFER,
+                                                 show_default=False)] = None,
+    ttft_ms: Annotated[Optional[float], typer.Option("--ttft-ms", help="Time to first token target: the prefill "
+                                                     "of a batch of prompts.", rich_help_panel=_INFER,
+                                                     show_default=False)] = None,
+    tpot_ms: Annotated[Optional[float], typer.Option("--tpot-ms", help="Time per output token target: one "
+                                                     "decode step.", rich_help_panel=_INFER,
+                                                     show_default=False)] = None,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV-cache precision: bf16, fp8 or int8.",
+                                          rich_help_panel=_INFER)] = "bf16",
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds the search may take; the best plan so "
                                                                    "far is returned when it runs out.")] = 60.0,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the HyperShard declaration to a "
@@ -39,9 +60,11 @@ def plan_cmd(
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="HBM a plan may use per device "
                                                         "(default: all of it), e.g. to leave room for the runtime.")] = None,
     no_offload: Annotated[bool, typer.Option("--no-offload", help="Keep everything in HBM: no HyperOffload of "
-                                             "parameters, optimizer states or activations to host/pooled memory.")] = False,
+                                             "parameters, optimizer states, activations or (serving) the KV cache "
+                                             "to host/pooled memory.")] = False,
     no_mpmd: Annotated[bool, typer.Option("--no-mpmd", help="Keep the whole model one program: no HyperMPMD device "
-                                          "groups for vision/audio encoders beside the backbone.")] = False,
+                                          "groups for vision/audio encoders beside the backbone; serving: prefill "
+                                          "and decode co-located on every device.")] = False,
     dtype: opt.Dtype = "bf16",
     as_json: opt.Json = False,
     layers: opt.Layers = None,
@@ -58,12 +81,38 @@ def plan_cmd(
     It searches the mesh (TP, CP, PP, DP, EP with the tensor axis inside the scale-up domain), the pipeline cut,
     per-op tensor layouts (an integer program), micro-batch size, recompute and ZeRO level.
 
+    With --mode infer it plans serving instead: prefill and decode on device groups sized by the search (or
+    co-located), each with its TP/DP/PP/EP layout, batch and KV-cache offload, under --ttft-ms/--tpot-ms or
+    at a given --batch.
+
     Example: hyperplan plan llama3-70b --cluster cloudmatrix384 --devices 64 --global-batch 256 --seq-len 4096
+
+    Example: hyperplan plan deepseek-v3 --mode infer --cluster cloudmatrix384 --prompt-len 4096 --gen-len 1024
+    --ttft-ms 2000 --tpot-ms 50 --dtype int8
     """
-    if mode != "train":
-        raise InvalidInput(f"--mode {mode}: only train is planned so far")
     overrides = opt.zoo_overrides(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
                                   experts=experts, top_k=top_k)
+    if mode == "infer":
+        _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_ms, tpot_ms, output)
+        result = plan_inference(model, cluster=cluster, devices=devices, prompt_len=prompt_len, gen_len=gen_len,
+                                batch=batch, ttft_ms=ttft_ms, tpot_ms=tpot_ms, dtype=dtype, kv_dtype=kv_dtype,
+                                overrides=overrides, dims=opt.parse_dims(dim), memory_gib=memory_gib,
+                                offload=not no_offload, disaggregate=not no_mpmd)
+        if as_json:
+            typer.echo(json.dumps(result, indent=2, sort_keys=True))
+        else:
+            print_serving(result)
+        return
+    if mode != "train":
+        raise InvalidInput(f"--mode {mode}: use train or infer")
+    given = [f for f, v in (("--prompt-len", prompt_len), ("--gen-len", gen_len), ("--batch", batch),
+                            ("--ttft-ms", ttft_ms), ("--tpot-ms", tpot_ms)) if v is not None]
+    if given:
+        raise InvalidInput(f"{', '.join(given)} describe serving; add --mode infer, or drop them to plan training")
+    if global_batch is None or seq_len is None:
+        missing = " and ".join(f for f, v in (("--global-batch", global_batch), ("--seq-len", seq_len)) if v is None)
+        raise InvalidInput(f"{missing} {'is' if ' and ' not in missing else 'are'} needed to plan training; "
+                           "give them, or --mode infer with --prompt-len and --gen-len to plan serving")
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err_console,
                   transient=True, disable=not err_console.is_terminal) as bar:
         task = bar.add_task(f"planning {model}", total=1.0)
@@ -133,3 +182,71 @@ def print_plan(r: dict) -> None:
     sr = r["search"]
     console.print(f"searched {sr['evaluated']} strategies over {sr['meshes']} meshes"
                   f"{'' if sr['complete'] else ' (stopped by --time-limit)'}; layout solver gap {sr['layout_solver_gap']:.2%}")
+
+
+def _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_ms, tpot_ms, output) -> None:
+    """The flags of --mode infer: one sentence for each mistake, before any work."""
+    if global_batch is not None or seq_len is not None:
+        raise InvalidInput("--global-batch and --seq-len describe a training step; with --mode infer give "
+                           "--prompt-len and --gen-len")
+    missing = [f for f, v in (("--prompt-len", prompt_len), ("--gen-len", gen_len)) if v is None]
+    if missing:
+        raise InvalidInput(f"--mode infer needs {' and '.join(missing)} (tokens per request)")
+    if batch is None and ttft_ms is None and tpot_ms is None:
+        raise InvalidInput("--mode infer needs --batch, or latency targets --ttft-ms and --tpot-ms")
+    if output:
+        raise InvalidInput(f"-o {output}: HyperShard declarations of serving plans are not written yet (the writer "
+                           "takes training plans); drop -o and keep the plan with --json")
+
+
+def print_serving(r: dict) -> None:
+    """The serving plan: how the devices are split, then one column per phase."""
+    w, pre, dec = r["workload"], r["prefill"], r["decode"]
+    m = r["model"]
+    console.print(f"[bold]serving {m['name']}[/] on {r['cluster']['devices']} devices of {r['cluster']['name']}: "
+                  f"prompts of {w['prompt_len']} tokens, {w['gen_len']} generated, {w['dtype']} weights, "
+                  f"{w['kv_dtype']} KV cache")
+    if r["serving"] == "disaggregated":
+        console.print(f"[bold]plan:[/] prefill on {pre['devices']} devices, decode on {dec['devices']} "
+                      "(disaggregated: two programs)")
+    else:
+        console.print(f"[bold]plan:[/] prefill and decode co-located on all {dec['devices']} devices; "
+                      f"decode gets {dec['decode_share']:.0%} of the time")
+    t = Table(title="phases", title_justify="left")
+    t.add_column("")
+    t.add_column("prefill", justify="right")
+    t.add_column("decode", justify="right")
+    rows = [
+        ("devices", str(pre["devices"]), str(dec["devices"])),
+        ("layout", pre["strategy"]["summary"], dec["strategy"]["summary"]),
+        ("batch per replica", str(pre["batch_per_replica"]), str(dec["batch_per_replica"])),
+        ("TTFT / TPOT ms", f"{pre['ttft_ms']:.4g}", f"{dec['tpot_ms']:.4g}"),
+        ("tokens/s per device", f"{pre['tokens_per_s_per_device']:,.0f}", f"{dec['tokens_per_s_per_device']:,.0f}"),
+        ("KV cache GiB/device", f"{pre['kv_cache_gib']:.3g}", f"{dec['kv_cache_gib']:.3g}"),
+        ("memory GiB/device", f"{pre['memory_gib']['total']:.3g} of {pre['usable_hbm_gib']:.3g}",
+         f"{dec['memory_gib']['total']:.3g} of {dec['usable_hbm_gib']:.3g}"),
+        ("limited by", pre["limiter"].replace("_", " "), dec["limiter"].replace("_", " ")),
+    ]
+    off = dec["kv_offload"]
+    if off["fraction"]:
+        rows.append(("KV offloaded", "-", f"{off['fraction']:.0%} ({off['offloaded_gib']:.3g} GiB, "
+                                          f"{off['exposed_ms']:.3g} ms exposed)"))
+    for row in rows:
+        t.add_row(*row)
+    console.print(t)
+    b = Table(title="where a step goes (ms, slowest stage)", title_justify="left")
+    b.add_column("")
+    b.add_column("prefill", justify="right")
+    b.add_column("decode", justify="right")
+    for k in sorted(pre["breakdown_ms"]):
+        if pre["breakdown_ms"][k] or dec["breakdown_ms"][k]:
+            b.add_row(k.replace("_", " "), f"{pre['breakdown_ms'][k]:.4g}", f"{dec['breakdown_ms'][k]:.4g}")
+    console.print(b)
+    console.print(f"{r['requests_per_s']:,.1f} requests/s: {r['output_tokens_per_s_per_device']:,.0f} output and "
+                  f"{r['input_tokens_per_s_per_device']:,.0f} input tokens/s per device over all devices; "
+                  f"KV cache {r['kv_cache']['bytes_per_token'] / 1024:.4g} KiB per token"
+                  f"{' (latent, MLA)' if r['kv_cache']['latent'] else ''}")
+    for alt in r["alternatives"]:
+        console.print(f"{alt['serving']}: {alt['why']} (prefill {alt['prefill']}; decode {alt['decode']})")
+    for note in r["notes"]:
+        console.print(f"note: {note}")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import csv
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -16,6 +17,8 @@ from cli import options as opt
 from cli import render
 from cli.errors import err_console, guarded
 from planner.errors import InvalidInput
+from cli.plan_cmd import _check_infer_flags
+from planner.inference.sweep import run_infer_sweep
 from planner.whatif import cache_dir, parse_clusters, parse_devices, parse_prices, run_sweep
 
 console = Console(highlight=False, soft_wrap=False)
@@ -23,7 +26,11 @@ console = Console(highlight=False, soft_wrap=False)
 CSV_COLUMNS = ("cluster", "devices", "status", "plan", "step_time_s", "tokens_per_s", "tokens_per_s_per_device",
                "mfu", "peak_memory_gib", "scaling_efficiency", "marginal_efficiency", "cost_per_mtoken",
                "search_complete", "reason")
+INFER_CSV_COLUMNS = ("cluster", "devices", "status", "serving", "plan", "prefill_devices", "decode_devices",
+                     "requests_per_s", "prefill_tokens_per_s_per_device", "decode_tokens_per_s_per_device",
+                     "output_tokens_per_s_per_device", "ttft_ms", "tpot_ms", "scaling_efficiency", "reason")
 _PLOT_SUFFIXES = (".png", ".svg")
+_INFER = "Inference (--mode infer)"
 
 
 def register(app: typer.Typer) -> None:
@@ -37,9 +44,23 @@ def whatif_cmd(
                                          "cloudmatrix384,gb200-nvl72.", show_default=False)],
     devices: Annotated[str, typer.Option("--devices", help="Device counts: 64,128,256, a geometric range "
                                          "64..1024x2, or a stepped range 64..384+64.", show_default=False)],
-    global_batch: opt.GlobalBatch,
-    seq_len: opt.RequiredSeqLen,
-    mode: Annotated[str, typer.Option("--mode", help="train (infer is not planned yet).")] = "train",
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Sequences per training step "
+                                                        "(--mode train).", show_default=False)] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per sequence (--mode train).",
+                                                   show_default=False)] = None,
+    mode: Annotated[str, typer.Option("--mode", help="train, or infer (serving plans: prefill and decode).")] = "train",
+    prompt_len: Annotated[Optional[int], typer.Option("--prompt-len", help="Prompt tokens per request.",
+                                                      rich_help_panel=_INFER, show_default=False)] = None,
+    gen_len: Annotated[Optional[int], typer.Option("--gen-len", help="Generated tokens per request.",
+                                                   rich_help_panel=_INFER, show_default=False)] = None,
+    batch: Annotated[Optional[int], typer.Option("--batch", help="Sequences per data-parallel replica per step.",
+                                                 rich_help_panel=_INFER, show_default=False)] = None,
+    ttft_ms: Annotated[Optional[float], typer.Option("--ttft-ms", help="Time to first token target.",
+                                                     rich_help_panel=_INFER, show_default=False)] = None,
+    tpot_ms: Annotated[Optional[float], typer.Option("--tpot-ms", help="Time per output token target.",
+                                                     rich_help_panel=_INFER, show_default=False)] = None,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV-cache precision: bf16, fp8 or int8.",
+                                          rich_help_panel=_INFER)] = "bf16",
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds each point's search may take.")] = 60.0,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="HBM a plan may use per device "
                                                         "(default: all of it).")] = None,
@@ -71,44 +92,43 @@ def whatif_cmd(
     Adding a point to a sweep plans only that point. Points where nothing fits are listed with the reason.
 
     Example: hyperplan whatif llama3-70b --cluster cloudmatrix384 --devices 64..384+64 --global-batch 256 --seq-len 4096
+
+    Example: hyperplan whatif deepseek-v3 --mode infer --cluster cloudmatrix384 --devices 64..384+64 --prompt-len 4096
+    --gen-len 1024 --ttft-ms 2000 --tpot-ms 50 --dtype int8
     """
     clusters = parse_clusters(cluster)
     counts = parse_devices(devices)
-    prices = parse_prices(price, clusters)
     _check_output(csv_file, (".csv",), "--csv")
+    overrides = opt.zoo_overrides(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
+                                  experts=experts, top_k=top_k)
+    if mode == "infer":
+        _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_ms, tpot_ms, None)
+        if plot or price:
+            raise InvalidInput("--plot and --price apply to training sweeps; drop them with --mode infer")
+        with _bar(model) as progress:
+            sweep = run_infer_sweep(model, clusters=clusters, devices=counts, prompt_len=prompt_len,
+                                    gen_len=gen_len, batch=batch, ttft_ms=ttft_ms, tpot_ms=tpot_ms, dtype=dtype,
+                                    kv_dtype=kv_dtype, overrides=overrides, dims=opt.parse_dims(dim),
+                                    memory_gib=memory_gib, use_cache=not no_cache, workers=workers,
+                                    progress=progress)
+        _finish(sweep, csv_file, INFER_CSV_COLUMNS, no_cache, as_json, print_infer_sweep)
+        return
+    if global_batch is None or seq_len is None:
+        missing = " and ".join(f for f, v in (("--global-batch", global_batch), ("--seq-len", seq_len)) if v is None)
+        raise InvalidInput(f"{missing} {'is' if ' and ' not in missing else 'are'} needed for a training sweep; "
+                           "give them, or --mode infer with --prompt-len and --gen-len")
+    prices = parse_prices(price, clusters)
     if plot:
         _check_output(plot, _PLOT_SUFFIXES, "--plot")
         _matplotlib()
-    overrides = opt.zoo_overrides(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
-                                  experts=experts, top_k=top_k)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
-        task = bar.add_task(f"planning {model}", total=None)
-
-        def progress(msg: str, frac: float) -> None:
-            bar.update(task, completed=round(frac * 1000), total=1000, description=f"planned {msg}"[:60])
-
+    with _bar(model) as progress:
         sweep = run_sweep(model, clusters=clusters, devices=counts, global_batch=global_batch, seq_len=seq_len,
                           dtype=dtype, mode=mode, time_limit_s=time_limit, overrides=overrides,
                           dims=opt.parse_dims(dim), memory_gib=memory_gib, prices=prices, use_cache=not no_cache,
                           workers=workers, progress=progress)
-    doc = sweep.doc
-    if csv_file:
-        write_csv(doc, csv_file)
     if plot:
-        write_plot(doc, plot)
-    total = sum(p["status"] != "invalid" for p in doc["points"])
-    where = "" if no_cache else f" ({cache_dir()})"
-    err_console.print(f"{sweep.computed} of {total} points planned, {total - sweep.computed} from the cache{where}")
-    if as_json:
-        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
-    else:
-        print_sweep(doc)
-    failed = [p for p in doc["points"] if p["status"] == "error"]
-    if failed:
-        err_console.print(f"[bold red]error:[/] the planner failed at {len(failed)} point(s) (a hyperplan bug; "
-                          "please report it with the reasons above)", markup=True)
-        raise typer.Exit(1)
+        write_plot(sweep.doc, plot)
+    _finish(sweep, csv_file, CSV_COLUMNS, no_cache, as_json, print_sweep)
 
 
 def _check_output(path: str | None, suffixes: tuple[str, ...], flag: str) -> None:
@@ -151,23 +171,19 @@ def print_sweep(doc: dict) -> None:
             console.print("* the search stopped at --time-limit; a longer limit may find a faster plan")
     else:
         console.print("no point fits")
-    misses = [p for p in doc["points"] if p["status"] != "ok"]
-    if misses:
-        console.print(render.table("points without a plan", ["cluster", "devices", "status", "why"],
-                                   ([p["cluster"], p["devices"], p["status"], p["reason"]] for p in misses),
-                                   right=("devices",)))
+    print_misses(doc)
 
 
-def write_csv(doc: dict, path: str) -> None:
+def write_csv(doc: dict, path: str, columns: tuple[str, ...] = CSV_COLUMNS) -> None:
     """One row per point; numbers written in full (repr) so that reading them back gives the same floats."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as f:
         out = csv.writer(f, lineterminator="\n")
-        out.writerow(CSV_COLUMNS)
+        out.writerow(columns)
         for p in doc["points"]:
             out.writerow(["" if p[c] is None else repr(p[c]) if isinstance(p[c], float) else p[c]
-                          for c in CSV_COLUMNS])
+                          for c in columns])
     os.replace(tmp, target)
 
 
@@ -208,3 +224,65 @@ def write_plot(doc: dict, path: str) -> None:
     meta = {"Date": None} if path.lower().endswith(".svg") else {"Software": None}
     with matplotlib.rc_context({"svg.hashsalt": "hyperplan", "svg.fonttype": "none"}):
         fig.savefig(path, metadata=meta)
+
+
+@contextmanager
+def _bar(model: str) -> Iterator[Any]:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
+        task = bar.add_task(f"planning {model}", total=None)
+
+        def progress(msg: str, frac: float) -> None:
+            bar.update(task, completed=round(frac * 1000), total=1000, description=f"planned {msg}"[:60])
+
+        yield progress
+
+
+def _finish(sweep: Any, csv_file: str | None, columns: tuple[str, ...], no_cache: bool, as_json: bool,
+            printer: Any) -> None:
+    doc = sweep.doc
+    if csv_file:
+        write_csv(doc, csv_file, columns)
+    total = sum(p["status"] != "invalid" for p in doc["points"])
+    where = "" if no_cache else f" ({cache_dir()})"
+    err_console.print(f"{sweep.computed} of {total} points planned, {total - sweep.computed} from the cache{where}")
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        printer(doc)
+    failed = [p for p in doc["points"] if p["status"] == "error"]
+    if failed:
+        err_console.print(f"[bold red]error:[/] the planner failed at {len(failed)} point(s) (a hyperplan bug; "
+                          "please report it with the reasons above)", markup=True)
+        raise typer.Exit(1)
+
+
+def print_infer_sweep(doc: dict) -> None:
+    w, m = doc["workload"], doc["model"]
+    target = (f"batch {w['batch']}" if w["batch"] else
+              " and ".join(f"{k.split('_')[0].upper()} <= {w[k]:g} ms" for k in ("ttft_ms", "tpot_ms") if w[k]))
+    console.print(f"[bold]{m['name']}[/] ({render.count(m['params']) if m['params'] else '?'} parameters) serving "
+                  f"prompts of {w['prompt_len']} + {w['gen_len']} generated tokens, {w['dtype']}, {target}")
+    ok = [p for p in doc["points"] if p["status"] == "ok"]
+    cols = ["cluster", "devices", "plan", "req/s", "prefill tok/s/dev", "decode tok/s/dev", "out tok/s/dev",
+            "TTFT ms", "TPOT ms", "scaling"]
+    rows = [[p["cluster"], p["devices"], p["plan"], _fmt(p["requests_per_s"], ",.1f"),
+             _fmt(p["prefill_tokens_per_s_per_device"], ",.0f"), _fmt(p["decode_tokens_per_s_per_device"], ",.0f"),
+             _fmt(p["output_tokens_per_s_per_device"], ",.0f"), _fmt(p["ttft_ms"], ".4g"), _fmt(p["tpot_ms"], ".4g"),
+             _fmt(p["scaling_efficiency"], ".0%")] for p in ok]
+    if rows:
+        console.print(render.table("best serving plan per point", cols, rows,
+                                   right=tuple(c for c in cols if c not in ("cluster", "plan"))))
+        console.print("scaling: output tokens/s per device against the smallest point that serves")
+    else:
+        console.print("no point serves")
+    print_misses(doc)
+
+
+def print_misses(doc: dict) -> None:
+    """The points without a plan, and why."""
+    misses = [p for p in doc["points"] if p["status"] != "ok"]
+    if misses:
+        console.print(render.table("points without a plan", ["cluster", "devices", "status", "why"],
+                                   ([p["cluster"], p["devices"], p["status"], p["reason"]] for p in misses),
+                                   right=("devices",)))

@@ -293,3 +293,11 @@ def _infeasible_message(model: Any, hw: Any, result: Any) -> str:
     return (f"no strategy fits {os.path.basename(os.fspath(model))} on {hw.n_devices} devices of {hw.name}: the "
             f"closest ({c.strategy.short()}) needs {need:.3g} GiB per device and a device has {have:.3g} GiB; "
             f"try about {more} devices (--devices {more}), a shorter --seq-len, or offload")
+
+
+def plan_inference(model: str | os.PathLike, **options: Any) -> dict[str, Any]:
+    """Plan serving: prefill and decode device groups, layouts and batches under latency targets; the dict
+    `hyperplan plan --mode infer --json` prints. Options: see `planner.inference.serve.plan_inference`."""
+    from planner.inference.serve import plan_inference as plan
+
+    return plan(model, **options)

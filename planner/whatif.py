@@ -187,6 +187,10 @@ def _cache_write(folder: Path, key: str, point: Mapping[str, Any]) -> None:
 # -- one point ------------------------------------------------------------------------------------
 def _plan_point(task: Mapping[str, Any]) -> dict[str, Any]:
     """Plan one point (in a worker process); the outcome as a plain, picklable record."""
+    if task["mode"] == "infer":
+        from planner.inference.sweep import infer_point
+
+        return infer_point(task)
     from planner.api import plan_model
 
     rec: dict[str, Any] = {"status": "ok", "reason": None, "params": None, "search_complete": None}
@@ -284,25 +288,37 @@ def run_sweep(
     `infeasible`, each with the reason. `prices` (per device-hour, the user's
     figures) add a cost per million tokens.
     """
-    from cost_models import load_cluster
-    from cost_models.errors import SpecError
-
     from planner.strategy import Workload
 
     if mode == "infer":
-        raise InvalidInput("--mode infer: what-if for inference is not planned yet; use --mode train")
+        raise InvalidInput("run_sweep plans training steps; an inference sweep is not planned by it: call "
+                           "run_infer_sweep with the prompt and generation lengths (hyperplan whatif --mode infer)")
     if mode != "train":
-        raise InvalidInput(f"--mode {mode!r}: use train (infer is not planned yet)")
+        raise InvalidInput(f"--mode {mode!r}: use train or infer")
     Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # checks batch and length
     if not time_limit_s > 0:
         raise InvalidInput(f"--time-limit must be positive, got {time_limit_s}")
-    clusters, counts = tuple(dict.fromkeys(clusters)), tuple(sorted(set(devices)))
-    if not clusters or not counts:
-        raise InvalidInput("a sweep needs at least one --cluster and one --devices count")
-    folder = Path(cache) if cache is not None else cache_dir()
+    clusters = tuple(dict.fromkeys(clusters))
     base = {"global_batch": global_batch, "seq_len": seq_len, "dtype": dtype, "mode": mode,
             "time_limit_s": float(time_limit_s), "memory_gib": memory_gib,
             "overrides": dict(sorted((overrides or {}).items())), "dims": dict(sorted((dims or {}).items()))}
+    points, computed = sweep_points(model, clusters, devices, base, _empty, use_cache=use_cache, cache=cache,
+                                    workers=workers, progress=progress)
+    return Sweep(doc=_summarise(model, clusters, points, base, prices or {}), computed=computed)
+
+
+def sweep_points(model: str | os.PathLike, clusters: Sequence[str], devices: Sequence[int], base: Mapping[str, Any],
+                 empty: Callable[[str, str], dict[str, Any]], *, use_cache: bool, cache: str | os.PathLike | None,
+                 workers: int | None, progress: Progress | None) -> tuple[list[dict[str, Any]], int]:
+    """Every (cluster, device count) point's record, from the cache or planned (`base` + the point is the
+    task `_plan_point` runs); and how many were planned. `empty(status, reason)` makes a record without a plan."""
+    from cost_models import load_cluster
+    from cost_models.errors import SpecError
+
+    counts = tuple(sorted(set(devices)))
+    if not clusters or not counts:
+        raise InvalidInput("a sweep needs at least one --cluster and one --devices count")
+    folder = Path(cache) if cache is not None else cache_dir()
     points: list[dict[str, Any]] = []
     pending: list[tuple[int, dict[str, Any], str]] = []
     for name in clusters:
@@ -313,7 +329,7 @@ def run_sweep(
             try:
                 load_cluster(name, devices=n)
             except SpecError as exc:
-                points.append({**point, **_empty("invalid", str(exc))})
+                points.append({**point, **empty("invalid", str(exc))})
                 continue
             task = {**base, "model": os.fspath(model), "cluster": name, "devices": n}
             key = point_key({**task, "model": model_id, "cluster": cluster_id})
@@ -335,7 +351,7 @@ def run_sweep(
             progress(f"{task['cluster']} x {task['devices']}", finished[0] / len(pending))
 
     _compute([t for _, t, _ in pending], workers, done)
-    return Sweep(doc=_summarise(model, clusters, points, base, prices or {}), computed=len(pending))
+    return points, len(pending)
 
 
 def _empty(status: str, reason: str) -> dict[str, Any]:
@@ -375,3 +391,4 @@ def _summarise(model: Any, clusters: Sequence[str], points: list[dict[str, Any]]
                       "overrides": base["overrides"]},
             "workload": workload, "time_limit_s": base["time_limit_s"], "memory_gib": base["memory_gib"],
             "clusters": header, "points": points}
+

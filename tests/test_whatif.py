@@ -106,8 +106,8 @@ def test_clusters_and_prices():
             parse_prices([bad], ("dgx-h100",))
 
 
-def test_mode_infer_is_not_planned_yet(tmp_path):
-    with pytest.raises(InvalidInput, match="not planned yet"):
+def test_mode_infer_goes_to_the_inference_sweep(tmp_path):
+    with pytest.raises(InvalidInput, match="run_infer_sweep"):
         run_sweep(MODEL, devices=(1,), mode="infer", cache=tmp_path, **SWEEP)
 
 
@@ -250,7 +250,7 @@ def test_cli_plot(sweep, cache_root, tmp_path, suffix, magic):
 
 def test_cli_errors_are_one_line_before_any_planning(cache_root, tmp_path, monkeypatch):
     cases = [(["--devices", "8..4"], "ends (4) before it starts"),
-             (["--devices", "8", "--mode", "infer"], "not planned yet"),
+             (["--devices", "8", "--mode", "infer"], "describe a training step"),
              (["--devices", "8", "--plot", str(tmp_path / "p.pdf")], ".png or .svg"),
              (["--devices", "8", "--csv", str(tmp_path / "none" / "p.csv")], "does not exist"),
              (["--devices", "8", "--price", "gb200-nvl72=2"], "not a swept cluster")]

@@ -1,0 +1,104 @@
+"""`plan_inference`: a model (ONNX file or zoo name) served on a cluster, from the user's options to the report.
+
+The graph is imported once at a short sequence (`PROFILE_SEQ`) and batch 1
+and profiled per token (see `profile`); profiles are kept for the process so
+that a what-if sweep profiles a model once.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from planner.errors import InvalidInput
+from planner.inference.phase_cost import SERVING_DTYPES, Precision
+from planner.inference.plan import plan_dict, plan_serving
+from planner.inference.profile import Profile, serving_profile
+from planner.inference.search import Serving
+from planner.stage_costs import DTYPE_WIDTH
+
+#: Sequence length an ONNX file's symbolic sequence dims are bound to for profiling: long enough that every
+#: routed expert gets whole tokens under balanced routing (T*k/E >= 1 for E up to 256), short enough to import
+#: fast. Zoo models are built at their own sequence length, which leaves multimodal models room for text.
+PROFILE_SEQ = 256
+_PROFILES: dict[tuple, Profile] = {}
+
+
+def load_profile(model: str | os.PathLike, dims: Mapping[str, int] | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> Profile:
+    """The serving profile of a model, remembered for the process (files keyed by size and mtime)."""
+    from planner.api import _graph_for_costing
+    from planner.graph.blocks import discover_blocks
+
+    text = os.fspath(model)
+    stamp = (os.path.getsize(text), os.stat(text).st_mtime_ns) if os.path.exists(text) else None
+    key = (text, stamp, tuple(sorted((dims or {}).items())), tuple(sorted((overrides or {}).items())))
+    if key not in _PROFILES:
+        seq = PROFILE_SEQ if stamp is not None else None
+        graph = _graph_for_costing(model, seq, dims, overrides)
+        if len(_PROFILES) >= 4:
+            _PROFILES.pop(next(iter(_PROFILES)))
+        _PROFILES[key] = serving_profile(graph, discover_blocks(graph))
+    return _PROFILES[key]
+
+
+def serving_options(*, prompt_len: int, gen_len: int, batch: int | None, ttft_ms: float | None,
+                    tpot_ms: float | None, dtype: str, kv_dtype: str, offload: bool) -> Serving:
+    """Check the user's serving options and bundle them (one clear sentence for each mistake)."""
+    if batch is not None and (ttft_ms is not None or tpot_ms is not None):
+        raise InvalidInput("give either --batch or the latency targets (--ttft-ms, --tpot-ms), not both: a fixed "
+                           "batch sets the latencies, the targets set the batch")
+    if kv_dtype not in SERVING_DTYPES:
+        raise InvalidInput(f"--kv-dtype {kv_dtype}: the KV cache is kept in {', '.join(SERVING_DTYPES)}; pick one")
+    prec = Precision(dtype=dtype, kv_bytes=DTYPE_WIDTH[kv_dtype])
+    return Serving(prompt_len=prompt_len, gen_len=gen_len, precision=prec, batch=batch,
+                   ttft_s=None if ttft_ms is None else ttft_ms / 1e3,
+                   tpot_s=None if tpot_ms is None else tpot_ms / 1e3, offload=offload)
+
+
+def plan_inference(
+    model: str | os.PathLike,
+    *,
+    cluster: str,
+    prompt_len: int,
+    gen_len: int,
+    devices: int | None = None,
+    batch: int | None = None,
+    ttft_ms: float | None = None,
+    tpot_ms: float | None = None,
+    dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    overrides: Mapping[str, Any] | None = None,
+    dims: Mapping[str, int] | None = None,
+    memory_gib: float | None = None,
+    offload: bool = True,
+    disaggregate: bool = True,
+) -> dict[str, Any]:
+    """Plan prefill and decode of `model` on `cluster`: the dict `hyperplan plan --mode infer --json` prints.
+
+    `batch` (sequences per data-parallel replica per step) or the targets `ttft_ms`/`tpot_ms` set the batches;
+    `offload=False` keeps the KV cache in HBM; `disaggregate=False` co-locates prefill and decode.
+    """
+    from cost_models import load_cluster
+
+    from planner.api import with_memory_cap
+
+    serving = serving_options(prompt_len=prompt_len, gen_len=gen_len, batch=batch, ttft_ms=ttft_ms,
+                              tpot_ms=tpot_ms, dtype=dtype, kv_dtype=kv_dtype, offload=offload)
+    hw = with_memory_cap(load_cluster(cluster, devices=devices), memory_gib)
+    peaks = dict(hw.device.peak_flops_per_s)
+    if dtype not in peaks:
+        raise InvalidInput(f"--dtype {dtype}: {hw.device.name} lists no {dtype} peak; use one of "
+                           f"{', '.join(d for d in SERVING_DTYPES if d in peaks)}")
+    if "bf16" not in peaks:
+        raise InvalidInput(f"{hw.device.name} lists no bf16 peak, which the attention core runs at; "
+                           "add one to the hardware file")
+    profile = load_profile(model, dims, overrides)
+    plan, others = plan_serving(profile, hw, serving, disaggregate=disaggregate)
+    out = plan_dict(plan, others, serving, profile)
+    out["model"] = {"name": os.path.basename(os.fspath(model)), "params": int(round(profile.params)),
+                    "layers": len(profile.layers), "moe": profile.is_moe}
+    out["cluster"] = {"name": hw.name, "devices": hw.n_devices}
+    out["workload"] = {"mode": "infer", "prompt_len": prompt_len, "gen_len": gen_len, "batch": batch,
+                       "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "dtype": dtype, "kv_dtype": kv_dtype}
+    return out

@@ -1,0 +1,133 @@
+"""`hyperplan plan --mode infer` and `hyperplan whatif --mode infer`: the report, the switches, the errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.app import app
+from planner.api import plan_inference
+from planner.errors import InvalidInput
+
+runner = CliRunner()
+SMALL = ["deepseek-v3", "--layers", "4", "--cluster", "cloudmatrix384", "--devices", "32", "--mode", "infer",
+         "--prompt-len", "2048", "--gen-len", "512", "--dtype", "int8"]
+
+
+def run(*args: str, width: int = 200):
+    return runner.invoke(app, ["plan", *args], terminal_width=width)
+
+
+@pytest.fixture(scope="module")
+def planned():
+    r = run(*SMALL, "--ttft-ms", "1500", "--tpot-ms", "40", "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_json_carries_both_phases_and_their_figures(planned):
+    p = planned
+    assert p["mode"] == "infer" and p["serving"] in ("disaggregated", "co-located")
+    assert p["prefill_tokens_per_s_per_device"] == p["prefill"]["tokens_per_s_per_device"] > 0
+    assert p["decode_tokens_per_s_per_device"] == p["decode"]["tokens_per_s_per_device"] > 0
+    assert p["prefill"]["ttft_ms"] <= 1500 and p["decode"]["tpot_ms"] <= 40
+    for ph in (p["prefill"], p["decode"]):
+        assert ph["limiter"] in ("compute", "hbm_bandwidth", "communication")
+        assert sum(ph["breakdown_ms"].values()) == pytest.approx(ph["stage_ms"])
+        assert ph["memory_gib"]["total"] <= ph["usable_hbm_gib"]
+        assert ph["strategy"]["tp"] * ph["strategy"]["dp"] * ph["strategy"]["pp"] == ph["devices"]
+    assert p["decode"]["kv_cache_gib"] > 0 and p["kv_cache"]["latent"]
+    if p["serving"] == "disaggregated":
+        assert p["prefill"]["devices"] + p["decode"]["devices"] == 32
+    rate = min(p["prefill"]["tokens_per_s_per_device"] * p["prefill"]["devices"] / 2048,
+               p["decode"]["tokens_per_s_per_device"] * p["decode"]["devices"] / 512)
+    if p["serving"] == "disaggregated":
+        assert p["requests_per_s"] == pytest.approx(rate)
+
+
+def test_same_inputs_same_bytes(planned):
+    again = run(*SMALL, "--ttft-ms", "1500", "--tpot-ms", "40", "--json")
+    assert json.loads(again.output) == planned
+
+
+def test_tables_name_the_phases_and_the_limiter():
+    r = run(*SMALL, "--batch", "8")
+    assert r.exit_code == 0, r.output
+    assert "prefill" in r.output and "decode" in r.output and "limited by" in r.output
+    assert "tokens/s per device" in r.output
+
+
+def test_no_mpmd_co_locates_and_a_fixed_batch_is_kept():
+    p = plan_inference("deepseek-v3", overrides={"layers": 4}, cluster="cloudmatrix384", devices=16, prompt_len=2048,
+                       gen_len=512, batch=4, dtype="int8", disaggregate=False)
+    assert p["serving"] == "co-located" and p["prefill"]["devices"] == p["decode"]["devices"] == 16
+    assert p["prefill"]["batch_per_replica"] == p["decode"]["batch_per_replica"] == 4
+
+
+def test_tighter_tpot_means_smaller_decode_batches():
+    kw = dict(overrides={"layers": 4}, cluster="cloudmatrix384", devices=16, prompt_len=2048, gen_len=512,
+              dtype="int8", disaggregate=False)
+    loose = plan_inference("deepseek-v3", ttft_ms=5000, tpot_ms=80, **kw)
+    tight = plan_inference("deepseek-v3", ttft_ms=5000, tpot_ms=15, **kw)
+    assert tight["decode"]["tpot_ms"] <= 15 < loose["decode"]["tpot_ms"] <= 80
+    assert tight["decode_tokens_per_s_per_device"] < loose["decode_tokens_per_s_per_device"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--mode", "infer", "--cluster", "dgx-h100", "--gen-len", "8", "--batch", "1"], "needs --prompt-len"),
+    (["--mode", "infer", "--cluster", "dgx-h100", "--prompt-len", "8", "--gen-len", "8"], "needs --batch, or"),
+    (["--mode", "infer", "--cluster", "dgx-h100", "--prompt-len", "8", "--gen-len", "8", "--batch", "2",
+      "--tpot-ms", "20"], "not both"),
+    (["--mode", "infer", "--cluster", "dgx-h100", "--prompt-len", "8", "--gen-len", "8", "--batch", "2", "-o",
+      "p.yaml"], "not written yet"),
+    (["--mode", "infer", "--cluster", "dgx-h100", "--prompt-len", "8", "--gen-len", "8", "--batch", "2",
+      "--global-batch", "4"], "describe a training step"),
+    (["--mode", "infer", "--cluster", "cloudmatrix384", "--prompt-len", "8", "--gen-len", "8", "--batch", "2",
+      "--dtype", "fp8"], "lists no fp8 peak"),
+    (["--mode", "infer", "--cluster", "dgx-h100", "--prompt-len", "0", "--gen-len", "8", "--batch", "2"],
+     "--prompt-len must be at least 1"),
+    (["--mode", "infer", "--cluster", "dgx-h100", "--prompt-len", "8", "--gen-len", "8", "--tpot-ms", "-1"],
+     "must be a positive number"),
+    (["--mode", "serve", "--cluster", "dgx-h100", "--global-batch", "8", "--seq-len", "8"], "use train or infer"),
+    (["--cluster", "dgx-h100", "--seq-len", "8"], "--global-batch is needed to plan training"),
+    (["--cluster", "dgx-h100", "--prompt-len", "8"], "add --mode infer"),
+])
+def test_bad_input_is_one_sentence_and_exit_2(args, words):
+    r = run("llama3-8b", "--layers", "2", *args)
+    assert r.exit_code == 2 and words in r.output, r.output
+    assert "Traceback" not in r.output
+
+
+def test_a_model_too_big_for_the_devices_says_how_much():
+    r = run("llama3-405b", "--cluster", "dgx-h100", "--devices", "1", "--mode", "infer", "--prompt-len", "128",
+            "--gen-len", "16", "--batch", "1")
+    assert r.exit_code == 3 and "GiB per device" in r.output and "add devices" in r.output
+
+
+def test_whatif_sweeps_device_counts(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYPERPLAN_CACHE", str(tmp_path))
+    args = ["whatif", "deepseek-v3", "--layers", "4", "--mode", "infer", "--cluster", "cloudmatrix384", "--devices",
+            "8,16", "--prompt-len", "2048", "--gen-len", "512", "--batch", "4", "--dtype", "int8", "--workers", "1",
+            "--json", "--csv", str(tmp_path / "s.csv")]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    pts = doc["points"]
+    assert [p["devices"] for p in pts] == [8, 16] and {p["status"] for p in pts} == {"ok"}
+    assert all(p["decode_tokens_per_s_per_device"] > 0 and p["prefill_tokens_per_s_per_device"] > 0 for p in pts)
+    assert pts[0]["scaling_efficiency"] == 1.0
+    assert (tmp_path / "s.csv").read_text().startswith("cluster,devices,status,serving")
+    cached = runner.invoke(app, args)
+    assert json.loads(cached.stdout) == doc  # the second run reads the cache and prints the same
+
+
+def test_training_whatif_still_needs_its_flags():
+    r = runner.invoke(app, ["whatif", "gpt", "--cluster", "dgx-h100", "--devices", "8", "--seq-len", "64"])
+    assert r.exit_code == 2 and "--global-batch is needed for a training sweep" in r.output
+
+
+def test_api_refuses_batch_with_targets():
+    with pytest.raises(InvalidInput, match="not both"):
+        plan_inference("llama3-8b", cluster="dgx-h100", prompt_len=8, gen_len=8, batch=2, ttft_ms=100)

@@ -1,0 +1,96 @@
+"""The serving profile is read from the graph's structure: KV cache (MLA's latent too), experts, work per token."""
+
+from __future__ import annotations
+
+import pytest
+
+from models_zoo import param_counts
+from planner.api import load_graph
+from planner.errors import InvalidModel
+from planner.graph.blocks import discover_blocks
+from planner.inference.profile import serving_profile
+from planner.inference.serve import load_profile
+
+
+def profile_of(model: str, seq: int = 64, **overrides):
+    g = load_graph(model, batch=1, seq_len=seq, overrides=overrides or None)
+    return serving_profile(g, discover_blocks(g))
+
+
+def test_mla_caches_the_compressed_latent_and_the_rope_key():
+    p = profile_of("deepseek-v3", layers=4, dense_layers=1)
+    a = p.layers[0].attention[0]
+    # DeepSeek-V2/V3: kv_lora_rank 512 + qk_rope_head_dim 64 per token per layer, read by all 128 heads
+    assert (a.cached_key, a.cached_value, a.latent, a.kv_heads) == (576, 0, True, 1)
+    assert a.heads == 128 and (a.key_dim, a.value_dim) == (192, 128)
+    # absorbed decode: scores over 576 wide keys and values over the 512 wide latent, per head
+    assert a.decode_pair_flops == 2 * 128 * (576 + 512)
+    assert a.prefill_pair_flops == 2 * 128 * (192 + 128)
+    assert p.cached_elements_per_token == 4 * 576
+
+
+def test_a_narrower_latent_changes_the_cache_found():
+    p = profile_of("deepseek-v3", layers=2, dense_layers=1, kv_lora_rank=256)
+    assert p.layers[0].attention[0].cached_key == 256 + 64
+
+
+@pytest.mark.parametrize("model, per_layer, kv_heads", [("llama3-8b", 2 * 8 * 128, 8), ("llama2-7b", 2 * 4096, 32),
+                                                       ("gpt3-1.3b", 2 * 2048, 16)])
+def test_plain_attention_caches_k_and_v_projections(model, per_layer, kv_heads):
+    p = profile_of(model, layers=2)
+    a = p.layers[0].attention[0]
+    assert a.cached_elements == per_layer and a.kv_heads == kv_heads and not a.latent
+    assert a.decode_pair_flops == a.prefill_pair_flops  # nothing to absorb
+
+
+@pytest.mark.parametrize("fixture, per_token, experts", [("llama_gqa", 2 * 2 * 2 * 8, None),
+                                                        ("gpt2", 2 * 2 * 32, None),  # fused QKV, split
+                                                        ("mixtral_moe", 2 * 2 * 2 * 8, (4, 2)),
+                                                        ("qwen3_moe_mixed", 3 * 2 * 2 * 8, (4, 2))])
+def test_torch_exports_are_read_the_same_way(fixtures_dir, manifest, fixture, per_token, experts):
+    g = load_graph(str(fixtures_dir / f"{fixture}.onnx"), dims=manifest[fixture]["dims"])
+    p = serving_profile(g, discover_blocks(g))
+    assert p.cached_elements_per_token == per_token
+    found = {(l.experts.experts, l.experts.top_k) for l in p.layers if l.experts}
+    assert found == ({experts} if experts else set())
+    assert p.params == pytest.approx(manifest[fixture]["torch_param_count"], rel=0.01)
+
+
+def test_moe_profile_counts_active_work_and_all_weights():
+    p = profile_of("deepseek-v3", seq=256, layers=5, dense_layers=1)
+    total, active = param_counts("deepseek-v3", layers=5, dense_layers=1)
+    assert p.params == pytest.approx(total, rel=1e-6)
+    moe = [l for l in p.layers if l.experts]
+    e = moe[0].experts
+    assert (e.experts, e.top_k) == (256, 8) and e.params_per_expert == 3 * 7168 * 2048
+    assert e.flops_per_pair == pytest.approx(2 * e.params_per_expert)
+    # per token: two FLOPs per active weight that a matmul reads (the embedding table is gathered, not multiplied)
+    flops = sum(l.flops_per_token + (l.experts.top_k * l.experts.flops_per_pair if l.experts else 0) for l in p.parts)
+    embed = 129280 * 7168
+    assert flops == pytest.approx(2 * (active - embed), rel=0.01)
+    assert all(l.syncs == 2 for l in p.layers)  # attention and MLP join the residual stream
+
+
+def test_the_embedding_table_is_not_streamed_but_a_tied_head_is():
+    llama = profile_of("llama3-8b", layers=2)
+    emb = next(p for p in llama.parts if p.kind == "pre")
+    assert emb.dense_params == 128256 * 4096 and emb.streamed_params == 0
+    gpt = profile_of("gpt3-1.3b", layers=2)  # the head multiplies by the embedding table
+    head = next(p for p in gpt.parts if p.kind == "post")
+    assert head.streamed_params >= 50257 * 2048
+
+
+def test_a_graph_without_layers_is_refused(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tests.graphs import weight
+
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])], [weight("w", 8, 8)]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    onnx.save(m, tmp_path / "flat.onnx")
+    with pytest.raises(InvalidModel, match="no repeated layers"):
+        load_profile(str(tmp_path / "flat.onnx"))
