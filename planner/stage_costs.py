@@ -61,6 +61,7 @@ class StageCosts:
     block_s: Mapping[str, float] = field(default_factory=dict)  # forward + backward per micro-batch, per block
     block_act_bytes: Mapping[str, float] = field(default_factory=dict)  # kept for backward, per micro-batch
     block_params: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # (dense, expert) per device
+    param_layouts: Mapping[str, int] = field(default_factory=dict)  # parameter -> dim split over tp, or REPLICATED
 
 
 def even_split(n_layers: int, n_chunks: int) -> tuple[int, ...]:
@@ -370,7 +371,8 @@ def stage_costs(
                                 dense, expert, mem, boundary, held, gather, t))
     block_s = {name: p.total() for name, p in block_parts.items()}
     return StageCosts(tuple(stages), float(work.flops.sum()) / work.batch,
-                      layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block), block_params)
+                      layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block), block_params,
+                      param_layout)
 
 
 def stage_memory(dense: float, expert: float, activation_bytes: float, strategy: Strategy, training: bool,
@@ -398,17 +400,19 @@ def stage_memory(dense: float, expert: float, activation_bytes: float, strategy:
 def _unequal_stage_costs(graph: Graph, structure: Structure, cluster: Cluster, workload: Workload,
                          strategy: Strategy, **options) -> StageCosts:
     """Stages of different tensor-parallel widths: stage s is costed as it would be in a pipeline whose every
-    stage had its width (same cut, same in-flight micro-batches), since a stage's work, layouts and memory
-    depend only on its own width and position. Layouts are reported for the widest stage."""
-    widths = sorted(set(strategy.stage_tp))
-    by_width = {w: stage_costs(graph, structure, cluster, workload,
-                               replace(strategy, tp=w, stage_tp=(), sp=strategy.sp and w > 1),
-                               **options)
-                for w in widths}
+    stage had its width (same cut, same in-flight micro-batches), since a stage's work and memory depend
+    only on its own width and position. Every stage uses the widest stage's parameter layouts (what a
+    declaration writes, once per block type), each split over its own tensor group."""
+    widths = sorted(set(strategy.stage_tp), reverse=True)
+    by_width: dict[int, StageCosts] = {}
+    for w in widths:
+        opts = dict(options)
+        if by_width and w > 1 and widths[0] % w == 0:
+            opts["param_pins"] = by_width[widths[0]].param_layouts
+        by_width[w] = stage_costs(graph, structure, cluster, workload,
+                                  replace(strategy, tp=w, stage_tp=(), sp=strategy.sp and w > 1), **opts)
     stages = tuple(by_width[w].stages[s] for s, w in enumerate(strategy.stage_tp))
-    wide = by_width[widths[-1]]
+    wide = by_width[widths[0]]
     return StageCosts(stages, wide.forward_flops_per_sample, wide.layouts,
                       max(c.solver_gap for c in by_width.values()), wide.block_s, wide.block_act_bytes,
-                      wide.block_params)
-
-
+                      wide.block_params, wide.param_layouts)
