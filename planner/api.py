@@ -242,13 +242,15 @@ def plan_model(
 
         progs, overall = exact_programs(mp, hw, workload)
         spmd_step = out["estimate"]["step_time_s"] if result.best is not None else None
-        mpmd_info = {"step_time_s": overall["step_time_s"], "spmd_step_time_s": spmd_step,
-                     "imbalance": overall["imbalance"], "programs": [
+        label = {"encoders": "encoders on their own devices"}.get(mp.kind, "attention and experts on their own devices")
+        mpmd_info = {"kind": mp.kind, "label": label, "step_time_s": overall["step_time_s"],
+                     "spmd_step_time_s": spmd_step, "imbalance": overall["imbalance"], "detail": dict(mp.detail),
+                     "programs": [
                          {k: p[k] for k in ("name", "devices", "ranks")} | {"summary": p["strategy"]["summary"],
                                                                             "step_time_s": p["estimate"]["step_time_s"]}
                          for p in progs]}
         if overall["fits"] and (spmd_step is None or overall["step_time_s"] < spmd_step):
-            backbone = progs[-1]
+            backbone = progs[-1] if mp.kind == "encoders" else progs[0]  # the backbone, or attention beside experts
             out = {"strategy": backbone["strategy"], "mesh": [], "estimate": overall, "runners_up": (
                 [{"summary": "single program: " + plan.strategy.short(), "strategy": out["strategy"],
                   "step_time_s": spmd_step, "fits": True, "peak_gib": plan.estimate.memory_bytes["peak"] / 2**30,
