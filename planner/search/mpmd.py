@@ -39,7 +39,7 @@ from planner.graph.ir import Graph
 from planner.graph.subgraph import boundary_bytes, extract
 from planner.graph_facts import GraphFacts
 from planner.node_work import graph_batch
-from planner.search.plan_search import Candidate, _Scorer, search
+from planner.search.plan_search import Candidate, Scorer, search
 from planner.search.program_groups import group_cluster, group_sizes, group_workload, pipeline_fill_s
 from planner.strategy import Strategy, Workload
 
@@ -140,7 +140,7 @@ class ProgramSearch:
         flight)."""
         wl = group_workload(self.workload, n)
         per_replica = wl.global_batch // c.strategy.dp
-        scorer = _Scorer(p.graph, p.structure, group_cluster(self.cluster, n), wl, max(1.0, self.budget_s / 4),
+        scorer = Scorer(p.graph, p.structure, group_cluster(self.cluster, n), wl, max(1.0, self.budget_s / 4),
                          self.facts_of(p))
         out = [c]
         for mb in range(1, 9):

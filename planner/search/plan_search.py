@@ -126,7 +126,7 @@ def probe_meshes(all_meshes: list[tuple[int, int, int, int, int]]) -> list[tuple
     return out
 
 
-class _Scorer:
+class Scorer:
     """Scores strategies with shared graph facts; layouts are solved once per tensor-axis size."""
 
     def __init__(self, graph: Graph, structure: Structure, cluster: Cluster, workload: Workload,
@@ -188,7 +188,7 @@ def search(
     (the MPMD split search plans the same sub-model on several group sizes)."""
     t0 = time.perf_counter()
     report = progress or (lambda msg, frac: None)
-    scorer = _Scorer(graph, structure, cluster, workload, max(1.0, time_limit_s / 4), facts)
+    scorer = Scorer(graph, structure, cluster, workload, max(1.0, time_limit_s / 4), facts)
     hbm = cluster.device.hbm_bytes
     all_meshes = meshes(graph, structure, cluster, workload)
     if not all_meshes:
@@ -380,7 +380,7 @@ def _even(n: int, k: int) -> tuple[int, ...]:
     return even_split(n, k)
 
 
-def _balanced(scorer: _Scorer, s: Strategy) -> tuple[int, ...] | None:
+def _balanced(scorer: Scorer, s: Strategy) -> tuple[int, ...] | None:
     """Layers per stage that balance the stage times of `s` (embedding and head included)."""
     scorer._score(s)  # not the memo: the stage costs themselves are needed
     costs = scorer.last_costs
