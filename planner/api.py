@@ -226,7 +226,7 @@ def plan_model(
         from planner.search.mpmd import plan_mpmd
 
         mp = plan_mpmd(graph, structure, hw, workload, time_limit_s=time_limit_s, allow_offload=offload,
-                       progress=progress)
+                       progress=progress, incumbent_s=result.best.step_s if result.best else None)
     if result.best is None and mp is None:
         raise Infeasible(_infeasible_message(model, hw, result))
     out: dict[str, Any]

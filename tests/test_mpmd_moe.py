@@ -118,3 +118,14 @@ def test_attention_beside_experts_is_never_slower_than_the_plain_plan():
     assert mp["imbalance"] >= 1.0 and mp["detail"]["traffic_bytes_per_step"] > 0
     print(f"\nattention | experts: {mp['step_time_s']:.3f} s/step against {plain:.3f} s plain "
           f"({mp['step_time_s'] / plain - 1:+.1%}), used: {mp['used']}")
+
+
+def test_splits_predicted_well_behind_the_single_program_plan_go_unsearched(dsv3):
+    g, st, facts, split = dsv3
+    cm = load_cluster("cloudmatrix384", devices=16)
+    wl = Workload(global_batch=64, seq_len=SEQ)
+    hopeless = MoeSplitSearch(g, st, cm, wl, split, facts, time_limit_s=10)
+    assert hopeless.best(incumbent_s=1e-9) is not None and len(hopeless.scored) == 1
+    open_race = MoeSplitSearch(g, st, cm, wl, split, facts, time_limit_s=10)
+    open_race.best(incumbent_s=1e9)
+    assert len(open_race.scored) > 1

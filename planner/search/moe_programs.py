@@ -57,6 +57,9 @@ from planner.strategy import Strategy, Workload
 MAX_IN_FLIGHT = 4
 #: Expert-group sizes timed with a full search of the attention program (the others by proportion only).
 SEARCHED_SPLITS = 3
+#: Splits predicted more than this much slower than the single-program plan are not searched (the prediction
+#: is optimistic: attention's device-seconds scaled perfectly; 10% covers layouts a larger group may afford).
+PRUNE_MARGIN = 1.1
 
 Progress = Callable[[str, float], None]
 
@@ -172,8 +175,12 @@ class MoeSplitSearch:
                                      key=lambda o: (o.step_s, o.attention.strategy.micro_batch, o.in_flight))
         return self.scored[n_exp]
 
-    def best(self) -> SplitScore | None:
-        """Attention searched where the FLOPs balance, then at the sizes that look best by proportion."""
+    def best(self, incumbent_s: float | None = None) -> SplitScore | None:
+        """Attention searched where the FLOPs balance, then at the sizes that look best by proportion.
+
+        With `incumbent_s` (the single-program plan's step), the search stops after the first split when
+        no split is predicted within `PRUNE_MARGIN` of it: the prediction scales attention's measured
+        device-seconds perfectly and prices the experts exactly, so it errs on the optimistic side."""
         n, split, facts = self.cluster.n_devices, self.split, self.facts
         share = expert_flops(split, facts) * facts.work.batch / max(float(facts.work.flops.sum()), 1.0)
         probe = None
@@ -191,6 +198,8 @@ class MoeSplitSearch:
                               self.workload.global_batch / m, m, probe.in_flight)
             return max(attn_device_s / (n - n_exp), eg.busy_s(m) + eg.tail_s) if eg.fits else math.inf
 
+        if incumbent_s is not None and min(map(predicted, self.sizes)) > PRUNE_MARGIN * incumbent_s:
+            return probe
         for n_exp in sorted(self.sizes, key=lambda c: (predicted(c), c))[:SEARCHED_SPLITS]:
             self.score(n_exp)
         # once more from the best split scored: its attention plan is the one the prediction should scale
@@ -213,8 +222,10 @@ def plan_moe_programs(
     time_limit_s: float = 60.0,
     allow_offload: bool = True,
     progress: Progress | None = None,
+    incumbent_s: float | None = None,
 ) -> MpmdResult | None:
-    """The best attention | experts plan in training, or None for a dense model (or when no split fits)."""
+    """The best attention | experts plan in training, or None for a dense model (or when no split fits);
+    `incumbent_s`: the step to beat, which lets hopeless splits go unsearched (`MoeSplitSearch.best`)."""
     if workload.mode != "train" or not any(EXPERT_TAG in p for p in graph.params):
         return None
     facts = GraphFacts(graph, structure)
@@ -223,7 +234,7 @@ def plan_moe_programs(
         return None
     search = MoeSplitSearch(graph, structure, cluster, workload, split, facts, time_limit_s=time_limit_s,
                             allow_offload=allow_offload, progress=progress)
-    best = search.best()
+    best = search.best(incumbent_s)
     return None if best is None else _result(split, graph, structure, facts, best, workload, len(search.scored))
 
 

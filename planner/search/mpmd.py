@@ -165,14 +165,16 @@ def plan_mpmd(
     time_limit_s: float = 60.0,
     allow_offload: bool = True,
     progress: Progress | None = None,
+    incumbent_s: float | None = None,
 ) -> MpmdResult | None:
     """The fastest multi-program plan (encoders | backbone, or attention | experts in MoE layers), or None
-    when the model has neither."""
+    when the model has neither; `incumbent_s` is the single-program step to beat, if known."""
     from planner.search.moe_programs import plan_moe_programs
 
-    results = [r for kind in (plan_encoders, plan_moe_programs) if (r := kind(
-        graph, structure, cluster, workload, time_limit_s=time_limit_s, allow_offload=allow_offload,
-        progress=progress)) is not None]
+    kw = dict(time_limit_s=time_limit_s, allow_offload=allow_offload, progress=progress)
+    results = [r for r in (plan_encoders(graph, structure, cluster, workload, **kw),
+                           plan_moe_programs(graph, structure, cluster, workload, incumbent_s=incumbent_s, **kw))
+               if r is not None]
     return min(results, key=lambda r: r.step_s) if results else None
 
 
