@@ -36,6 +36,29 @@ def parse_offload(items: list[str] | None) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(out.items()))
 
 
+def parse_stage_tp(text: str | None, pp: int | None, tp: int | None) -> tuple[int, ...]:
+    """`'4,8'` -> (4, 8): one tensor degree per pipeline stage, checked against --pp and --tp."""
+    if text is None:
+        return ()
+    try:
+        widths = tuple(int(x) for x in text.replace(" ", "").split(","))
+    except ValueError:
+        raise InvalidInput(f"--stage-tp {text!r}: give one whole tensor degree per pipeline stage, separated by "
+                           "commas, like --stage-tp 4,8") from None
+    if min(widths) < 1:
+        raise InvalidInput(f"--stage-tp {text}: every stage's tensor degree must be at least 1")
+    if len(widths) < 2:
+        raise InvalidInput(f"--stage-tp {text} gives one stage; give a degree for each of two or more pipeline stages "
+                           "(or use --tp for one width)")
+    if pp is not None and pp != len(widths):
+        raise InvalidInput(f"--stage-tp {text} gives {len(widths)} stages, but --pp is {pp}; give one degree per "
+                           "stage (or drop --pp: it follows --stage-tp)")
+    if tp is not None and tp != max(widths):
+        raise InvalidInput(f"--tp {tp} with --stage-tp {text}: tp is then the widest stage's degree, "
+                           f"{max(widths)}; drop --tp")
+    return widths
+
+
 _OptCluster = Annotated[Optional[str], typer.Option(
     "--cluster", help="A hardware preset (`hyperplan hardware list`) or a .toml file (with --plan: the file's).",
     show_default=False)]
@@ -60,6 +83,10 @@ def estimate_cmd(
                                               rich_help_panel=_PAR, show_default=False)] = None,
     pp: Annotated[Optional[int], typer.Option("--pp", help="Pipeline stages. [default: 1]", rich_help_panel=_PAR,
                                               show_default=False)] = None,
+    stage_tp: Annotated[Optional[str], typer.Option(
+        "--stage-tp", metavar="TP,TP,...", help="A tensor-parallel degree per pipeline stage, when stages differ in "
+        "width (e.g. 4,8: the first stage on 4 ranks per replica, the second on 8); sets --pp and --tp.",
+        rich_help_panel=_PAR, show_default=False)] = None,
     dp: Annotated[Optional[int], typer.Option("--dp", help="Data-parallel degree (default: what the devices leave).",
                                               rich_help_panel=_PAR)] = None,
     cp: Annotated[Optional[int], typer.Option("--cp", help="Context-parallel degree (splits the sequence). "
@@ -104,13 +131,16 @@ def estimate_cmd(
     Example: hyperplan estimate llama3-70b --cluster cloudmatrix384 --devices 64 --global-batch 256
     --seq-len 4096 --tp 8 --pp 4 --sp --recompute selective --zero 1
 
+    Stages of different widths: hyperplan estimate llama3-8b --cluster dgx-h100 --devices 24 --global-batch 4
+    --seq-len 8192 --stage-tp 4,8 --sp --zero 1
+
     Or score a (hand-edited) declaration: hyperplan estimate llama3-70b --plan plan.yaml
     """
     overrides = opt.zoo_overrides(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
                                   experts=experts, top_k=top_k)
-    given = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "vpp": vpp, "micro-batch": micro_batch,
-             "recompute": recompute, "full-recompute-layers": full_recompute_layers, "sp": sp, "zero": zero,
-             "schedule": schedule, "offload": offload}
+    given = {"tp": tp, "pp": pp, "stage-tp": stage_tp, "dp": dp, "cp": cp, "ep": ep, "vpp": vpp,
+             "micro-batch": micro_batch, "recompute": recompute, "full-recompute-layers": full_recompute_layers,
+             "sp": sp, "zero": zero, "schedule": schedule, "offload": offload}
     if plan is not None:
         clash = [f"--{k}" for k, v in given.items() if v is not None]
         if clash:
@@ -127,11 +157,14 @@ def estimate_cmd(
         if missing:
             raise InvalidInput(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} needed (or --plan FILE "
                                "to take them from a declaration)")
+        widths = parse_stage_tp(stage_tp, pp, tp)
+        if widths:
+            tp, pp = max(widths), len(widths)
         with render.progress(f"estimating {model} on {cluster} ..."):
             result = estimate_model(
                 model, cluster=cluster, devices=devices, global_batch=global_batch, seq_len=seq_len,
-                dtype=dtype or "bf16", tp=tp or 1, pp=pp or 1, dp=dp, cp=cp or 1, ep=ep or 1, vpp=vpp or 1,
-                micro_batch=micro_batch or 1, recompute=recompute or "none",
+                dtype=dtype or "bf16", tp=tp or 1, pp=pp or 1, stage_tp=widths, dp=dp, cp=cp or 1, ep=ep or 1,
+                vpp=vpp or 1, micro_batch=micro_batch or 1, recompute=recompute or "none",
                 full_recompute_layers=full_recompute_layers or 0, sp=bool(sp), zero=zero or 0,
                 schedule=schedule or "1f1b", offload=parse_offload(offload), overrides=overrides,
                 dims=opt.parse_dims(dim),
@@ -139,14 +172,29 @@ def estimate_cmd(
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
         return
+    if result.get("mode") == "infer":  # a serving declaration: prefill and decode, as plan prints them
+        from cli.plan_cmd import print_serving
+
+        print_serving(result)
+        return
     print_estimate(result)
 
 
 def print_estimate(r: dict) -> None:
     """The human view of an estimate: headline, memory, breakdown, stages, layouts."""
     s = r["strategy"]
+    progs = r.get("programs") or []
+    what = f"{len(progs)} programs (HyperMPMD)" if progs else s["summary"]
     console.print(f"[bold]{r['model']['name']}[/] on [bold]{r['cluster']['name']}[/] x{r['cluster']['devices']}: "
-                  f"{s['summary']}")
+                  f"{what}")
+    if progs:
+        pt = Table(title="programs, each on its own device group", title_justify="left")
+        for c in ("program", "ranks", "strategy", "step s", "peak GiB"):
+            pt.add_column(c, justify="right" if c in ("step s", "peak GiB") else "left")
+        for p in progs:
+            pt.add_row(p["name"], f"{p['ranks'][0]}-{p['ranks'][1]}", p["strategy"]["summary"],
+                       f"{p['estimate']['step_time_s']:.4f}", f"{p['estimate']['memory_gib']['peak']:.1f}")
+        console.print(pt)
     head = Table(show_header=False, box=None, pad_edge=False)
     head.add_row("step time", f"{r['step_time_s']:.3f} s  ({r['microbatches']} micro-batches)")
     head.add_row("throughput", f"{r['tokens_per_s']:,.0f} tokens/s")

@@ -32,7 +32,9 @@ def export_cmd(
 
     hyper-parallel, mindspore, torch and jax give a Python module holding the layouts as data and the calls that
     apply them (torch: DeviceMesh, parallelize_module plan, FSDP2, in torchtitan's order); onnx gives the model
-    with ONNX IR v11 sharding annotations on its nodes.
+    with ONNX IR v11 sharding annotations on its nodes. A serving declaration (plan --mode infer -o) gives a mesh,
+    tensor-parallel layouts and expert placement per phase program (prefill, decode); jax, mindspore and
+    hyper-parallel refuse a phase whose expert-parallel degree does not divide its experts.
 
     Example: hyperplan export plan.yaml --backend torch -o parallelize_plan.py
     """

@@ -15,7 +15,8 @@ from cli.errors import err_console, guarded
 from cli.estimate_cmd import print_estimate
 from planner.api import plan_inference, plan_model
 from planner.errors import InvalidInput
-from planner.hypershard import Request, declare_plan, write_document
+from planner.hypershard import Request, declare_plan, declare_serving, write_document
+from planner.hypershard.io import check_suffix
 
 console = Console(highlight=False, soft_wrap=False)
 
@@ -56,7 +57,8 @@ def plan_cmd(
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds the search may take; the best plan so "
                                                                    "far is returned when it runs out.")] = 60.0,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the HyperShard declaration to a "
-                                                  ".yaml or .json file (`hyperplan validate` / `export` read it).")] = None,
+                                                  ".yaml or .json file (`hyperplan validate` / `export` read it); "
+                                                  "with --mode infer, prefill and decode as two programs.")] = None,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="HBM a plan may use per device "
                                                         "(default: all of it), e.g. to leave room for the runtime.")] = None,
     no_offload: Annotated[bool, typer.Option("--no-offload", help="Keep everything in HBM: no HyperOffload of "
@@ -98,10 +100,17 @@ def plan_cmd(
                                 batch=batch, ttft_ms=ttft_ms, tpot_ms=tpot_ms, dtype=dtype, kv_dtype=kv_dtype,
                                 overrides=overrides, dims=opt.parse_dims(dim), memory_gib=memory_gib,
                                 offload=not no_offload, disaggregate=not no_mpmd)
+        if output:
+            request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
+                              memory_gib=memory_gib)
+            write_document(declare_serving(result, request, offload=not no_offload, disaggregate=not no_mpmd),
+                           output, protect=(model, cluster))
         if as_json:
             typer.echo(json.dumps(result, indent=2, sort_keys=True))
         else:
             print_serving(result)
+            if output:
+                console.print(f"HyperShard declaration written to {output}")
         return
     if mode != "train":
         raise InvalidInput(f"--mode {mode}: use train or infer")
@@ -184,7 +193,7 @@ def print_plan(r: dict) -> None:
                   f"{'' if sr['complete'] else ' (stopped by --time-limit)'}; layout solver gap {sr['layout_solver_gap']:.2%}")
 
 
-def _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_ms, tpot_ms, output) -> None:
+def _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_ms, tpot_ms, output=None) -> None:
     """The flags of --mode infer: one sentence for each mistake, before any work."""
     if global_batch is not None or seq_len is not None:
         raise InvalidInput("--global-batch and --seq-len describe a training step; with --mode infer give "
@@ -195,8 +204,7 @@ def _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_m
     if batch is None and ttft_ms is None and tpot_ms is None:
         raise InvalidInput("--mode infer needs --batch, or latency targets --ttft-ms and --tpot-ms")
     if output:
-        raise InvalidInput(f"-o {output}: HyperShard declarations of serving plans are not written yet (the writer "
-                           "takes training plans); drop -o and keep the plan with --json")
+        check_suffix(output)  # before planning, so no work is lost to a bad file name
 
 
 def print_serving(r: dict) -> None:

@@ -14,6 +14,7 @@ from cli import options as opt
 from cli import render
 from cli.errors import guarded
 from cli.estimate_cmd import print_estimate
+from cli.plan_cmd import print_serving
 from planner.hypershard.io import read_document
 from planner.hypershard.validate import validate_document
 
@@ -32,7 +33,7 @@ def validate_cmd(
     """Check a declaration against the schema, its model's tensors, the cluster's size and memory, and re-estimate it.
 
     The re-estimate must equal the estimate the file records (what `hyperplan plan` printed). Exits 2 when a
-    check fails.
+    check fails. A serving declaration (plan --mode infer -o) re-scores prefill and decode as declared.
 
     Example: hyperplan validate plan.yaml
     """
@@ -49,7 +50,10 @@ def validate_cmd(
         for w in report.warnings:
             console.print(f"[yellow]note:[/] {escape(w)}")
         if report.estimate is not None:
-            print_estimate(report.estimate)
+            if report.estimate.get("mode") == "infer":
+                print_serving(report.estimate)
+            else:
+                print_estimate(report.estimate)
         console.print("valid" if report.ok else "[bold red]not valid[/]")
     if not report.ok:
         raise typer.Exit(2)

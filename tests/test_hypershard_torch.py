@@ -4,7 +4,8 @@ the CPU, gives the single-process loss and gradients.
 Scenarios (one process group, one fork, so torch and transformers are imported once): tensor parallel,
 tensor + sequence parallel, FSDP2 ZeRO-3 with full recompute, HSDP ZeRO-0 with selective recompute,
 FSDP2 ZeRO-2 with the first layer fully recomputed and the other selectively, 1F1B pipeline x tensor
-parallel and 1F1B pipeline x FSDP. Each declaration goes through a file and
+parallel and 1F1B pipeline x FSDP; and on 3 processes, 1F1B pipelines whose two stages differ in width
+(1 + 2 and 2 + 1 tensor ranks), each stage on its own mesh. Each declaration goes through a file and
 `validate` before it is exported. The tensor-parallel ones are hand-edited to Megatron's layouts: at hidden
 64 the planner keeps most weights whole (splitting them does not pay), and hand-edited files are
 first-class.
@@ -42,11 +43,21 @@ SCENARIOS = {
     "pp_tp": (dict(pp=2, tp=2), True, True),
     "pp_fsdp": (dict(pp=2, zero=1), False, True),
 }
+#: stages of different widths, on WIDTH_WORLD processes (widest stage on the first ranks)
+WIDTH_WORLD = 3
+WIDTH_SCENARIOS = {
+    "pp_widths_1_2": (dict(tp=2, pp=2, stage_tp=(1, 2)), True, True),
+    "pp_widths_2_1": (dict(tp=2, pp=2, stage_tp=(2, 1)), True, True),
+}
 
 
 def megatron(doc: dict) -> dict:
-    """Megatron-LM's layouts, as a user would write them: column-parallel in, row-parallel out, vocab split."""
+    """Megatron-LM's layouts, as a user would write them: column-parallel in, row-parallel out, vocab split.
+
+    The estimate scores declared layouts, so the figures recorded for the planner's own layouts no longer
+    hold: the edit drops them, and `validate` re-estimates the file as written."""
     doc = copy.deepcopy(doc)
+    doc.pop("estimate", None)
     for name, entry in doc["layouts"]["params"].items():
         if name.endswith(("o_proj.weight", "down_proj.weight")):
             entry.update(dims=[None, "tp"], output_partial=["tp"])
@@ -95,12 +106,12 @@ def _loss_fn(logits, target):
                                              target[:, 1:].reshape(-1))
 
 
-def _worker(rank: int, port: int, folder: str, plans: list) -> None:
+def _worker(rank: int, world: int, port: int, folder: str, plans: list) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     ref_model = _tiny_llama()
     out = ref_model(input_ids=ids, labels=ids)
@@ -112,6 +123,8 @@ def _worker(rank: int, port: int, folder: str, plans: list) -> None:
             spec = importlib.util.spec_from_file_location(f"plan_{name}", path)
             plan = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(plan)
+            if hasattr(plan, "use_program"):  # stages of different widths: each an entry of its own
+                plan.use_program(rank)
             mesh = plan.build_mesh("cpu")
             index, count = plan.batch_shard(mesh)
             x = ids.chunk(count)[index]
@@ -124,7 +137,10 @@ def _worker(rank: int, port: int, folder: str, plans: list) -> None:
                     schedule.step(target=x, losses=losses)
                 err, n = _grad_error([(k, p) for st in stages for k, p in st.submod.model.named_parameters()], ref)
                 loss = sum(v.item() for v in losses) / len(losses) if losses else None
-                res[name] = {"loss": loss, "grad_err": err, "grads": n, "last": not stages[0].is_first}
+                sharded = any("Shard" in str(getattr(p, "placements", "")) for st in stages
+                              for p in st.submod.parameters())
+                res[name] = {"loss": loss, "grad_err": err, "grads": n, "last": not stages[0].is_first,
+                             "tp_sharded": sharded}
             else:
                 model = plan.parallelize(_tiny_llama(), mesh)
                 o = model(input_ids=x, labels=x)
@@ -132,7 +148,7 @@ def _worker(rank: int, port: int, folder: str, plans: list) -> None:
                 loss = o.loss.detach().clone()
                 dist.all_reduce(loss)
                 err, n = _grad_error(model.named_parameters(), ref)
-                res[name] = {"loss": loss.item() / WORLD, "grad_err": err, "grads": n, **_describe(model)}
+                res[name] = {"loss": loss.item() / world, "grad_err": err, "grads": n, **_describe(model)}
         except Exception:  # recorded and asserted on by the test, with the traceback
             res[name] = {"error": traceback.format_exc()[-3000:]}
     with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
@@ -146,14 +162,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> list[dict]:
+def _launch(folder, world: int, scenarios: dict) -> list[dict]:
+    """Declare, write, validate and export each scenario, then run them all in one group of `world` processes."""
     import torch.multiprocessing as mp
 
-    folder = tmp_path_factory.mktemp("torch_export")
     plans = []
-    for name, (strategy, edit, pipelined) in SCENARIOS.items():
-        doc = declare("llama3-8b", cluster="dgx-a100", devices=WORLD, global_batch=BATCH, seq_len=SEQ, dtype="fp32",
+    for name, (strategy, edit, pipelined) in scenarios.items():
+        doc = declare("llama3-8b", cluster="dgx-a100", devices=world, global_batch=BATCH, seq_len=SEQ, dtype="fp32",
                       overrides=TINY, **strategy)
         if edit:
             doc = megatron(doc)
@@ -165,7 +180,7 @@ def runs(tmp_path_factory) -> list[dict]:
         plans.append((name, str(folder / f"{name}.py"), pipelined))
     ctx = mp.get_context("fork")  # the children inherit torch and transformers, already imported
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, str(folder), plans)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, str(folder), plans)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -174,8 +189,18 @@ def runs(tmp_path_factory) -> list[dict]:
         if p.is_alive():
             p.kill()
             p.join()
-    assert [p.exitcode for p in procs] == [0] * WORLD, "a worker process failed or timed out"
-    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    assert [p.exitcode for p in procs] == [0] * world, "a worker process failed or timed out"
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list[dict]:
+    return _launch(tmp_path_factory.mktemp("torch_export"), WORLD, SCENARIOS)
+
+
+@pytest.fixture(scope="module")
+def width_runs(tmp_path_factory) -> list[dict]:
+    return _launch(tmp_path_factory.mktemp("torch_widths"), WIDTH_WORLD, WIDTH_SCENARIOS)
 
 
 def _ok(runs: list[dict], name: str) -> list[dict]:
@@ -214,3 +239,17 @@ def test_pipeline_stages_match_the_single_process_run(runs, name):
     assert len(last) == 2 and all(len(row) for row in rows)
     mean = sum(row["loss"] for row in last) / len(last)  # pp_fsdp: two data-parallel pipelines, half a batch each
     assert mean == pytest.approx(runs[0]["ref_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(WIDTH_SCENARIOS))
+def test_stages_of_different_widths_match_the_single_process_run(width_runs, name):
+    """Each stage on its own mesh (the wide one tensor-parallel over 2 ranks, the narrow one whole on 1), the
+    hand-off between them point to point: the last stage's loss and every rank's gradients are the reference's."""
+    rows = _ok(width_runs, name)
+    widths = WIDTH_SCENARIOS[name][0]["stage_tp"]
+    wide = 0 if widths[0] == 2 else 1
+    assert [row["last"] for row in rows] == [wide == 1] * 2 + [wide == 0]  # ranks 0-1: the wide stage
+    assert [row["tp_sharded"] for row in rows] == [True, True, False]
+    for row in rows:
+        if row["last"]:
+            assert row["loss"] == pytest.approx(width_runs[0]["ref_loss"], rel=1e-5)

@@ -81,7 +81,7 @@ def test_tighter_tpot_means_smaller_decode_batches():
     (["--mode", "infer", "--cluster", "dgx-h100", "--prompt-len", "8", "--gen-len", "8", "--batch", "2",
       "--tpot-ms", "20"], "not both"),
     (["--mode", "infer", "--cluster", "dgx-h100", "--prompt-len", "8", "--gen-len", "8", "--batch", "2", "-o",
-      "p.yaml"], "not written yet"),
+      "p.txt"], "use a .yaml, .yml or .json file name"),
     (["--mode", "infer", "--cluster", "dgx-h100", "--prompt-len", "8", "--gen-len", "8", "--batch", "2",
       "--global-batch", "4"], "describe a training step"),
     (["--mode", "infer", "--cluster", "cloudmatrix384", "--prompt-len", "8", "--gen-len", "8", "--batch", "2",

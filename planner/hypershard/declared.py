@@ -1,23 +1,28 @@
-"""What a declaration asks for, read back: the model, cluster, workload and strategy; and its score.
+"""What a declaration asks for, read back: the model, cluster, workload, strategies and layouts; and its score.
 
 The strategy is read from the sections a user edits (mesh axis sizes, the
-pipeline's layer lists, micro-batch, schedule, ZeRO stage, recompute
-policy, offload fractions, sequence parallelism), so a hand-edited file is
-scored as written. Scoring takes the same path as `plan_model` — the same
-graph, cluster and `estimate` call — so an unedited declaration scores to
-the very numbers it records.
+pipeline's layer lists and each stage's tp, micro-batch, schedule, ZeRO stage, recompute
+policy, offload fractions, sequence parallelism), and the parameter
+layouts are pinned as declared (`pins`), so a hand-edited file is scored
+as written. Scoring takes the same path as `plan_model` — the same graph,
+cluster and `estimate` call, per program and combined as
+`mpmd.score_groups` does when there are several — so an unedited
+declaration scores to the very numbers it records.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from planner.errors import InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.hypershard.document import Request, build_document
+from planner.hypershard.pins import check_activations, declared_pins, estimator_pins
+from planner.hypershard.programs import is_multi, rank_problems, ranks_of, view, views
+from planner.hypershard.stages import declared_widths, device_problem
 from planner.stage_costs import even_split
 from planner.strategy import Strategy, Workload
 
@@ -44,7 +49,7 @@ def workload_of(doc: Mapping[str, Any]) -> Workload:
 
 
 def chunk_layers(doc: Mapping[str, Any]) -> dict[int, list[str]]:
-    """Layers per pipeline chunk, by chunk index (chunk c runs on stage c mod pp)."""
+    """Layers per pipeline chunk of a one-program document or view, by chunk index (chunk c on stage c mod pp)."""
     out: dict[int, list[str]] = {}
     for st in doc["programs"][0]["stages"]:
         for ch in st["chunks"]:
@@ -55,31 +60,36 @@ def chunk_layers(doc: Mapping[str, Any]) -> dict[int, list[str]]:
     return out
 
 
-def strategy_of(doc: Mapping[str, Any]) -> Strategy:
-    """The strategy the declaration's sections describe (InvalidInput with the field when they cannot)."""
-    if len(doc["programs"]) != 1:
-        raise InvalidInput(f"the declaration has {len(doc['programs'])} programs and this version scores one "
-                           "(one program over all ranks); merge them into programs[0]")
-    if len(doc["meshes"]) != 1:
-        raise InvalidInput(f"the declaration has {len(doc['meshes'])} meshes and this version scores one; keep one")
-    mesh = doc["meshes"][0]
+def strategy_of(doc: Mapping[str, Any], k: int = 0) -> Strategy:
+    """The strategy of program k as the declaration's sections describe it (InvalidInput naming the field)."""
+    return view_strategy(view(doc, k))
+
+
+def strategies_of(doc: Mapping[str, Any]) -> list[Strategy]:
+    return [strategy_of(doc, k) for k in range(len(doc["programs"]))]
+
+
+def view_strategy(v: Mapping[str, Any]) -> Strategy:
+    """The strategy of a one-program view (see `programs.view`)."""
+    mesh = v["meshes"][0]
     axes = {a["name"]: a["size"] for a in mesh["axes"]}
     unknown = sorted(set(axes) - {"tp", "cp", "dp", "pp"})
     if unknown:
-        raise InvalidInput(f"mesh axis {unknown[0]!r} is not one of tp, cp, dp, pp; rename it in meshes[0].axes")
+        raise InvalidInput(f"mesh axis {unknown[0]!r} of mesh {mesh['name']!r} is not one of tp, cp, dp, pp; "
+                           "rename it")
     ep = next((a["size"] for a in mesh.get("aliases", []) if a["name"] == "ep"), 1)
-    prog = doc["programs"][0]
-    chunks = chunk_layers(doc)
+    prog = v["programs"][0]
+    chunks = chunk_layers(v)
     sizes = tuple(len(chunks[c]) for c in sorted(chunks))
     even = even_split(sum(sizes), len(sizes)) if sizes and sum(sizes) >= len(sizes) else ()
     kw: dict[str, Any] = dict(
         tp=axes.get("tp", 1), cp=axes.get("cp", 1), dp=axes.get("dp", 1), pp=axes.get("pp", 1), ep=ep,
         vpp=prog["virtual_stages"], micro_batch=prog["micro_batch_size"], schedule=prog["schedule"],
-        recompute=doc["recompute"]["policy"], sp=bool(doc["layouts"]["sequence_parallel"]),
-        full_recompute_layers=doc["recompute"].get("full_layers_per_chunk", 0),
-        zero=doc["zero"]["stage"], layouts=doc["layouts"]["space"],
-        offload=tuple(sorted((k, float(v)) for k, v in doc["offload"].items() if v)),
-        stage_layers=() if sizes == even else sizes,
+        recompute=v["recompute"]["policy"], sp=bool(v["layouts"]["sequence_parallel"]),
+        full_recompute_layers=v["recompute"].get("full_layers_per_chunk", 0),
+        zero=v["zero"]["stage"], layouts=v["layouts"]["space"],
+        offload=tuple(sorted((k, float(x)) for k, x in v["offload"].items() if x)),
+        stage_layers=() if sizes == even else sizes, stage_tp=declared_widths(v),
     )
     return Strategy(**kw)
 
@@ -92,39 +102,165 @@ class Scored:
     structure: Structure
     request: Request
     plan: dict[str, Any]
+    #: parameters declared with other layouts than the estimator chooses: name -> (declared, chosen), as
+    #: `search.space` layouts; the estimate scores the declared ones
+    edited: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     def estimate_view(self) -> dict[str, Any]:
-        """The dict `hyperplan estimate --json` prints."""
+        """The dict `hyperplan estimate --json` prints (with `programs` for a plan of several)."""
         out = dict(self.plan["estimate"])
         for k in ("model", "cluster", "workload", "strategy"):
             out[k] = self.plan[k]
+        if (self.plan.get("mpmd") or {}).get("used"):
+            out["programs"] = self.plan["programs"]
         return out
 
 
-def score(request: Request, workload: Workload, strategy: Strategy, devices: int) -> Scored:
-    """Estimate `strategy` exactly as `plan_model` does for its chosen strategy."""
+def _rebuild(request: Request, workload: Workload, devices: int) -> tuple[Any, Graph, Structure]:
+    """The cluster (with the declared memory cap), graph and blocks `plan_model` planned on (the graph is
+    remembered for the process, as `plan_model` does: validate reads it twice)."""
     from cost_models import load_cluster
 
-    from planner.api import _describe, load_graph, with_memory_cap
-    from planner.estimate import estimate
+    from planner.api import _graph_for_costing, with_memory_cap
     from planner.graph.blocks import discover_blocks
-    from planner.plan import mesh_axes, strategy_dict
 
     hw = with_memory_cap(load_cluster(request.cluster, devices=devices), request.memory_gib)
-    graph = load_graph(request.model, batch=1, seq_len=workload.seq_len, dims=dict(request.dims) or None,
-                       overrides=request.overrides)
-    structure = discover_blocks(graph)
+    graph = _graph_for_costing(request.model, workload.seq_len, dict(request.dims) or None, request.overrides)
+    return hw, graph, discover_blocks(graph)
+
+
+def program_parts(doc: Mapping[str, Any], request: Request, workload: Workload
+                  ) -> tuple[Graph, Structure, list[tuple[Graph, Structure]]]:
+    """The whole model's graph and blocks, and each declared program's (InvalidInput when the model does not
+    split into the declared programs)."""
+    _, graph, structure = _rebuild(request, workload, doc["cluster"]["devices"])
+    if not is_multi(doc):
+        return graph, structure, [(graph, structure)]
+    split = split_as_declared(doc, graph, structure)
+    return graph, structure, [(p.graph, p.structure) for p in split]
+
+
+def split_as_declared(doc: Mapping[str, Any], graph: Graph, structure: Structure) -> list[Any]:
+    from planner.search.mpmd import split_programs
+
+    split = split_programs(graph, structure)
+    names = [p["name"] for p in doc["programs"]]
+    if names != [p.name for p in split]:
+        raise InvalidInput(f"the declaration's programs are {' | '.join(names)}, but the model splits into "
+                           f"{' | '.join(p.name for p in split) or 'one program'} (encoders first); declare those")
+    return split
+
+
+def _pins(v: Mapping[str, Any] | None, graph: Graph, structure: Structure, s: Strategy, seq_len: int) -> dict:
+    if v is None:
+        return {}
+    check_activations(v, graph, structure, s, seq_len)
+    return declared_pins(v, graph, structure, s)
+
+
+def score(request: Request, workload: Workload, strategy: Strategy, devices: int,
+          v: Mapping[str, Any] | None = None) -> Scored:
+    """Estimate `strategy` exactly as `plan_model` does for its chosen strategy, with the parameter layouts of the
+    view `v` when it declares others than the estimator chooses (an unedited file scores to the planned numbers)."""
+    from planner.api import _describe
+    from planner.estimate import estimate
+    from planner.plan import mesh_axes, strategy_dict
+
+    hw, graph, structure = _rebuild(request, workload, devices)
+    pins = _pins(v, graph, structure, strategy, workload.seq_len)
     est = estimate(graph, structure, hw, workload, strategy)
+    edited = _edited(pins, estimator_pins(structure, est.layouts, pins))
+    if edited:
+        est = estimate(graph, structure, hw, workload, strategy, param_pins=pins)
     plan = {"strategy": strategy_dict(strategy), "mesh": list(mesh_axes(hw, strategy)), "estimate": est.to_dict()}
     plan.update(_describe(request.model, graph, hw, workload))
-    return Scored(graph, structure, request, plan)
+    return Scored(graph, structure, request, plan, edited)
+
+
+def _edited(declared: Mapping[str, int], chosen: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+    return {p: (declared[p], chosen[p]) for p in declared if declared[p] != chosen[p]}
+
+
+def score_programs(request: Request, workload: Workload, doc: Mapping[str, Any], devices: int) -> Scored:
+    """Re-estimate a declaration of several programs as `plan_model` does (`mpmd.score_groups`): each program on
+    its subgraph and rank group, combined with the fill and the encoder-to-backbone hand-over."""
+    vs = views(doc)
+    ranks = [ranks_of(prog, devices) for prog in doc["programs"]]
+    return _score_split(request, workload, devices, ranks, [view_strategy(v) for v in vs], doc, vs)
+
+
+def _score_split(request: Request, workload: Workload, devices: int, ranks: list[tuple[int, int]],
+                 strategies: list[Strategy], doc: Mapping[str, Any] | None, vs: list[Mapping[str, Any]] | None
+                 ) -> Scored:
+    """The model's programs (as declared in `doc`, when given) on `ranks` with `strategies`, the parameter layouts
+    of the views `vs` pinned where they differ from the estimator's."""
+    from planner.api import _describe
+    from planner.search.mpmd import score_groups, split_programs
+
+    hw, graph, structure = _rebuild(request, workload, devices)
+    split = split_as_declared(doc, graph, structure) if doc is not None else split_programs(graph, structure)
+    if len(split) != len(strategies):
+        raise InvalidInput(f"{len(strategies)} programs are given, but {request.model} splits into {len(split)} "
+                           f"({' | '.join(p.name for p in split) or 'one program: plan it as one'})")
+    groups = [(p, count, first, s) for p, (first, count), s in zip(split, ranks, strategies)]
+    pins = [_pins(v, p.graph, p.structure, s, workload.seq_len) for v, p, s in zip(vs, split, strategies)] if vs \
+        else [{} for _ in split]
+    transfer = _handover_s(graph, split, hw, workload, ranks, strategies)
+    entries, overall = score_groups(groups, hw, workload, transfer)
+    differ = [_edited(pk, estimator_pins(p.structure, e["estimate"]["layouts"], pk))
+              for pk, p, e in zip(pins, split, entries)]
+    if any(differ):
+        entries, overall = score_groups(groups, hw, workload, transfer,
+                                        pins=[pk if d else None for pk, d in zip(pins, differ)])
+    plan = {"strategy": entries[-1]["strategy"], "mesh": [], "estimate": overall, "programs": entries,
+            "mpmd": {"used": True, "step_time_s": overall["step_time_s"], "imbalance": overall["imbalance"]}}
+    plan.update(_describe(request.model, graph, hw, workload))
+    return Scored(graph, structure, request, plan, {p: d for one in differ for p, d in one.items()})
+
+
+def program_workloads(doc: Mapping[str, Any], workload: Workload) -> list[Workload]:
+    """What each program is timed on: the workload, or for several programs their group's share of it rounded up
+    to the group (`program_groups.group_workload`, as the planner times them)."""
+    if not is_multi(doc):
+        return [workload]
+    from planner.search.program_groups import group_workload
+
+    return [group_workload(workload, ranks_of(p, doc["cluster"]["devices"])[1]) for p in doc["programs"]]
+
+
+def _handover_s(graph: Graph, split: list[Any], hw: Any, workload: Workload, ranks: list[tuple[int, int]],
+                strategies: list[Strategy]) -> float:
+    """The encoders-to-backbone hand-over the planner charged the pair (`mpmd.pair_step`)."""
+    from planner.search.mpmd import handover_s
+    from planner.search.program_groups import group_workload
+
+    m = [s.micro_batches(group_workload(workload, count)) for s, (_, count) in zip(strategies, ranks)]
+    return handover_s(graph, split[-1], hw, workload, ranks[-1][0], m[0], m[-1])
 
 
 def score_document(doc: Mapping[str, Any], base_dir: str | None = None, model: str | None = None) -> Scored:
-    """Re-estimate a declaration (optionally on another MODEL, as `estimate MODEL --plan FILE` does)."""
+    """Re-estimate a declaration of training (optionally on another MODEL, as `estimate MODEL --plan FILE` does)."""
+    if (doc.get("workload") or {}).get("mode") == "infer":
+        raise InvalidInput("this is a serving declaration (workload mode infer); score it with "
+                           "planner.hypershard.serving_check.rescore, or `hyperplan validate FILE`")
     request = request_of(doc, base_dir) if model is None else Request(
         model=model, cluster=doc["cluster"]["spec"], memory_gib=doc["cluster"].get("memory_gib"))
-    return score(request, workload_of(doc), strategy_of(doc), doc["cluster"]["devices"])
+    return score_as(doc, request, workload_of(doc), doc["cluster"]["devices"])
+
+
+def score_as(doc: Mapping[str, Any], request: Request, workload: Workload, devices: int) -> Scored:
+    """The declaration's strategy (or programs) and layouts, scored on `request`'s model and cluster."""
+    if is_multi(doc):
+        problems = rank_problems(dict(doc, cluster=dict(doc["cluster"], devices=devices)))
+        if problems:
+            raise InvalidInput(problems[0])
+        return score_programs(request, workload, doc, devices)
+    v = view(doc, 0)
+    s = view_strategy(v)
+    problem = device_problem(v, s, devices, "cluster.devices" if devices == doc["cluster"]["devices"] else "--devices")
+    if problem:
+        raise InvalidInput(problem)
+    return score(request, workload, s, devices, v)
 
 
 def graph_of(doc: Mapping[str, Any], base_dir: str | None = None) -> tuple[Graph, Structure]:
@@ -141,9 +277,9 @@ def graph_of(doc: Mapping[str, Any], base_dir: str | None = None) -> tuple[Graph
 def declare(model: str, *, cluster: str, global_batch: int, seq_len: int, devices: int, dtype: str = "bf16",
             mode: str = "train", overrides: Mapping[str, Any] | None = None, dims: Mapping[str, int] | None = None,
             memory_gib: float | None = None, **strategy: Any) -> dict[str, Any]:
-    """Score one given strategy and declare it: the document `plan -o` writes, for a strategy you chose."""
-    inner = strategy.get("tp", 1) * strategy.get("pp", 1) * strategy.get("cp", 1)
-    strategy.setdefault("dp", max(1, devices // inner))
+    """Score one given strategy and declare it: the document `plan -o` writes, for a strategy you chose
+    (`stage_tp=(4, 8)` with tp=8, pp=2 gives stages of different widths)."""
+    _default_dp(strategy, devices)
     request = Request(model=model, cluster=cluster, overrides=dict(overrides or {}), dims=dict(dims or {}),
                       memory_gib=memory_gib)
     wl = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # type: ignore[arg-type]
@@ -151,12 +287,41 @@ def declare(model: str, *, cluster: str, global_batch: int, seq_len: int, device
     return build_document(sc.plan, sc.graph, sc.structure, request)
 
 
+def _default_dp(kw: dict[str, Any], devices: int) -> None:
+    """dp, when not given, is what the devices leave beside the tensor (per stage), pipeline and context ranks."""
+    widths = tuple(kw.get("stage_tp") or ())
+    inner = (sum(widths) if widths else kw.get("tp", 1) * kw.get("pp", 1)) * kw.get("cp", 1)
+    kw.setdefault("dp", max(1, devices // inner))
+
+
+def declare_programs(model: str, *, cluster: str, global_batch: int, seq_len: int,
+                     programs: list[Mapping[str, Any]], dtype: str = "bf16", mode: str = "train",
+                     overrides: Mapping[str, Any] | None = None, dims: Mapping[str, int] | None = None,
+                     memory_gib: float | None = None) -> dict[str, Any]:
+    """Score given strategies for the model's programs and declare them: the document `plan -o` writes when
+    HyperMPMD wins, for a split you chose.
+
+    `programs` follows `mpmd.split_programs` (encoders first, then the backbone): each a dict of `devices` and
+    Strategy fields (dp defaults to what the devices leave); the groups take consecutive ranks from 0.
+    """
+    request = Request(model=model, cluster=cluster, overrides=dict(overrides or {}), dims=dict(dims or {}),
+                      memory_gib=memory_gib)
+    wl = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # type: ignore[arg-type]
+    ranks, strategies, first = [], [], 0
+    for given in programs:
+        kw = dict(given)
+        n = int(kw.pop("devices"))
+        _default_dp(kw, n)
+        ranks.append((first, n))
+        strategies.append(Strategy(**kw))
+        first += n
+    sc = _score_split(request, wl, first, ranks, strategies, None, None)
+    return build_document(sc.plan, sc.graph, sc.structure, request)
+
+
 def declare_plan(plan: Mapping[str, Any], request: Request) -> dict[str, Any]:
-    """The declaration of a `plan_model` result (rebuilds the graph it was planned on)."""
-    mpmd = plan.get("mpmd") or {}
-    if mpmd.get("used"):
-        raise InvalidInput(f"this plan runs {len(mpmd['programs'])} programs (HyperMPMD) and this version writes "
-                           "single-program declarations only; re-plan with --no-mpmd to write one")
+    """The declaration of a `plan_model` result (rebuilds the graph it was planned on); several programs when
+    HyperMPMD won."""
     from planner.api import load_graph
     from planner.graph.blocks import discover_blocks
 
@@ -175,13 +340,25 @@ def estimate_declared(path: str, model: str, *, cluster: str | None = None, devi
                       global_batch: int | None = None, seq_len: int | None = None, dtype: str | None = None,
                       overrides: Mapping[str, Any] | None = None, dims: Mapping[str, int] | None = None
                       ) -> dict[str, Any]:
-    """`hyperplan estimate MODEL --plan FILE`: the declaration's strategy on MODEL; given options replace the file's.
+    """`hyperplan estimate MODEL --plan FILE`: the declaration's strategy and layouts on MODEL; given options
+    replace the file's.
 
     MODEL naming the declared model keeps the declared zoo overrides and dims unless others are given.
     """
     from planner.hypershard.io import read_document
+    from planner.hypershard.serving_check import estimate_serving, is_serving
 
     doc = read_document(path)
+    if is_serving(doc):
+        given = [f for f, v in (("--global-batch", global_batch), ("--seq-len", seq_len)) if v is not None]
+        if devices is not None and devices != doc["cluster"]["devices"]:
+            given.insert(0, f"--devices {devices}")
+        if given:
+            raise InvalidInput(f"{', '.join(given)} cannot apply to a serving declaration (its phases' ranks are "
+                               "fixed and it serves prompts, not training steps); edit its meshes, batch_per_replica "
+                               "or workload instead")
+        return estimate_serving(doc, model, base_dir=os.path.dirname(os.path.abspath(path)), cluster=cluster,
+                                dtype=dtype, overrides=overrides, dims=dims)
     declared = request_of(doc, os.path.dirname(os.path.abspath(path)))
     if _same_model(model, declared.model) and not overrides and not dims:
         overrides, dims = declared.overrides, declared.dims
@@ -190,4 +367,4 @@ def estimate_declared(path: str, model: str, *, cluster: str | None = None, devi
     w = doc["workload"]
     workload = Workload(mode=w["mode"], global_batch=global_batch or w["global_batch"], seq_len=seq_len or w["seq_len"],
                         dtype=dtype or w["dtype"])
-    return score(request, workload, strategy_of(doc), devices or doc["cluster"]["devices"]).estimate_view()
+    return score_as(doc, request, workload, devices or doc["cluster"]["devices"]).estimate_view()

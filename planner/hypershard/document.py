@@ -4,10 +4,14 @@ One document holds what to run (model, workload), where (cluster, the
 named mesh with its rank placement), how (the programs: rank groups,
 pipeline stages with their layers, schedule, micro-batches; per-parameter
 and boundary layouts; ZeRO; recompute and swap per layer; offload per
-memory class) and the estimate it was chosen by. The strategy is not stored
-twice: `declared.strategy_of` reads it back from these sections, so a
-hand edit of, say, the ZeRO stage is what `validate` and `estimate --plan`
-score. Sections built here from the strategy (layouts, recompute rules)
+memory class) and the estimate it was chosen by. A plan of several programs
+(HyperMPMD: encoders beside the backbone) has a mesh per program, named
+after it, and each program carries its own layouts, ZeRO, recompute and
+offload sections and estimate (see `programs`). Pipeline stages of
+different widths state their own `tp` and `ranks` (see `stages`). The
+strategy is not stored twice: `declared.strategy_of` reads it back from
+these sections, so a hand edit of, say, the ZeRO stage or a stage's tp is
+what `validate` and `estimate --plan` score. Sections built here from the strategy (layouts, recompute rules)
 are what backends apply; `validate` reports where they differ from what
 the strategy implies.
 """
@@ -19,16 +23,19 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from planner.errors import InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.hypershard.layouts import activation_layouts, param_layouts
 from planner.hypershard.patterns import compress
 from planner.hypershard.roles import param_roles
+from planner.hypershard.stages import STAGE_PLACEMENT, placed_ranges
 from planner.stage_costs import assign_chunks
 from planner.strategy import OFFLOAD_CLASSES, Strategy
 
 FORMAT_VERSION = 1
 PLACEMENT = "rank = sum of coordinate x stride over the axes; the first axis varies fastest"
+PROGRAM_PLACEMENT = "rank = the program's first rank + sum of coordinate x stride over the axes; the first axis varies fastest"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,11 +63,12 @@ def strategy_from_dict(d: Mapping[str, Any]) -> Strategy:
             "full_recompute_layers")
     kw = {k: d[k] for k in keys if k in d}
     kw["stage_layers"] = tuple(d.get("stage_layers") or ())
+    kw["stage_tp"] = tuple(d.get("stage_tp") or ())
     kw["offload"] = tuple(sorted((k, float(v)) for k, v in dict(d.get("offload") or {}).items()))
     return Strategy(**kw)
 
 
-def _model(request: Request, graph: Graph) -> dict[str, Any]:
+def model_section(request: Request, graph: Graph) -> dict[str, Any]:
     out: dict[str, Any] = {"name": os.path.basename(request.model)}
     if os.path.exists(request.model):
         out.update(source="file", path=request.model, sha256=file_sha256(request.model))
@@ -71,25 +79,37 @@ def _model(request: Request, graph: Graph) -> dict[str, Any]:
     return out
 
 
-def _meshes(mesh: list[Mapping[str, Any]], n_devices: int) -> list[dict[str, Any]]:
+def _mesh(name: str, mesh: list[Mapping[str, Any]], n_devices: int, placement: str) -> dict[str, Any]:
+    """The named mesh of a program; the plan's per-stage entries of stages of different widths (`stage<k>`, with
+    their ranks) are the program's stages' `tp` and `ranks` instead, and the placement says how they read."""
     axes, aliases = [], []
+    if any("ranks" in a for a in mesh):
+        placement = STAGE_PLACEMENT
     for a in mesh:
+        if "ranks" in a:
+            continue
         row = {"name": a["name"], "size": a["size"], "stride": a["stride"], "levels": list(a.get("levels", []))}
         if a["name"] == "ep":
             row["within"] = ["cp", "dp"]
             aliases.append(row)
         else:
             axes.append(row)
-    out: dict[str, Any] = {"name": "world", "devices": n_devices, "axes": axes}
+    out: dict[str, Any] = {"name": name, "devices": n_devices, "axes": axes}
     if aliases:
         out["aliases"] = aliases
-    out["placement"] = PLACEMENT
-    return [out]
+    out["placement"] = placement
+    return out
 
 
-def _programs(structure: Structure, s: Strategy, n_devices: int, microbatches: int) -> list[dict[str, Any]]:
+def _program(name: str, mesh: str, submodels: list[str], structure: Structure, s: Strategy, first: int, count: int,
+             microbatches: int) -> dict[str, Any]:
+    """One program on ranks first..first+count-1 over `mesh`: its stages, chunks and batches.
+
+    Stage k runs on the k-th slice of the program's ranks (pp is the slowest axis); stages of different
+    widths (`Strategy.stage_tp`) state their `tp` and run on the blocks `plan.stage_ranks` places.
+    """
     chunk_of = assign_chunks(structure, s.pp * s.vpp, s.stage_layers)
-    per_stage = n_devices // s.pp
+    ranges = placed_ranges(s)
     stages = []
     for st in range(s.pp):
         chunks = []
@@ -100,18 +120,23 @@ def _programs(structure: Structure, s: Strategy, n_devices: int, microbatches: i
                 "layers": [b.name for b in structure.blocks if b.is_layer and chunk_of[b.name] == c],
                 "blocks": [b.name for b in structure.blocks if not b.is_layer and chunk_of[b.name] == c],
             })
-        stages.append({"stage": st, "ranks": {"first": st * per_stage, "count": per_stage}, "chunks": chunks})
-    return [{
-        "name": "main",
-        "submodels": [sm.name for sm in structure.submodels],
-        "mesh": "world",
-        "ranks": {"first": 0, "count": n_devices},
+        entry: dict[str, Any] = {"stage": st}
+        if s.stage_tp:
+            entry["tp"] = s.stage_tp[st]
+        entry["ranks"] = {"first": first + ranges[st][0], "count": ranges[st][1]}
+        entry["chunks"] = chunks
+        stages.append(entry)
+    return {
+        "name": name,
+        "submodels": submodels,
+        "mesh": mesh,
+        "ranks": {"first": first, "count": count},
         "micro_batch_size": s.micro_batch,
         "micro_batches": microbatches,
         "schedule": s.schedule,
         "virtual_stages": s.vpp,
         "stages": stages,
-    }]
+    }
 
 
 def zero_section(s: Strategy) -> dict[str, Any]:
@@ -152,29 +177,76 @@ def recompute_section(structure: Structure, s: Strategy) -> dict[str, Any]:
     return {"policy": s.recompute, "full_layers_per_chunk": s.full_recompute_layers, "layers": layers}
 
 
-def build_document(plan: Mapping[str, Any], graph: Graph, structure: Structure, request: Request) -> dict[str, Any]:
-    """The declaration of `plan` (the dict `plan_model` returns, or one `declared.score` builds) on `graph`."""
-    s = strategy_from_dict(plan["strategy"])
-    wl = plan["workload"]
-    est = {k: v for k, v in plan["estimate"].items() if k != "layouts"}
-    n = plan["cluster"]["devices"]
+def sections(graph: Graph, structure: Structure, s: Strategy, seq_len: int,
+             estimated: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    """The strategy's layouts (from the estimate's per-block-type table), ZeRO, recompute and offload sections."""
     roles = param_roles(graph, structure)
-    params = param_layouts(graph, structure, plan["estimate"].get("layouts", {}), roles, s, wl["seq_len"])
-    doc: dict[str, Any] = {
-        "hypershard": FORMAT_VERSION,
-        "model": _model(request, graph),
-        "workload": {k: wl[k] for k in ("mode", "global_batch", "seq_len", "dtype")},
-        "cluster": {"name": plan["cluster"]["name"], "spec": request.cluster, "devices": n,
-                    "memory_gib": request.memory_gib},
-        "meshes": _meshes(list(plan["mesh"]), n),
-        "programs": _programs(structure, s, n, int(est.get("microbatches", 1))),
+    params = param_layouts(graph, structure, estimated, roles, s, seq_len)
+    return {
         "layouts": {"space": s.layouts, "sequence_parallel": s.sp, "params": compress(params, structure),
-                    "activations": activation_layouts(graph, structure, s, wl["seq_len"])},
+                    "activations": activation_layouts(graph, structure, s, seq_len)},
         "zero": zero_section(s),
         "recompute": recompute_section(structure, s),
         "offload": {cls: s.offload_fraction(cls) for cls in OFFLOAD_CLASSES},
-        "estimate": est,
     }
+
+
+def _head(plan: Mapping[str, Any], graph: Graph, request: Request) -> dict[str, Any]:
+    wl = plan["workload"]
+    return {
+        "hypershard": FORMAT_VERSION,
+        "model": model_section(request, graph),
+        "workload": {k: wl[k] for k in ("mode", "global_batch", "seq_len", "dtype")},
+        "cluster": {"name": plan["cluster"]["name"], "spec": request.cluster, "devices": plan["cluster"]["devices"],
+                    "memory_gib": request.memory_gib},
+    }
+
+
+def build_document(plan: Mapping[str, Any], graph: Graph, structure: Structure, request: Request) -> dict[str, Any]:
+    """The declaration of `plan` (the dict `plan_model` returns, or one `declared.score` builds) on `graph`."""
+    if (plan.get("mpmd") or {}).get("used"):
+        return _multi_document(plan, graph, structure, request)
+    s = strategy_from_dict(plan["strategy"])
+    est = {k: v for k, v in plan["estimate"].items() if k != "layouts"}
+    n = plan["cluster"]["devices"]
+    doc = _head(plan, graph, request)
+    doc["meshes"] = [_mesh("world", list(plan["mesh"]), n, PLACEMENT)]
+    doc["programs"] = [_program("main", "world", [sm.name for sm in structure.submodels], structure, s, 0, n,
+                                int(est.get("microbatches", 1)))]
+    doc.update(sections(graph, structure, s, plan["workload"]["seq_len"], plan["estimate"].get("layouts", {})))
+    doc["estimate"] = est
+    return _tail(doc, plan)
+
+
+def _multi_document(plan: Mapping[str, Any], graph: Graph, structure: Structure,
+                    request: Request) -> dict[str, Any]:
+    """Several programs (HyperMPMD): a mesh per program, named after it, and each program with its own sections."""
+    from planner.search.mpmd import split_programs
+
+    split = {p.name: p for p in split_programs(graph, structure)}
+    names = [entry["name"] for entry in plan["programs"]]
+    if names != list(split):
+        raise InvalidInput(f"this plan runs the programs {' | '.join(names)}, and declarations hold the encoders | "
+                           f"backbone split ({' | '.join(split) or 'none for this model'}) only; re-plan with "
+                           "--no-mpmd to write one")
+    doc = _head(plan, graph, request)
+    doc["meshes"], doc["programs"] = [], []
+    for entry in plan["programs"]:
+        program = split[entry["name"]]
+        s = strategy_from_dict(entry["strategy"])
+        est = entry["estimate"]
+        first, count = entry["ranks"][0], entry["devices"]
+        doc["meshes"].append(_mesh(entry["name"], list(entry["mesh"]), count, PROGRAM_PLACEMENT))
+        prog = _program(entry["name"], entry["name"], list(entry["submodels"]), program.structure, s, first, count,
+                        int(est.get("microbatches", 1)))
+        prog.update(sections(program.graph, program.structure, s, plan["workload"]["seq_len"], est.get("layouts", {})))
+        prog["estimate"] = {k: v for k, v in est.items() if k != "layouts"}
+        doc["programs"].append(prog)
+    doc["estimate"] = {k: v for k, v in plan["estimate"].items() if k != "layouts"}
+    return _tail(doc, plan)
+
+
+def _tail(doc: dict[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
     if "search" in plan:
         doc["search"] = dict(plan["search"])
     if plan.get("runners_up"):

@@ -53,10 +53,14 @@ def dumps(doc: Mapping[str, Any], suffix: str) -> str:
 
 def write_document(doc: Mapping[str, Any], path: str, protect: tuple[str, ...] = ()) -> None:
     """Write YAML or JSON by extension, atomically, never over one of the inputs (`protect`)."""
-    target = Path(path)
-    if target.suffix.lower() not in SUFFIXES:
+    check_suffix(path)
+    write_atomically(path, lambda: dumps(doc, Path(path).suffix), protect, "output")
+
+
+def check_suffix(path: str) -> None:
+    """A declaration's file name must say its format (checked before planning, so no work is lost)."""
+    if Path(path).suffix.lower() not in SUFFIXES:
         raise InvalidInput(f"-o {path}: use a .yaml, .yml or .json file name")
-    write_atomically(path, lambda: dumps(doc, target.suffix), protect, "output")
 
 
 def write_atomically(out: str, produce: Callable[[], str | bytes], protect: tuple[str, ...], noun: str) -> int:
@@ -181,6 +185,21 @@ def check_schema(doc: Mapping[str, Any], name: str) -> None:
         raise InvalidInput(f"{name} declares format version {version!r}; this hyperplan reads version "
                            f"{schema()['properties']['hypershard']['const']} (re-plan with this version)")
     err = best_match(jsonschema.Draft202012Validator(schema()).iter_errors(doc))
+    if err is not None and err.validator is None:  # a section the schema forbids for this kind of declaration
+        key = _key_of(doc, err)
+        kind = "serving (workload mode infer)" if (doc.get("workload") or {}).get("mode") == "infer" else "training"
+        raise InvalidInput(f"{name}: field '{_field(list(err.absolute_path) + [key])}' is not part of a {kind} "
+                           "declaration; remove it (the HyperShard schema is planner/hypershard/schema.json)")
     if err is not None:
         raise InvalidInput(f"{name}: field '{_field(err.absolute_path)}' {_reason(err)}; "
                            "fix it (the HyperShard schema is planner/hypershard/schema.json)")
+
+
+def _key_of(doc: Mapping[str, Any], err: Any) -> Any:
+    """The key under which a value the schema forbids outright sits (jsonschema gives the value, not its key)."""
+    parent: Any = doc
+    for part in err.absolute_path:
+        parent = parent[part]
+    if isinstance(parent, dict):
+        return next((k for k, v in parent.items() if v is err.instance), "?")
+    return "?"

@@ -80,9 +80,8 @@ def param_layout(name: str, shape: Sequence[int], estimated: str, role: ParamRol
     return entry
 
 
-def param_layouts(graph: Graph, structure: Structure, estimated: Mapping[str, Mapping[str, str]],
-                  roles: Mapping[str, ParamRole], s: Strategy, seq_len: int) -> dict[str, dict[str, Any]]:
-    """Every parameter's entry, in graph order, from the estimate's per-block-type `S<d>`/`R` table."""
+def estimated_by_param(structure: Structure, estimated: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """The estimate's per-block-type `S<d>`/`R` table, per parameter name (absent: replicated)."""
     by_label = {t.label: t for t in structure.types}
     flat: dict[str, str] = {}
     for label, rows in estimated.items():
@@ -95,6 +94,13 @@ def param_layouts(graph: Graph, structure: Structure, estimated: Mapping[str, Ma
             for p in structure.block(inst).params:  # absolute names (a tied parameter read elsewhere)
                 if p in rows:
                     flat[p] = rows[p]
+    return flat
+
+
+def param_layouts(graph: Graph, structure: Structure, estimated: Mapping[str, Mapping[str, str]],
+                  roles: Mapping[str, ParamRole], s: Strategy, seq_len: int) -> dict[str, dict[str, Any]]:
+    """Every parameter's entry, in graph order, from the estimate's per-block-type `S<d>`/`R` table."""
+    flat = estimated_by_param(structure, estimated)
     out: dict[str, dict[str, Any]] = {}
     for p in graph.params:
         shape = graph.tensors[p].shape or ()

@@ -7,27 +7,34 @@ layer once, in order, in chunks of at least one); the layouts (every
 parameter has exactly one, of its rank, over known axes, dividing its
 dims); the memory fit; and the re-estimate, which must equal the recorded
 one exactly (the same inputs give the same figures, byte for byte).
-Differences between the declared layouts or rules and what the strategy
-implies are warnings: backends apply what is declared.
+The estimate scores the declared parameter layouts (`pins`); layouts it
+cannot score fail the layouts check. A declaration of several programs
+(HyperMPMD) is checked program by program (each on its own ranks, mesh
+and subgraph) and re-estimated as a whole. Rules that differ from what
+the strategy implies are warnings: backends apply what is declared.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from cost_models.errors import SpecError
 
 from planner.errors import InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
-from planner.hypershard.declared import Scored, chunk_layers, request_of, score, strategy_of, workload_of
-from planner.hypershard.document import build_document, file_sha256
+from planner.hypershard.declared import (Scored, chunk_layers, program_parts, program_workloads, request_of,
+                                         score_as, view_strategy, workload_of)
+from planner.hypershard.document import Request, build_document, file_sha256
 from planner.hypershard.io import check_schema
 from planner.hypershard.layouts import dim_axes
 from planner.hypershard.patterns import expand
-from planner.strategy import Strategy
+from planner.hypershard.pins import check_activations, declared_pins, layout_text
+from planner.hypershard.programs import rank_label, rank_problems, ranks_of, views
+from planner.hypershard.stages import device_problem, param_widths, placed_ranges
+from planner.strategy import Strategy, Workload
 
 GIB = 2.0**30
 _AXES = ("tp", "cp", "dp", "pp", "ep")
@@ -65,41 +72,63 @@ class Report:
 def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_dir: str | None = None) -> Report:
     """Run every check; InvalidInput only when the file cannot be read as a declaration at all."""
     check_schema(doc, name)
+    if (doc.get("workload") or {}).get("mode") == "infer":  # a serving plan: prefill and decode programs
+        from planner.hypershard.serving_check import validate_serving
+
+        return validate_serving(doc, name, base_dir)
     rep = Report()
-    try:
-        request = request_of(doc, base_dir)
-    except InvalidInput as exc:
-        rep.add("model", [str(exc)], "")
+    request = model_request(doc, base_dir, rep)
+    if request is None:
         return rep
     m = doc["model"]
-    if m["source"] == "file" and m.get("sha256") and file_sha256(request.model) != m["sha256"]:
-        rep.add("model", [f"'{m['path']}' changed since the plan was made (its sha256 differs); re-plan, or set "
-                          "model.sha256 if the change is intended"], "")
-        return rep
     try:
-        strategy = strategy_of(doc)
+        vs = views(doc)
+        strategies = [view_strategy(v) for v in vs]
         workload = workload_of(doc)
-        m_batches = strategy.micro_batches(workload)
+        wls = program_workloads(doc, workload)
+        m_batches = [s.micro_batches(wl) for s, wl in zip(strategies, wls)]
     except InvalidInput as exc:
         rep.add("strategy", [str(exc)], "")
         return rep
-    rep.add("strategy", [], strategy.short())
-    if not rep.add("cluster", _cluster_problems(doc, strategy), f"{doc['cluster']['devices']} devices of "
-                   f"{doc['cluster']['name']}, mesh {' x '.join(f'{a}={n}' for a, n in _sizes(strategy) if n > 1) or '1'}"):
+    multi = len(vs) > 1
+    label = [f"{rank_label(doc, k)}: " if multi else "" for k in range(len(vs))]
+    rep.add("strategy", [], "; ".join(lab + s.short() for lab, s in zip(label, strategies)))
+    cluster = rank_problems(doc) if multi else []
+    for k, (v, s) in enumerate(zip(vs, strategies)):
+        first, _ = ranks_of(doc["programs"][k], doc["cluster"]["devices"])
+        cluster += [label[k] + p for p in _cluster_problems(v, s, k, first, multi)]
+    meshes = "; ".join(lab + _mesh_text(s) for lab, s in zip(label, strategies))
+    if not rep.add("cluster", cluster, f"{doc['cluster']['devices']} devices of {doc['cluster']['name']}, mesh "
+                   f"{meshes}"):
         return rep
     try:
-        scored = score(request, workload, strategy, doc["cluster"]["devices"])
+        graph, _, parts = program_parts(doc, request, workload)
     except (InvalidInput, SpecError) as exc:
         rep.add("model", [str(exc)], "")
         return rep
-    graph, structure = scored.graph, scored.structure
-    rep.add("model", _model_problems(doc, graph), f"{m['name']}: {graph.param_count:,} parameters in "
-            f"{len(graph.params)} tensors")
-    rep.add("pipeline", _pipeline_problems(doc, structure, strategy, m_batches),
-            f"{strategy.pp} stage(s) x {strategy.vpp} chunk(s), {m_batches} micro-batches of {strategy.micro_batch}")
-    layouts_ok = rep.add("layouts", _layout_problems(doc, graph, strategy), f"{len(graph.params)} parameters, "
-                         f"{len(doc['layouts']['params'])} entries")
-    _compare_derived(doc, scored, rep, layouts_ok)
+    rep.add("model", model_problems(doc, graph), f"{m['name']}: {graph.param_count:,} parameters in "
+            f"{len(graph.params)} tensors" + (f", {len(parts)} programs" if multi else ""))
+    pipeline, layouts = [], []
+    for k, (v, s, (g, st)) in enumerate(zip(vs, strategies, parts)):
+        pipeline += [label[k] + p for p in _pipeline_problems(v, st, s, wls[k], m_batches[k], k)]
+        layouts += [label[k] + p for p in _layout_problems(v, g, st, s)]
+        try:
+            check_activations(v, g, st, s, workload.seq_len)
+            declared_pins(v, g, st, s)
+        except InvalidInput as exc:
+            layouts.append(label[k] + str(exc))
+    rep.add("pipeline", pipeline, "; ".join(
+        f"{lab}{s.pp} stage(s) x {s.vpp} chunk(s), {mb} micro-batches of {s.micro_batch}"
+        for lab, s, mb in zip(label, strategies, m_batches)))
+    entries = sum(len(v["layouts"]["params"]) for v in vs)
+    if not rep.add("layouts", list(dict.fromkeys(layouts)), f"{len(graph.params)} parameters, {entries} entries"):
+        return rep  # an estimate of other layouts than the declared ones would not be this file's
+    try:
+        scored = score_as(doc, request, workload, doc["cluster"]["devices"])
+    except (InvalidInput, SpecError) as exc:
+        rep.add("estimate", [str(exc)], "")
+        return rep
+    _compare_derived(doc, scored, rep)
     est = scored.plan["estimate"]
     rep.estimate = scored.estimate_view()
     need, have = est["memory_gib"]["peak"], est["hbm_gib"]
@@ -111,44 +140,75 @@ def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_di
     return rep
 
 
+def model_request(doc: Mapping[str, Any], base_dir: str | None, rep: Report) -> Request | None:
+    """The model and cluster to rebuild, or None with a failed model check (a missing or changed model file)."""
+    try:
+        request = request_of(doc, base_dir)
+    except InvalidInput as exc:
+        rep.add("model", [str(exc)], "")
+        return None
+    m = doc["model"]
+    if m["source"] == "file" and m.get("sha256") and file_sha256(request.model) != m["sha256"]:
+        rep.add("model", [f"'{m['path']}' changed since the plan was made (its sha256 differs); re-plan, or set "
+                          "model.sha256 if the change is intended"], "")
+        return None
+    return request
+
+
 def _sizes(s: Strategy) -> list[tuple[str, int]]:
     return [("tp", s.tp), ("cp", s.cp), ("dp", s.dp), ("pp", s.pp), ("ep", s.ep)]
 
 
-def _cluster_problems(doc: Mapping[str, Any], s: Strategy) -> list[str]:
+def _mesh_text(s: Strategy) -> str:
+    """'tp=8 x dp=2 x pp=2', or with stages of different widths 'tp=4+8 x dp=2 x pp=2'."""
+    tp = "+".join(map(str, s.stage_tp)) if s.stage_tp else None
+    return " x ".join(f"{a}={tp if a == 'tp' and tp else n}" for a, n in _sizes(s) if n > 1) or "1"
+
+
+def _cluster_problems(v: Mapping[str, Any], s: Strategy, k: int, first: int, multi: bool) -> list[str]:
+    """One program's view: its mesh against its rank count, and its stages against the pp placement."""
     out: list[str] = []
-    n = doc["cluster"]["devices"]
-    mesh = doc["meshes"][0]
-    if s.devices != n:
-        out.append(f"mesh axes tp x cp x dp x pp = {s.devices} devices, but cluster.devices is {n}")
+    n = v["cluster"]["devices"]
+    mesh = v["meshes"][0]
+    count = f"programs[{k}].ranks.count" if multi else "cluster.devices"
+    problem = device_problem(v, s, n, count)
+    if problem:
+        out.append(problem)
     if mesh.get("devices", n) != n:
-        out.append(f"meshes[0].devices is {mesh['devices']}, but cluster.devices is {n}")
+        out.append(f"mesh {mesh['name']!r} has {mesh['devices']} devices, but {count} is {n}")
     stride = 1
     for a in mesh["axes"]:
-        if "stride" in a and a["stride"] != stride:
+        if s.stage_tp and a["name"] == "pp":
+            if a.get("stride") is not None:
+                out.append(f"mesh axis pp has stride {a['stride']}, but stages of different widths have no one "
+                           "stride; set it to null (each stage's ranks say where it runs)")
+        elif a.get("stride", stride) != stride:
             out.append(f"mesh axis {a['name']} has stride {a['stride']}, but placed fastest-first it is {stride}")
         stride *= a["size"]
     for a in mesh.get("aliases", []):
         if a["name"] != "ep":
             out.append(f"mesh alias {a['name']!r} is unknown; only ep (experts over dp x cp ranks) is")
-    prog = doc["programs"][0]
+    prog = v["programs"][0]
     r = prog.get("ranks", {"first": 0, "count": n})
     if (r["first"], r["count"]) != (0, n):
-        out.append(f"programs[0].ranks is {r['first']}..{r['first'] + r['count'] - 1}, but one program runs on "
+        out.append(f"programs[{k}].ranks is {r['first']}..{r['first'] + r['count'] - 1}, but one program runs on "
                    f"all ranks 0..{n - 1}")
-    per = n // s.pp if s.pp else n
-    for k, st in enumerate(prog["stages"]):
-        if st["stage"] != k:
-            out.append(f"programs[0].stages[{k}] is stage {st['stage']}; list stages 0..{s.pp - 1} in order")
-        elif "ranks" in st and (st["ranks"]["first"], st["ranks"]["count"]) != (k * per, per):
-            out.append(f"stage {k} ranks {st['ranks']['first']}..{st['ranks']['first'] + st['ranks']['count'] - 1}"
-                       f" differ from the pp placement {k * per}..{(k + 1) * per - 1}")
+    placed = placed_ranges(s) if len(prog["stages"]) == s.pp else []
+    how = "the placement of stages of different widths (widest first)" if s.stage_tp else "the pp placement"
+    for i, st in enumerate(prog["stages"]):
+        if st["stage"] != i:
+            out.append(f"programs[{k}].stages[{i}] is stage {st['stage']}; list stages 0..{s.pp - 1} in order")
+        elif "ranks" in st and placed and (st["ranks"]["first"], st["ranks"]["count"]) != placed[i]:
+            a, c = placed[i]
+            lo = st["ranks"]["first"] + first
+            out.append(f"stage {i} ranks {lo}..{lo + st['ranks']['count'] - 1} differ from {how} {a + first}.."
+                       f"{a + c + first - 1}; set stages[{i}].ranks to first {a + first}, count {c}")
     if len(prog["stages"]) != s.pp:
-        out.append(f"programs[0] lists {len(prog['stages'])} stages, but the pp axis has size {s.pp}")
+        out.append(f"programs[{k}] lists {len(prog['stages'])} stages, but the pp axis has size {s.pp}")
     return out
 
 
-def _model_problems(doc: Mapping[str, Any], graph: Graph) -> list[str]:
+def model_problems(doc: Mapping[str, Any], graph: Graph) -> list[str]:
     m = doc["model"]
     out = []
     if m["params"] != graph.param_count:
@@ -158,7 +218,8 @@ def _model_problems(doc: Mapping[str, Any], graph: Graph) -> list[str]:
     return out
 
 
-def _pipeline_problems(doc: Mapping[str, Any], structure: Structure, s: Strategy, m_batches: int) -> list[str]:
+def _pipeline_problems(doc: Mapping[str, Any], structure: Structure, s: Strategy, wl: Workload, m_batches: int,
+                       k: int) -> list[str]:
     out: list[str] = []
     prog = doc["programs"][0]
     chunks = chunk_layers(doc)
@@ -181,20 +242,37 @@ def _pipeline_problems(doc: Mapping[str, Any], structure: Structure, s: Strategy
                else "they are out of order or repeated")
         out.append(f"the chunks list {len(listed)} layers and the model has {len(layers)}: {why}")
     if prog.get("micro_batches", m_batches) != m_batches:
-        out.append(f"programs[0].micro_batches is {prog['micro_batches']}, but global batch "
-                   f"{doc['workload']['global_batch']} / (dp {s.dp} x micro-batch {s.micro_batch}) = {m_batches}")
+        out.append(f"programs[{k}].micro_batches is {prog['micro_batches']}, but global batch "
+                   f"{wl.global_batch} / (dp {s.dp} x micro-batch {s.micro_batch}) = {m_batches}")
     return out
 
 
-def _layout_problems(doc: Mapping[str, Any], graph: Graph, s: Strategy) -> list[str]:
-    entries = doc["layouts"]["params"]
+def _layout_problems(doc: Mapping[str, Any], graph: Graph, structure: Structure, s: Strategy) -> list[str]:
+    """Every parameter has one layout of its rank, over known axes, splitting its dims evenly (over the tensor
+    degree of each stage that holds it, when stages differ in width)."""
+    widths = param_widths(doc, structure, s)
+    size = dict(_sizes(s))
+
+    def uneven(p: str, d: int, axes: tuple[str, ...], n: int) -> str | None:
+        for tp in widths.get(p, (size["tp"],)):
+            k = math.prod(tp if a == "tp" else size[a] for a in axes)
+            if n % k:
+                return f"{p} dim {d} ({n}) does not split evenly over {'x'.join(axes)} = {k}"
+        return None
+
+    return entry_problems(doc["layouts"]["params"], graph, _AXES, uneven)
+
+
+def entry_problems(entries: Mapping[str, Any], graph: Graph, known: tuple[str, ...],
+                   dim_problem: Callable[[str, int, tuple[str, ...], int], str | None]) -> list[str]:
+    """Layout entries against the model: every parameter has one, of its rank, over the `known` axes, no axis on two
+    dims, and no `dim_problem(parameter, dim, axes, size)` (how a kind of declaration splits a dim)."""
     try:
         resolved, missing, unused = expand(entries, graph.params)
     except InvalidInput as exc:
         return [str(exc)]
     out = [f"parameter {p!r} has no layout entry (no exact name or glob matches it)" for p in missing[:3]]
     out += [f"layout entry {k!r} matches no parameter of the model" for k in unused[:3]]
-    size = dict(_sizes(s))
     for p, e in resolved.items():
         shape = graph.tensors[p].shape or ()
         if len(e["dims"]) != len(shape):
@@ -203,14 +281,14 @@ def _layout_problems(doc: Mapping[str, Any], graph: Graph, s: Strategy) -> list[
         used: list[str] = []
         for d, spec in enumerate(e["dims"]):
             axes = dim_axes(spec)
-            bad = [a for a in axes if a not in size]
+            bad = [a for a in axes if a not in known]
             if bad:
-                out.append(f"{p} dim {d} names mesh axis {bad[0]!r}; use tp, cp, dp, pp or ep")
+                out.append(f"{p} dim {d} names mesh axis {bad[0]!r}; use {', '.join(known[:-1])} or {known[-1]}")
                 continue
             used += axes
-            k = math.prod(size[a] for a in axes)
-            if shape[d] % k:
-                out.append(f"{p} dim {d} ({shape[d]}) does not split evenly over {'x'.join(axes)} = {k}")
+            problem = dim_problem(p, d, axes, shape[d])
+            if problem:
+                out.append(problem)
         if len(used) != len(set(used)):
             out.append(f"{p} uses a mesh axis on two dims ({used}); an axis splits one dim of a tensor")
     return out
@@ -229,18 +307,27 @@ def _estimate_problems(recorded: Mapping[str, Any] | None, est: Mapping[str, Any
     return out
 
 
-def _compare_derived(doc: Mapping[str, Any], scored: Scored, rep: Report, layouts_ok: bool) -> None:
-    """Warn where declared layouts or rules differ from those the strategy implies (backends apply the declared)."""
-    canon = build_document(scored.plan, scored.graph, scored.structure, scored.request)
-    theirs, _, _ = expand(canon["layouts"]["params"], scored.graph.params)
-    mine = expand(doc["layouts"]["params"], scored.graph.params)[0] if layouts_ok else {}
-    diff = [p for p in scored.graph.params if p in mine and mine[p].get("dims") != theirs[p]["dims"]]
-    if diff:
-        p = diff[0]
-        rep.warnings.append(f"{len(diff)} parameter(s) are declared with other layouts than the estimator chose for "
-                            f"this strategy (e.g. {p}: declared {mine[p]['dims']}, estimator {theirs[p]['dims']}); "
-                            "backends apply the declared ones, the estimate scores the estimator's")
-    for key in ("zero", "recompute", "offload"):
-        if doc[key] != canon[key]:
-            rep.warnings.append(f"section {key} differs from what the strategy implies ({canon[key]}); "
-                                "backends apply the declared one")
+def _compare_derived(doc: Mapping[str, Any], scored: Scored, rep: Report) -> None:
+    """Notes: parameters declared with other layouts than the estimator would choose (scored as declared), axes
+    the estimate does not score, and rules that differ from what the strategy implies (backends apply them)."""
+    if scored.edited:
+        p, (mine, chosen) = next(iter(scored.edited.items()))
+        rep.warnings.append(f"{len(scored.edited)} parameter(s) are declared with other tensor-axis layouts than the "
+                            f"estimator would choose (e.g. {p}: {layout_text(mine)} over tp, the estimator's "
+                            f"{layout_text(chosen)}); the estimate scores the declared ones")
+    canon = views(build_document(scored.plan, scored.graph, scored.structure, scored.request))
+    graphs = program_parts(doc, scored.request, workload_of(doc))[2]
+    for k, (v, c, (g, _)) in enumerate(zip(views(doc), canon, graphs)):
+        where = f" of {rank_label(doc, k)}" if len(canon) > 1 else ""
+        resolved, _, _ = expand(v["layouts"]["params"], g.params)
+        odd = [(p, d, a) for p, e in resolved.items() for d, spec in enumerate(e["dims"]) for a in dim_axes(spec)
+               if a not in ("tp", "ep") or (a == "ep" and (d != 0 or ".experts." not in p))]
+        if odd:
+            p, d, a = odd[0]
+            rep.warnings.append(f"{len(odd)} parameter dim(s){where} are split over axes the estimate does not score "
+                                f"(e.g. {p} dim {d} over {a}): it scores tp splits, experts over ep, and ZeRO from "
+                                "the zero section")
+        for key in ("zero", "recompute", "offload"):
+            if v[key] != c[key]:
+                rep.warnings.append(f"section {key}{where} differs from what the strategy implies ({c[key]}); "
+                                    "backends apply the declared one")

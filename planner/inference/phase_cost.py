@@ -170,7 +170,7 @@ class StepModel:
         self.tp_spans = place_group(cluster, layout.tp) if layout.tp > 1 else ()
         self.ep_spans = place_group(cluster, layout.stage_devices) if layout.stage_devices > 1 else ()
         self.p2p_spans = place_group(cluster, 2, stride=layout.stage_devices) if layout.pp > 1 else ()
-        self.tier = _tier(cluster)
+        self.tier = offload_tier(cluster)
 
     def memory(self, *, phase: Phase, batch: int, q: int, context: int, kv_offload: float = 0.0) -> dict[str, float]:
         """Bytes on the fullest device (weights, KV cache in HBM, offloaded KV, workspace, total)."""
@@ -303,7 +303,8 @@ def _stage_time(m: StepModel, parts, phase: Phase, batch: int, q: int, context: 
     return bd
 
 
-def _tier(cluster: Cluster):
+def offload_tier(cluster: Cluster):
+    """The tier the KV cache is offloaded to: the first pooled one, else the first at all (None: none)."""
     pooled = [t for t in cluster.memory_tiers if t.pooled]
     tiers = pooled or list(cluster.memory_tiers)
     return tiers[0] if tiers else None

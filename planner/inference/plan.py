@@ -71,11 +71,25 @@ def _best_split(cluster: Cluster, serving: Serving, phase, n: int) -> ServingPla
         pre, dec = phase("prefill", k), phase("decode", n - k)
         if pre is None or dec is None:
             continue
-        rate = min(pre.tokens_per_s_per_device * k / serving.prompt_len,
-                   dec.tokens_per_s_per_device * (n - k) / serving.gen_len)
-        if best is None or rate > best.requests_per_s * (1 + 1e-9):
-            best = ServingPlan("disaggregated", pre, dec, rate, n)
+        plan = disaggregated(pre, dec, serving, n)
+        if best is None or plan.requests_per_s > best.requests_per_s * (1 + 1e-9):
+            best = plan
     return best
+
+
+def disaggregated(pre: PhasePlan, dec: PhasePlan, serving: Serving, n: int) -> ServingPlan:
+    """Prefill and decode on disjoint groups of `n` devices: requests/s is the slower group's rate."""
+    rate = min(pre.tokens_per_s_per_device * pre.devices / serving.prompt_len,
+               dec.tokens_per_s_per_device * dec.devices / serving.gen_len)
+    return ServingPlan("disaggregated", pre, dec, rate, n)
+
+
+def co_located(pre: PhasePlan, dec: PhasePlan, serving: Serving, n: int) -> ServingPlan:
+    """Both phases on all `n` devices: a request costs its prefill and its decode time there; decode's share
+    of the time is its part of that sum."""
+    t_dec = serving.gen_len / (dec.tokens_per_s_per_device * n)
+    t_pre = serving.prompt_len / (pre.tokens_per_s_per_device * n)
+    return ServingPlan("co-located", pre, dec, 1.0 / (t_pre + t_dec), n, decode_share=t_dec / (t_dec + t_pre))
 
 
 def _split_sizes(cluster: Cluster, n: int) -> list[int]:
@@ -108,19 +122,15 @@ def _co_located(profile: Profile, cluster: Cluster, serving: Serving, n: int) ->
             dec = best_phase(profile, cluster, tight, "decode", n, only=lay)
             if dec is None:
                 break
-            t_dec = serving.gen_len / (dec.tokens_per_s_per_device * n)
-            t_pre = serving.prompt_len / (pre.tokens_per_s_per_device * n)
-            new = t_dec / (t_dec + t_pre)
+            new = co_located(pre, dec, serving, n).decode_share
             if abs(new - share) < 1e-3:
-                share = new
                 break
             share = new
         if dec is None:
             continue
-        rate = 1.0 / (serving.prompt_len / (pre.tokens_per_s_per_device * n)
-                      + serving.gen_len / (dec.tokens_per_s_per_device * n))
-        if best is None or rate > best.requests_per_s * (1 + 1e-9):
-            best = ServingPlan("co-located", pre, dec, rate, n, decode_share=share)
+        plan = co_located(pre, dec, serving, n)
+        if best is None or plan.requests_per_s > best.requests_per_s * (1 + 1e-9):
+            best = plan
     return best
 
 
@@ -227,4 +237,4 @@ def plan_dict(plan: ServingPlan, others: list[ServingPlan], serving: Serving, pr
     }
 
 
-__all__ = ["ServingPlan", "phase_dict", "plan_dict", "plan_serving"]
+__all__ = ["ServingPlan", "co_located", "disaggregated", "phase_dict", "plan_dict", "plan_serving"]

@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from cost_models import Cluster
+
 from planner.errors import InvalidInput
 from planner.inference.phase_cost import SERVING_DTYPES, Precision
-from planner.inference.plan import plan_dict, plan_serving
+from planner.inference.plan import ServingPlan, plan_dict, plan_serving
 from planner.inference.profile import Profile, serving_profile
 from planner.inference.search import Serving
 from planner.stage_costs import DTYPE_WIDTH
@@ -34,12 +36,16 @@ def load_profile(model: str | os.PathLike, dims: Mapping[str, int] | None = None
     stamp = (os.path.getsize(text), os.stat(text).st_mtime_ns) if os.path.exists(text) else None
     key = (text, stamp, tuple(sorted((dims or {}).items())), tuple(sorted((overrides or {}).items())))
     if key not in _PROFILES:
-        seq = PROFILE_SEQ if stamp is not None else None
-        graph = _graph_for_costing(model, seq, dims, overrides)
+        graph = _graph_for_costing(model, profile_seq(model), dims, overrides)
         if len(_PROFILES) >= 4:
             _PROFILES.pop(next(iter(_PROFILES)))
         _PROFILES[key] = serving_profile(graph, discover_blocks(graph))
     return _PROFILES[key]
+
+
+def profile_seq(model: str | os.PathLike) -> int | None:
+    """The sequence length a model's graph is imported at for its profile (None: a zoo model's own)."""
+    return PROFILE_SEQ if os.path.exists(os.fspath(model)) else None
 
 
 def serving_options(*, prompt_len: int, gen_len: int, batch: int | None, ttft_ms: float | None,
@@ -79,12 +85,22 @@ def plan_inference(
     `batch` (sequences per data-parallel replica per step) or the targets `ttft_ms`/`tpot_ms` set the batches;
     `offload=False` keeps the KV cache in HBM; `disaggregate=False` co-locates prefill and decode.
     """
+    serving = serving_options(prompt_len=prompt_len, gen_len=gen_len, batch=batch, ttft_ms=ttft_ms,
+                              tpot_ms=tpot_ms, dtype=dtype, kv_dtype=kv_dtype, offload=offload)
+    hw = serving_cluster(cluster, devices, memory_gib, dtype)
+    profile = load_profile(model, dims, overrides)
+    plan, others = plan_serving(profile, hw, serving, disaggregate=disaggregate)
+    workload = {"mode": "infer", "prompt_len": prompt_len, "gen_len": gen_len, "batch": batch,
+                "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "dtype": dtype, "kv_dtype": kv_dtype}
+    return serving_report(plan, others, serving, profile, model, hw, workload)
+
+
+def serving_cluster(cluster: str, devices: int | None, memory_gib: float | None, dtype: str) -> Cluster:
+    """The cluster to serve on (HBM capped at `memory_gib`), checked to list the peaks serving runs at."""
     from cost_models import load_cluster
 
     from planner.api import with_memory_cap
 
-    serving = serving_options(prompt_len=prompt_len, gen_len=gen_len, batch=batch, ttft_ms=ttft_ms,
-                              tpot_ms=tpot_ms, dtype=dtype, kv_dtype=kv_dtype, offload=offload)
     hw = with_memory_cap(load_cluster(cluster, devices=devices), memory_gib)
     peaks = dict(hw.device.peak_flops_per_s)
     if dtype not in peaks:
@@ -93,12 +109,15 @@ def plan_inference(
     if "bf16" not in peaks:
         raise InvalidInput(f"{hw.device.name} lists no bf16 peak, which the attention core runs at; "
                            "add one to the hardware file")
-    profile = load_profile(model, dims, overrides)
-    plan, others = plan_serving(profile, hw, serving, disaggregate=disaggregate)
+    return hw
+
+
+def serving_report(plan: ServingPlan, others: list[ServingPlan], serving: Serving, profile: Profile,
+                   model: str | os.PathLike, hw: Cluster, workload: Mapping[str, Any]) -> dict[str, Any]:
+    """The dict `plan --mode infer --json` prints, for a plan found by the search or one re-scored from a file."""
     out = plan_dict(plan, others, serving, profile)
     out["model"] = {"name": os.path.basename(os.fspath(model)), "params": int(round(profile.params)),
                     "layers": len(profile.layers), "moe": profile.is_moe}
     out["cluster"] = {"name": hw.name, "devices": hw.n_devices}
-    out["workload"] = {"mode": "infer", "prompt_len": prompt_len, "gen_len": gen_len, "batch": batch,
-                       "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "dtype": dtype, "kv_dtype": kv_dtype}
+    out["workload"] = dict(workload)
     return out

@@ -36,8 +36,18 @@ def suffix(backend: str) -> str:
 
 
 def export(doc: Mapping[str, Any], backend: str, *, base_dir: str | None = None) -> str | bytes:
-    """The exported artefact: Python source, or a serialized ONNX model."""
-    return _module(backend).render(doc, base_dir=base_dir)
+    """The exported artefact: Python source, or a serialized ONNX model (of a serving declaration: a mesh, the
+    layouts and the experts per phase program, see `serving_py` and `serving_onnx`)."""
+    module = _module(backend)
+    if (doc.get("workload") or {}).get("mode") == "infer":
+        if backend == "onnx":
+            from planner.hypershard.backends import serving_onnx
+
+            return serving_onnx.render(doc, base_dir=base_dir)
+        from planner.hypershard.backends.serving_py import RENDER
+
+        return RENDER[backend](doc)
+    return module.render(doc, base_dir=base_dir)
 
 
 def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: str | None = None,

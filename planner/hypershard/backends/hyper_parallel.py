@@ -9,6 +9,12 @@ a recomputed layer (with a policy keeping matmul outputs for selective
 recompute), `swap_wrapper` for the share of layers whose activations go to
 host memory. ZeRO-3 reshards after forward; ZeRO-1/2 keep parameters
 gathered between forward and backward; host offload is a CPUOffloadPolicy.
+Several programs (HyperMPMD): `use_program(rank)` binds the plan of the
+rank's program, whose `DeviceMesh` spans only its own ranks. Pipeline
+stages of different widths (an open item of hyper-parallel's roadmap) are
+entries of their own: each stage's DeviceMesh and ShardingPlan over its
+ranks, and `stage_peers` pairing the ranks that hand activations across;
+`pipeline()` refuses them, since its PipelineStage assumes equal stages.
 """
 
 from __future__ import annotations
@@ -20,13 +26,23 @@ from planner.hypershard.backends.jax import _mesh
 
 SUFFIX = ".py"
 
-_BODY = r'''
+_MESH = r'''
 def build_mesh(device_type="npu"):
     """The world mesh, slowest axis first (rank = sum of coordinate x stride, tp fastest)."""
     return init_device_mesh(device_type=device_type, mesh_shape=tuple(n for _, n in MESH),
                             mesh_dim_names=tuple(a for a, _ in MESH))
+'''
 
+_MULTI_MESH = r'''
+def build_mesh(device_type="npu"):
+    """The mesh of this rank's program (call use_program first): its ranks, slowest axis first."""
+    if PROGRAM is None:
+        raise RuntimeError("call use_program(rank) before build_mesh()")
+    ranks = np.arange(PROGRAM["first_rank"], PROGRAM["first_rank"] + PROGRAM["ranks"])
+    return DeviceMesh(device_type, ranks.reshape(tuple(n for _, n in MESH)), mesh_dim_names=tuple(a for a, _ in MESH))
+'''
 
+_BODY = r'''
 def _alias(spec):
     if spec is None:
         return "None"
@@ -101,6 +117,10 @@ def parallelize(model, mesh):
 
 def pipeline(stage_model, mesh):
     """This rank's PipelineStage and the declared schedule over MICRO_BATCHES (stage_model: this stage's part)."""
+    if STAGE is not None:
+        raise NotImplementedError(
+            f"stage {STAGE} of {len(STAGE_RANKS)} has a width of its own, and PipelineStage pairs one rank per stage "
+            "over a pp mesh axis; hand activations across with the ranks stage_peers(rank, other) gives")
     pp = dict(MESH)["pp"]
     index = mesh["pp"].get_local_rank()
     stage = PipelineStage(stage_model, index, pp * VIRTUAL_STAGES, mesh=mesh["pp"])
@@ -111,11 +131,11 @@ def pipeline(stage_model, mesh):
 '''
 
 
-def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
+def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
     axes, rename = _mesh(doc)
     prog = doc["programs"][0]
     acts = doc["layouts"].get("activations", {})
-    data = [
+    return [
         ("MESH", axes, "(axis, size), slowest first"),
         ("_RENAME", rename, "declared axis -> mesh axes (dp is factored when experts use its ranks)"),
         ("LAYOUTS", {k: {"dims": e["dims"]} for k, e in common.layouts(doc).items()},
@@ -128,16 +148,22 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
         ("ZERO", doc["zero"], None),
         ("RECOMPUTE", doc["recompute"].get("layers", []), "per layer stack: save / recompute / swap"),
         ("OFFLOAD", doc["offload"], "fraction of each memory class in host memory"),
-    ]
-    lines = ['"""' + common.header(doc, "hyper-parallel plan") + "\n\nUse:\n\n    mesh = build_mesh()\n"
+    ] + common.stage_data(doc)
+
+
+def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
+    multi = common.grouped(doc)
+    use = "    use_program(get_rank())   # several programs: bind this rank's first\n" if multi else ""
+    lines = ['"""' + common.header(doc, "hyper-parallel plan") + f"\n\nUse:\n\n{use}    mesh = build_mesh()\n"
              "    model = parallelize(model, mesh)\n    stage, schedule = pipeline(stage_model, mesh)  # with pp > 1\n"
-             '"""', "", "from __future__ import annotations", "", "import fnmatch", "",
-             "from hyper_parallel import PipelineStage, init_device_mesh, shard_module",
-             "from hyper_parallel.core.activation_checkpoint import CheckpointPolicy, checkpoint_wrapper, swap_wrapper",
-             "from hyper_parallel.core.fully_shard import fully_shard",
-             "from hyper_parallel.core.fully_shard.utils import CPUOffloadPolicy",
-             "from hyper_parallel.core.pipeline_parallel import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B",
-             "from hyper_parallel.core.shard.sharding_plan import ShardingPlan", ""]
-    lines += common.assignments(data)
-    lines += ["", "", common.RESOLVER_SRC, "", _BODY.strip("\n"), ""]
-    return "\n".join(lines)
+             '"""', "", "from __future__ import annotations", "", "import fnmatch", ""]
+    if multi:
+        lines += ["import numpy as np", "", "from hyper_parallel import DeviceMesh, PipelineStage, shard_module"]
+    else:
+        lines += ["from hyper_parallel import PipelineStage, init_device_mesh, shard_module"]
+    lines += ["from hyper_parallel.core.activation_checkpoint import CheckpointPolicy, checkpoint_wrapper, swap_wrapper",
+              "from hyper_parallel.core.fully_shard import fully_shard",
+              "from hyper_parallel.core.fully_shard.utils import CPUOffloadPolicy",
+              "from hyper_parallel.core.pipeline_parallel import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B",
+              "from hyper_parallel.core.shard.sharding_plan import ShardingPlan", ""]
+    return common.assemble(lines, doc, _data, _BODY, mesh=(_MESH, _MULTI_MESH))

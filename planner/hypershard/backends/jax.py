@@ -6,7 +6,12 @@ first so device k of `jax.devices()` is rank k of the declaration. Expert
 parallelism reuses data-parallel ranks; JAX needs it as a mesh axis of its
 own, so with ep > 1 the data axis is factored into ("dp", "ep") — ep the
 faster part, as the declaration places it (stride tp) — and activations
-split their batch over both.
+split their batch over both. Several programs (HyperMPMD) are meshes over
+disjoint slices of the devices: `use_program(name)` binds one, and
+`build_mesh` takes its ranks' devices. Pipeline stages of different widths
+are such slices too: a Mesh per stage (`main/stage0`, ...), each with its
+own tp, the layer-stack boundary moved between them by `jax.device_put`
+to the next stage's sharding.
 """
 
 from __future__ import annotations
@@ -18,13 +23,25 @@ from planner.hypershard.backends import common
 
 SUFFIX = ".py"
 
-_BODY = r'''
+_MESH = r'''
 def build_mesh(devices=None):
     """The mesh, slowest axis first: device k of `devices` (default jax.devices()) is rank k of the plan."""
     devices = np.asarray(jax.devices() if devices is None else devices)
     return Mesh(devices.reshape(tuple(n for _, n in MESH)), tuple(a for a, _ in MESH))
+'''
 
+_MULTI_MESH = r'''
+def build_mesh(devices=None):
+    """The mesh of the bound program (use_program): its ranks' devices of `devices` (default jax.devices()),
+    slowest axis first; device k is rank k of the plan. Meshes of other programs use disjoint devices."""
+    if PROGRAM is None:
+        raise RuntimeError("call use_program(name or rank) before build_mesh()")
+    devices = np.asarray(jax.devices() if devices is None else devices)
+    mine = devices[PROGRAM["first_rank"]:PROGRAM["first_rank"] + PROGRAM["ranks"]]
+    return Mesh(mine.reshape(tuple(n for _, n in MESH)), tuple(a for a, _ in MESH))
+'''
 
+_BODY = r'''
 def _axis(spec):
     if spec is None:
         return None
@@ -71,9 +88,9 @@ def _mesh(doc: Mapping[str, Any]) -> tuple[list[tuple[str, int]], dict[str, tupl
     return axes, rename
 
 
-def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
+def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
     axes, rename = _mesh(doc)
-    data = [
+    return [
         ("MESH", axes, "(axis, size), slowest first"),
         ("_RENAME", rename, "declared axis -> mesh axes (dp is factored when experts use its ranks)"),
         ("LAYOUTS", {k: {"dims": e["dims"]} for k, e in common.layouts(doc).items()},
@@ -82,11 +99,15 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
          "model inputs and layer-stack inputs"),
         ("STAGES", common.stage_layers(doc), "layers per pipeline stage (pp axis)"),
         ("MICRO_BATCH_SIZE", doc["programs"][0]["micro_batch_size"], None),
-    ]
-    lines = ['"""' + common.header(doc, "JAX sharding (Mesh, PartitionSpec)") + "\n\nUse:\n\n"
+    ] + common.stage_data(doc)
+
+
+def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
+    multi = common.grouped(doc)
+    use = ("    use_program(\"NAME\")   # several programs or stage widths: one at a time, each on its own devices\n"
+           if multi else "")
+    lines = ['"""' + common.header(doc, "JAX sharding (Mesh, PartitionSpec)") + f"\n\nUse:\n\n{use}"
              "    mesh = build_mesh()\n    params = shard_params(flat_params, mesh)   # {name: array}\n\"\"\"", "",
              "from __future__ import annotations", "", "import fnmatch", "", "import jax", "import numpy as np",
              "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P", ""]
-    lines += common.assignments(data)
-    lines += ["", "", common.RESOLVER_SRC, "", _BODY.strip("\n"), ""]
-    return "\n".join(lines)
+    return common.assemble(lines, doc, _data, _BODY, mesh=(_MESH, _MULTI_MESH))

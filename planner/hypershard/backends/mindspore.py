@@ -8,7 +8,13 @@ pp; stages are `pipeline_stage` marks on cells and `AutoParallel.pipeline`.
 and sharding propagation fills in the other ops. ZeRO maps to
 `AutoParallel.hsdp` (optimizer_level 1-3), recompute to `Cell.recompute`.
 Expert parallelism is an extra alias: the data axis is factored into
-("dp", "ep") as in the JAX exporter.
+("dp", "ep") as in the JAX exporter. Several programs (HyperMPMD) are
+nets of their own, each launched on its ranks: `use_program(rank)` binds
+the plan of the rank's program. So are pipeline stages of different
+widths, since `AutoParallel.pipeline` splits one device matrix into equal
+stages: each stage (`main/stage0`, ...) is a net of its own with its own
+device matrix and layouts, and `stage_peers` pairs the ranks that hand
+activations across.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ def _cells(net, pattern):
 
 def mark_stages(net):
     """Set `pipeline_stage` on every layer and block the declaration assigns to a chunk (chunk c: stage c mod pp)."""
+    if STAGE is not None:  # a stage of its own width is a net of its own: no pipeline marks inside it
+        return
     pp = dict(DEVICE_MATRIX).get("pp", 1)
     for chunk, spec in enumerate(CHUNKS):
         for name in spec["layers"] + spec["blocks"]:
@@ -84,12 +92,12 @@ def parallelize(net, net_with_loss=None):
 '''
 
 
-def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
+def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
     axes, rename = _mesh(doc)
     prog = doc["programs"][0]
     chunks = sorted((ch for st in prog["stages"] for ch in st["chunks"]), key=lambda c: c["chunk"])
     acts = doc["layouts"].get("activations", {})
-    data = [
+    return [
         ("DEVICE_MATRIX", axes, "(alias, size), slowest first; one stage's Layout leaves out pp"),
         ("_RENAME", rename, "declared axis -> aliases (dp is factored when experts use its ranks)"),
         ("LAYOUTS", {k: {"dims": e["dims"]} for k, e in common.layouts(doc).items()},
@@ -102,13 +110,16 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
         ("ZERO", doc["zero"], None),
         ("RECOMPUTE", doc["recompute"].get("layers", []), None),
         ("OFFLOAD", doc["offload"], "fraction of each memory class in host memory"),
-    ]
+    ] + common.stage_data(doc)
+
+
+def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
+    use = ("    use_program(get_rank())   # several programs: each a net of its own, launched on its ranks\n"
+           if common.grouped(doc) else "")
     lines = ['"""' + common.header(doc, "MindSpore static-graph plan (Layout, shard, pipeline)") +
-             "\n\nUse (graph mode, launched with msrun):\n\n    net = parallelize(net, net_with_loss)\n\"\"\"", "",
+             f"\n\nUse (graph mode, launched with msrun):\n\n{use}    net = parallelize(net, net_with_loss)\n\"\"\"", "",
              "from __future__ import annotations", "", "import fnmatch", "",
              "from mindspore.parallel import Layout, shard", "from mindspore.parallel.auto_parallel import AutoParallel",
              "from mindspore.parallel.nn import Pipeline", ""]
-    lines += common.assignments(data)
-    lines += ["LAYOUT = None  # set by parallelize(): the Layout over one stage's device matrix", "", "",
-              common.RESOLVER_SRC, "", _BODY.strip("\n"), ""]
-    return "\n".join(lines)
+    return common.assemble(lines, doc, _data, _BODY,
+                           extra=("LAYOUT = None  # set by parallelize(): the Layout over one stage's device matrix",))

@@ -8,7 +8,14 @@ dims, as in the ONNX sharding formalism), the group of devices of the
 node's stage that hold it; groups are keys into `index_to_device_group_map`.
 A file model keeps its external-data references (write the output beside
 them); a zoo model is rebuilt weightless at the declared micro-batch.
-The result passes `onnx.checker.check_model`.
+Several programs (HyperMPMD) give one configuration per program, named
+`hyperplan/<program>`, whose devices are named by their global ranks; each
+node carries its program's configuration, stages and specs over that
+program's devices (a
+zoo model is then built at the backbone's micro-batch). Pipeline stages of
+different widths get one configuration per stage (`hyperplan/main/stage0`),
+devices named by global ranks, and each stage's nodes carry it with specs
+over the stage's own mesh. The result passes `onnx.checker.check_model`.
 """
 
 from __future__ import annotations
@@ -18,9 +25,10 @@ from typing import Any, Mapping
 
 from planner.errors import InvalidInput
 from planner.hypershard.backends import common
-from planner.hypershard.declared import graph_of, request_of, workload_of
+from planner.hypershard.declared import split_as_declared, graph_of, request_of, workload_of
 from planner.hypershard.layouts import dim_axes
 from planner.hypershard.patterns import expand
+from planner.hypershard.programs import is_multi
 
 SUFFIX = ".onnx"
 CONFIG = "hyperplan"
@@ -36,7 +44,7 @@ def _proto(doc: Mapping[str, Any], base_dir: str | None) -> Any:
     import models_zoo
 
     settings = dict(req.overrides)
-    settings.update(batch=doc["programs"][0]["micro_batch_size"], seq_len=workload_of(doc).seq_len)
+    settings.update(batch=doc["programs"][-1]["micro_batch_size"], seq_len=workload_of(doc).seq_len)
     try:
         return models_zoo.build(req.model, flat=True, **settings)  # every node annotated on its own
     except ValueError as exc:
@@ -60,11 +68,18 @@ def _spec(onnx_mod: Any, tensor: str, dims: list[Any], shape: list[int | None], 
         else:
             spec.device.append(-(k + 1))
             spec.index_to_device_group_map.add(key=-(k + 1), value=members)
-    for (d, _), k in zip(sharded, counts):
+    for (d, axes), k in zip(sharded, counts):
         sd = spec.sharded_dim.add(axis=d)
+        size = shape[d] if shape and d < len(shape) and shape[d] is not None else None
+        if size is not None and size % k and "ep" in dim_axes(axes):
+            # experts over ep unevenly (numpy.array_split): the first size mod k shards one longer, as two segments
+            base, extra = divmod(size, k)
+            sd.simple_sharding.add(num_shards=extra, dim_value=extra * (base + 1))
+            sd.simple_sharding.add(num_shards=k - extra, dim_value=(k - extra) * base)
+            continue
         simple = sd.simple_sharding.add(num_shards=k)
-        if shape and d < len(shape) and shape[d] is not None:
-            simple.dim_value = shape[d]
+        if size is not None:
+            simple.dim_value = size
     return spec
 
 
@@ -81,15 +96,42 @@ def _shapes(model: Any) -> dict[str, list[int | None]]:
 def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> bytes:
     import onnx
 
-    from planner.activations import layer_inputs, requires_grad
-
     model = _proto(doc, base_dir)
     graph, structure = graph_of(doc, base_dir)  # as the planner sees it: blocks, tensor names
+    shapes = _shapes(model)
+    parts = common.groups(doc)
+    if len(parts) == 1:
+        _annotate(model, doc, graph, structure, CONFIG, 0, None, shapes)
+    else:  # a configuration per program, or per stage of its own width ('hyperplan/main/stage0')
+        split = split_as_declared(doc, graph, structure) if is_multi(doc) else []
+        programs = {p.name: p for p in split}
+        for g in parts:
+            p = programs.get(g.view["programs"][0]["name"])
+            members = None if p is None else {n.name for n in p.graph.nodes} | set(p.graph.params)
+            _annotate(model, g.view, graph if p is None else p.graph, structure if p is None else p.structure,
+                      f"{CONFIG}/{g.name}", g.first, members, shapes, named=True)
+    model.ir_version = max(model.ir_version, MIN_IR)
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def _annotate(model: Any, doc: Mapping[str, Any], graph: Any, structure: Any, config: str, first: int,
+              members: set[str] | None, shapes: Mapping[str, list[int | None]], named: bool = False) -> None:
+    """Annotate the nodes of one program (`members`: its node and parameter names; None: every node) with its
+    device configuration (devices 0..count-1 of it are global ranks first..first+count-1, named so when `named`),
+    stages, and sharding specs over them. A view of one stage of its own width (`stage` in its program)
+    annotates that stage's nodes only, over all of its devices."""
+    import onnx
+
+    from planner.activations import layer_inputs, requires_grad
+
     grad = requires_grad(graph)
     sizes = common.axis_sizes(doc)
     n = common.devices(doc)
     coord = {r: common.coords(doc, r) for r in range(n)}
-    pp = sizes.get("pp", 1)
+    prog = doc["programs"][0]
+    own = prog.get("stage")  # a stage of its own width: its view's devices are the stage's
+    pp = len(prog["stages"]) if own is not None else sizes.get("pp", 1)
     per = n // pp
     chunk_of: dict[str, int] = {}
     for st in doc["programs"][0]["stages"]:
@@ -110,15 +152,20 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> bytes:
         if blk is not None and blk.name in chunk_of:
             stage_of_node[node.name] = chunk_of[blk.name] % pp
     stage_of_param = {p: chunk_of[b.name] % pp for b in structure.blocks if b.name in chunk_of for p in b.params}
-    shapes = _shapes(model)
-    conf = model.configuration.add(name=CONFIG, num_devices=n)
+    conf = model.configuration.add(name=config, num_devices=n)
     del conf.device[:]
+    if named:  # device k of the configuration is global rank first + k
+        conf.device.extend([str(first + r) for r in range(n)])
     for node in model.graph.node:
+        if members is not None and node.name not in members and not any(x in members for x in node.input):
+            continue  # another program's node
         stage = stage_of_node.get(node.name)
         if stage is None:  # a node the planner saw under another name (a function call): its parameters' stage
             stage = next((stage_of_param[x] for x in node.input if x in stage_of_param), None)
-        ranks = list(range(n)) if stage is None else list(range(stage * per, (stage + 1) * per))
-        dc = onnx.NodeDeviceConfigurationProto(configuration_id=CONFIG)
+        if own is not None and stage != own:
+            continue  # another stage's node (or one of no stage: stages of different widths share no devices)
+        ranks = list(range(n)) if stage is None or own is not None else list(range(stage * per, (stage + 1) * per))
+        dc = onnx.NodeDeviceConfigurationProto(configuration_id=config)
         if stage is not None:
             dc.pipeline_stage = stage
         for x in dict.fromkeys(node.input):
@@ -128,6 +175,3 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> bytes:
             dc.sharding_spec.append(_spec(onnx, x, dims, shapes.get(x, []), ranks, coord, sizes))
         if stage is not None or len(dc.sharding_spec):
             node.device_configurations.append(dc)
-    model.ir_version = max(model.ir_version, MIN_IR)
-    onnx.checker.check_model(model)
-    return model.SerializeToString()

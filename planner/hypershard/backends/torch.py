@@ -12,7 +12,16 @@ by sequence (Korthikanti 2022). ZeRO-1/2 map to FSDP2 without resharding
 after forward, ZeRO-3 with it, ZeRO-0 to HSDP with one shard (plain data
 parallel); host offload to CPUOffloadPolicy. Layouts torch's styles cannot
 express (a split norm weight) are kept replicated and listed in the file.
-Expert parallelism has no generic torch style and is refused.
+Expert parallelism has no generic torch style and is refused. Several
+programs (HyperMPMD) give one module: `use_program(rank)` binds the plan
+of the program that rank runs, and `build_mesh` makes every program's
+DeviceMesh over its own ranks (process groups are made by all ranks
+together) and returns the rank's own. Pipeline stages of different
+widths are such entries too, a DeviceMesh and a tensor-parallel plan per
+stage; torch's pipelining schedules pair one rank per stage over a pp
+axis, so their schedule here is a small 1F1B (or GPipe) of its own (`torch_widths`):
+activations and gradients go point to point between the ranks
+`stage_peers` pairs, with non-blocking sends (no stage waits on one).
 """
 
 from __future__ import annotations
@@ -21,18 +30,37 @@ from typing import Any, Mapping
 
 from planner.errors import InvalidInput
 from planner.hypershard.backends import common
+from planner.hypershard.backends.torch_widths import WIDTH_SRC
 from planner.hypershard.layouts import dim_axes
+from planner.hypershard.programs import rank_label, views
 
 SUFFIX = ".py"
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
-_BODY = r'''
+_MESH = r'''
 def build_mesh(device_type="cuda"):
     """The world mesh, slowest axis first; data parallel is split into replicate x shard axes as in torchtitan."""
     return init_device_mesh(device_type, tuple(n for _, n in MESH), mesh_dim_names=tuple(a for a, _ in MESH))
+'''
 
+_MULTI_MESH = r'''
+def build_mesh(device_type="cuda"):
+    """This rank's program mesh (call use_program first). Every rank makes every program's mesh, since process
+    groups are created by all ranks together; each mesh spans its program's ranks, slowest axis first."""
+    if PROGRAM is None:
+        raise RuntimeError("call use_program(rank) before build_mesh()")
+    meshes = {}
+    for program in PROGRAMS:
+        axes = program["plan"]["MESH"]
+        ranks = torch.arange(program["first_rank"], program["first_rank"] + program["ranks"])
+        meshes[program["name"]] = DeviceMesh(device_type, ranks.reshape(tuple(n for _, n in axes)),
+                                             mesh_dim_names=tuple(a for a, _ in axes))
+    return meshes[PROGRAM["name"]]
+'''
 
+#: The tensor-parallel plan from the layouts (shared with the serving exporter, `serving_py`).
+TP_SRC = r'''
 def _axes(spec):
     return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
 
@@ -97,7 +125,9 @@ def _check(path, module, entry):
                              f"Colwise/RowwiseParallel need an nn.Linear split on dim {want}")
     if entry["op"] == "embedding" and dim is not None and not isinstance(module, nn.Embedding):
         raise ValueError(f"{path} ({type(module).__name__}) is declared as a split embedding but is no nn.Embedding")
+'''
 
+_BODY = TP_SRC + r'''
 
 def _matches(path, pattern):
     return path.count(".") == pattern.count(".") and fnmatch.fnmatchcase(path, pattern)
@@ -251,6 +281,9 @@ def pipeline_schedule(model, mesh, device, loss_fn):
     """This rank's PipelineStage(s), each chunk parallelized as declared, and the declared schedule."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
+    if STAGE is not None:  # stages of different widths: this rank's stage on its own mesh
+        stage = WidthStage(_Chunk(parallelize(chunk_model(model, STAGE), mesh), STAGE == 0), STAGE, len(STAGE_RANKS))
+        return [stage], WidthSchedule(stage, MICRO_BATCHES, loss_fn, device)
     pp = dict(MESH)["pp"]
     stages = []
     for c in range(mesh["pp"].get_local_rank(), len(CHUNKS), pp):
@@ -260,6 +293,7 @@ def pipeline_schedule(model, mesh, device, loss_fn):
         return stages, ScheduleInterleaved1F1B(stages, n_microbatches=MICRO_BATCHES, loss_fn=loss_fn)
     kind = ScheduleGPipe if SCHEDULE == "gpipe" else Schedule1F1B
     return stages, kind(stages[0], n_microbatches=MICRO_BATCHES, loss_fn=loss_fn)
+
 '''
 
 
@@ -281,15 +315,11 @@ def _not_expressed(doc: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
-    """The Python source of the torch plan."""
-    sizes = common.axis_sizes(doc)
-    if sizes.get("ep", 1) > 1:
-        raise InvalidInput(f"the torch backend has no generic expert-parallel style (ep={sizes['ep']}); export with "
-                           "--backend jax, mindspore or hyper-parallel, or plan with ep 1")
+def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
+    """The plan constants of one program (a one-program declaration, or a program's view)."""
     chunks = sorted((ch for st in doc["programs"][0]["stages"] for ch in st["chunks"]), key=lambda c: c["chunk"])
     prog = doc["programs"][0]
-    data = [
+    return [
         ("MESH", _mesh(doc), "(axis, size), slowest first: rank = ((((pp x DR + dr) x DS + ds) x CP + cp) x TP + tp"),
         ("SEQUENCE_PARALLEL", bool(doc["layouts"]["sequence_parallel"]), None),
         ("LAYOUTS", common.layouts(doc), "parameter name or glob -> declared layout (per dim: axis, axes or None)"),
@@ -303,20 +333,32 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
         ("SCHEDULE", prog["schedule"], None),
         ("MICRO_BATCH_SIZE", prog["micro_batch_size"], None),
         ("MICRO_BATCHES", prog.get("micro_batches", 1), "per step and pipeline"),
-    ]
+    ] + common.stage_data(doc)
+
+
+def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
+    """The Python source of the torch plan (one module; several programs select theirs by rank)."""
+    for k, v in enumerate(views(doc)):
+        ep = common.axis_sizes(v).get("ep", 1)
+        if ep > 1:
+            raise InvalidInput(f"the torch backend has no generic expert-parallel style (ep={ep} in "
+                               f"{rank_label(doc, k)}); export with --backend jax, mindspore or hyper-parallel, "
+                               "or plan with ep 1")
+    multi = common.grouped(doc)
+    use = ("    use_program(torch.distributed.get_rank())   # several programs or stage widths: bind this rank's "
+           "first\n" if multi else "")
     lines = ['"""' + common.header(doc, "PyTorch plan (DTensor, FSDP2)") + "\n\nApply inside an initialised "
-             "process group:\n\n    mesh = build_mesh(\"cuda\")\n    model = parallelize(model, mesh)\n"
+             f"process group:\n\n{use}    mesh = build_mesh(\"cuda\")\n    model = parallelize(model, mesh)\n"
              "    index, count = batch_shard(mesh)   # this rank reads batch slice `index` of `count`\n\n"
              "With pipeline stages: `pipeline_schedule(model, mesh, device, loss_fn)`.\n\"\"\"", "",
              "from __future__ import annotations", "", "import contextlib", "import copy", "import fnmatch",
-             "from functools import partial", "", "import torch", "from torch import nn",
+             "from functools import partial", "", "import torch", "import torch.distributed as dist",
+             "from torch import nn",
              "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper",
-             "from torch.distributed.device_mesh import init_device_mesh",
+             "from torch.distributed.device_mesh import " + ("DeviceMesh" if multi else "init_device_mesh"),
              "from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard",
              "from torch.distributed.tensor import Replicate, Shard",
              "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,",
              "                                               SequenceParallel, parallelize_module)",
              "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts", ""]
-    lines += common.assignments(data)
-    lines += ["", "", common.RESOLVER_SRC, "", _BODY.strip("\n"), ""]
-    return "\n".join(lines)
+    return common.assemble(lines, doc, _data, _BODY.rstrip("\n") + "\n\n\n" + WIDTH_SRC, mesh=(_MESH, _MULTI_MESH))

@@ -1,0 +1,64 @@
+"""Exporter of a serving declaration to ONNX: the model with a device configuration per phase program.
+
+Every node runs in both phases, so it carries two IR v11
+`NodeDeviceConfigurationProto`s: one for `hyperplan/prefill`, one for
+`hyperplan/decode`, each with the node's pipeline stage in that phase and
+a `ShardingSpecProto` per parameter it reads, over that phase's devices
+(named by their global ranks; co-located phases name the same ranks).
+Routed experts split over ep unevenly (numpy.array_split) are two
+segments of simple shardings. The annotation itself is the training
+exporter's (`onnx._annotate`), given each phase as a one-program view.
+The result passes `onnx.checker.check_model`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from planner.errors import InvalidInput
+from planner.hypershard.backends.onnx import CONFIG, MIN_IR, _annotate, _shapes
+from planner.hypershard.backends.serving_common import phase_programs
+from planner.hypershard.declared import request_of
+
+
+def _proto_and_graph(doc: Mapping[str, Any], base_dir: str | None) -> tuple[Any, Any, Any]:
+    """The model as ONNX, and as the planner profiled it (graph and blocks: the names the layouts use)."""
+    import onnx
+
+    from planner.api import _build_zoo, _graph_for_costing
+    from planner.graph.blocks import discover_blocks
+    from planner.inference.serve import profile_seq
+
+    req = request_of(doc, base_dir)
+    graph = _graph_for_costing(req.model, profile_seq(req.model), dict(req.dims) or None, dict(req.overrides) or None)
+    if doc["model"]["source"] == "file":
+        proto = onnx.load(req.model, load_external_data=False)
+    else:
+        proto = _build_zoo(req.model, dict(req.overrides))
+    return proto, graph, discover_blocks(graph)
+
+
+def _view(prog: Mapping[str, Any], mesh: Mapping[str, Any]) -> dict[str, Any]:
+    """A phase as the one-program view `_annotate` reads: its mesh, its stages as one chunk each, its layouts."""
+    stages = [{"stage": st["stage"], "chunks": [{"chunk": st["stage"], "layers": list(st["layers"]),
+                                                 "blocks": list(st.get("blocks", []))}]} for st in prog["stages"]]
+    return {"meshes": [mesh], "programs": [{"name": prog["name"], "stages": stages}],
+            "layouts": {"params": prog["layouts"]["params"], "activations": {}}}
+
+
+def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> bytes:
+    import onnx
+
+    model, graph, structure = _proto_and_graph(doc, base_dir)
+    shapes = _shapes(model)
+    for prog, mesh in phase_programs(doc):
+        first = prog["ranks"]["first"]
+        _annotate(model, _view(prog, mesh), graph, structure, f"{CONFIG}/{prog['name']}", first, None, shapes,
+                  named=True)
+    model.ir_version = max(model.ir_version, MIN_IR)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise InvalidInput(f"the annotated model fails onnx.checker ({str(exc).splitlines()[0]}); re-plan, or "
+                           "check the declaration's layouts against the model") from None
+    return model.SerializeToString()

@@ -1,0 +1,194 @@
+"""Exporters of a serving declaration to Python frameworks: a mesh per phase program, its layouts and experts.
+
+Serving runs forward only, so what a framework needs from the plan is the
+mesh of each phase over its ranks, the tensor-parallel layouts of its
+weights, which routed experts each rank keeps and how the KV cache is laid
+out; training's FSDP, recompute and pipeline schedules do not apply.
+
+- torch: a `DeviceMesh` per phase (every rank makes each, as process
+  groups are made together), `parallelize_module` with Colwise/Rowwise
+  styles read from the layouts (torchtitan's plan as data), and the
+  rank's routed experts cut out of the stacked expert weights by
+  `expert_range` (uneven ranges allowed). Dispatching tokens to the
+  experts of other ranks is the serving engine's all-to-all: torch has
+  no generic expert-parallel style.
+- jax: a `Mesh` per phase over its ranks' devices and a `PartitionSpec`
+  per parameter; ep names the (dp, tp) ranks of a stage, dp major.
+- hyper-parallel: `DeviceMesh` over the phase's ranks and `shard_module`
+  with a `ShardingPlan` in alias form.
+- mindspore: a `Layout` over one stage's device matrix per parameter,
+  `shard`, and `pipeline_stage` marks per layer.
+JAX, hyper-parallel and MindSpore split arrays evenly: a phase whose ep
+does not divide its experts is refused for them with one sentence.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from planner.hypershard.backends import hyper_parallel as hp_export, jax as jax_export, torch as torch_export
+from planner.hypershard.backends import serving_common as sc
+from planner.hypershard.backends.common import layouts
+
+#: ep in the serving mesh is a stage's tp x dp ranks, tp fastest: dp is the major part of an expert index.
+EP_AXES = ("dp", "tp")
+
+_SPECS = r'''
+def _axes(spec):
+    return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+
+
+def _named(spec):
+    """A declared dim's axes in this framework's names: ep is the stage's (dp, tp) ranks."""
+    axes = tuple(m for a in _axes(spec) for m in (EP_AXES if a == "ep" else (a,)))
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+'''
+
+_TORCH = r'''
+def shard_experts(model, rank):
+    """Keep the routed experts `rank` holds: every stacked expert weight declared over ep on its expert dim is cut
+    to expert_range(ep_coordinate(rank)). The other experts live on the other ep ranks; sending tokens to them and
+    combining the results (an all-to-all per MoE layer) is the serving engine's. Returns (first, end)."""
+    first, end = expert_range(ep_coordinate(rank))
+    for name, param in list(model.named_parameters()):
+        dims = layout_of(name)["dims"]
+        if dims and "ep" in _axes(dims[0]):
+            parent, _, leaf = name.rpartition(".")
+            owner = model.get_submodule(parent) if parent else model
+            setattr(owner, leaf, nn.Parameter(param.detach()[first:end].clone(), requires_grad=False))
+    return first, end
+
+
+def parallelize(model, mesh, rank):
+    """The bound phase's plan on `model`: tensor parallelism over the mesh's tp axis, then `rank`'s experts."""
+    if dict(MESH)["tp"] > 1:
+        parallelize_module(model, mesh["tp"], tp_plan(model))
+    if EXPERTS:
+        shard_experts(model, rank)
+    return model
+'''
+
+_JAX = r'''
+def partition_spec(name):
+    """The PartitionSpec of parameter `name`."""
+    return P(*(_named(spec) for spec in layout_of(name)["dims"]))
+
+
+def kv_cache_spec():
+    """The PartitionSpec of a [batch, sequence, kv heads, head dim] cache: sequences over dp, heads over tp when
+    every tensor rank keeps heads of its own (else whole, as for MLA's latent)."""
+    tp = dict(MESH)["tp"]
+    return P("dp", None, "tp" if KV_CACHE["head_ways"] == tp > 1 else None, None)
+
+
+def shard_params(params, mesh):
+    """Place a flat {name: array} dict of parameters as declared."""
+    return {name: jax.device_put(value, NamedSharding(mesh, partition_spec(name))) for name, value in params.items()}
+'''
+
+_HYPER = r'''
+def _alias(spec):
+    axes = _named(spec)
+    return "None" if axes is None else axes
+
+
+def sharding_plan(model):
+    """The ShardingPlan: every parameter's declared layout in alias form (experts over the stage's dp x tp)."""
+    return ShardingPlan(plan={name: tuple(_alias(s) for s in layout_of(name)["dims"])
+                              for name, _ in model.named_parameters()})
+
+
+def parallelize(model, mesh):
+    """shard_module with the bound phase's plan (serving runs forward only: no fully_shard, no recompute)."""
+    return shard_module(model, mesh, sharding_plan(model))
+'''
+
+_MINDSPORE = r'''
+def layout(dims):
+    """The Layout of one tensor over one pipeline stage's device matrix (dp x tp), from its declared axes."""
+    matrix = [(a, n) for a, n in MESH if a != "pp"]
+    aliases = tuple("None" if _named(s) is None else _named(s) for s in dims)
+    return Layout(tuple(n for _, n in matrix), tuple(a for a, _ in matrix))(*aliases)
+
+
+def parameter_plan(net):
+    """{parameter name: Layout} for every parameter of `net` (names as the declaration's)."""
+    return {p.name: layout(layout_of(p.name)["dims"]) for p in net.get_parameters()}
+
+
+def mark_stages(net):
+    """Set `pipeline_stage` on every layer and block of each stage (serving: forward only)."""
+    for spec in STAGES:
+        for name in spec["layers"] + spec["blocks"]:
+            for cell_name, cell in net.cells_and_names():
+                if cell_name == name:
+                    cell.pipeline_stage = spec["stage"]
+
+
+def parallelize(net):
+    """Shard `net`'s parameters as the bound phase declares (sharding propagation fills in the ops) and mark its
+    pipeline stages; launch each phase's net on its own ranks (msrun)."""
+    net = shard(net, parameter_plan=parameter_plan(net))
+    if dict(MESH)["pp"] > 1:
+        mark_stages(net)
+    return net
+'''
+
+
+def _data(prog: Mapping[str, Any], mesh: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
+    view = {"layouts": prog["layouts"]}
+    return [("MESH", sc.slow_first(mesh), "(axis, size), slowest first: rank = first + (pp x DP + dp) x TP + tp"),
+            ("LAYOUTS", layouts(view), "parameter name or glob -> per-dim mesh axes (None: whole)")] \
+        + sc.base_data(prog, mesh)
+
+
+def _join(*sources: str) -> str:
+    """Pieces of generated source, two blank lines apart (mesh builders and plans shared with the training export)."""
+    return "\n\n\n".join(src.strip("\n") for src in sources)
+
+
+_USE = ("    use_program(rank)        # disaggregated: the phase this rank serves\n"
+        "    use_program(\"decode\")    # co-located: every rank runs both; bind the phase at hand\n")
+
+
+def render_torch(doc: Mapping[str, Any]) -> str:
+    head = ['"""' + sc.header(doc, "PyTorch serving plan (DeviceMesh, DTensor tensor parallelism, experts)")
+            + f"\n\nApply inside an initialised process group:\n\n{_USE}    mesh = build_mesh(\"cuda\")\n"
+            "    model = parallelize(model, mesh, torch.distributed.get_rank())\n\"\"\"", "",
+            "from __future__ import annotations", "", "import fnmatch", "", "import torch", "from torch import nn",
+            "from torch.distributed.device_mesh import DeviceMesh", "from torch.distributed.tensor import Replicate, Shard",
+            "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,",
+            "                                               SequenceParallel, parallelize_module)", "",
+            "SEQUENCE_PARALLEL = False  # serving keeps the residual stream whole between layers", ""]
+    return sc.assemble(head, doc, _data, _join(torch_export._MULTI_MESH, torch_export.TP_SRC, _TORCH))
+
+
+def render_jax(doc: Mapping[str, Any]) -> str:
+    sc.uneven_experts(doc, "jax")
+    head = ['"""' + sc.header(doc, "JAX serving sharding (Mesh, PartitionSpec)") + f"\n\nUse:\n\n{_USE}"
+            "    mesh = build_mesh()\n    params = shard_params(flat_params, mesh)   # {name: array}\n\"\"\"", "",
+            "from __future__ import annotations", "", "import fnmatch", "", "import jax", "import numpy as np",
+            "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P", "", f"EP_AXES = {EP_AXES!r}", ""]
+    return sc.assemble(head, doc, _data, _join(jax_export._MULTI_MESH, _SPECS, _JAX))
+
+
+def render_hyper_parallel(doc: Mapping[str, Any]) -> str:
+    sc.uneven_experts(doc, "hyper-parallel")
+    head = ['"""' + sc.header(doc, "hyper-parallel serving plan") + f"\n\nUse:\n\n{_USE}    mesh = build_mesh()\n"
+            "    model = parallelize(model, mesh)\n\"\"\"", "", "from __future__ import annotations", "",
+            "import fnmatch", "", "import numpy as np", "", "from hyper_parallel import DeviceMesh, shard_module",
+            "from hyper_parallel.core.shard.sharding_plan import ShardingPlan", "", f"EP_AXES = {EP_AXES!r}", ""]
+    return sc.assemble(head, doc, _data, _join(hp_export._MULTI_MESH, _SPECS, _HYPER))
+
+
+def render_mindspore(doc: Mapping[str, Any]) -> str:
+    sc.uneven_experts(doc, "mindspore")
+    head = ['"""' + sc.header(doc, "MindSpore serving plan (Layout, shard)") + "\n\nUse (graph mode, each phase's "
+            f"net launched on its ranks with msrun):\n\n{_USE}    net = parallelize(net)\n\"\"\"", "",
+            "from __future__ import annotations", "", "import fnmatch", "", "from mindspore.parallel import Layout, shard",
+            "", f"EP_AXES = {EP_AXES!r}", ""]
+    return sc.assemble(head, doc, _data, _join(_SPECS, _MINDSPORE))
+
+
+RENDER = {"torch": render_torch, "jax": render_jax, "hyper-parallel": render_hyper_parallel,
+          "mindspore": render_mindspore}

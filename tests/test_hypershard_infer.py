@@ -1,0 +1,461 @@
+"""Serving declarations (issue 9): `plan --mode infer -o` writes one; `validate` re-scores it to the numbers `plan`
+printed; hand edits (a decode batch, a tp, a KV offload) are scored as written; a bad file gives one sentence; every
+backend exports it (torch applied for real on 2 gloo processes, JAX placing arrays on host devices, ONNX checked).
+
+Plans: Mixtral-8x7B on 64 CloudMatrix NPUs (disaggregated, prefill pp8, 8 experts over ep 3 and 40: uneven),
+Llama-3-70B on 64 (disaggregated, decode tp4) and a 4-layer DeepSeek-V3 on 32 (co-located, MLA, int8).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import types
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cli.app import app
+from planner.errors import InvalidInput
+from planner.hypershard import declare, read_document, write_document
+from planner.hypershard.backends import export, export_to_file
+from planner.hypershard.io import check_schema
+from planner.hypershard.serving_doc import declare_serving_phases
+from planner.hypershard.validate import validate_document
+
+runner = CliRunner()
+CM = ["--cluster", "cloudmatrix384", "--mode", "infer"]
+PLANS = {
+    "mixtral": ["mixtral-8x7b", *CM, "--devices", "64", "--prompt-len", "4096", "--gen-len", "1024", "--ttft-ms",
+                "2000", "--tpot-ms", "50"],
+    "llama": ["llama3-70b", *CM, "--devices", "64", "--prompt-len", "4096", "--gen-len", "1024", "--ttft-ms", "2000",
+              "--tpot-ms", "50"],
+    "deepseek": ["deepseek-v3", "--layers", "4", *CM, "--devices", "32", "--prompt-len", "2048", "--gen-len", "512",
+                 "--ttft-ms", "1500", "--tpot-ms", "40", "--dtype", "int8"],
+}
+TINY = dict(layers=2, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=128)
+TOP = ("requests_per_s", "prefill_tokens_per_s_per_device", "decode_tokens_per_s_per_device", "ttft_ms", "tpot_ms",
+       "output_tokens_per_s_per_device", "input_tokens_per_s_per_device")
+
+
+def cli(*args: str):
+    return runner.invoke(app, list(args), terminal_width=200)
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory) -> dict:
+    """name -> (what `plan --json` printed, the declaration it wrote)."""
+    folder = tmp_path_factory.mktemp("serving")
+    out = {}
+    for name, args in PLANS.items():
+        path = folder / f"{name}.yaml"
+        r = cli("plan", *args, "--json", "-o", str(path))
+        assert r.exit_code == 0, r.output
+        out[name] = (json.loads(r.output), path)
+    return out
+
+
+def _edited(planned, name: str, tmp_path, edit) -> str:
+    doc = read_document(str(planned[name][1]))
+    edit(doc)
+    path = tmp_path / f"{name}_edited.yaml"
+    write_document(doc, str(path))
+    return str(path)
+
+
+# -- the declaration ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_validate_rescores_to_the_numbers_plan_printed(planned, name):
+    printed, path = planned[name]
+    r = cli("validate", str(path), "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["ok"] and [c["name"] for c in rep["checks"]] == [
+        "strategy", "cluster", "model", "pipeline", "layouts", "kv_cache", "memory", "estimate"]
+    est = rep["estimate"]
+    for phase in ("prefill", "decode"):
+        assert est[phase] == printed[phase]  # every figure of the phase, bit for bit
+    assert {k: est[k] for k in TOP} == {k: printed[k] for k in TOP}
+    assert est["serving"] == printed["serving"] and est["kv_cache"] == printed["kv_cache"]
+
+
+def test_disaggregated_phases_are_programs_on_their_own_ranks_and_meshes(planned):
+    printed, path = planned["mixtral"]
+    doc = read_document(str(path))
+    assert printed["serving"] == doc["serving"]["mode"] == "disaggregated"
+    assert doc["workload"] == {"mode": "infer", "prompt_len": 4096, "gen_len": 1024, "batch": None, "ttft_ms": 2000.0,
+                               "tpot_ms": 50.0, "dtype": "bf16", "kv_dtype": "bf16"}
+    pre, dec = doc["programs"]
+    k = printed["prefill"]["devices"]
+    assert (pre["phase"], pre["ranks"], dec["phase"], dec["ranks"]) == (
+        "prefill", {"first": 0, "count": k}, "decode", {"first": k, "count": 64 - k})
+    for prog, mesh in zip(doc["programs"], doc["meshes"]):
+        s = printed[prog["phase"]]["strategy"]
+        sizes = {a["name"]: a["size"] for a in mesh["axes"]}
+        assert prog["mesh"] == mesh["name"] == prog["phase"]
+        assert sizes == {"tp": s["tp"], "dp": s["dp"], "pp": s["pp"]} and s["tp"] * s["dp"] * s["pp"] == mesh["devices"]
+        assert mesh["aliases"] == [dict(mesh["aliases"][0], name="ep", size=s["ep"], within=["tp", "dp"])]
+        assert s["ep"] == s["tp"] * s["dp"]
+        assert prog["batch_per_replica"] == printed[prog["phase"]]["batch_per_replica"]
+        assert prog["layouts"]["params"]["model.layers.*.mlp.experts.gate_up_proj"]["dims"] == ["ep", None, None]
+        assert prog["experts"]["count"] == 8 and prog["experts"]["top_k"] == 2
+        assert prog["estimate"] == printed[prog["phase"]]
+    # prefill's pipeline: 32 layers in 8 even stages, each on its slice of the ranks, embedding first, head last
+    assert printed["prefill"]["strategy"]["pp"] == len(pre["stages"]) == 8
+    per = printed["prefill"]["strategy"]["dp"]
+    assert [st["ranks"] for st in pre["stages"]] == [{"first": i * per, "count": per} for i in range(8)]
+    assert [n for st in pre["stages"] for n in st["layers"]] == [f"model.layers.{i}" for i in range(32)]
+    assert "model.embed_tokens" in pre["stages"][0]["blocks"] and "lm_head" in pre["stages"][-1]["blocks"]
+    assert dec["kv_cache"]["offload"]["fraction"] == printed["decode"]["kv_offload"]["fraction"]
+
+
+def test_tensor_parallel_layouts_and_kv_heads_follow_the_decode_mesh(planned):
+    printed, path = planned["llama"]
+    dec = read_document(str(path))["programs"][1]
+    assert printed["decode"]["strategy"]["tp"] == 4
+    p = dec["layouts"]["params"]
+    assert p["model.layers.*.self_attn.q_proj.weight"]["dims"] == ["tp", None]  # column-parallel
+    assert p["model.layers.*.self_attn.o_proj.weight"] == {"dims": [None, "tp"], "op": "linear",
+                                                            "output_partial": ["tp"]}  # row-parallel
+    assert p["lm_head.weight"]["model_output"] and p["model.embed_tokens.weight"]["dims"] == ["tp", None]
+    kv = dec["kv_cache"]
+    assert (kv["heads_axis"], kv["head_ways"], kv["latent"]) == ("tp", 4, False)  # 8 KV heads over tp 4
+    assert kv["bytes_per_token_per_device"] * 4 == pytest.approx(kv["bytes_per_token"])
+    assert "experts" not in dec and "aliases" not in read_document(str(path))["meshes"][1]
+
+
+def test_co_located_phases_share_every_rank_and_one_mesh(planned):
+    printed, path = planned["deepseek"]
+    doc = read_document(str(path))
+    assert printed["serving"] == doc["serving"]["mode"] == "co-located"
+    assert [m["name"] for m in doc["meshes"]] == ["serving"]
+    assert [(p["mesh"], p["ranks"]) for p in doc["programs"]] == [("serving", {"first": 0, "count": 32})] * 2
+    kv = doc["programs"][1]["kv_cache"]
+    assert kv["latent"] and kv["head_ways"] == 1 and kv["heads_axis"] is None  # MLA's latent is read whole
+    assert doc["programs"][1]["estimate"]["decode_share"] == printed["decode"]["decode_share"]
+
+
+def test_same_inputs_same_bytes(planned, tmp_path):
+    _, path = planned["mixtral"]
+    again = tmp_path / "again.yaml"
+    assert cli("plan", *PLANS["mixtral"], "-o", str(again)).exit_code == 0
+    assert again.read_bytes() == path.read_bytes()
+    as_json = tmp_path / "again.json"  # the same document in JSON, which validates to the same figures
+    write_document(read_document(str(again)), str(as_json))
+    assert json.loads(as_json.read_text()) == yaml.safe_load(path.read_text())
+    assert validate_document(read_document(str(as_json))).ok
+
+
+def test_training_declarations_keep_their_schema():
+    doc = declare("llama3-8b", cluster="dgx-a100", devices=2, global_batch=4, seq_len=16, overrides=TINY, tp=2)
+    check_schema(doc, "train.yaml")
+    assert "serving" not in doc and doc["workload"]["mode"] == "train"
+    with pytest.raises(InvalidInput, match="field 'serving' is not part of a training declaration"):
+        check_schema(dict(doc, serving={"mode": "co-located"}), "train.yaml")
+
+
+# -- hand edits ---------------------------------------------------------------------------------------------------
+def test_a_hand_edited_decode_batch_is_scored_as_written(planned, tmp_path):
+    from cost_models import load_cluster
+    from planner.inference.phase_cost import Layout
+    from planner.inference.rescore import PhaseChoice, score_phase
+    from planner.inference.serve import load_profile, serving_options
+
+    printed, _ = planned["llama"]
+    batch = printed["decode"]["batch_per_replica"] // 2
+    path = _edited(planned, "llama", tmp_path, lambda d: d["programs"][1].update(batch_per_replica=batch))
+    rep = validate_document(read_document(path))
+    failed = [c for c in rep.checks if not c.ok]
+    assert [c.name for c in failed] == ["estimate"]
+    assert "programs[1].estimate.batch_per_replica is" in failed[0].detail and "scores it as it is" in failed[0].detail
+    dec = rep.estimate["decode"]
+    assert dec["batch_per_replica"] == batch and dec["tpot_ms"] < printed["decode"]["tpot_ms"]
+    assert dec["tokens_per_s_per_device"] < printed["decode"]["tokens_per_s_per_device"]
+    assert rep.estimate["prefill"] == printed["prefill"]
+    # the same figure, costed directly on the decode group (tp4 dp8) at that batch
+    serving = serving_options(prompt_len=4096, gen_len=1024, batch=None, ttft_ms=2000, tpot_ms=50, dtype="bf16",
+                              kv_dtype="bf16", offload=True)
+    direct = score_phase(load_profile("llama3-70b"), load_cluster("cloudmatrix384", devices=64), serving, "decode",
+                         PhaseChoice(layout=Layout(tp=4, dp=8, pp=1), batch=batch))
+    assert dec["tokens_per_s_per_device"] == direct.tokens_per_s_per_device
+    r = cli("estimate", "llama3-70b", "--plan", path, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["decode"] == dec
+
+
+def test_a_hand_edited_tp_and_kv_offload_are_scored_as_written(planned, tmp_path):
+    printed, _ = planned["deepseek"]
+
+    def edit(doc):
+        axes = doc["meshes"][0]["axes"]
+        axes[0]["size"], axes[1]["size"], axes[1]["stride"], axes[2]["stride"] = 2, 16, 2, 32
+        doc["programs"][1]["kv_cache"]["offload"]["fraction"] = 0.5
+
+    rep = validate_document(read_document(_edited(planned, "deepseek", tmp_path, edit)))
+    assert [c.name for c in rep.checks if not c.ok] == ["estimate"]
+    assert "prefill tp2 dp16 ep32" in rep.checks[0].detail and "50% of the KV cache offloaded" in rep.checks[0].detail
+    dec = rep.estimate["decode"]
+    assert dec["strategy"]["summary"] == "tp2 dp16 ep32" and dec["breakdown_ms"]["tp_comm"] > 0
+    assert printed["decode"]["breakdown_ms"]["tp_comm"] == 0
+    assert dec["kv_offload"]["fraction"] == 0.5 and dec["memory_gib"]["offloaded_kv"] > 0
+    assert any("differ from the derived ones" in w for w in rep.warnings)  # tp 2 splits nothing as declared
+
+
+# -- bad files ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d["programs"][1].update(batch_per_replica="many"),
+     "field 'programs[1].batch_per_replica' must be integer"),
+    (lambda d: d["programs"].pop(), "field 'programs' must have at least 2 items"),
+    (lambda d: d.update(zero={"stage": 1}), "field 'zero' is not part of a serving"),
+    (lambda d: d["programs"][1]["kv_cache"]["offload"].update(fraction=1.0), "offload.fraction' must be"),
+    (lambda d: d["programs"][1].update(phase="prefill"), "both run prefill"),
+])
+def test_a_malformed_serving_file_is_one_sentence(planned, tmp_path, edit, words):
+    r = cli("validate", _edited(planned, "mixtral", tmp_path, edit))
+    assert r.exit_code == 2 and words in r.output, r.output
+    assert "Traceback" not in r.output and [ln.startswith(("FAIL", "error:")) for ln in r.output.splitlines()].count(
+        True) == 1
+
+
+@pytest.mark.parametrize("name, edit, words", [
+    ("mixtral", lambda d: d["meshes"][1]["axes"][1].update(size=39), "= 39 devices, but programs[1].ranks.count is 40"),
+    ("deepseek", lambda d: d["programs"][1].update(ranks={"first": 0, "count": 16}), "co-located decode runs on ranks"),
+    ("mixtral", lambda d: d["programs"][0]["stages"][0].update(layers=["model.layers.0"]), "prefill stage 0 layers"),
+    ("llama", lambda d: d["programs"][1]["kv_cache"].update(head_ways=8), "kv_cache.head_ways is 8 as declared, 4"),
+    ("llama", lambda d: d["programs"][1]["layouts"]["params"]["model.layers.*.self_attn.q_proj.weight"].update(
+        dims=["ep", None]), "names mesh axis 'ep'"),
+])
+def test_an_inconsistent_serving_file_fails_its_check_in_one_sentence(planned, tmp_path, name, edit, words):
+    r = cli("validate", _edited(planned, name, tmp_path, edit))
+    assert r.exit_code == 2 and words in r.output, r.output
+    assert "not valid" in r.output and "Traceback" not in r.output
+
+
+def test_bad_yaml_is_one_sentence(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hypershard: 1\nworkload: {mode: infer\n")
+    r = cli("validate", str(bad))
+    assert r.exit_code == 2 and "bad.yaml: not valid YAML at line" in r.output and r.output.count("error:") == 1
+
+
+# -- exports ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(PLANS))
+@pytest.mark.parametrize("backend", ["torch", "jax", "hyper-parallel", "mindspore"])
+def test_every_python_export_compiles_or_says_why_not(planned, name, backend):
+    doc = read_document(str(planned[name][1]))
+    if name == "mixtral" and backend != "torch":  # 8 experts over ep 3 and 40: uneven ranges
+        with pytest.raises(InvalidInput, match=f"the {backend} backend splits arrays evenly, and prefill spreads 8 "
+                                               "experts over ep 3"):
+            export(doc, backend)
+        return
+    source = export(doc, backend)
+    compile(source, f"{name}_{backend}.py", "exec")
+    assert source.startswith('"""') and "PROGRAMS = [" in source and "def use_program(" in source
+    assert f"serving {doc['model']['name']}" in source
+
+
+def _module(source: str, name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    exec(compile(source, name, "exec"), module.__dict__)
+    return module
+
+
+def test_torch_export_gives_each_rank_its_experts(planned):
+    torch = pytest.importorskip("torch")
+    doc = read_document(str(planned["mixtral"][1]))
+    plan = _module(export(doc, "torch"), "serve_torch")
+    for prog in doc["programs"]:
+        first = prog["ranks"]["first"]
+        assert plan.use_program(first) == prog["name"]
+        ep = prog["stages"][0]["ranks"]["count"]
+        want = [(int(c[0]), int(c[-1]) + 1) if len(c) else None for c in np.array_split(np.arange(8), ep)]
+        for rank in range(first, first + ep):
+            layer = torch.nn.Module()
+            layer.experts = torch.nn.Module()
+            layer.experts.gate_up_proj = torch.nn.Parameter(torch.arange(8.0).reshape(8, 1, 1))
+            model = torch.nn.Module()
+            model.model = torch.nn.Module()
+            model.model.layers = torch.nn.ModuleList([torch.nn.Module()])
+            model.model.layers[0].mlp = layer
+            lo, hi = plan.shard_experts(model, rank)
+            kept = model.model.layers[0].mlp.experts.gate_up_proj.flatten().tolist()
+            assert kept == [float(e) for e in range(lo, hi)]
+            assert want[rank - first] == ((lo, hi) if hi > lo else None)
+    assert plan.use_program("decode") == "decode" and plan.MESH == [("pp", 1), ("dp", 40), ("tp", 1)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tiny_llama(torch):
+    """A Llama with Hugging Face's module names (those of the zoo's llama3-8b), in plain torch."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    h, heads, ffn, vocab = TINY["hidden"], TINY["heads"], TINY["ffn"], TINY["vocab"]
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(h, h, bias=False) for _ in range(4))
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = (p(x).view(b, s, -1, h // heads).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj = nn.Linear(h, ffn, bias=False), nn.Linear(h, ffn, bias=False)
+            self.down_proj = nn.Linear(ffn, h, bias=False)
+
+        def forward(self, x):
+            return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm, self.post_attention_layernorm = nn.RMSNorm(h), nn.RMSNorm(h)
+            self.self_attn, self.mlp = Attention(), Mlp()
+
+        def forward(self, x):
+            x = x + self.self_attn(self.input_layernorm(x))
+            return x + self.mlp(self.post_attention_layernorm(x))
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = nn.Module()
+            self.model.embed_tokens = nn.Embedding(vocab, h)
+            self.model.layers = nn.ModuleList([Layer() for _ in range(TINY["layers"])])
+            self.model.norm = nn.RMSNorm(h)
+            self.lm_head = nn.Linear(h, vocab, bias=False)
+
+        def forward(self, ids):
+            x = self.model.embed_tokens(ids)
+            for layer in self.model.layers:
+                x = layer(x)
+            return self.lm_head(self.model.norm(x))
+
+    return Llama()
+
+
+def _tp_worker(rank: int, port: int, path: str, folder: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    ids = torch.randint(0, TINY["vocab"], (2, 8), generator=torch.Generator().manual_seed(1))
+    ref = _tiny_llama(torch)(ids)
+    spec = importlib.util.spec_from_file_location("serve_plan", path)
+    plan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plan)
+    plan.use_program("decode")
+    model = plan.parallelize(_tiny_llama(torch), plan.build_mesh("cpu"), rank)
+    with torch.no_grad():
+        out = model(ids)
+    q = model.model.layers[0].self_attn.q_proj.weight
+    res = {"err": float((out - ref).abs().max()), "q_local": list(q.to_local().shape),
+           "q_placements": str(q.placements), "o_placements": str(model.model.layers[0].self_attn.o_proj.weight.placements)}
+    with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+        json.dump(res, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.torch
+def test_torch_export_serves_with_tensor_parallelism_on_two_processes(tmp_path):
+    """The decode plan (tp 2, Megatron's layouts read from the graph) applied to a tiny Llama over 2 gloo processes
+    gives the single-process logits."""
+    pytest.importorskip("torch")
+    import torch.multiprocessing as mp
+
+    doc = declare_serving_phases("llama3-8b", cluster="dgx-h100", prompt_len=8, gen_len=4, overrides=TINY,
+                                 prefill=dict(tp=2, batch=2), decode=dict(tp=2, batch=2), mode="co-located")
+    write_document(doc, str(tmp_path / "tiny.yaml"))
+    assert validate_document(read_document(str(tmp_path / "tiny.yaml"))).ok
+    export_to_file(read_document(str(tmp_path / "tiny.yaml")), "torch", str(tmp_path / "tiny.py"))
+    ctx = mp.get_context("fork")
+    port = _free_port()
+    procs = [ctx.Process(target=_tp_worker, args=(r, port, str(tmp_path / "tiny.py"), str(tmp_path))) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        if p.is_alive():
+            p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+    for r in (0, 1):
+        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert res["err"] < 1e-5, res
+        assert res["q_local"] == [TINY["hidden"] // 2, TINY["hidden"]] and "Shard(dim=0)" in res["q_placements"]
+        assert "Shard(dim=1)" in res["o_placements"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+def test_jax_export_places_each_phase_on_its_own_devices(tmp_path):
+    doc = declare_serving_phases("mixtral-8x7b", cluster="dgx-h100", prompt_len=16, gen_len=8,
+                                 overrides=dict(TINY, experts=4, top_k=2), prefill=dict(tp=2, dp=2, batch=1),
+                                 decode=dict(dp=4, batch=2))
+    path = tmp_path / "serve_jax.py"
+    export_to_file(doc, "jax", str(path))
+    names = {"model.layers.0.self_attn.q_proj.weight": [64, 64], "model.layers.0.mlp.experts.gate_up_proj": [4, 256, 64]}
+    code = (
+        "import os, json, importlib.util\n"
+        "os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'\n"
+        "import numpy as np\n"
+        f"spec = importlib.util.spec_from_file_location('plan', {str(path)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "out = {}\n"
+        "for phase in ('prefill', 'decode'):\n"
+        "    m.use_program(phase)\n"
+        "    mesh = m.build_mesh()\n"
+        f"    arrays = m.shard_params({{n: np.zeros(s, np.float32) for n, s in {names!r}.items()}}, mesh)\n"
+        "    out[phase] = {'devices': [d.id for d in mesh.devices.flat], 'shards': {n: sorted([s.device.id, "
+        "[[i.start or 0, i.stop] for i in s.index]] for s in a.addressable_shards) for n, a in arrays.items()}}\n"
+        "print(json.dumps(out))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout)
+    assert got["prefill"]["devices"] == [0, 1, 2, 3] and got["decode"]["devices"] == [4, 5, 6, 7]
+    q = dict((d, idx) for d, idx in got["prefill"]["shards"]["model.layers.0.self_attn.q_proj.weight"])
+    assert [q[r][0] for r in range(4)] == [[0, 32], [32, 64]] * 2  # column-parallel over tp (the fastest axis)
+    for phase, first in (("prefill", 0), ("decode", 4)):  # one expert per ep coordinate (tp + 2 dp, or dp)
+        e = dict((d, idx) for d, idx in got[phase]["shards"]["model.layers.0.mlp.experts.gate_up_proj"])
+        assert [e[first + c][0] for c in range(4)] == [[c, c + 1] for c in range(4)]
+
+
+def test_onnx_export_annotates_every_node_for_both_phases(planned, tmp_path):
+    doc = read_document(str(planned["mixtral"][1]))
+    export_to_file(doc, "onnx", str(tmp_path / "serve.onnx"))
+    model = onnx.load(str(tmp_path / "serve.onnx"), load_external_data=False)
+    onnx.checker.check_model(model)
+    k = doc["programs"][0]["ranks"]["count"]
+    assert [(c.name, list(c.device)) for c in model.configuration] == [
+        ("hyperplan/prefill", [str(r) for r in range(k)]), ("hyperplan/decode", [str(r) for r in range(k, 64)])]
+    specs = {}
+    for node in model.graph.node:
+        for dc in node.device_configurations:
+            for s in dc.sharding_spec:
+                specs.setdefault((dc.configuration_id, s.tensor_name), (dc.pipeline_stage, s))
+    stage, spec = specs[("hyperplan/prefill", "model.layers.31.mlp.experts.gate_up_proj")]
+    segments = [(x.dim_value, x.num_shards) for x in spec.sharded_dim[0].simple_sharding]
+    assert stage == 7 and segments == [(6, 2), (2, 1)]  # 8 experts over ep 3: 3, 3 and 2 (numpy.array_split)
+    groups = {e.key: list(e.value) for e in spec.index_to_device_group_map}
+    held = [groups.get(d, [d]) for d in spec.device]
+    assert held == [[7 * 3 + c] for c in range(3)]  # stage 7's ranks, one ep coordinate each
+    _, spec = specs[("hyperplan/decode", "model.layers.0.mlp.experts.gate_up_proj")]
+    assert [(x.dim_value, x.num_shards) for x in spec.sharded_dim[0].simple_sharding] == [(8, 8), (0, 32)]
