@@ -165,15 +165,21 @@ def print_plan(r: dict) -> None:
         return
     console.print(f"[bold]plan:[/] {s['summary']}")
     if mp:
-        console.print(f"HyperMPMD (encoders on their own devices) was {mp['step_time_s'] / (r['estimate']['step_time_s']) - 1:.1%} "
+        label = mp.get("label", "encoders on their own devices")
+        console.print(f"HyperMPMD ({label}) was {mp['step_time_s'] / (r['estimate']['step_time_s']) - 1:.1%} "
                       "slower here: one program wins")
+    axes = [a for a in r["mesh"] if not a["name"].startswith("stage")]
     mesh = " x ".join(f"{a['name']}={a['size']}" + (f" ({'+'.join(a['levels'])})" if a["levels"] else "")
-                      for a in r["mesh"] if a["size"] > 1) or "one device"
-    console.print(f"mesh: {mesh}")
+                      for a in axes if a["size"] > 1) or "one device"
+    console.print(f"mesh: {mesh}" + (" (tp: the widest stage)" if s.get("stage_tp") else ""))
     if s["pp"] > 1:
         cut = s["stage_layers"] or "even"
         console.print(f"pipeline: {s['pp']} stages{' x ' + str(s['vpp']) + ' chunks' if s['vpp'] > 1 else ''}, "
                       f"layers per chunk {cut}, schedule {'interleaved 1F1B' if s['vpp'] > 1 else s['schedule']}")
+    for a in r["mesh"]:
+        if a["name"].startswith("stage"):  # stages of different widths: each its own block of ranks
+            console.print(f"  {a['name']}: tp={a['tp']} ({'+'.join(a['levels']) or 'one device'}), "
+                          f"{a['size']} devices, ranks {a['ranks'][0]}-{a['ranks'][1]}")
     console.print(f"recompute: {s['recompute']}; ZeRO-{s['zero']}; micro-batch {s['micro_batch']} "
                   f"({r['estimate']['microbatches']} per step); sequence parallel: {'yes' if s['sp'] else 'no'}")
     est = dict(r["estimate"])

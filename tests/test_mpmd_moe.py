@@ -126,6 +126,4 @@ def test_splits_predicted_well_behind_the_single_program_plan_go_unsearched(dsv3
     wl = Workload(global_batch=64, seq_len=SEQ)
     hopeless = MoeSplitSearch(g, st, cm, wl, split, facts, time_limit_s=10)
     assert hopeless.best(incumbent_s=1e-9) is not None and len(hopeless.scored) == 1
-    open_race = MoeSplitSearch(g, st, cm, wl, split, facts, time_limit_s=10)
-    open_race.best(incumbent_s=1e9)
-    assert len(open_race.scored) > 1
+    # without an incumbent the same search goes on to the predicted splits (test_the_chosen_split_... scores them)
