@@ -127,8 +127,9 @@ class Layouts:
 
 
 def add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_bytes, fwd_time, layout,
-              policy) -> None:
-    """Context-parallel K/V exchange per attention core, expert-parallel all-to-all per MoE layer."""
+              policy, exchange) -> None:
+    """Context-parallel K/V exchange per attention core, expert-parallel all-to-all per MoE layer
+    (`exchange`: the tensors each MoE block dispatches and combines, `GraphFacts.expert_exchange`)."""
     t, cp, ep = strategy.tp, strategy.cp, strategy.ep
     params = set(graph.params)
     shard = lambda x: tensor_bytes(x) / (t if layout.get(x, REPLICATED) >= 0 else 1)  # noqa: E731
@@ -158,24 +159,13 @@ def add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_byt
                 p.cp_bwd += p.cp_fwd
     if ep > 1:
         spans = place_group(cluster, ep, stride=t)
-        for blk in structure.blocks:
-            expert_nodes = {i for i in blk.nodes if any(".experts." in x for x in graph.nodes[i].inputs if x in params)}
-            if not expert_nodes:
-                continue
-            outputs = {o for i in expert_nodes for o in graph.nodes[i].outputs if o}
-            dispatch = {x for i in expert_nodes for x in graph.nodes[i].inputs
-                        if x and x not in params and x not in outputs}
-            combine: set[str] = set()
-            for i in blk.nodes:
-                if i in expert_nodes:
-                    continue
-                combine |= {x for x in graph.nodes[i].inputs if x in outputs}
-            moved = sum(shard(x) for x in sorted(dispatch)) + sum(shard(x) for x in sorted(combine))
+        for name, (dispatch, combine) in exchange.items():
+            moved = sum(shard(x) for x in dispatch) + sum(shard(x) for x in combine)
             # dispatch and combine forward, and their transposes backward (and again when the layer is recomputed)
-            p = block_parts[blk.name]
+            p = block_parts[name]
             a2a = all_to_all_s(moved, spans)
             p.ep_fwd += a2a
-            p.ep_bwd += a2a * (2 if policy.get(blk.name) == "full" else 1)
+            p.ep_bwd += a2a * (2 if policy.get(name) == "full" else 1)
 
 
 def activation_bytes(graph, structure, strategy, training, core, problem, choice, layout, width, scale,

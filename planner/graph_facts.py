@@ -52,6 +52,7 @@ class GraphFacts:
                 if o:
                     self.producer[o] = (i, j)
         self.in_core_output = {o for i in self.core for o in graph.nodes[i].outputs if o}
+        self._exchange: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] | None = None
 
     def saved(self, width: float) -> dict[str, list]:
         """Saved tensors by the block of the op that saves them."""
@@ -74,6 +75,24 @@ class GraphFacts:
                     out[sv.saver].append(sv)
             self._fused[key] = dict(out)  # type: ignore[assignment]
         return self._fused[key]  # type: ignore[return-value]
+
+    def expert_exchange(self) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+        """Per MoE block (in block order), the tensors its expert ops read from outside them (dispatched to the
+        experts) and the expert outputs the rest of the block reads (combined back)."""
+        if self._exchange is None:
+            graph, params = self.graph, self.params
+            out = {}
+            for blk in self.structure.blocks:
+                experts = {i for i in blk.nodes
+                           if any(".experts." in x for x in graph.nodes[i].inputs if x in params)}
+                if not experts:
+                    continue
+                made = {o for i in experts for o in graph.nodes[i].outputs if o}
+                dispatch = {x for i in experts for x in graph.nodes[i].inputs if x and x not in params and x not in made}
+                combine = {x for i in blk.nodes if i not in experts for x in graph.nodes[i].inputs if x in made}
+                out[blk.name] = (tuple(sorted(dispatch)), tuple(sorted(combine)))
+            self._exchange = out
+        return self._exchange
 
     def act_bytes(self, training: bool, width: float) -> np.ndarray:
         """Per-node activation bytes once chains of memory-bound ops are fused (see `planner.fusion`)."""

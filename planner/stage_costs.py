@@ -320,7 +320,8 @@ def stage_costs(
         block_parts[blk.name] = p
 
     layout_of_output = Layouts(facts, problem, choice)
-    add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_bytes, fwd_time, layout_of_output, policy)
+    add_cp_ep(graph, structure, cluster, strategy, core, block_parts, tensor_bytes, fwd_time, layout_of_output, policy,
+              facts.expert_exchange())
 
     # -- memory per block ------------------------------------------------------------------------
     act_block = activation_bytes(graph, structure, strategy, training, core, problem, choice,

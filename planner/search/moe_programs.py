@@ -157,10 +157,19 @@ class MoeSplitSearch:
         self.attn_facts = self.ps.facts_of(split.attention)
         self.scored: dict[int, SplitScore | None] = {}
         # expert groups too small for their experts' states and one sample per attention device (the least
-        # a micro-batch can be) are not worth a search of attention
+        # a micro-batch can be) are not worth a search of attention; a larger group holds fewer experts and
+        # fewer tokens per device, so the sizes that fit are a suffix, found by bisection
         n = cluster.n_devices
-        self.sizes = [c for c in expert_group_sizes(cluster, split.experts)
-                      if expert_group(split, facts, group_cluster(cluster, c), workload, c, n - c, 1).fits]
+        sizes = expert_group_sizes(cluster, split.experts)
+        lo, hi = 0, len(sizes)  # sizes[hi:] fit
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if expert_group(split, facts, group_cluster(cluster, sizes[mid]), workload, sizes[mid], n - sizes[mid],
+                            1).fits:
+                hi = mid
+            else:
+                lo = mid + 1
+        self.sizes = sizes[hi:]
 
     def score(self, n_exp: int) -> SplitScore | None:
         """The best plan with `n_exp` expert devices: attention's best one-stage plan at each micro-batch size,
