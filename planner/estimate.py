@@ -115,17 +115,12 @@ def fits_memory(cluster: Cluster, memory_bytes: Mapping[str, float]) -> bool:
 
 
 def check_devices(cluster: Cluster, strategy: Strategy) -> None:
-    if strategy.devices != cluster.n_devices and strategy.stage_tp:
-        raise InvalidInput(
-            f"stages of tensor degrees {'+'.join(map(str, strategy.stage_tp))} x cp {strategy.cp} x dp {strategy.dp} "
-            f"= {strategy.devices} devices, but the cluster has {cluster.n_devices}; pass --devices {strategy.devices} "
-            "or change the degrees"
-        )
     if strategy.devices != cluster.n_devices:
-        raise InvalidInput(
-            f"tp x cp x dp x pp = {strategy.tp} x {strategy.cp} x {strategy.dp} x {strategy.pp} = {strategy.devices} "
-            f"devices, but the cluster has {cluster.n_devices}; pass --devices {strategy.devices} or change the degrees"
-        )
+        s = strategy
+        what = (f"stages of tensor degrees {'+'.join(map(str, s.stage_tp))} x cp {s.cp} x dp {s.dp}" if s.stage_tp
+                else f"tp x cp x dp x pp = {s.tp} x {s.cp} x {s.dp} x {s.pp}")
+        raise InvalidInput(f"{what} = {s.devices} devices, but the cluster has {cluster.n_devices}; "
+                           f"pass --devices {s.devices} or change the degrees")
 
 
 def estimate(

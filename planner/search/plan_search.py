@@ -31,7 +31,7 @@ from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.search.pipeline import balanced_split
 from planner.graph_facts import GraphFacts
-from planner.search.stage_widths import unequal_stage_strategies
+from planner.search.stage_widths import edge_blocks, unequal_stage_strategies
 from planner.stage_costs import DTYPE_WIDTH, StageCosts, even_split, stage_costs
 from planner.step_time import step_breakdown
 from planner.strategy import Strategy, Workload
@@ -158,7 +158,6 @@ class Scorer:
         except HyperplanError as exc:
             return Candidate(s, math.inf, False, math.inf, note=str(exc))
         worst = max(costs.stages, key=lambda st: (st.memory_bytes["peak"], -st.index)).memory_bytes
-        self.last_costs = costs
         fits = all(fits_memory(self.cluster, st.memory_bytes) for st in costs.stages)
         return Candidate(s, step, fits, worst["peak"], bd, memory_bytes=dict(worst))
 
@@ -382,15 +381,11 @@ def _even(n: int, k: int) -> tuple[int, ...]:
 
 def _balanced(scorer: Scorer, s: Strategy) -> tuple[int, ...] | None:
     """Layers per stage that balance the stage times of `s` (embedding and head included)."""
-    scorer._score(s)  # not the memo: the stage costs themselves are needed
-    costs = scorer.last_costs
-    st = scorer.structure
-    layers = st.layers()
-    first_layer = min(layers[0].nodes) if layers[0].nodes else 0
-    last_layer = max(layers[-1].nodes) if layers[-1].nodes else 0
-    head = sum(costs.block_s.get(b.name, 0.0) for b in st.blocks if not b.is_layer and b.nodes and min(b.nodes) > last_layer)
-    stem = sum(costs.block_s.get(b.name, 0.0) for b in st.blocks if not b.is_layer and b.nodes and min(b.nodes) < first_layer)
+    costs = scorer.costs(s)
+    first, last = edge_blocks(scorer.structure)
+    stem = sum(costs.block_s.get(name, 0.0) for name in first)
+    head = sum(costs.block_s.get(name, 0.0) for name in last)
     try:
-        return balanced_split([costs.block_s.get(b.name, 0.0) for b in layers], s.pp, stem, head)
+        return balanced_split([costs.block_s.get(b.name, 0.0) for b in scorer.structure.layers()], s.pp, stem, head)
     except ValueError:
         return None

@@ -27,11 +27,20 @@ Costing = Callable[[Strategy], StageCosts]
 """Costs a strategy (shared graph facts and solved layouts): `stage_costs` bound to one graph and cluster."""
 
 
+def edge_blocks(structure: Structure) -> tuple[list[str], list[str]]:
+    """The blocks that are not layers before the first layer (they ride with the first stage: the embedding)
+    and after the last (with the last stage: final norm, head)."""
+    layers = structure.layers()
+    first_node = min(layers[0].nodes) if layers[0].nodes else 0
+    last_node = max(layers[-1].nodes) if layers[-1].nodes else 0
+    rest = [b for b in structure.blocks if not b.is_layer and b.nodes]
+    return ([b.name for b in rest if min(b.nodes) < first_node], [b.name for b in rest if min(b.nodes) > last_node])
+
+
 def width_costs(structure: Structure, costs: StageCosts, strategy: Strategy, training: bool,
                 width: float) -> WidthCosts:
     """Per-layer time and memory of a costing at one tensor width, with the embedding's and the head's apart."""
     layers = structure.layers()
-    first_node = min(layers[0].nodes) if layers[0].nodes else 0
 
     def state(name: str) -> float:
         dense, expert = costs.block_params.get(name, (0.0, 0.0))
@@ -40,8 +49,7 @@ def width_costs(structure: Structure, costs: StageCosts, strategy: Strategy, tra
     def act(name: str) -> float:
         return stage_memory(0.0, 0.0, costs.block_act_bytes.get(name, 0.0), strategy, training, width)["peak"]
 
-    first = [b.name for b in structure.blocks if not b.is_layer and b.nodes and min(b.nodes) < first_node]
-    last = [b.name for b in structure.blocks if not b.is_layer and b.name not in first]
+    first, last = edge_blocks(structure)
     return WidthCosts(
         tp=strategy.tp,
         layer_s=[costs.block_s.get(b.name, 0.0) for b in layers],
