@@ -74,14 +74,11 @@ def index_graph(graph: Graph) -> GraphIndex:
         if n.op_type in ("Gather", "GatherND", "GatherElements"):
             if len(graph.tensors[data].shape or ()) < 3:
                 continue  # a row lookup (an embedding) makes activations; a stack of matrices gives weights
-            for o in n.outputs:
-                if o:
-                    weight_of[o] = weight_of[data]
-        elif all(
-                not x or x in weight_of or x in constants for x in n.inputs[1:]):
-            for o in n.outputs:
-                if o:
-                    weight_of[o] = weight_of[data]
+        elif not all(not x or x in weight_of or x in constants for x in n.inputs[1:]):
+            continue
+        for o in n.outputs:
+            if o:
+                weight_of[o] = weight_of[data]
     return GraphIndex(producer=dict(producer), consumers={k: tuple(v) for k, v in consumers.items()},
                       weight_of=weight_of, constants=frozenset(constants),
                       outputs=tuple(tuple(o for o in n.outputs if o) for n in graph.nodes))

@@ -124,6 +124,12 @@ class Step:
         return max(sorted(kinds), key=lambda k: kinds[k])
 
 
+def tokens_per_s_per_device(st: Step, layout: Layout, tokens: float) -> float:
+    """Throughput per device of `tokens` per replica per step: the slowest stage paces a replica's tp x pp
+    devices (each data-parallel replica carries its own batch)."""
+    return tokens / (st.cycle_s * layout.tp * layout.pp)
+
+
 _STAGES: dict[tuple[int, int], tuple[Profile, tuple]] = {}
 
 
@@ -181,9 +187,18 @@ class StepModel:
                 worst = mem
         return worst
 
+    @property
+    def usable_bytes(self) -> float:
+        """HBM per device the serving engine lets the model use."""
+        return self.cluster.device.hbm_bytes * HBM_USABLE
+
+    @property
+    def tier_bytes(self) -> float:
+        """Capacity per device of the tier the KV cache is offloaded to (0: none)."""
+        return self.tier.capacity_bytes if self.tier is not None else 0.0
+
     def fits(self, mem: Mapping[str, float]) -> bool:
-        tier = self.tier.capacity_bytes if self.tier is not None else 0.0
-        return mem["total"] <= self.cluster.device.hbm_bytes * HBM_USABLE and mem["offloaded_kv"] <= tier
+        return mem["total"] <= self.usable_bytes and mem["offloaded_kv"] <= self.tier_bytes
 
     def step(self, *, phase: Phase, batch: int, q: int, context: int, kv_offload: float = 0.0) -> Step:
         """Cost one step; `kv_offload` is the fraction of the KV cache kept in the pooled or host tier (decode)."""
@@ -204,8 +219,7 @@ class StepModel:
         worst_bd["pp_comm"] = p2p
         mem = self.memory(phase=phase, batch=batch, q=q, context=context, kv_offload=kv_offload)
         return Step(pass_s=passes, cycle_s=slowest + p2p, breakdown_s=worst_bd, memory_bytes=mem,
-                    usable_bytes=self.cluster.device.hbm_bytes * HBM_USABLE,
-                    tier_bytes=self.tier.capacity_bytes if self.tier is not None else 0.0)
+                    usable_bytes=self.usable_bytes, tier_bytes=self.tier_bytes)
 
 
 def step(profile: Profile, cluster: Cluster, layout: Layout, prec: Precision, *, phase: Phase, batch: int,

@@ -12,7 +12,7 @@ TPOT users see is the decode step over the share of time spent decoding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cost_models import Cluster
@@ -118,7 +118,7 @@ def _co_located(profile: Profile, cluster: Cluster, serving: Serving, n: int) ->
             continue
         share, dec = 1.0, None
         for _ in range(4):  # fixed point: the decode share sets decode's batch, which sets the share
-            tight = serving if serving.tpot_s is None else _with_tpot(serving, serving.tpot_s * share)
+            tight = serving if serving.tpot_s is None else replace(serving, tpot_s=serving.tpot_s * share)
             dec = best_phase(profile, cluster, tight, "decode", n, only=lay)
             if dec is None:
                 break
@@ -132,12 +132,6 @@ def _co_located(profile: Profile, cluster: Cluster, serving: Serving, n: int) ->
         if best is None or plan.requests_per_s > best.requests_per_s * (1 + 1e-9):
             best = plan
     return best
-
-
-def _with_tpot(serving: Serving, tpot_s: float) -> Serving:
-    import dataclasses
-
-    return dataclasses.replace(serving, tpot_s=tpot_s)
 
 
 def _why_not(profile: Profile, cluster: Cluster, serving: Serving) -> str:

@@ -136,9 +136,9 @@ def serving_profile(graph: Graph, structure: Structure) -> Profile:
     owner = _param_owner(graph, index, structure, decoder, last)
     by_type: dict[str, Part] = {}
     parts: list[Part] = []
-    for kind, name in (("pre", "embedding"),):
-        if (kind, name) in groups:
-            parts.append(_part(graph, index, work, acts, name, kind, name, groups[(kind, name)], owner, tokens, batch))
+    if ("pre", "embedding") in groups:
+        parts.append(_part(graph, index, work, acts, "embedding", "pre", "embedding", groups[("pre", "embedding")],
+                           owner, tokens, batch))
     for blk in mine:
         if blk.type_id not in by_type:
             by_type[blk.type_id] = _part(graph, index, work, acts, blk.name, "layer", blk.type_id, list(blk.nodes),
@@ -159,13 +159,12 @@ def _param_owner(graph: Graph, index: GraphIndex, structure: Structure, decoder:
     out: dict[str, str] = {}
     for blk in structure.blocks:
         for p in blk.params:
-            users = _users(index, p)
             if blk.is_layer and blk.submodel == decoder:
                 out[p] = blk.name
             elif blk.submodel != decoder:
                 out[p] = blk.submodel
             else:
-                out[p] = "head" if any(j > last for j in users) else "embedding"
+                out[p] = "head" if any(j > last for j in _users(index, p)) else "embedding"
     return out
 
 
@@ -202,9 +201,7 @@ def _part(graph: Graph, index: GraphIndex, work, acts: np.ndarray, name: str, ki
     vector_bytes = float(sum(acts[i] for i in vector))
     biggest = max((sum(graph.tensors[o].nbytes for o in graph.nodes[i].outputs if o in graph.tensors)
                    for i in nodes if i not in core_nodes and i not in makes_weight), default=0.0)
-    key = name if kind != "layer" else next((owner[p] for i in node_list for x in graph.nodes[i].inputs
-                                             for p in index.weight_of.get(x, ()) if owner.get(p) == name), name)
-    params = {p for p, o in owner.items() if o == key}
+    params = {p for p, o in owner.items() if o == name}
     expert_params = (moe.params & params) if moe else frozenset()
     gathered = _gathered_only(graph, index, params)
     dense = sum(graph.tensors[p].numel for p in params - expert_params)
@@ -252,7 +249,8 @@ def _stream_input(graph: Graph, index: GraphIndex, name: str, nodes: frozenset[i
     same = [x for x in dict.fromkeys(outside) if graph.tensors[x].shape in shapes]
     pool = same or list(dict.fromkeys(outside))
     if not pool:
-        raise InvalidModel(f"layer {name} reads no activation from outside itself; cannot find its input")
+        raise InvalidModel(f"layer {name} reads no activation from outside itself, so its input cannot be found; "
+                           "export the model with its layers connected through the residual stream")
     return max(pool, key=lambda x: (graph.tensors[x].numel, x))
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 from cost_models import Cluster
 
 from planner.errors import InvalidInput
-from planner.inference.phase_cost import Layout, Phase, Precision, Step, StepModel
+from planner.inference.phase_cost import Layout, Phase, Precision, Step, StepModel, tokens_per_s_per_device
 from planner.inference.profile import Profile
 
 #: Fractions of the KV cache the search may keep in the pooled/host tier.
@@ -131,14 +131,15 @@ def _fits(model: StepModel, serving: Serving, phase: Phase, batch: int, f: float
     return model.fits(model.memory(phase=phase, batch=batch, q=q, context=ctx, kv_offload=f))
 
 
-def _largest(ok: Callable[[int], bool]) -> int:
-    """Largest b in [1, MAX_BATCH] with ok(b), for ok true up to some b and false after (0 if none)."""
+def _largest(ok: Callable[[int], bool], limit: int = MAX_BATCH) -> int:
+    """Largest b in [1, limit] with ok(b), for ok true up to some b and false after (0 if none): doubling,
+    then bisection."""
     if not ok(1):
         return 0
     lo, hi = 1, 2
-    while hi <= MAX_BATCH and ok(hi):
+    while hi <= limit and ok(hi):
         lo, hi = hi, hi * 2
-    hi = min(hi, MAX_BATCH + 1)
+    hi = min(hi, limit + 1)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
@@ -153,12 +154,12 @@ def phase_plan(model: StepModel, serving: Serving, phase: Phase, batch: int, kv_
         st = model.step(phase="prefill", batch=batch, q=p, context=p)
         mem = st.memory_bytes
         latency = st.pass_s
-        rate = batch * p / (st.cycle_s * lay.tp * lay.pp)
+        rate = tokens_per_s_per_device(st, lay, batch * p)
     else:
         st = model.step(phase="decode", batch=batch, q=1, context=serving.decode_context, kv_offload=kv_offload)
         mem = model.memory(phase="decode", batch=batch, q=1, context=serving.max_context, kv_offload=kv_offload)
         latency = max(st.pass_s, lay.pp * st.cycle_s)  # each replica's micro-batches take turns in the stages
-        rate = batch / (st.cycle_s * lay.tp * lay.pp)
+        rate = tokens_per_s_per_device(st, lay, batch)
     return PhasePlan(phase=phase, devices=lay.devices, layout=lay, batch=batch, kv_offload=kv_offload,
                      latency_s=latency, tokens_per_s_per_device=rate, step=st, memory_bytes=mem)
 
@@ -171,12 +172,4 @@ def max_context(profile: Profile, cluster: Cluster, serving: Serving, lay: Layou
     def fits(ctx: int) -> bool:
         return model.fits(model.memory(phase="decode", batch=batch, q=1, context=ctx, kv_offload=kv_offload))
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi < (1 << 40) and fits(hi):
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return _largest(fits, limit=(1 << 40) - 1)

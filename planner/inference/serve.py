@@ -33,7 +33,8 @@ def load_profile(model: str | os.PathLike, dims: Mapping[str, int] | None = None
     from planner.graph.blocks import discover_blocks
 
     text = os.fspath(model)
-    stamp = (os.path.getsize(text), os.stat(text).st_mtime_ns) if os.path.exists(text) else None
+    st = os.stat(text) if os.path.exists(text) else None
+    stamp = (st.st_size, st.st_mtime_ns) if st is not None else None
     key = (text, stamp, tuple(sorted((dims or {}).items())), tuple(sorted((overrides or {}).items())))
     if key not in _PROFILES:
         graph = _graph_for_costing(model, profile_seq(model), dims, overrides)

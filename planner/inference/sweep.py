@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from planner.errors import HyperplanError, Infeasible
 from planner.whatif import Progress, Sweep, sweep_points
+
 _INFER_NUMBERS = ("requests_per_s", "prefill_tokens_per_s_per_device", "decode_tokens_per_s_per_device",
                   "output_tokens_per_s_per_device", "ttft_ms", "tpot_ms", "prefill_devices", "decode_devices")
 
@@ -20,8 +21,6 @@ def infer_point(task: Mapping[str, Any]) -> dict[str, Any]:
     """Plan serving at one point (in a worker process): the record `whatif --mode infer` keeps."""
     from planner.api import plan_inference
 
-    rec: dict[str, Any] = {"status": "ok", "reason": None, "params": None, "plan": None, "serving": None}
-    rec.update(dict.fromkeys(_INFER_NUMBERS))
     try:
         r = plan_inference(task["model"], cluster=task["cluster"], devices=task["devices"],
                            prompt_len=task["prompt_len"], gen_len=task["gen_len"], batch=task["batch"],
@@ -29,15 +28,15 @@ def infer_point(task: Mapping[str, Any]) -> dict[str, Any]:
                            kv_dtype=task["kv_dtype"], overrides=task["overrides"], dims=task["dims"],
                            memory_gib=task["memory_gib"])
     except Infeasible as exc:
-        return {**rec, "status": "infeasible", "reason": str(exc)}
+        return _empty_infer("infeasible", str(exc))
     except HyperplanError as exc:
-        return {**rec, "status": "raise", "reason": str(exc)}
+        return _empty_infer("raise", str(exc))
     except Exception as exc:  # noqa: BLE001 - a planner bug at one point must not lose the others
-        return {**rec, "status": "error", "reason": f"the planner failed: {type(exc).__name__}: {exc}"}
+        return _empty_infer("error", f"the planner failed: {type(exc).__name__}: {exc}")
     pre, dec = r["prefill"], r["decode"]
     plan = (f"P{pre['devices']} {pre['strategy']['summary']} / D{dec['devices']} {dec['strategy']['summary']}"
             if r["serving"] == "disaggregated" else f"co-located {dec['strategy']['summary']}")
-    return {**rec, "plan": plan, "serving": r["serving"], "params": r["model"]["params"],
+    return {**_empty_infer("ok", None), "plan": plan, "serving": r["serving"], "params": r["model"]["params"],
             "prefill_devices": pre["devices"], "decode_devices": dec["devices"],
             **{k: r[k] for k in ("requests_per_s", "prefill_tokens_per_s_per_device", "decode_tokens_per_s_per_device",
                                  "output_tokens_per_s_per_device", "ttft_ms", "tpot_ms")}}
@@ -78,7 +77,8 @@ def run_infer_sweep(
     return Sweep(doc=_summarise_infer(model, clusters, points, base), computed=computed)
 
 
-def _empty_infer(status: str, reason: str) -> dict[str, Any]:
+def _empty_infer(status: str, reason: str | None) -> dict[str, Any]:
+    """A point's record before (or without) a plan: every figure None."""
     return {"status": status, "reason": reason, "plan": None, "serving": None, "params": None,
             **dict.fromkeys(_INFER_NUMBERS)}
 

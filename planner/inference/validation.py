@@ -16,7 +16,7 @@ from typing import Any
 from cost_models import Cluster, load_cluster
 from cost_models.loader import parse_cluster
 
-from planner.inference.phase_cost import Layout, Precision, StepModel
+from planner.inference.phase_cost import Layout, Precision, StepModel, tokens_per_s_per_device
 from planner.inference.serve import load_profile
 
 
@@ -40,10 +40,10 @@ def estimate_row(row: dict[str, Any], clusters: dict[str, Cluster]) -> dict[str,
     batch, ctx = row["batch"], row["context"]
     if row["phase"] == "decode":
         st = model.step(phase="decode", batch=batch, q=1, context=ctx)
-        rate = batch / (st.cycle_s * layout.tp * layout.pp)
+        rate = tokens_per_s_per_device(st, layout, batch)
     else:
         st = model.step(phase="prefill", batch=batch, q=ctx, context=ctx)
-        rate = batch * ctx / (st.cycle_s * layout.tp * layout.pp)
+        rate = tokens_per_s_per_device(st, layout, batch * ctx)
     measured = row["measured_tokens_per_s_per_device"]
     return {"id": row["id"], "estimate": rate, "measured": measured, "error": rate / measured - 1.0,
             "step_ms": st.pass_s * 1e3, "limiter": st.limiter, "fits": st.fits, "compared": row["compared"],

@@ -199,27 +199,31 @@ class MoeSplitSearch:
                 break
         if probe is None:
             return None
-        attn_device_s = (probe.attention_busy_s + probe.attention_tail_s) * probe.attention_devices
-        m = probe.attention.strategy.micro_batches(group_workload(self.workload, probe.attention_devices))
-
-        def predicted(n_exp: int) -> float:
-            eg = expert_group(split, facts, group_cluster(self.cluster, n_exp), self.workload, n_exp,
-                              self.workload.global_batch / m, m, probe.in_flight)
-            return max(attn_device_s / (n - n_exp), eg.busy_s(m) + eg.tail_s) if eg.fits else math.inf
-
-        if incumbent_s is not None and min(map(predicted, self.sizes)) > PRUNE_MARGIN * incumbent_s:
+        predicted = self.predicted(probe)
+        if incumbent_s is not None and min(predicted.values()) > PRUNE_MARGIN * incumbent_s:
             return probe
-        for n_exp in sorted(self.sizes, key=lambda c: (predicted(c), c))[:SEARCHED_SPLITS]:
+        for n_exp in sorted(self.sizes, key=lambda c: (predicted[c], c))[:SEARCHED_SPLITS]:
             self.score(n_exp)
         # once more from the best split scored: its attention plan is the one the prediction should scale
-        probe = min((sc for sc in self.scored.values() if sc is not None),
-                    key=lambda sc: (sc.step_s, sc.attention_devices))
-        attn_device_s = (probe.attention_busy_s + probe.attention_tail_s) * probe.attention_devices
-        m = probe.attention.strategy.micro_batches(group_workload(self.workload, probe.attention_devices))
-        for n_exp in [c for c in sorted(self.sizes, key=lambda c: (predicted(c), c)) if c not in self.scored][:2]:
+        predicted = self.predicted(min((sc for sc in self.scored.values() if sc is not None),
+                                       key=lambda sc: (sc.step_s, sc.attention_devices)))
+        for n_exp in [c for c in sorted(self.sizes, key=lambda c: (predicted[c], c)) if c not in self.scored][:2]:
             self.score(n_exp)
         return min((sc for sc in self.scored.values() if sc is not None), default=None,
                    key=lambda sc: (sc.step_s, sc.attention_devices))
+
+    def predicted(self, probe: SplitScore) -> dict[int, float]:
+        """Each expert-group size's step as `probe` predicts it: attention's device-seconds there spread over
+        the devices left to it, against the experts priced exactly at its micro-batches (inf: they do not fit)."""
+        n, split, facts = self.cluster.n_devices, self.split, self.facts
+        attn_device_s = (probe.attention_busy_s + probe.attention_tail_s) * probe.attention_devices
+        m = probe.attention.strategy.micro_batches(group_workload(self.workload, probe.attention_devices))
+        out = {}
+        for n_exp in self.sizes:
+            eg = expert_group(split, facts, group_cluster(self.cluster, n_exp), self.workload, n_exp,
+                              self.workload.global_batch / m, m, probe.in_flight)
+            out[n_exp] = max(attn_device_s / (n - n_exp), eg.busy_s(m) + eg.tail_s) if eg.fits else math.inf
+        return out
 
 
 def plan_moe_programs(
@@ -295,8 +299,8 @@ def report_moe_programs(result: MpmdResult, cluster: Cluster, workload: Workload
     The breakdown is the attention group's (it adds up to its own step) plus `mpmd_wait`, the time it
     waits on the experts and the link, so it still adds up to the step."""
     from planner.estimate import estimate, plain
-    from planner.plan import mesh_axes, strategy_dict
-    from planner.search.mpmd import combined_figures
+    from planner.plan import strategy_dict
+    from planner.search.mpmd import combined_figures, program_entry
 
     split, facts, in_flight = result.source
     attn_plan, exp_plan = result.programs
@@ -318,9 +322,7 @@ def report_moe_programs(result: MpmdResult, cluster: Cluster, workload: Workload
     overall["fits"] = sc.fits
     overall["imbalance"] = sc.imbalance
     progs = [
-        plain({"name": prog.name, "submodels": list(prog.submodels), "devices": n_attn, "ranks": [0, n_attn - 1],
-               "strategy": strategy_dict(strategy), "mesh": list(mesh_axes(group, strategy)),
-               "estimate": est.to_dict()}),
+        program_entry(prog, n_attn, 0, group, strategy, est),
         plain({"name": exp_plan.program.name, "submodels": list(exp_plan.program.submodels),
                "devices": exp_plan.devices, "ranks": [n_attn, cluster.n_devices - 1],
                "strategy": strategy_dict(exp_plan.best.strategy),

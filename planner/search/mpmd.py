@@ -301,8 +301,7 @@ def score_groups(groups: Sequence[tuple[Program, int, int, Strategy]], cluster: 
     parameter layouts of program k (see `stage_costs`), as a hand-edited declaration asks. Each group is timed
     on its share of the batch rounded up (`program_groups.group_workload`); throughput counts the real batch.
     """
-    from planner.estimate import estimate, plain
-    from planner.plan import mesh_axes, strategy_dict
+    from planner.estimate import estimate
 
     progs, ests, scale = [], [], []
     for k, (program, devices, first, strategy) in enumerate(groups):
@@ -312,11 +311,7 @@ def score_groups(groups: Sequence[tuple[Program, int, int, Strategy]], cluster: 
                        param_pins=pins[k] if k < len(pins) else None)
         ests.append(est)
         scale.append(workload.global_batch / wl.global_batch)
-        progs.append(plain({
-            "name": program.name, "submodels": list(program.submodels), "devices": devices,
-            "ranks": [first, first + devices - 1], "strategy": strategy_dict(strategy),
-            "mesh": list(mesh_axes(group, strategy)), "estimate": est.to_dict(),
-        }))
+        progs.append(program_entry(program, devices, first, group, strategy, est))
     slow = max(range(len(ests)), key=lambda i: (ests[i].step_time_s, i))
     fast = 1 - slow if len(ests) == 2 else slow
     fill = pipeline_fill_s(ests[slow].step_time_s, ests[slow].microbatches, ests[fast].step_time_s,
@@ -327,6 +322,18 @@ def score_groups(groups: Sequence[tuple[Program, int, int, Strategy]], cluster: 
     bd["mpmd_transfer"] = transfer
     flops = sum(e.model_flops_per_step * s for e, s in zip(ests, scale))
     return progs, combined_figures(ests, step, bd, flops, cluster, workload)
+
+
+def program_entry(program: Program, devices: int, first: int, group: Cluster, strategy: Strategy, est: Any) -> dict:
+    """One program as the plan reports it: its ranks, strategy, mesh on its group and its own estimate."""
+    from planner.estimate import plain
+    from planner.plan import mesh_axes, strategy_dict
+
+    return plain({
+        "name": program.name, "submodels": list(program.submodels), "devices": devices,
+        "ranks": [first, first + devices - 1], "strategy": strategy_dict(strategy),
+        "mesh": list(mesh_axes(group, strategy)), "estimate": est.to_dict(),
+    })
 
 
 def combined_figures(ests: Sequence[Any], step: float, breakdown: Mapping[str, float], flops: float,

@@ -27,7 +27,6 @@ Three rules, each a physical fact rather than a tuning knob:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import replace
 
@@ -68,7 +67,7 @@ def group_cluster(cluster: Cluster, n_devices: int) -> Cluster:
     merged = [lvl for lvl, nxt in zip(levels, levels[1:]) if lvl.group_size is None
               or nxt.bandwidth_bytes_per_s < FLAT_FABRIC * lvl.bandwidth_bytes_per_s]
     merged.append(levels[-1])
-    return dataclasses.replace(cluster, levels=tuple(merged), n_devices=n_devices)
+    return replace(cluster, levels=tuple(merged), n_devices=n_devices)
 
 
 def group_sizes(cluster: Cluster) -> list[int]:
