@@ -172,12 +172,17 @@ def estimate_cmd(
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
         return
-    if result.get("mode") == "infer":  # a serving declaration: prefill and decode, as plan prints them
+    print_result(result)
+
+
+def print_result(r: dict) -> None:
+    """An estimate, or a serving declaration's re-score (prefill and decode, as `plan` prints them)."""
+    if r.get("mode") == "infer":
         from cli.plan_cmd import print_serving
 
-        print_serving(result)
+        print_serving(r)
         return
-    print_estimate(result)
+    print_estimate(r)
 
 
 def print_estimate(r: dict) -> None:

@@ -13,8 +13,7 @@ from rich.markup import escape
 from cli import options as opt
 from cli import render
 from cli.errors import guarded
-from cli.estimate_cmd import print_estimate
-from cli.plan_cmd import print_serving
+from cli.estimate_cmd import print_result
 from planner.hypershard.io import read_document
 from planner.hypershard.validate import validate_document
 
@@ -50,10 +49,7 @@ def validate_cmd(
         for w in report.warnings:
             console.print(f"[yellow]note:[/] {escape(w)}")
         if report.estimate is not None:
-            if report.estimate.get("mode") == "infer":
-                print_serving(report.estimate)
-            else:
-                print_estimate(report.estimate)
+            print_result(report.estimate)
         console.print("valid" if report.ok else "[bold red]not valid[/]")
     if not report.ok:
         raise typer.Exit(2)

@@ -21,7 +21,7 @@ from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.hypershard.document import Request, build_document
 from planner.hypershard.pins import check_activations, declared_pins, estimator_pins
-from planner.hypershard.programs import is_multi, rank_problems, ranks_of, view, views
+from planner.hypershard.programs import is_multi, is_serving, rank_problems, ranks_of, view, views
 from planner.hypershard.stages import declared_widths, device_problem
 from planner.stage_costs import even_split
 from planner.strategy import Strategy, Workload
@@ -240,7 +240,7 @@ def _handover_s(graph: Graph, split: list[Any], hw: Any, workload: Workload, ran
 
 def score_document(doc: Mapping[str, Any], base_dir: str | None = None, model: str | None = None) -> Scored:
     """Re-estimate a declaration of training (optionally on another MODEL, as `estimate MODEL --plan FILE` does)."""
-    if (doc.get("workload") or {}).get("mode") == "infer":
+    if is_serving(doc):
         raise InvalidInput("this is a serving declaration (workload mode infer); score it with "
                            "planner.hypershard.serving_check.rescore, or `hyperplan validate FILE`")
     request = request_of(doc, base_dir) if model is None else Request(
@@ -336,35 +336,47 @@ def _same_model(a: str, b: str) -> bool:
     return a == b
 
 
+def request_on(doc: Mapping[str, Any], model: str, *, base_dir: str | None, cluster: str | None,
+               overrides: Mapping[str, Any] | None, dims: Mapping[str, int] | None) -> Request:
+    """What `estimate MODEL --plan FILE` scores on: MODEL, and the declared cluster unless another is given; MODEL
+    naming the declared model keeps the declared zoo overrides and dims unless others are given."""
+    declared = request_of(doc, base_dir)
+    if _same_model(model, declared.model) and not overrides and not dims:
+        overrides, dims = declared.overrides, declared.dims
+    return Request(model=model, cluster=cluster or declared.cluster, overrides=dict(overrides or {}),
+                   dims=dict(dims or {}), memory_gib=declared.memory_gib)
+
+
 def estimate_declared(path: str, model: str, *, cluster: str | None = None, devices: int | None = None,
                       global_batch: int | None = None, seq_len: int | None = None, dtype: str | None = None,
                       overrides: Mapping[str, Any] | None = None, dims: Mapping[str, int] | None = None
                       ) -> dict[str, Any]:
-    """`hyperplan estimate MODEL --plan FILE`: the declaration's strategy and layouts on MODEL; given options
-    replace the file's.
-
-    MODEL naming the declared model keeps the declared zoo overrides and dims unless others are given.
-    """
+    """`hyperplan estimate MODEL --plan FILE`: the declaration's strategy and layouts on MODEL (see `request_on`);
+    given options replace the file's."""
     from planner.hypershard.io import read_document
-    from planner.hypershard.serving_check import estimate_serving, is_serving
+    from planner.hypershard.serving_check import estimate_serving
 
     doc = read_document(path)
-    if is_serving(doc):
-        given = [f for f, v in (("--global-batch", global_batch), ("--seq-len", seq_len)) if v is not None]
-        if devices is not None and devices != doc["cluster"]["devices"]:
-            given.insert(0, f"--devices {devices}")
-        if given:
-            raise InvalidInput(f"{', '.join(given)} cannot apply to a serving declaration (its phases' ranks are "
-                               "fixed and it serves prompts, not training steps); edit its meshes, batch_per_replica "
-                               "or workload instead")
-        return estimate_serving(doc, model, base_dir=os.path.dirname(os.path.abspath(path)), cluster=cluster,
-                                dtype=dtype, overrides=overrides, dims=dims)
-    declared = request_of(doc, os.path.dirname(os.path.abspath(path)))
-    if _same_model(model, declared.model) and not overrides and not dims:
-        overrides, dims = declared.overrides, declared.dims
-    request = Request(model=model, cluster=cluster or declared.cluster, overrides=dict(overrides or {}),
-                      dims=dict(dims or {}), memory_gib=declared.memory_gib)
+    serving = is_serving(doc)
+    if serving:
+        _refuse_training_options(doc, devices, global_batch, seq_len)
+    request = request_on(doc, model, base_dir=os.path.dirname(os.path.abspath(path)), cluster=cluster,
+                         overrides=overrides, dims=dims)
+    if serving:
+        return estimate_serving(doc, request, dtype=dtype)
     w = doc["workload"]
     workload = Workload(mode=w["mode"], global_batch=global_batch or w["global_batch"], seq_len=seq_len or w["seq_len"],
                         dtype=dtype or w["dtype"])
     return score_as(doc, request, workload, devices or doc["cluster"]["devices"]).estimate_view()
+
+
+def _refuse_training_options(doc: Mapping[str, Any], devices: int | None, global_batch: int | None,
+                             seq_len: int | None) -> None:
+    """InvalidInput for options a serving declaration cannot take: its ranks are fixed and it serves prompts."""
+    given = [f for f, v in (("--global-batch", global_batch), ("--seq-len", seq_len)) if v is not None]
+    if devices is not None and devices != doc["cluster"]["devices"]:
+        given.insert(0, f"--devices {devices}")
+    if given:
+        raise InvalidInput(f"{', '.join(given)} cannot apply to a serving declaration (its phases' ranks are "
+                           "fixed and it serves prompts, not training steps); edit its meshes, batch_per_replica "
+                           "or workload instead")

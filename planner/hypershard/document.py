@@ -207,7 +207,7 @@ def build_document(plan: Mapping[str, Any], graph: Graph, structure: Structure, 
     if (plan.get("mpmd") or {}).get("used"):
         return _multi_document(plan, graph, structure, request)
     s = strategy_from_dict(plan["strategy"])
-    est = {k: v for k, v in plan["estimate"].items() if k != "layouts"}
+    est = _figures(plan["estimate"])
     n = plan["cluster"]["devices"]
     doc = _head(plan, graph, request)
     doc["meshes"] = [_mesh("world", list(plan["mesh"]), n, PLACEMENT)]
@@ -240,10 +240,16 @@ def _multi_document(plan: Mapping[str, Any], graph: Graph, structure: Structure,
         prog = _program(entry["name"], entry["name"], list(entry["submodels"]), program.structure, s, first, count,
                         int(est.get("microbatches", 1)))
         prog.update(sections(program.graph, program.structure, s, plan["workload"]["seq_len"], est.get("layouts", {})))
-        prog["estimate"] = {k: v for k, v in est.items() if k != "layouts"}
+        prog["estimate"] = _figures(est)
         doc["programs"].append(prog)
-    doc["estimate"] = {k: v for k, v in plan["estimate"].items() if k != "layouts"}
+    doc["estimate"] = _figures(plan["estimate"])
     return _tail(doc, plan)
+
+
+def _figures(estimate: Mapping[str, Any]) -> dict[str, Any]:
+    """An estimate as a declaration records it: its figures, without the per-block-type layout table (the
+    layouts section says it per parameter)."""
+    return {k: v for k, v in estimate.items() if k != "layouts"}
 
 
 def _tail(doc: dict[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:

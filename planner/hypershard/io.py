@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from planner.errors import InvalidInput
+from planner.hypershard.programs import is_serving
 
 SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -187,7 +188,7 @@ def check_schema(doc: Mapping[str, Any], name: str) -> None:
     err = best_match(jsonschema.Draft202012Validator(schema()).iter_errors(doc))
     if err is not None and err.validator is None:  # a section the schema forbids for this kind of declaration
         key = _key_of(doc, err)
-        kind = "serving (workload mode infer)" if (doc.get("workload") or {}).get("mode") == "infer" else "training"
+        kind = "serving (workload mode infer)" if is_serving(doc) else "training"
         raise InvalidInput(f"{name}: field '{_field(list(err.absolute_path) + [key])}' is not part of a {kind} "
                            "declaration; remove it (the HyperShard schema is planner/hypershard/schema.json)")
     if err is not None:

@@ -26,6 +26,12 @@ def is_multi(doc: Mapping[str, Any]) -> bool:
     return len(doc["programs"]) > 1
 
 
+def is_serving(doc: Mapping[str, Any]) -> bool:
+    """Whether a declaration is of a serving plan (workload mode infer): prefill and decode programs."""
+    w = doc.get("workload")
+    return isinstance(w, Mapping) and w.get("mode") == "infer"
+
+
 def ranks_of(prog: Mapping[str, Any], default_count: int) -> tuple[int, int]:
     """(first rank, rank count) of a program; a program without ranks runs on all of them."""
     r = prog.get("ranks") or {"first": 0, "count": default_count}

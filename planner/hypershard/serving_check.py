@@ -22,11 +22,11 @@ from typing import Any, Mapping
 from cost_models.errors import SpecError
 
 from planner.errors import InvalidInput
-from planner.hypershard.declared import request_of
 from planner.hypershard.document import Request
 from planner.hypershard.patterns import expand
 from planner.hypershard.programs import mesh_of, rank_problems, ranks_of
-from planner.hypershard.serving_doc import ESTIMATE_KEYS, PHASES, build_serving_document
+from planner.hypershard.serving_doc import (ESTIMATE_KEYS, PHASES, WORKLOAD_KEYS, build_serving_document,
+                                           serving_graph, tier_name)
 from planner.hypershard.serving_layouts import routed_experts
 from planner.hypershard.validate import Report, entry_problems, model_problems, model_request
 from planner.inference.graph_walk import index_graph
@@ -35,12 +35,6 @@ from planner.inference.rescore import PhaseChoice, score_serving
 
 GIB = 2.0**30
 _AXES = ("tp", "dp", "pp", "ep")
-
-
-def is_serving(doc: Mapping[str, Any]) -> bool:
-    """Whether a declaration is of a serving plan (workload mode infer)."""
-    w = doc.get("workload")
-    return isinstance(w, Mapping) and w.get("mode") == "infer"
 
 
 def phase_index(doc: Mapping[str, Any]) -> dict[str, int]:
@@ -114,8 +108,7 @@ def rescore(doc: Mapping[str, Any], request: Request, devices: int | None = None
     profile = load_profile(request.model, dict(request.dims) or None, dict(request.overrides) or None)
     choice = choices_of(doc)
     plan = score_serving(profile, hw, serving, doc["serving"]["mode"], choice["prefill"], choice["decode"])
-    workload = {k: w.get(k) for k in ("mode", "prompt_len", "gen_len", "batch", "ttft_ms", "tpot_ms", "dtype",
-                                      "kv_dtype")}
+    workload = {k: w.get(k) for k in WORKLOAD_KEYS}
     return Rescored(plan, serving_report(plan, [], serving, profile, request.model, hw, workload), profile, hw,
                     request)
 
@@ -158,14 +151,14 @@ def validate_serving(doc: Mapping[str, Any], name: str = "declaration", base_dir
         return rep
     try:
         scored = rescore(doc, request)
-        graph, structure = _graph(request)
+        graph, structure = serving_graph(request)
     except (InvalidInput, SpecError) as exc:
         rep.add("estimate", [str(exc)], "")
         return rep
     rep.add("model", model_problems(doc, graph), f"{m['name']}: {graph.param_count:,} parameters in "
             f"{len(graph.params)} tensors")
     canon = build_serving_document(scored.report, graph, structure, scored.profile, request, scored.cluster,
-                                   _tier_name(scored.cluster))
+                                   tier_name(scored.cluster))
     pipeline, layouts, kv = [], [], []
     experts = set(routed_experts(graph, structure, index_graph(graph)))
     for ph, k in index.items():
@@ -328,37 +321,9 @@ def _estimate_problems(doc: Mapping[str, Any], index: Mapping[str, int], report:
     return []
 
 
-def _graph(request: Request):
-    from planner.api import _graph_for_costing
-    from planner.graph.blocks import discover_blocks
-    from planner.inference.serve import profile_seq
-
-    graph = _graph_for_costing(request.model, profile_seq(request.model), dict(request.dims) or None,
-                               dict(request.overrides) or None)
-    return graph, discover_blocks(graph)
-
-
-def _tier_name(hw: Any) -> str | None:
-    from planner.inference.phase_cost import offload_tier
-
-    tier = offload_tier(hw)
-    return tier.name if tier is not None else None
-
-
-def estimate_serving(doc: Mapping[str, Any], model: str, *, base_dir: str | None = None, cluster: str | None = None,
-                     dtype: str | None = None, overrides: Mapping[str, Any] | None = None,
-                     dims: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """`hyperplan estimate MODEL --plan FILE` of a serving declaration: its phases' layouts and batches on MODEL
-    (the declared overrides and dims kept when MODEL is the declared model and none are given)."""
-    import os
-
-    declared = request_of(doc, base_dir)
-    same = (os.path.exists(model) and os.path.exists(declared.model) and os.path.samefile(model, declared.model)) \
-        or model == declared.model
-    if same and not overrides and not dims:
-        overrides, dims = declared.overrides, declared.dims
-    request = Request(model=model, cluster=cluster or declared.cluster, overrides=dict(overrides or {}),
-                      dims=dict(dims or {}), memory_gib=declared.memory_gib)
+def estimate_serving(doc: Mapping[str, Any], request: Request, *, dtype: str | None = None) -> dict[str, Any]:
+    """`hyperplan estimate MODEL --plan FILE` of a serving declaration: its phases' layouts and batches on
+    `request`'s model and cluster (`declared.request_on`), in `dtype` when given."""
     if dtype is not None:
         doc = dict(doc, workload=dict(doc["workload"], dtype=dtype))
     return rescore(doc, request).report

@@ -171,23 +171,35 @@ def build_serving_document(plan: Mapping[str, Any], graph: Graph, structure: Str
     return doc
 
 
+def serving_graph(request: Request) -> tuple[Graph, Structure]:
+    """The graph and blocks the serving planner profiled `request`'s model on (the names the layouts use)."""
+    from planner.api import _graph_for_costing
+    from planner.graph.blocks import discover_blocks
+    from planner.inference.serve import profile_seq
+
+    graph = _graph_for_costing(request.model, profile_seq(request.model), dict(request.dims) or None,
+                               dict(request.overrides) or None)
+    return graph, discover_blocks(graph)
+
+
+def tier_name(hw: Cluster) -> str | None:
+    """The memory tier a serving plan offloads its KV cache to on `hw` (None: it has none)."""
+    from planner.inference.phase_cost import offload_tier
+
+    tier = offload_tier(hw)
+    return tier.name if tier is not None else None
+
+
 def declare_serving(plan: Mapping[str, Any], request: Request, *, offload: bool = True,
                     disaggregate: bool = True) -> dict[str, Any]:
     """The declaration of a `plan_inference` result (the profile and graph it was planned on come from the
     process's caches, so this costs little after planning)."""
-    from planner.api import _graph_for_costing
-    from planner.graph.blocks import discover_blocks
-    from planner.inference.phase_cost import offload_tier
-    from planner.inference.serve import load_profile, profile_seq, serving_cluster
+    from planner.inference.serve import load_profile, serving_cluster
 
-    dims = dict(request.dims) or None
-    overrides = dict(request.overrides) or None
-    profile = load_profile(request.model, dims, overrides)
-    graph = _graph_for_costing(request.model, profile_seq(request.model), dims, overrides)
+    profile = load_profile(request.model, dict(request.dims) or None, dict(request.overrides) or None)
+    graph, structure = serving_graph(request)
     hw = serving_cluster(request.cluster, plan["cluster"]["devices"], request.memory_gib, plan["workload"]["dtype"])
-    tier = offload_tier(hw)
-    return build_serving_document(plan, graph, discover_blocks(graph), profile, request, hw,
-                                  tier.name if tier is not None else None,
+    return build_serving_document(plan, graph, structure, profile, request, hw, tier_name(hw),
                                   {"kv_offload": offload, "disaggregate": disaggregate})
 
 
@@ -198,11 +210,8 @@ def declare_serving_phases(model: str, *, cluster: str, prompt_len: int, gen_len
     """Score a serving plan you chose and declare it: `prefill` and `decode` give tp, dp, pp, batch (per replica)
     and, for decode, kv_offload; experts spread over each stage's tp x dp devices. Disaggregated phases take
     consecutive ranks, prefill first; co-located ones share them (give both the same layout)."""
-    from planner.api import _graph_for_costing
-    from planner.graph.blocks import discover_blocks
-    from planner.inference.phase_cost import offload_tier
     from planner.inference.rescore import PhaseChoice, score_serving
-    from planner.inference.serve import load_profile, profile_seq, serving_cluster, serving_options, serving_report
+    from planner.inference.serve import load_profile, serving_cluster, serving_options, serving_report
 
     serving = serving_options(prompt_len=prompt_len, gen_len=gen_len, batch=None, ttft_ms=None, tpot_ms=None,
                               dtype=dtype, kv_dtype=kv_dtype, offload=True)
@@ -221,7 +230,6 @@ def declare_serving_phases(model: str, *, cluster: str, prompt_len: int, gen_len
     workload = {"mode": "infer", "prompt_len": prompt_len, "gen_len": gen_len, "batch": None, "ttft_ms": None,
                 "tpot_ms": None, "dtype": dtype, "kv_dtype": kv_dtype}
     request = Request(model=model, cluster=cluster, overrides=overrides or {}, dims=dims or {}, memory_gib=memory_gib)
-    graph = _graph_for_costing(model, profile_seq(model), dims, overrides)
-    tier = offload_tier(hw)
+    graph, structure = serving_graph(request)
     return build_serving_document(serving_report(plan, [], serving, profile, model, hw, workload), graph,
-                                  discover_blocks(graph), profile, request, hw, tier.name if tier else None)
+                                  structure, profile, request, hw, tier_name(hw))

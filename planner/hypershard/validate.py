@@ -31,13 +31,11 @@ from planner.hypershard.document import Request, build_document, file_sha256
 from planner.hypershard.io import check_schema
 from planner.hypershard.layouts import dim_axes
 from planner.hypershard.patterns import expand
-from planner.hypershard.pins import check_activations, declared_pins, layout_text
-from planner.hypershard.programs import rank_label, rank_problems, ranks_of, views
+from planner.hypershard.pins import AXES, check_activations, declared_pins, layout_text
+from planner.hypershard.programs import is_serving, rank_label, rank_problems, ranks_of, views
 from planner.hypershard.stages import device_problem, param_widths, placed_ranges
 from planner.strategy import Strategy, Workload
 
-GIB = 2.0**30
-_AXES = ("tp", "cp", "dp", "pp", "ep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +70,7 @@ class Report:
 def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_dir: str | None = None) -> Report:
     """Run every check; InvalidInput only when the file cannot be read as a declaration at all."""
     check_schema(doc, name)
-    if (doc.get("workload") or {}).get("mode") == "infer":  # a serving plan: prefill and decode programs
+    if is_serving(doc):  # a serving plan: prefill and decode programs
         from planner.hypershard.serving_check import validate_serving
 
         return validate_serving(doc, name, base_dir)
@@ -128,7 +126,7 @@ def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_di
     except (InvalidInput, SpecError) as exc:
         rep.add("estimate", [str(exc)], "")
         return rep
-    _compare_derived(doc, scored, rep)
+    _compare_derived(doc, vs, [g for g, _ in parts], scored, rep)
     est = scored.plan["estimate"]
     rep.estimate = scored.estimate_view()
     need, have = est["memory_gib"]["peak"], est["hbm_gib"]
@@ -260,7 +258,7 @@ def _layout_problems(doc: Mapping[str, Any], graph: Graph, structure: Structure,
                 return f"{p} dim {d} ({n}) does not split evenly over {'x'.join(axes)} = {k}"
         return None
 
-    return entry_problems(doc["layouts"]["params"], graph, _AXES, uneven)
+    return entry_problems(doc["layouts"]["params"], graph, AXES, uneven)
 
 
 def entry_problems(entries: Mapping[str, Any], graph: Graph, known: tuple[str, ...],
@@ -307,17 +305,18 @@ def _estimate_problems(recorded: Mapping[str, Any] | None, est: Mapping[str, Any
     return out
 
 
-def _compare_derived(doc: Mapping[str, Any], scored: Scored, rep: Report) -> None:
+def _compare_derived(doc: Mapping[str, Any], vs: list[dict[str, Any]], graphs: list[Graph], scored: Scored,
+                     rep: Report) -> None:
     """Notes: parameters declared with other layouts than the estimator would choose (scored as declared), axes
-    the estimate does not score, and rules that differ from what the strategy implies (backends apply them)."""
+    the estimate does not score, and rules that differ from what the strategy implies (backends apply them);
+    `vs` and `graphs` are the programs' views and graphs."""
     if scored.edited:
         p, (mine, chosen) = next(iter(scored.edited.items()))
         rep.warnings.append(f"{len(scored.edited)} parameter(s) are declared with other tensor-axis layouts than the "
                             f"estimator would choose (e.g. {p}: {layout_text(mine)} over tp, the estimator's "
                             f"{layout_text(chosen)}); the estimate scores the declared ones")
     canon = views(build_document(scored.plan, scored.graph, scored.structure, scored.request))
-    graphs = program_parts(doc, scored.request, workload_of(doc))[2]
-    for k, (v, c, (g, _)) in enumerate(zip(views(doc), canon, graphs)):
+    for k, (v, c, g) in enumerate(zip(vs, canon, graphs)):
         where = f" of {rank_label(doc, k)}" if len(canon) > 1 else ""
         resolved, _, _ = expand(v["layouts"]["params"], g.params)
         odd = [(p, d, a) for p, e in resolved.items() for d, spec in enumerate(e["dims"]) for a in dim_axes(spec)

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from planner.errors import InvalidInput
 from planner.hypershard.io import write_atomically
+from planner.hypershard.programs import is_serving
 
 #: Backend name (as `--backend` takes it) -> module under planner.hypershard.backends.
 BACKENDS: dict[str, str] = {
@@ -39,7 +40,7 @@ def export(doc: Mapping[str, Any], backend: str, *, base_dir: str | None = None)
     """The exported artefact: Python source, or a serialized ONNX model (of a serving declaration: a mesh, the
     layouts and the experts per phase program, see `serving_py` and `serving_onnx`)."""
     module = _module(backend)
-    if (doc.get("workload") or {}).get("mode") == "infer":
+    if is_serving(doc):
         if backend == "onnx":
             from planner.hypershard.backends import serving_onnx
 

@@ -58,18 +58,27 @@ def assignments(data: Any) -> list[str]:
     return lines
 
 
-def axis_sizes(doc: Mapping[str, Any]) -> dict[str, int]:
-    """Mesh axis sizes by name, fastest first, with the ep alias if any."""
-    mesh = doc["meshes"][0]
+def mesh_sizes(mesh: Mapping[str, Any]) -> dict[str, int]:
+    """A mesh's axis sizes by name, fastest first, with the ep alias if any."""
     out = {a["name"]: a["size"] for a in mesh["axes"]}
     for a in mesh.get("aliases", []):
         out[a["name"]] = a["size"]
     return out
 
 
+def axis_sizes(doc: Mapping[str, Any]) -> dict[str, int]:
+    """`mesh_sizes` of a one-program declaration's (or view's) mesh."""
+    return mesh_sizes(doc["meshes"][0])
+
+
+def mesh_slow_first(mesh: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """A mesh's physical axes slowest first (the row-major order of torch, JAX and MindSpore device matrices)."""
+    return [(a["name"], a["size"]) for a in reversed(mesh["axes"])]
+
+
 def slow_first(doc: Mapping[str, Any]) -> list[tuple[str, int]]:
-    """Physical mesh axes slowest first (the row-major order of torch, JAX and MindSpore device matrices)."""
-    return [(a["name"], a["size"]) for a in reversed(doc["meshes"][0]["axes"])]
+    """`mesh_slow_first` of a one-program declaration's (or view's) mesh."""
+    return mesh_slow_first(doc["meshes"][0])
 
 
 def coords(doc: Mapping[str, Any], rank: int) -> dict[str, int]:

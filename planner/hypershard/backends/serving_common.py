@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from planner.errors import InvalidInput
-from planner.hypershard.backends.common import RESOLVER_SRC, SELECT_SRC, literal
+from planner.hypershard.backends.common import RESOLVER_SRC, SELECT_SRC, literal, mesh_sizes
 from planner.hypershard.programs import mesh_of
 
 #: Source of the serving helpers embedded in every generated module (after the plan constants).
@@ -61,17 +61,6 @@ def phase_programs(doc: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], Mapp
     return [(prog, mesh_of(doc, k)) for k, prog in enumerate(doc["programs"])]
 
 
-def sizes_of(mesh: Mapping[str, Any]) -> dict[str, int]:
-    out = {a["name"]: a["size"] for a in mesh["axes"]}
-    out.update({a["name"]: a["size"] for a in mesh.get("aliases", [])})
-    return out
-
-
-def slow_first(mesh: Mapping[str, Any]) -> list[tuple[str, int]]:
-    """The mesh's axes slowest first (pp, dp, tp): the row-major order of device arrays."""
-    return [(a["name"], a["size"]) for a in reversed(mesh["axes"])]
-
-
 def stages_of(prog: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{"stage": st["stage"], "first_rank": st["ranks"]["first"], "ranks": st["ranks"]["count"],
              "layers": list(st["layers"]), "blocks": list(st.get("blocks", []))} for st in prog["stages"]]
@@ -92,7 +81,7 @@ def uneven_experts(doc: Mapping[str, Any], backend: str) -> None:
     """InvalidInput when a phase spreads experts over ep unevenly, for a backend whose layouts split evenly."""
     for prog, mesh in phase_programs(doc):
         ex = prog.get("experts")
-        ep = sizes_of(mesh).get("ep", 1)
+        ep = mesh_sizes(mesh).get("ep", 1)
         if ex and ep > 1 and ex["count"] % ep:
             raise InvalidInput(f"the {backend} backend splits arrays evenly, and {prog['phase']} spreads "
                                f"{ex['count']} experts over ep {ep} (ranges of {ex['count'] // ep} and "
@@ -110,7 +99,7 @@ def header(doc: Mapping[str, Any], what: str) -> str:
              f"Prefill and decode {'share every rank (co-located)' if doc['serving']['mode'] == 'co-located' else 'run on their own ranks (disaggregated)'}:"]
     for prog, mesh in phase_programs(doc):
         r = prog["ranks"]
-        axes = " x ".join(f"{a}={n}" for a, n in sizes_of(mesh).items() if n > 1) or "one device"
+        axes = " x ".join(f"{a}={n}" for a, n in mesh_sizes(mesh).items() if n > 1) or "one device"
         lines.append(f"  {prog['phase']} (ranks {r['first']}-{r['first'] + r['count'] - 1}): {axes}, batch "
                      f"{prog['batch_per_replica']} per replica.")
     if est:

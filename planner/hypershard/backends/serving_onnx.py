@@ -19,23 +19,22 @@ from planner.errors import InvalidInput
 from planner.hypershard.backends.onnx import CONFIG, MIN_IR, _annotate, _shapes
 from planner.hypershard.backends.serving_common import phase_programs
 from planner.hypershard.declared import request_of
+from planner.hypershard.serving_doc import serving_graph
 
 
 def _proto_and_graph(doc: Mapping[str, Any], base_dir: str | None) -> tuple[Any, Any, Any]:
     """The model as ONNX, and as the planner profiled it (graph and blocks: the names the layouts use)."""
     import onnx
 
-    from planner.api import _build_zoo, _graph_for_costing
-    from planner.graph.blocks import discover_blocks
-    from planner.inference.serve import profile_seq
+    from planner.api import _build_zoo
 
     req = request_of(doc, base_dir)
-    graph = _graph_for_costing(req.model, profile_seq(req.model), dict(req.dims) or None, dict(req.overrides) or None)
+    graph, structure = serving_graph(req)
     if doc["model"]["source"] == "file":
         proto = onnx.load(req.model, load_external_data=False)
     else:
         proto = _build_zoo(req.model, dict(req.overrides))
-    return proto, graph, discover_blocks(graph)
+    return proto, graph, structure
 
 
 def _view(prog: Mapping[str, Any], mesh: Mapping[str, Any]) -> dict[str, Any]:

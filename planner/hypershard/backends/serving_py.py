@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 from planner.hypershard.backends import hyper_parallel as hp_export, jax as jax_export, torch as torch_export
 from planner.hypershard.backends import serving_common as sc
-from planner.hypershard.backends.common import layouts
+from planner.hypershard.backends.common import layouts, mesh_slow_first
 
 #: ep in the serving mesh is a stage's tp x dp ranks, tp fastest: dp is the major part of an expert index.
 EP_AXES = ("dp", "tp")
@@ -137,7 +137,7 @@ def parallelize(net):
 
 def _data(prog: Mapping[str, Any], mesh: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
     view = {"layouts": prog["layouts"]}
-    return [("MESH", sc.slow_first(mesh), "(axis, size), slowest first: rank = first + (pp x DP + dp) x TP + tp"),
+    return [("MESH", mesh_slow_first(mesh), "(axis, size), slowest first: rank = first + (pp x DP + dp) x TP + tp"),
             ("LAYOUTS", layouts(view), "parameter name or glob -> per-dim mesh axes (None: whole)")] \
         + sc.base_data(prog, mesh)
 
