@@ -117,7 +117,8 @@ def plan_cmd(
     given = [f for f, v in (("--prompt-len", prompt_len), ("--gen-len", gen_len), ("--batch", batch),
                             ("--ttft-ms", ttft_ms), ("--tpot-ms", tpot_ms)) if v is not None]
     if given:
-        raise InvalidInput(f"{', '.join(given)} describe serving; add --mode infer, or drop them to plan training")
+        verb, them = ("describes", "it") if len(given) == 1 else ("describe", "them")
+        raise InvalidInput(f"{', '.join(given)} {verb} serving; add --mode infer, or drop {them} to plan training")
     if global_batch is None or seq_len is None:
         missing = " and ".join(f for f, v in (("--global-batch", global_batch), ("--seq-len", seq_len)) if v is None)
         raise InvalidInput(f"{missing} {'is' if ' and ' not in missing else 'are'} needed to plan training; "
