@@ -94,3 +94,16 @@ def test_a_graph_without_layers_is_refused(tmp_path):
     onnx.save(m, tmp_path / "flat.onnx")
     with pytest.raises(InvalidModel, match="no repeated layers"):
         load_profile(str(tmp_path / "flat.onnx"))
+
+
+@pytest.mark.parametrize("model", ["tests/fixtures/vit.onnx", "tests/fixtures/clip.onnx", "vit-l-16"])
+def test_an_encoder_has_no_decode_phase_to_plan(model):
+    """ViT classifies pixels; CLIP embeds text and images (its position table is indexed, but by positions the
+    graph makes, and no output is over its 64-token vocabulary): neither generates tokens."""
+    with pytest.raises(InvalidModel, match="does not generate text"):
+        load_profile(model, overrides={"layers": 2} if not model.endswith(".onnx") else None)
+
+
+def test_token_generators_pass_the_check_whatever_their_exporter():
+    for fixture in ("gpt2", "llama_gqa", "mixtral_moe", "qwen3_moe_mixed"):
+        assert load_profile(f"tests/fixtures/{fixture}.onnx").layers

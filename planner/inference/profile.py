@@ -102,6 +102,29 @@ class Profile:
         return any(p.experts for p in self.parts)
 
 
+def _generates_tokens(graph: Graph) -> bool:
+    """A token generator looks tokens up in an embedding table (a Gather of a weight by integer ids) and ends in
+    logits over that table's vocabulary: an encoder (ViT, CLIP) has no such output and nothing to decode."""
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    inputs = set(graph.inputs)
+
+    def from_input(x: str) -> bool:  # ids fed by the caller (through reshapes), not positions made in the graph
+        while x not in inputs:
+            n = producer.get(x)
+            if n is None or n.op_type not in _RESHAPES or not n.inputs:
+                return False
+            x = n.inputs[0]
+        return True
+
+    vocab = {graph.tensors[n.inputs[0]].shape[0] for n in graph.nodes
+             if n.op_type == "Gather" and len(n.inputs) > 1 and n.inputs[0] in graph.params
+             and graph.tensors[n.inputs[1]].dtype.startswith(("int", "uint")) and from_input(n.inputs[1])}
+    return any((graph.tensors[o].shape or (None,))[-1] in vocab for o in graph.outputs if o in graph.tensors)
+
+
+_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast", "Identity", "Expand", "View"})
+
+
 def serving_profile(graph: Graph, structure: Structure) -> Profile:
     """Profile every block of the graph; raises InvalidModel if it has no layers to serve.
 
@@ -113,6 +136,10 @@ def serving_profile(graph: Graph, structure: Structure) -> Profile:
     if not layers:
         raise InvalidModel(f"'{graph.name}' has no repeated layers (blocks like model.layers.N); inference planning "
                            "needs a decoder stack to cost prefill and decode")
+    if not _generates_tokens(graph):
+        raise InvalidModel(f"'{graph.name}' reads no token ids through an embedding table into logits over that "
+                           "vocabulary, so it does not generate text and has no decode phase; --mode infer plans "
+                           "language models (plan this one's training with --mode train)")
     index = index_graph(graph)
     work = node_work(graph)
     acts = fused_act_bytes(graph, work.act_bytes, work.matrix, set())
