@@ -169,3 +169,17 @@ def test_precision_and_offload_errors_are_one_sentence():
     with pytest.raises(InvalidInput, match="no memory tier"):
         decode(prof, hw, Layout(dp=8), kv_offload=0.5)
     assert math.isfinite(decode(prof, hw, Layout(dp=8)).pass_s)
+
+
+def test_prefill_and_decode_groups_end_anywhere_on_a_flat_fabric_but_on_node_boundaries_elsewhere():
+    """CloudMatrix384's UB fabric is as fast between nodes as inside one, so 16 NPUs may split 12 + 4; a DGX's
+    InfiniBand is not, so its groups stay whole 8-GPU nodes (planner/search/program_groups.py)."""
+    from planner.api import plan_inference
+
+    kw = dict(prompt_len=2048, gen_len=256, ttft_ms=1000, tpot_ms=40, overrides={"layers": 8})
+    cm = plan_inference("llama3-70b", cluster="cloudmatrix384", devices=16, **kw)
+    dgx = plan_inference("llama3-70b", cluster="dgx-h100", devices=32, **kw)
+    assert cm["serving"] == "disaggregated" and cm["prefill"]["devices"] % 8 != 0
+    assert cm["prefill"]["devices"] + cm["decode"]["devices"] == 16
+    assert dgx["serving"] == "disaggregated"
+    assert dgx["prefill"]["devices"] % 8 == 0 and dgx["decode"]["devices"] % 8 == 0

@@ -33,6 +33,7 @@ from planner.hypershard.serving_layouts import serving_param_layouts
 from planner.inference.phase_cost import Layout, stages
 from planner.inference.plan import kv_layout
 from planner.inference.profile import Profile
+from planner.search.program_groups import group_cluster
 from planner.stage_costs import DTYPE_WIDTH, even_split
 
 PHASES = ("prefill", "decode")
@@ -143,7 +144,7 @@ def build_serving_document(plan: Mapping[str, Any], graph: Graph, structure: Str
         lay = layout_of(p["strategy"])
         mesh = "serving" if colocated else phase
         if not colocated or phase == PHASES[0]:
-            doc["meshes"].append(serving_mesh(mesh, lay, profile.is_moe, hw.scaled(lay.devices)))
+            doc["meshes"].append(serving_mesh(mesh, lay, profile.is_moe, group_cluster(hw, lay.devices)))
         offload = p["kv_offload"]["fraction"] if phase == "decode" else 0.0
         prog: dict[str, Any] = {
             "name": phase,

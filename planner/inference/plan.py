@@ -16,15 +16,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cost_models import Cluster
-from cost_models.errors import SpecError
 
 from planner.errors import Infeasible
 from planner.inference.phase_cost import StepModel
 from planner.inference.profile import Profile
 from planner.inference.search import PhasePlan, Serving, best_phase, layouts, phase_plan
+from planner.search.program_groups import group_sizes
 
 GIB = 2.0**30
-MAX_SPLITS = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +66,7 @@ def plan_serving(profile: Profile, cluster: Cluster, serving: Serving,
 
 def _best_split(cluster: Cluster, serving: Serving, phase, n: int) -> ServingPlan | None:
     best = None
-    for k in _split_sizes(cluster, n):
+    for k in group_sizes(cluster.scaled(n)):  # HyperMPMD's group sizes: fabric-whole, at most ~32 of them
         pre, dec = phase("prefill", k), phase("decode", n - k)
         if pre is None or dec is None:
             continue
@@ -90,22 +89,6 @@ def co_located(pre: PhasePlan, dec: PhasePlan, serving: Serving, n: int) -> Serv
     t_dec = serving.gen_len / (dec.tokens_per_s_per_device * n)
     t_pre = serving.prompt_len / (pre.tokens_per_s_per_device * n)
     return ServingPlan("co-located", pre, dec, 1.0 / (t_pre + t_dec), n, decode_share=t_dec / (t_dec + t_pre))
-
-
-def _split_sizes(cluster: Cluster, n: int) -> list[int]:
-    """Prefill group sizes to try: counts the hierarchy takes for both groups, at most MAX_SPLITS of them."""
-    ok = []
-    for k in range(1, n):
-        try:
-            cluster.scaled(k)
-            cluster.scaled(n - k)
-        except SpecError:
-            continue
-        ok.append(k)
-    if len(ok) <= MAX_SPLITS:
-        return ok
-    picks = {ok[round(i * (len(ok) - 1) / (MAX_SPLITS - 1))] for i in range(MAX_SPLITS)}
-    return sorted(picks)
 
 
 def _co_located(profile: Profile, cluster: Cluster, serving: Serving, n: int) -> ServingPlan | None:

@@ -21,6 +21,7 @@ from planner.inference.phase_cost import Layout, Phase, StepModel
 from planner.inference.plan import ServingPlan, co_located, disaggregated
 from planner.inference.profile import Profile
 from planner.inference.search import PhasePlan, Serving, phase_plan
+from planner.search.program_groups import group_cluster
 
 ServingMode = Literal["disaggregated", "co-located"]
 
@@ -53,7 +54,7 @@ def score_phase(profile: Profile, cluster: Cluster, serving: Serving, phase: Pha
     if lay.pp > len(profile.layers):
         raise InvalidInput(f"{profile.name} has {len(profile.layers)} layers, too few for the {phase} layout's "
                            f"{lay.pp} pipeline stages")
-    model = StepModel(profile, cluster.scaled(lay.devices), lay, serving.precision)
+    model = StepModel(profile, group_cluster(cluster, lay.devices), lay, serving.precision)
     return phase_plan(model, serving, phase, choice.batch, choice.kv_offload)
 
 

@@ -22,6 +22,7 @@ from cost_models import Cluster
 from planner.errors import InvalidInput
 from planner.inference.phase_cost import Layout, Phase, Precision, Step, StepModel, tokens_per_s_per_device
 from planner.inference.profile import Profile
+from planner.search.program_groups import group_cluster
 
 #: Fractions of the KV cache the search may keep in the pooled/host tier.
 OFFLOAD_FRACTIONS = (0.5, 0.75, 0.9)
@@ -93,7 +94,7 @@ def layouts(profile: Profile, cluster: Cluster, n: int) -> list[Layout]:
 def best_phase(profile: Profile, cluster: Cluster, serving: Serving, phase: Phase, n: int,
                only: Layout | None = None) -> PhasePlan | None:
     """The layout and batch of highest throughput per device on `n` devices (None if nothing fits)."""
-    hw = cluster.scaled(n)
+    hw = group_cluster(cluster, n)
     best: PhasePlan | None = None
     offloads = (0.0,) + (OFFLOAD_FRACTIONS if phase == "decode" and serving.offload and hw.memory_tiers else ())
     for lay in [only] if only else layouts(profile, hw, n):
@@ -167,7 +168,7 @@ def phase_plan(model: StepModel, serving: Serving, phase: Phase, batch: int, kv_
 def max_context(profile: Profile, cluster: Cluster, serving: Serving, lay: Layout, batch: int,
                 kv_offload: float = 0.0) -> int:
     """Longest context (prompt + generated) whose decode fits in memory at `batch` sequences per replica."""
-    model = StepModel(profile, cluster.scaled(lay.devices), lay, serving.precision)
+    model = StepModel(profile, group_cluster(cluster, lay.devices), lay, serving.precision)
 
     def fits(ctx: int) -> bool:
         return model.fits(model.memory(phase="decode", batch=batch, q=1, context=ctx, kv_offload=kv_offload))
