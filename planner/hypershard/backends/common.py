@@ -167,6 +167,17 @@ def stage_data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
             ("STAGE_RANKS", prog.get("stage_groups", []), "each stage's first rank, rank count and tp")]
 
 
+#: Source of the declared-axis -> mesh-axis mapping that layout code embeds (`_RENAME` is the file's own table).
+ALIAS_SRC = '''
+def _alias(spec):
+    if spec is None:
+        return "None"
+    names = (spec,) if isinstance(spec, str) else tuple(spec)
+    axes = tuple(m for a in names for m in _RENAME.get(a, (a,)))
+    return axes[0] if len(axes) == 1 else axes
+'''
+
+
 #: Source of the pairing of ranks across pipeline stages of different widths, embedded in generated files.
 PEERS_SRC = '''
 def stage_peers(rank, other):

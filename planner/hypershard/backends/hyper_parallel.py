@@ -42,14 +42,7 @@ def build_mesh(device_type="npu"):
     return DeviceMesh(device_type, ranks.reshape(tuple(n for _, n in MESH)), mesh_dim_names=tuple(a for a, _ in MESH))
 '''
 
-_BODY = r'''
-def _alias(spec):
-    if spec is None:
-        return "None"
-    names = (spec,) if isinstance(spec, str) else tuple(spec)
-    axes = tuple(m for a in names for m in _RENAME.get(a, (a,)))
-    return axes[0] if len(axes) == 1 else axes
-
+_BODY = common.ALIAS_SRC + r'''
 
 def sharding_plan(model):
     """The ShardingPlan: every parameter's declared layout as alias tuples, inputs split as declared."""

@@ -26,14 +26,7 @@ from planner.hypershard.backends.jax import _mesh
 
 SUFFIX = ".py"
 
-_BODY = r'''
-def _alias(spec):
-    if spec is None:
-        return "None"
-    names = (spec,) if isinstance(spec, str) else tuple(spec)
-    axes = tuple(m for a in names for m in _RENAME.get(a, (a,)))
-    return axes[0] if len(axes) == 1 else axes
-
+_BODY = common.ALIAS_SRC + r'''
 
 def layout(dims):
     """The Layout of one tensor from its declared per-dim axes."""
