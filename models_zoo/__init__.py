@@ -60,6 +60,8 @@ class PresetInfo:
     published_active: float
     tolerance: float
     note: str
+    active_basis: str  # how the source counts active parameters: "all", or "no_input_embedding"
+    active_compared: int  # our active count on the source's basis (what `published_active` is checked against)
 
 
 def presets() -> list[PresetInfo]:
@@ -67,9 +69,10 @@ def presets() -> list[PresetInfo]:
     rows = []
     for p in PRESETS:
         total, active = _FAMILIES[p.family][1](p.config)
+        compared = active - (_input_embedding(p.config) if p.active_basis == "no_input_embedding" else 0)
         rows.append(PresetInfo(
             p.name, p.family, total, active, _layers(p.config), p.source,
-            p.published_params, p.published_active, p.tolerance, p.note,
+            p.published_params, p.published_active, p.tolerance, p.note, p.active_basis, compared,
         ))
     return rows
 
@@ -122,6 +125,12 @@ def _preset(name: str) -> Preset:
 
 def _layers(cfg: Any) -> int:
     return cfg.text.layers if isinstance(cfg, MultimodalConfig) else cfg.layers
+
+
+def _input_embedding(cfg: Any) -> int:
+    """Parameters of the token-embedding table (the LLM's, for a multimodal model)."""
+    text = cfg.text if isinstance(cfg, MultimodalConfig) else cfg
+    return text.vocab * text.hidden
 
 
 def _apply(preset: Preset, overrides: dict[str, Any]) -> Any:

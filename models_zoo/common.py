@@ -42,13 +42,36 @@ def check_divides(part: int, whole: int, part_name: str, whole_name: str) -> Non
     )
 
 
+#: Field metadata of an architecture switch added after the first presets: `config_json` writes it only
+#: when it differs from its default, so a preset built before the switch existed keeps its exact bytes.
+SWITCH = {"omit_at_default": True}
+
+
+def switch(default: Any) -> Any:
+    """A config field that `config_json` leaves out while it holds `default` (see `SWITCH`)."""
+    return dataclasses.field(default=default, metadata=SWITCH)
+
+
+def _plain(obj: Any) -> Any:
+    """dataclasses.asdict, without the switches that hold their defaults."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {
+            f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+            if not (f.metadata.get("omit_at_default") and getattr(obj, f.name) == f.default)
+        }
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
 def config_json(cfg: object) -> str:
     """The config as canonical JSON (sorted keys), stored in the model's metadata.
 
     A composite config (multimodal: ``text``, ``vision``...) also gets the
     run settings ``batch``/``seq_len`` at the top, where readers look first.
+    Switches at their defaults are left out (`SWITCH`).
     """
-    data = dataclasses.asdict(cfg)
+    data = _plain(cfg)
     text = data.get("text")
     if isinstance(text, dict):
         data.setdefault("batch", text["batch"])

@@ -42,6 +42,14 @@ def layer_norm(b: GraphBuilder, x: str, dim: int, name: str, eps: float = 1e-5, 
         return b.op("LayerNormalization", ins, axis=-1, epsilon=eps)
 
 
+def layer_norm_1p(b: GraphBuilder, x: str, dim: int, name: str, eps: float = 1e-5) -> str:
+    """LayerNorm with zero-centred gamma: the weight is stored as w - 1 (Megatron's ``layernorm_zero_centered_gamma``,
+    HF ``NemotronLayerNorm1P``: ``layer_norm(x, weight + 1, bias)``)."""
+    with b.scope(name):
+        w = b.op("Add", [b.param("weight", [dim]), b.fconst(1.0)])
+        return b.op("LayerNormalization", [x, w, b.param("bias", [dim])], axis=-1, epsilon=eps)
+
+
 def rms_norm(b: GraphBuilder, x: str, dim: int, name: str, eps: float = 1e-6) -> str:
     """RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * w, as HF's LlamaRMSNorm."""
     with b.scope(name):
@@ -138,12 +146,29 @@ def apply_rope(b: GraphBuilder, x: str, cos: str, sin: str, dim: int) -> str:
     return b.op("Add", [b.op("Mul", [x, cos]), b.op("Mul", [rotated, sin])])
 
 
+def apply_partial_rope(b: GraphBuilder, x: str, cos: str, sin: str, dim: int, rot: int) -> str:
+    """RoPE on the first `rot` of `dim` channels, the rest passed through (GPT-NeoX ``rotary_pct``; HF Nemotron's
+    ``partial_rotary_factor``); the whole head when rot == dim."""
+    if rot == dim:
+        return apply_rope(b, x, cos, sin, dim)
+    head = b.op("Slice", [x, b.const([0]), b.const([rot]), b.const([-1])])
+    rest = b.op("Slice", [x, b.const([rot]), b.const([dim]), b.const([-1])])
+    return b.op("Concat", [apply_rope(b, head, cos, sin, rot), rest], axis=-1)
+
+
 def gated_mlp(b: GraphBuilder, x: str, hidden: int, ffn: int, name: str) -> str:
     """SwiGLU MLP (Shazeer 2020): down(silu(gate(x)) * up(x)), HF ``LlamaMLP`` names."""
     with b.scope(name):
         g = linear(b, x, hidden, ffn, "gate_proj")
         u = linear(b, x, hidden, ffn, "up_proj")
         return linear(b, b.op("Mul", [silu(b, g), u]), ffn, hidden, "down_proj")
+
+
+def relu2_mlp(b: GraphBuilder, x: str, hidden: int, ffn: int, name: str) -> str:
+    """Non-gated squared-ReLU MLP (So et al. 2021, Primer): down(relu(up(x))^2), HF ``NemotronMLP`` names."""
+    with b.scope(name):
+        u = b.op("Relu", [linear(b, x, hidden, ffn, "up_proj")])
+        return linear(b, b.op("Mul", [u, u]), ffn, hidden, "down_proj")
 
 
 def gated_mlp_params(hidden: int, ffn: int) -> int:

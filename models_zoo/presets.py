@@ -8,7 +8,9 @@ source's rounding is coarser: gpt3-1.3b, deepseek-v3, each with a note).
 
 "Active" parameters are those used per token: everything except the
 (E - k) idle routed experts of each MoE layer. Embedding tables count (as
-Mistral and Qwen count them).
+Mistral and Qwen count them); a source that leaves the input embedding out
+of its active figure (OpenAI's gpt-oss, Moonshot's Kimi K2: a lookup does
+no arithmetic) is compared on its own basis, ``active_basis``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Preset:
     published_active: float
     tolerance: float = 0.01  # relative; wider only where the source rounds coarser (see note)
     note: str = ""
+    active_basis: str = "all"  # or "no_input_embedding": the source's active figure leaves the input table out
 
 
 def _gpt(
@@ -50,10 +53,18 @@ def _llama(name: str, src: str, published: float, **kw: object) -> Preset:
 _LLAMA2 = dict(vocab=32000, seq_len=4096, norm_eps=1e-5, rope_theta=10000.0)
 _LLAMA3 = dict(vocab=128256, seq_len=8192, norm_eps=1e-5, rope_theta=500000.0)
 
-_QWEN3_30B_A3B = LlamaConfig(
-    hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=768, experts=128, top_k=8,
-    vocab=151936, qk_norm=True, rope_theta=1000000.0, norm_eps=1e-6, seq_len=4096,
-)
+#: Qwen3 (Qwen Team 2025, arXiv 2505.09388): 151936-token vocabulary, QK-norm, RoPE base 1e6, RMSNorm eps 1e-6;
+#: 4,096-token sequences in pre-training stages S1 and S2 (section 3.2).
+_QWEN3 = dict(vocab=151936, head_dim=128, qk_norm=True, rope_theta=1000000.0, norm_eps=1e-6, seq_len=4096)
+
+_QWEN3_30B_A3B = LlamaConfig(hidden=2048, layers=48, heads=32, kv_heads=4, ffn=768, experts=128, top_k=8, **_QWEN3)
+
+#: Nemotron-4 (NVIDIA NeMo nemo/collections/llm/gpt/model/nemotron.py, NemotronConfig): LayerNorm with
+#: zero-centred gamma and bias (layernorm1p), squared-ReLU MLP, RoPE on half of each head (rotary_percent 0.5), no
+#: linear biases, untied embeddings, 4,096-token sequences; Megatron-Core defaults layernorm_epsilon 1e-5, rotary_base
+#: 10000; 256,000-token vocabulary (Parmar et al. 2024, Nemotron-4 15B, section 2).
+_NEMOTRON4 = dict(vocab=256000, seq_len=4096, mlp="relu2", norm="layernorm1p", rotary_fraction=0.5,
+                  norm_eps=1e-5, rope_theta=10000.0)
 
 PRESETS: tuple[Preset, ...] = (
     _gpt("gpt", 768, 12, 12, 125e6, note="generic GPT-3-style model; defaults are GPT-3 Small"),
@@ -77,6 +88,28 @@ PRESETS: tuple[Preset, ...] = (
     _llama("llama3-405b",
            "Llama Team 2024 (The Llama 3 Herd of Models) Table 3; HF meta-llama/Llama-3.1-405B config.json",
            405e9, hidden=16384, layers=126, heads=128, kv_heads=8, ffn=53248, **_LLAMA3),
+    _llama("qwen3-8b", "HF Qwen/Qwen3-8B config.json (36 layers, hidden 4096, 32 heads, 8 KV heads, head_dim 128, "
+           "intermediate 12288, untied); model card: 8.2B, 6.95B non-embedding", 8.2e9,
+           hidden=4096, layers=36, heads=32, kv_heads=8, ffn=12288, **_QWEN3),
+    _llama("qwen3-32b", "HF Qwen/Qwen3-32B config.json (64 layers, hidden 5120, 64 heads, 8 KV heads, head_dim 128, "
+           "intermediate 25600, untied); model card: 32.8B, 31.2B non-embedding", 32.8e9,
+           hidden=5120, layers=64, heads=64, kv_heads=8, ffn=25600, **_QWEN3),
+    Preset("qwen3-30b-a3b", "llama", _QWEN3_30B_A3B,
+           "HF Qwen/Qwen3-30B-A3B config.json (48 layers, hidden 2048, 32 heads, 4 KV heads, head_dim 128, 128 experts, "
+           "8 per token, moe_intermediate 768); model card: 30.5B total, 3.3B activated", 30.5e9, 3.3e9,
+           tolerance=0.02, note="our active count is 3.353B: the card's '3.3B' truncates it (1.6%)"),
+    Preset("qwen3-235b-a22b", "llama",
+           LlamaConfig(hidden=4096, layers=94, heads=64, kv_heads=4, ffn=1536, experts=128, top_k=8, **_QWEN3),
+           "HF Qwen/Qwen3-235B-A22B config.json (94 layers, hidden 4096, 64 heads, 4 KV heads, head_dim 128, 128 "
+           "experts, 8 per token, moe_intermediate 1536), as MindSpeed-RL configs/model/qwen3_235b_a22b.yaml repeats "
+           "it; model card: 235B total, 22B activated", 235e9, 22e9),
+    _llama("nemotron4-15b", "NeMo Nemotron4Config15B (32 layers, hidden 6144, ffn 24576, 48 heads, 8 query groups); "
+           "Parmar et al. 2024 (Nemotron-4 15B Technical Report, arXiv 2402.16819): 3.2B embedding + 12.5B "
+           "non-embedding parameters", 15.7e9, hidden=6144, layers=32, heads=48, kv_heads=8, ffn=24576, **_NEMOTRON4),
+    _llama("nemotron4-340b", "NeMo Nemotron4Config340B (96 layers, hidden 18432, ffn 73728, 96 heads, 8 query groups); "
+           "NVIDIA 2024 (Nemotron-4 340B Technical Report, arXiv 2406.11704) Table 1 and section 2.1: 9.4B embedding + "
+           "331.6B non-embedding parameters", 341e9,
+           hidden=18432, layers=96, heads=96, kv_heads=8, ffn=73728, **_NEMOTRON4),
     Preset("mixtral-8x7b", "mixtral",
            LlamaConfig(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, experts=8, top_k=2, vocab=32000,
                        seq_len=32768, rope_theta=1e6, norm_eps=1e-5),
@@ -95,6 +128,17 @@ PRESETS: tuple[Preset, ...] = (
            "4K pre-training context; HF deepseek-ai/DeepSeek-V3 config.json", 671e9, 37e9, tolerance=0.02,
            note="MTP module excluded (+14B: the HF checkpoint's 685B); our active count 37.55B includes both 0.93B "
            "embedding tables (36.6B without the input one): '37B' is rounded"),
+    Preset("kimi-k2", "deepseek",
+           DeepseekConfig(hidden=7168, layers=61, dense_layers=1, heads=64, q_lora_rank=1536, kv_lora_rank=512,
+                          qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128, ffn=18432, expert_ffn=2048, experts=384,
+                          top_k=8, shared_experts=1, vocab=163840, seq_len=4096, rope_theta=50000.0),
+           "Megatron-Bridge KimiK2Provider (src/megatron/bridge/models/kimi/kimi_provider.py: 61 layers, 1 dense, "
+           "hidden 7168, ffn 18432, 384 experts of 2048, 1 shared, top-8, 64 heads, q_lora 1536, kv_lora 512, "
+           "qk 128 + 64 rope, v 128, vocab 163840, rotary_base 50000, seq 4096), as HF moonshotai/Kimi-K2-Instruct "
+           "config.json (DeepseekV3ForCausalLM); Kimi Team 2025 (arXiv 2507.20534): 1.04T total; model card: 32B "
+           "activated", 1.04e12, 32e9, tolerance=0.015, active_basis="no_input_embedding",
+           note="the released config gives 1.026T, 1.3% under the report's 1.04T (the model card rounds to 1T); "
+           "activated 31.69B without the input embedding (32.86B with it) against the card's '32B'"),
     Preset("vit-l-16", "vit",
            VisionConfig(hidden=1024, layers=24, heads=16, ffn=4096, image_size=224, patch_size=16),
            "Dosovitskiy et al. 2021 (ViT) Table 1: ViT-Large, 307M; patch 16, 224 px, 1000-class head", 307e6, 307e6),

@@ -22,6 +22,10 @@ SMALL = {
     "llava-style-7b": dict(layers=3, vision_layers=3),
     "internvl2-76b": dict(layers=3, vision_layers=3),
     "omni-moe-30b-a3b": dict(layers=3, vision_layers=3, deepstack=(0, 2), audio_layers=2),
+    "qwen3-8b": dict(layers=3),
+    "qwen3-30b-a3b": dict(layers=3, seq_len=256),
+    "nemotron4-15b": dict(layers=3),
+    "kimi-k2": dict(layers=3, seq_len=256),  # 1 dense layer, then 2 MoE layers
 }
 
 

@@ -48,7 +48,14 @@ def test_counts_match_graph_and_published_figures(built, info):
     assert meta["hyperplan.family"] == info.family and meta["hyperplan.preset"] == info.name
     assert info.tolerance <= 0.02 and info.source
     assert abs(info.params / info.published_params - 1) <= info.tolerance, info.note
-    assert abs(info.active_params / info.published_active - 1) <= info.tolerance, info.note
+    assert abs(info.active_compared / info.published_active - 1) <= info.tolerance, info.note
+    assert info.active_basis in ("all", "no_input_embedding")
+    if info.active_basis == "all":
+        assert info.active_compared == info.active_params
+    else:  # the source leaves the input embedding table out of its active figure
+        cfg = models_zoo.config(info.name)
+        assert info.active_compared == info.active_params - cfg.vocab * cfg.hidden
+        assert meta["hyperplan.active_params"] == str(info.active_params)  # the graph still states ours
     assert info.active_params <= info.params
 
 
@@ -124,6 +131,25 @@ def test_parameter_names_are_hf_module_paths(built):
     gpt = {t.name: list(t.dims) for t in built["gpt3-175b"].graph.initializer}
     assert gpt["transformer.h.95.attn.c_attn.weight"] == [12288, 3 * 12288]
     assert "lm_head.weight" not in gpt  # tied to transformer.wte.weight
+
+
+def test_new_architecture_switches_name_parameters_as_transformers_does(built):
+    qwen = {t.name: list(t.dims) for t in built["qwen3-32b"].graph.initializer}
+    assert qwen["model.layers.63.self_attn.q_proj.weight"] == [8192, 5120]
+    assert qwen["model.layers.0.self_attn.q_norm.weight"] == [128] and "lm_head.weight" in qwen
+    nemo = {t.name: list(t.dims) for t in built["nemotron4-340b"].graph.initializer}
+    assert nemo["model.layers.95.mlp.up_proj.weight"] == [73728, 18432]
+    assert nemo["model.layers.0.self_attn.k_proj.weight"] == [1536, 18432]  # 8 KV heads of 192
+    assert nemo["model.layers.0.input_layernorm.bias"] == [18432] and nemo["model.norm.bias"] == [18432]
+    assert not any(".gate_proj." in n for n in nemo)  # non-gated MLP
+    kimi = {t.name: list(t.dims) for t in built["kimi-k2"].graph.initializer}
+    assert kimi["model.layers.0.mlp.gate_proj.weight"] == [18432, 7168]  # the one dense layer
+    assert kimi["model.layers.1.mlp.experts.gate_up_proj"] == [384, 4096, 7168]
+    assert kimi["model.layers.1.self_attn.q_b_proj.weight"] == [64 * 192, 1536]
+    assert kimi["model.embed_tokens.weight"] == [163840, 7168]
+    rows = {p.name: p for p in PRESETS}
+    assert rows["kimi-k2"].active_params < 0.035 * rows["kimi-k2"].params
+    assert rows["qwen3-8b"].active_params == rows["qwen3-8b"].params
 
 
 def test_moe_expert_matmuls_cost_active_flops():

@@ -141,3 +141,76 @@ def test_llava_tower_projector_and_backbone_match_transformers():
     assert all(theirs[k] == v for k, v in ours.items())
     unused = {k for k in theirs if ".encoder.layers.2." in k or "post_layernorm" in k}  # penultimate-layer features
     assert set(theirs) - set(ours) == unused
+
+
+def _logits(zoo: onnx.ModelProto, hf, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(ours, transformers') logits on the same random ids, our graph holding the HF model's weights."""
+    ids = np.random.default_rng(seed).integers(0, 128, (2, 10), dtype=np.int64)
+    with torch.no_grad():
+        expected = hf(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
+    return run(with_hf_weights(zoo, hf), {"input_ids": ids}), expected
+
+
+def test_qwen3_dense_names_shapes_and_logits_match_transformers():
+    hf = _llama_hf("Qwen3ForCausalLM", head_dim=16)
+    zoo = models_zoo.build("qwen3-8b", **dict(LLAMA, head_dim=16), **_RUN)
+    assert zoo_params(zoo) == hf_params(hf)
+    assert [f.name for f in zoo.functions] == ["Qwen3DecoderLayer"]
+    np.testing.assert_allclose(*_logits(zoo, hf), rtol=1e-4, atol=1e-4)
+
+
+def test_nemotron_names_shapes_and_logits_match_transformers():
+    """Squared-ReLU MLP, LayerNorm1P (weight + 1, with bias) and RoPE on half of each head, as NemotronForCausalLM."""
+    cfg = transformers.NemotronConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, norm_eps=1e-5, partial_rotary_factor=0.5,
+        tie_word_embeddings=False, attn_implementation="eager",
+    )
+    hf = _hf(transformers.NemotronForCausalLM, cfg)
+    with torch.no_grad():  # norms start at weight 0 (= gain 1), bias 0: perturb them so both are exercised
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    zoo = models_zoo.build("nemotron4-15b", **LLAMA, **_RUN)
+    assert zoo_params(zoo) == hf_params(hf)
+    assert "model.layers.1.input_layernorm.bias" in zoo_params(zoo) and "model.norm.bias" in zoo_params(zoo)
+    np.testing.assert_allclose(*_logits(zoo, hf), rtol=1e-4, atol=1e-4)
+
+
+_SMALL_MOE = dict(moe_intermediate_size=96, num_experts=8, num_experts_per_tok=2, head_dim=16)
+_SMALL_MLA = dict(
+    vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=3,
+    first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+    num_experts_per_tok=2, n_shared_experts=1, q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8,
+    qk_nope_head_dim=16, v_head_dim=16, n_group=1, topk_group=1, tie_word_embeddings=False,
+)
+_ZOO_MLA = dict(layers=3, dense_layers=1, hidden=64, heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_dim=16,
+                qk_rope_dim=8, v_head_dim=16, ffn=96, expert_ffn=16, experts=8, top_k=2, vocab=128)
+
+
+@pytest.mark.parametrize(
+    ("name", "hf_class", "hf_settings", "zoo_settings"),
+    [
+        ("qwen3-32b", "Qwen3ForCausalLM", dict(head_dim=16), dict(LLAMA, head_dim=16)),
+        ("qwen3-30b-a3b", "Qwen3MoeForCausalLM", _SMALL_MOE, dict(LLAMA, ffn=96, experts=8, top_k=2, head_dim=16)),
+        ("qwen3-235b-a22b", "Qwen3MoeForCausalLM", _SMALL_MOE, dict(LLAMA, ffn=96, experts=8, top_k=2, head_dim=16)),
+        ("nemotron4-340b", "NemotronForCausalLM", dict(partial_rotary_factor=0.5), LLAMA),
+        ("kimi-k2", "DeepseekV3ForCausalLM", _SMALL_MLA, _ZOO_MLA),
+    ],
+)
+def test_counts_names_and_shapes_match_transformers_on_meta(name, hf_class, hf_settings, zoo_settings):
+    """Our formula's count is sum(p.numel()) of transformers' model of the same (small) config, built on meta."""
+    cls = getattr(transformers, hf_class)
+    if hf_class == "DeepseekV3ForCausalLM":
+        cfg = transformers.DeepseekV3Config(**hf_settings)
+    else:
+        base = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, tie_word_embeddings=False)
+        cfg = getattr(transformers, hf_class.replace("ForCausalLM", "Config"))(**(base | hf_settings))
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = cls(cfg)
+    total, active = models_zoo.param_counts(name, **zoo_settings)
+    assert total == sum(p.numel() for p in hf.parameters())
+    assert zoo_params(models_zoo.build(name, **zoo_settings, **_RUN)) == hf_params(hf)
+    assert active <= total
