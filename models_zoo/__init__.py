@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from onnx import ModelProto
 
-from models_zoo import deepseek, gpt, llama, multimodal, vision
+from models_zoo import deepseek, gpt, gpt_oss, llama, multimodal, vision
 from models_zoo.common import require, with_overrides
 from models_zoo.graph_builder import WEIGHTLESS_LOCATION, materialize
 from models_zoo.layer_functions import inlined_node_count
@@ -41,6 +41,7 @@ _FAMILIES: dict[str, tuple[Callable[..., ModelProto], Callable[[Any], tuple[int,
     "llama": (llama.build, llama.param_counts),
     "mixtral": (llama.build, llama.param_counts),
     "deepseek": (deepseek.build, deepseek.param_counts),
+    "gpt-oss": (gpt_oss.build, gpt_oss.param_counts),
     "vit": (vision.build, vision.param_counts),
     "multimodal": (multimodal.build, multimodal.param_counts),
 }

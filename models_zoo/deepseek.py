@@ -23,20 +23,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from onnx import ModelProto, TensorProto
+from onnx import ModelProto
 
-from models_zoo.common import check_dtype, check_positive, finish, require
+from models_zoo.common import check_dtype, check_positive, require
+from models_zoo.decoder_lm import build_decoder_lm
 from models_zoo.graph_builder import GraphBuilder
 from models_zoo.layer_functions import call_layer
 from models_zoo.layers import (
     apply_rope,
-    causal_mask,
     gated_mlp,
     linear,
     merge_heads,
     reshape,
     rms_norm,
-    rope_tables,
     sdpa,
     split_heads,
 )
@@ -172,15 +171,8 @@ def decoder_layer(b: GraphBuilder, cfg: DeepseekConfig, h: str, cos: str, sin: s
 def build(cfg: DeepseekConfig, family: str = "deepseek", preset: str = "", flat: bool = False) -> ModelProto:
     """``input_ids`` [B, S] int64 -> ``logits`` [B, S, V]; layers as functions unless `flat`."""
     cfg.validate()
-    b = GraphBuilder(preset or family, cfg.dtype, flat=flat)
-    B, S, H = cfg.batch, cfg.seq_len, cfg.hidden
-    ids = b.input("input_ids", TensorProto.INT64, [B, S])
-    with b.scope("model"):
-        with b.scope("embed_tokens"):
-            h = b.op("Gather", [b.param("weight", [cfg.vocab, H]), ids], axis=0)
-        with b.scope("rotary_emb"):
-            cos, sin = rope_tables(b, S, cfg.qk_rope_dim, cfg.rope_theta)
-        mask = causal_mask(b, S)
+
+    def stack(b: GraphBuilder, h: str, cos: str, sin: str, mask: str) -> str:
         for i in range(cfg.layers):
             moe = i >= cfg.dense_layers
             h = call_layer(
@@ -188,8 +180,6 @@ def build(cfg: DeepseekConfig, family: str = "deepseek", preset: str = "", flat:
                 lambda lb, x, c, s, m, moe=moe: decoder_layer(lb, cfg, x, c, s, m, moe),
                 {"hidden_states": h, "cos": cos, "sin": sin, "attention_mask": mask},
             )
-        h = rms_norm(b, h, H, "norm", cfg.norm_eps)
-    logits = linear(b, h, H, cfg.vocab, "lm_head")
-    b.output(logits, "logits", b.elem, [B, S, cfg.vocab])
-    total, active = param_counts(cfg)
-    return finish(b, family, preset, cfg, total, active)
+        return h
+
+    return build_decoder_lm(cfg, family, preset, flat, cfg.qk_rope_dim, stack, param_counts(cfg))

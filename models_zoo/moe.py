@@ -29,6 +29,8 @@ small MLP per expert (large graphs: ~10 nodes per expert per layer).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from onnx import TensorProto
 
 from models_zoo.graph_builder import GraphBuilder
@@ -55,14 +57,40 @@ def routed_experts(
     layout: str = "fused",
 ) -> str:
     """Router + experts + combine on x [T, H], in the current (``mlp``) scope; returns [T, H]."""
-    pairs = tokens * top_k
-    cap = capacity(tokens, experts, top_k)
-    padded = experts * cap
     logits = b.op("Cast", [linear(b, x, hidden, experts, "gate")], to=TensorProto.FLOAT)
     probs = b.op("Softmax", [logits], axis=-1) if score == "softmax" else b.op("Sigmoid", [logits])
     weights, idx = b.op("TopK", [probs, b.const([top_k])], n_out=2, axis=-1)
     if norm_topk:
         weights = b.op("Div", [weights, b.op("ReduceSum", [weights, b.const([-1])], keepdims=1)])
+
+    def body(eb: GraphBuilder, xs: str, cap: int) -> str:
+        if layout == "fused":
+            return _fused_experts(eb, xs, hidden, ffn, experts, cap)
+        return _per_expert(eb, xs, hidden, ffn, experts, cap)
+
+    return dispatch_combine(b, x, weights, idx, tokens, hidden, experts, top_k, body)
+
+
+def dispatch_combine(
+    b: GraphBuilder,
+    x: str,
+    weights: str,
+    idx: str,
+    tokens: int,
+    hidden: int,
+    experts: int,
+    top_k: int,
+    body: Callable[[GraphBuilder, str, int], str],
+) -> str:
+    """Sort the (token, expert) pairs by expert, run `body` on [E*C, H] in the ``experts`` scope, scatter back.
+
+    `weights`, `idx` [T, k] are the router's choice (float32 weights); `body`
+    gets the builder, the dispatched rows (expert e owns rows e*C..(e+1)*C)
+    and C, and returns [E*C, H].
+    """
+    pairs = tokens * top_k
+    cap = capacity(tokens, experts, top_k)
+    padded = experts * cap
     # Index tensors are kept 2-D ([1, T*k]): ONNX data propagation expands every
     # 1-D int64 tensor dim by dim, which costs seconds at T*k ~ 10^5.
     key = b.op("Cast", [reshape(b, idx, [1, pairs])], to=TensorProto.FLOAT)
@@ -72,10 +100,7 @@ def routed_experts(
     if padded > pairs:
         xs = b.op("Pad", [xs, b.const([0, 0, padded - pairs, 0])])
     with b.scope("experts"):
-        if layout == "fused":
-            ys = _fused_experts(b, xs, hidden, ffn, experts, cap)
-        else:
-            ys = _per_expert(b, xs, hidden, ffn, experts, cap)
+        ys = body(b, xs, cap)
     if padded > pairs:
         ys = b.op("Slice", [ys, b.const([0]), b.const([pairs]), b.const([0])])
     w = b.op("Cast", [b.op("Gather", [reshape(b, weights, [pairs]), perm], axis=0)], to=b.elem)

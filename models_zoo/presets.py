@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from models_zoo.audio import AudioConfig
 from models_zoo.deepseek import DeepseekConfig
 from models_zoo.gpt import GptConfig
+from models_zoo.gpt_oss import GptOssConfig
 from models_zoo.llama import LlamaConfig
 from models_zoo.multimodal import MultimodalConfig
 from models_zoo.vision import VisionConfig
@@ -48,6 +49,17 @@ def _gpt(
 
 def _llama(name: str, src: str, published: float, **kw: object) -> Preset:
     return Preset(name, "llama", LlamaConfig(**kw), src, published, published)
+
+
+def _gpt_oss(name: str, layers: int, experts: int, published: float, active: float) -> Preset:
+    cfg = GptOssConfig(hidden=2880, layers=layers, heads=64, kv_heads=8, head_dim=64, ffn=2880, experts=experts,
+                       top_k=4, vocab=201088, seq_len=4096)
+    src = (f"HF openai/{name} config.json ({layers} layers, hidden 2880, 64 heads of 64, 8 KV heads, {experts} experts of "
+           "2880, 4 per token, sliding_window 128 on even layers, vocab 201088, rope_theta 150000, YaRN from 4,096 "
+           f"tokens); OpenAI 2025 (gpt-oss model card, arXiv 2508.10925) section 2: {published / 1e9:.1f}B total, "
+           f"{active / 1e9:.1f}B active")
+    return Preset(name, "gpt-oss", cfg, src, published, active, active_basis="no_input_embedding",
+                  note="the card's active count leaves out the input embedding table (0.58B)")
 
 
 _LLAMA2 = dict(vocab=32000, seq_len=4096, norm_eps=1e-5, rope_theta=10000.0)
@@ -139,6 +151,8 @@ PRESETS: tuple[Preset, ...] = (
            "activated", 1.04e12, 32e9, tolerance=0.015, active_basis="no_input_embedding",
            note="the released config gives 1.026T, 1.3% under the report's 1.04T (the model card rounds to 1T); "
            "activated 31.69B without the input embedding (32.86B with it) against the card's '32B'"),
+    _gpt_oss("gpt-oss-20b", 24, 32, 20.9e9, 3.6e9),
+    _gpt_oss("gpt-oss-120b", 36, 128, 116.8e9, 5.1e9),
     Preset("vit-l-16", "vit",
            VisionConfig(hidden=1024, layers=24, heads=16, ffn=4096, image_size=224, patch_size=16),
            "Dosovitskiy et al. 2021 (ViT) Table 1: ViT-Large, 307M; patch 16, 224 px, 1000-class head", 307e6, 307e6),

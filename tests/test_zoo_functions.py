@@ -26,6 +26,7 @@ SMALL = {
     "qwen3-30b-a3b": dict(layers=3, seq_len=256),
     "nemotron4-15b": dict(layers=3),
     "kimi-k2": dict(layers=3, seq_len=256),  # 1 dense layer, then 2 MoE layers
+    "gpt-oss-20b": dict(layers=3, seq_len=256),  # banded, full, banded
 }
 
 

@@ -147,9 +147,27 @@ def test_new_architecture_switches_name_parameters_as_transformers_does(built):
     assert kimi["model.layers.1.mlp.experts.gate_up_proj"] == [384, 4096, 7168]
     assert kimi["model.layers.1.self_attn.q_b_proj.weight"] == [64 * 192, 1536]
     assert kimi["model.embed_tokens.weight"] == [163840, 7168]
+    oss = {t.name: list(t.dims) for t in built["gpt-oss-120b"].graph.initializer}
+    assert oss["model.layers.35.self_attn.sinks"] == [64] and oss["model.layers.0.self_attn.q_proj.bias"] == [4096]
+    assert oss["model.layers.0.mlp.router.weight"] == [128, 2880] and oss["model.layers.0.mlp.router.bias"] == [128]
+    assert oss["model.layers.0.mlp.experts.gate_up_proj"] == [128, 2880, 5760]
+    assert oss["model.layers.0.mlp.experts.down_proj"] == [128, 2880, 2880]
+    assert oss["model.layers.0.mlp.experts.down_proj_bias"] == [128, 2880]
     rows = {p.name: p for p in PRESETS}
     assert rows["kimi-k2"].active_params < 0.035 * rows["kimi-k2"].params
     assert rows["qwen3-8b"].active_params == rows["qwen3-8b"].params
+
+
+def test_gpt_oss_alternates_banded_and_full_attention():
+    """Even layers get the 128-token banded mask, odd layers the causal one; both call one layer function."""
+    model = models_zoo.build("gpt-oss-20b", layers=4, seq_len=512)
+    calls = [n for n in model.graph.node if n.op_type == "GptOssDecoderLayer"]
+    masks = [n.input[3] for n in calls]
+    assert len(calls) == 4 and masks[0] == masks[2] != masks[1] == masks[3]
+    producer = {o: n for n in model.graph.node for o in n.output}
+    assert producer[masks[0]].op_type == "Add" and producer[masks[1]].op_type == "Trilu"
+    short = models_zoo.build("gpt-oss-20b", layers=2, seq_len=128)  # no key is 128 back: one causal mask
+    assert len({n.input[3] for n in short.graph.node if n.op_type == "GptOssDecoderLayer"}) == 1
 
 
 def test_moe_expert_matmuls_cost_active_flops():
@@ -207,4 +225,4 @@ def test_listing_api():
     assert models_zoo.is_zoo_name("deepseek-v3") and not models_zoo.is_zoo_name("deepseek")
     assert models_zoo.names() == NAMES
     families = {p.family for p in PRESETS}
-    assert families == {"gpt", "llama", "mixtral", "deepseek", "vit", "multimodal"}
+    assert families == {"gpt", "llama", "mixtral", "deepseek", "gpt-oss", "vit", "multimodal"}

@@ -24,6 +24,7 @@ TINY = {
     "nemotron4-15b": dict(_LLM, kv_heads=2, ffn=64),
     "kimi-k2": dict(_LLM, dense_layers=1, q_lora_rank=16, kv_lora_rank=16, qk_nope_dim=8, qk_rope_dim=4,
                     v_head_dim=8, ffn=64, expert_ffn=16, experts=8, top_k=3),
+    "gpt-oss-120b": dict(_LLM, kv_heads=2, head_dim=8, ffn=16, experts=4, top_k=2, sliding_window=4),
     "vit-h-14": dict(layers=2, hidden=32, heads=4, ffn=64, image_size=28, patch_size=7, num_labels=10, batch=2,
                      dtype="float32"),
     "llava-style-7b": dict(_LLM, seq_len=40, kv_heads=4, ffn=64, **_TOWER),

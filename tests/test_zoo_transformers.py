@@ -214,3 +214,40 @@ def test_counts_names_and_shapes_match_transformers_on_meta(name, hf_class, hf_s
     assert total == sum(p.numel() for p in hf.parameters())
     assert zoo_params(models_zoo.build(name, **zoo_settings, **_RUN)) == hf_params(hf)
     assert active <= total
+
+
+_OSS_HF = dict(vocab_size=128, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=16, sliding_window=4, max_position_embeddings=64,
+               tie_word_embeddings=False, attn_implementation="eager")
+_OSS_ZOO = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=32, vocab=128, sliding_window=4)
+
+
+def test_gpt_oss_logits_match_transformers_when_routing_is_balanced():
+    """Sinks, biases, banded (window 4 < 10 tokens) and full layers, clamped SwiGLU: the same logits as
+    GptOssForCausalLM. Every expert runs every token (experts = top_k), the one routing our balanced
+    dispatch computes exactly; RoPE without YaRN on both sides (YaRN changes only the tables' values)."""
+    cfg = transformers.GptOssConfig(**_OSS_HF, num_local_experts=2, num_experts_per_tok=2,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 150000.0})
+    hf = _hf(transformers.GptOssForCausalLM, cfg)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(("bias", "sinks")):  # zero at init: make them matter
+                p.normal_(0.0, 0.5)
+            elif ".experts." in name:
+                p.mul_(20.0)  # pre-activations past the +-7 clamp
+    zoo = models_zoo.build("gpt-oss-20b", **_OSS_ZOO, experts=2, top_k=2, **_RUN)
+    assert zoo_params(zoo) == hf_params(hf)
+    np.testing.assert_allclose(*_logits(zoo, hf), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "gpt-oss-120b"])
+def test_gpt_oss_counts_names_and_shapes_match_transformers_on_meta(name):
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = transformers.GptOssForCausalLM(transformers.GptOssConfig(**_OSS_HF, num_local_experts=8,
+                                                                      num_experts_per_tok=2))
+    total, active = models_zoo.param_counts(name, **_OSS_ZOO, experts=8, top_k=2)
+    assert total == sum(p.numel() for p in hf.parameters())
+    assert zoo_params(models_zoo.build(name, **_OSS_ZOO, experts=8, top_k=2, **_RUN)) == hf_params(hf)
+    per_expert = 64 * 2 * 32 + 2 * 32 + 32 * 64 + 64
+    assert total - active == 2 * (8 - 2) * per_expert
