@@ -4,7 +4,8 @@ Every figure here is quoted from its source (paper table or the HF
 ``config.json`` of the released checkpoint); ``published_params`` /
 ``published_active`` are the sizes the source states, which the tests
 compare with our analytic counts (within 1%, or ``tolerance`` where the
-source's rounding is coarser: gpt3-1.3b, deepseek-v3, each with a note).
+source's rounding is coarser: gpt3-1.3b, deepseek-v3, qwen3-30b-a3b, kimi-k2,
+each with a note).
 
 "Active" parameters are those used per token: everything except the
 (E - k) idle routed experts of each MoE layer. Embedding tables count (as

@@ -158,6 +158,17 @@ def test_new_architecture_switches_name_parameters_as_transformers_does(built):
     assert rows["qwen3-8b"].active_params == rows["qwen3-8b"].params
 
 
+def test_switches_at_their_defaults_stay_out_of_the_config_json():
+    """A later switch (mlp, norm, rotary_fraction) is written only when set: older presets keep their bytes."""
+    def config_of(name: str) -> dict:
+        return json.loads({p.key: p.value for p in models_zoo.build(name, layers=3).metadata_props}["hyperplan.config"])
+
+    assert not {"mlp", "norm", "rotary_fraction"} & set(config_of("llama3-8b"))
+    assert not {"mlp", "norm", "rotary_fraction"} & set(config_of("omni-moe-30b-a3b")["text"])
+    nemo = config_of("nemotron4-15b")
+    assert (nemo["mlp"], nemo["norm"], nemo["rotary_fraction"]) == ("relu2", "layernorm1p", 0.5)
+
+
 def test_gpt_oss_alternates_banded_and_full_attention():
     """Even layers get the 128-token banded mask, odd layers the causal one; both call one layer function."""
     model = models_zoo.build("gpt-oss-20b", layers=4, seq_len=512)
