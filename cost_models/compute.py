@@ -17,6 +17,7 @@ from typing import Literal
 from cost_models.spec import Cluster
 
 OpKind = Literal["matmul", "elementwise"]
+Phase = Literal["forward", "backward"]
 
 
 def roofline_s(
@@ -57,11 +58,14 @@ def op_time(cluster: Cluster, flops: float, bytes_moved: float, kind: OpKind = "
     memory_s = bytes_moved / (device.hbm_bytes_per_s * cluster.memory_efficiency(bytes_moved))
     if kind == "matmul":
         peak = device.peak_flops(dtype)
-        # the matmul curve is sampled against the bf16 peak (the precision it was fitted at); a faster dtype
-        # reaches the same efficiency at proportionally more FLOPs per op (a fixed per-kernel overhead,
-        # Hockney's n-half: n_half = t0 * plateau * peak)
-        ref = dict(device.peak_flops_per_s).get("bf16", peak)
-        compute_s = flops / (peak * cluster.matmul_efficiency(flops * ref / peak))
+        if dtype == "fp8" and cluster.fp8_matmul_efficiency is not None:  # measured FP8 GEMMs: their own curve
+            compute_s = flops / (peak * cluster.fp8_matmul_efficiency(flops))
+        else:
+            # the matmul curve is sampled against the bf16 peak (the precision it was fitted at); a faster dtype
+            # reaches the same efficiency at proportionally more FLOPs per op (a fixed per-kernel overhead,
+            # Hockney's n-half: n_half = t0 * plateau * peak)
+            ref = dict(device.peak_flops_per_s).get("bf16", peak)
+            compute_s = flops / (peak * cluster.matmul_efficiency(flops * ref / peak))
     elif kind == "elementwise":
         vector = device.vector_flops_per_s
         compute_s = 0.0 if vector is None else flops / vector
@@ -76,3 +80,20 @@ def op_time_s(
     """Seconds for one op on one device (see `op_time`)."""
     return op_time(cluster, flops, bytes_moved, kind, dtype).time_s
 
+
+
+def attention_time_s(cluster: Cluster, flops: float, bytes_moved: float, phase: Phase, kernel: str) -> float:
+    """Seconds of one fused (flash) attention kernel on one device: its FLOPs at the kernel's plateau fraction
+    of the bf16 peak, paying the per-kernel overhead of the device's law (t0 + F / (plateau * peak)), or the
+    HBM time of its inputs and output if that is longer (Dao et al. 2022, FlashAttention: the scores never
+    reach HBM, so Q, K, V, O and the softmax statistics are all it moves)."""
+    if flops < 0 or bytes_moved < 0:
+        raise ValueError(f"flops and bytes must be >= 0, got {flops} and {bytes_moved}")
+    if flops == 0 and bytes_moved == 0:
+        return 0.0
+    forward, backward, _ = cluster.attention_plateau(kernel)
+    plateau = forward if phase == "forward" else backward
+    peak = cluster.device.peak_flops("bf16")
+    compute_s = cluster.kernel_overhead_s + flops / (plateau * peak)
+    memory_s = bytes_moved / (cluster.device.hbm_bytes_per_s * cluster.memory_efficiency(bytes_moved))
+    return max(compute_s, memory_s)

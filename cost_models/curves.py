@@ -78,7 +78,7 @@ class EfficiencyCurve:
 #     n_half = t0 * plateau * peak,
 # Hockney's (r_inf, n_1/2) model of a pipelined unit (Hockney & Jesshope, Parallel Computers 2, 1988,
 # sec. 1.3.3): n_half is the size at which an op reaches half the plateau. It is the law that
-# benchmarks/fit_calibration.py fits; the same t0 on a faster device moves n_half up with the peak, which
+# `hyperplan calibrate --fit` (planner/calibration/fit.py) fits; the same t0 on a faster device moves n_half up with the peak, which
 # is why a curve cannot be copied between devices as a table but can be regenerated from its parameters.
 
 

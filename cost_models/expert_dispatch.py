@@ -42,30 +42,67 @@ def expected_groups(top_k: int, groups: int) -> float:
     return groups * (1.0 - (1.0 - 1.0 / groups) ** top_k)
 
 
+def limited_groups(top_k: int, groups: int, limit: int) -> float:
+    """Expected distinct groups a token's `top_k` picks land in when routing first picks `limit` of the `groups`
+    and then its experts among theirs (DeepSeek-V3's node-limited routing, section 2.1.2: at most 4 nodes)."""
+    if limit <= 0 or limit >= groups:
+        return expected_groups(top_k, groups)
+    return expected_groups(top_k, limit)
+
+
+def contiguous_groups(top_k: int, experts: int, ep: int, group_ranks: int) -> float:
+    """Expected distinct groups of `group_ranks` consecutive ranks (a node) that a token reaches when its
+    `top_k` experts are consecutive (NeMo Automodel's FakeBalancedGate: token i takes experts
+    i*k .. i*k+k-1 mod E), the experts laid out in order over the `ep` ranks."""
+    per_rank = max(1.0, experts / ep)
+    ranks = (top_k + per_rank - 1.0) / per_rank  # ranks a block of k consecutive experts spans, on average
+    return min(ep / group_ranks, 1.0 + (ranks - 1.0) / group_ranks)
+
+
 def exchange_s(tokens: float, top_k: int, token_bytes: float, spans: Sequence[LevelSpan],
-               hierarchical: bool = False) -> float:
+               hierarchical: bool = False, outer_groups: float | None = None, ranks: float | None = None) -> float:
     """Seconds for one device to send its `tokens` to their experts (or get them back) over the EP group `spans`.
 
     Members of the group hold the experts evenly; level k of `spans` joins
-    `participants` groups of the level below. Direct: the pairs bound for
-    members outside one's level-(k-1) group but inside one's level-k group
-    cross level k. Hierarchical: at the outermost level a token crosses once
-    per remote destination group; inner levels carry the pairs as direct.
+    `participants` groups of the level below.
+
+    Direct (an all-to-all of (token, expert) pairs, Megatron's alltoall
+    dispatcher): the pairs bound for members outside one's level-(k-1)
+    group but inside one's level-k group cross level k, level after level.
+
+    Hierarchical (DeepEP's normal kernels): a token crosses the outermost
+    level once per remote destination group (`outer_groups` distinct groups
+    per token; by default its top-k picks drawn uniformly) and is forwarded
+    inside each group once per destination member (`ranks` distinct members
+    per token over the whole group; by default uniform picks), the two
+    levels working at once (RDMA and NVLink forwarding run concurrently).
     """
     if not spans or tokens <= 0 or token_bytes <= 0:
         return 0.0
     n = math.prod(s.participants for s in spans)
+    if hierarchical:
+        touched = expected_groups(top_k, n) if ranks is None else min(float(n), ranks)
+        inner_copies = touched * (n - 1) / n  # every destination member but oneself gets the token once
+        if len(spans) == 1:
+            return _crossing_s(spans[0], tokens * inner_copies * token_bytes)
+        g = spans[-1].participants
+        groups = expected_groups(top_k, g) if outer_groups is None else min(float(g), outer_groups)
+        outer_copies = groups * (g - 1) / g
+        outer = _crossing_s(spans[-1], tokens * outer_copies * token_bytes)
+        inner = max((_crossing_s(s, tokens * max(0.0, inner_copies - outer_copies) * token_bytes)
+                     for s in spans[:-1]), default=0.0)
+        return max(outer, inner)
     total, reached = 0.0, 1
-    for depth, span in enumerate(spans):
+    for span in spans:
         inside = reached * span.participants
-        if hierarchical and depth == len(spans) - 1 and len(spans) > 1:
-            g = span.participants
-            copies = expected_groups(top_k, g) * (g - 1) / g  # remote destination groups per token
-        else:
-            copies = top_k * (inside - reached) / n
+        copies = top_k * (inside - reached) / n
         reached = inside
-        volume = tokens * copies * token_bytes
-        if volume <= 0:
-            continue
-        total += span.level.latency_s + volume / span.effective_bandwidth(volume)
+        total += _crossing_s(span, tokens * copies * token_bytes)
     return total
+
+
+def _crossing_s(span: LevelSpan, volume: float) -> float:
+    """One device's `volume` bytes across one level, streamed as one pipelined transfer."""
+    if volume <= 0:
+        return 0.0
+    return span.level.latency_s + volume / span.effective_bandwidth(volume)

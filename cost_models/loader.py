@@ -9,6 +9,7 @@ cannot silently fall back to a default.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -16,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from cost_models.curves import EfficiencyCurve
+from cost_models.curves import EfficiencyCurve, half_size, overhead_law
 from cost_models.errors import SpecError
 from cost_models.spec import ALGORITHMS, DTYPES, TOPOLOGIES, Cluster, Device, Level, MemoryTier, check_device_count
 
@@ -70,7 +71,7 @@ def load_file(path: Path) -> Cluster:
 
 def parse_cluster(data: dict[str, Any], *, source: str, default_name: str) -> Cluster:
     """Build a `Cluster` from the parsed TOML tables."""
-    root = _Table(data, "", source)
+    root = Table(data, "", source)
     root.only("cluster", "device", "levels", "memory_tiers", "efficiency")
     meta = root.table("cluster")
     meta.only("name", "description", "devices", "sources")
@@ -79,23 +80,99 @@ def parse_cluster(data: dict[str, Any], *, source: str, default_name: str) -> Cl
     _check_levels(levels, root)
     n_devices = meta.integer("devices", minimum=1)
     check_device_count(f"{source}: cluster.devices", levels, n_devices)
-    eff = root.table("efficiency", required=False)
-    eff.only("matmul", "memory", "dp_overlap")
+    device = _device(root.table("device"))
     return Cluster(
         name=name,
         description=meta.text("description", default=""),
-        device=_device(root.table("device")),
+        device=device,
         levels=levels,
         memory_tiers=tuple(_tier(t) for t in root.tables("memory_tiers", required=False)),
         n_devices=n_devices,
-        matmul_efficiency=eff.curve("matmul"),
-        memory_efficiency=eff.curve("memory"),
-        dp_overlap_efficiency=eff.fraction("dp_overlap", default=1.0),
         sources=tuple(meta.texts("sources")),
+        **_efficiency(root.table("efficiency", required=False), device),
     )
 
 
-def _device(t: _Table) -> Device:
+def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
+    """The [efficiency] table: the overhead law's parameters (or bare tables), flash-attention plateaus, the
+    overlap efficiency, and where the figures come from.
+
+    With `matmul_plateau`, `memory_plateau` and `kernel_overhead_us` the curves are the law of
+    `cost_models.curves.overhead_law` at this device's own peaks (bf16 for `matmul`, fp8 for `fp8_matmul`),
+    sampled at eighth-decades; `matmul = [[size, eff], ...]` tables are taken as given instead.
+    """
+    eff.only("matmul", "memory", "matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us",
+             "attention", "overlap", "fitted_on", "calibration")
+    law = [k for k in ("matmul_plateau", "memory_plateau", "kernel_overhead_us") if k in eff.data]
+    if law and len(law) != 3:
+        missing = sorted({"matmul_plateau", "memory_plateau", "kernel_overhead_us"} - set(law))
+        raise eff.error(missing[0], "missing; the overhead law needs matmul_plateau, memory_plateau and "
+                                    "kernel_overhead_us together")
+    if law and ("matmul" in eff.data or "memory" in eff.data):
+        raise eff.error("matmul", "give either the law's parameters or [size, efficiency] tables, not both")
+    t0 = eff.number("kernel_overhead_us") * US if law else 0.0
+    fp8 = None
+    plateaus: dict[str, Any] = {}
+    if law:
+        plateaus = {"matmul_plateau": eff.fraction("matmul_plateau", 1.0),
+                    "memory_plateau": eff.fraction("memory_plateau", 1.0),
+                    "fp8_matmul_plateau": eff.fraction("fp8_matmul_plateau", 1.0)
+                    if "fp8_matmul_plateau" in eff.data else None}
+        if plateaus["fp8_matmul_plateau"] is not None and "fp8" not in dict(device.peak_flops_per_s):
+            raise eff.error("fp8_matmul_plateau", "the device lists no fp8 peak")
+        matmul, memory, fp8 = law_curves(device, plateaus["matmul_plateau"], plateaus["fp8_matmul_plateau"],
+                                         plateaus["memory_plateau"], t0)
+    else:
+        if "fp8_matmul_plateau" in eff.data:
+            raise eff.error("fp8_matmul_plateau", "needs the law's parameters (matmul_plateau, memory_plateau, "
+                                                  "kernel_overhead_us)")
+        matmul, memory = eff.curve("matmul"), eff.curve("memory")
+    att = eff.table("attention", required=False)
+    attention = []
+    for kernel in att.data:  # file order: the first is the device's default flash kernel
+        value = att.data[kernel]
+        ok = (isinstance(value, list) and len(value) == 2
+              and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1 for v in value))
+        if not ok:
+            raise att.error(kernel, f"expected [forward, backward] fractions of the bf16 peak in (0, 1], "
+                                    f"got {_show(value)}")
+        attention.append((kernel, float(value[0]), float(value[1])))
+    fitted_on = eff.texts("fitted_on")
+    return dict(matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
+                attention_plateaus=tuple(attention), kernel_overhead_s=t0, **plateaus,
+                dp_overlap_efficiency=eff.fraction("overlap", default=1.0),
+                calibration=eff.text("calibration", default=""), fitted_on=tuple(fitted_on))
+
+
+def law_curves(device: Device, matmul_plateau: float, fp8_matmul_plateau: float | None, memory_plateau: float,
+               overhead_s: float) -> tuple[EfficiencyCurve, EfficiencyCurve, EfficiencyCurve | None]:
+    """(bf16 GEMM, memory, fp8 GEMM or None) curves of the overhead law at `device`'s own peaks."""
+    bf16 = dict(device.peak_flops_per_s).get("bf16", max(v for _, v in device.peak_flops_per_s))
+    fp8 = (law_table(device.peak_flops("fp8"), fp8_matmul_plateau, overhead_s)
+           if fp8_matmul_plateau is not None else None)
+    return (law_table(bf16, matmul_plateau, overhead_s), law_table(device.hbm_bytes_per_s, memory_plateau, overhead_s),
+            fp8)
+
+
+def with_law(cluster: Cluster, *, matmul_plateau: float, fp8_matmul_plateau: float | None, memory_plateau: float,
+             overhead_s: float, overlap: float) -> Cluster:
+    """`cluster` with its efficiency curves made anew from these law parameters (what a fit tries)."""
+    matmul, memory, fp8 = law_curves(cluster.device, matmul_plateau, fp8_matmul_plateau, memory_plateau, overhead_s)
+    return dataclasses.replace(cluster, matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
+                               kernel_overhead_s=overhead_s, matmul_plateau=matmul_plateau,
+                               fp8_matmul_plateau=fp8_matmul_plateau, memory_plateau=memory_plateau,
+                               dp_overlap_efficiency=overlap)
+
+
+def law_table(peak_per_s: float, plateau: float, overhead_s: float) -> EfficiencyCurve:
+    """The overhead law at eighth-decades from 10**-3 to 10**4 times its n_half (interpolation in log size
+    between them errs by under 0.1% of the plateau)."""
+    n_half = half_size(peak_per_s, plateau, overhead_s)
+    sizes = [n_half * 10.0 ** (k / 8.0) for k in range(-24, 33)]
+    return EfficiencyCurve(points=tuple((s, overhead_law(s, peak_per_s, plateau, overhead_s)) for s in sizes))
+
+
+def _device(t: Table) -> Device:
     t.only("name", "peak_tflops", "vector_tflops", "hbm_gib", "hbm_gb", "hbm_bandwidth_gb_s")
     peaks_t = t.table("peak_tflops")
     peaks_t.only(*DTYPES)
@@ -113,9 +190,9 @@ def _device(t: _Table) -> Device:
     )
 
 
-def _level(t: _Table) -> Level:
+def _level(t: Table) -> Level:
     t.only("name", "link", "group_size", "bandwidth_gb_s", "bandwidth_gbit_s", "latency_us",
-           "algorithm", "topology", "bus_efficiency")
+           "algorithm", "topology", "bus_efficiency", "partial")
     size = t.integer("group_size", minimum=2, default=None)
     return Level(
         name=t.text("name"),
@@ -127,10 +204,11 @@ def _level(t: _Table) -> Level:
         topology=t.choice("topology", TOPOLOGIES, default="switched"),
         bus_efficiency=t.curve("bus_efficiency"),
         link=t.text("link", default=""),
+        partial=t.integer("partial", minimum=1, default=0),
     )
 
 
-def _check_levels(levels: tuple[Level, ...], root: _Table) -> None:
+def _check_levels(levels: tuple[Level, ...], root: Table) -> None:
     names = [lvl.name for lvl in levels]
     for i, lvl in enumerate(levels):
         if names.index(lvl.name) != i:
@@ -147,7 +225,7 @@ def _check_levels(levels: tuple[Level, ...], root: _Table) -> None:
                     "each group must be made of whole groups of the level below")
 
 
-def _tier(t: _Table) -> MemoryTier:
+def _tier(t: Table) -> MemoryTier:
     t.only("name", "link", "capacity_gib", "capacity_gb", "bandwidth_gb_s", "latency_us", "pooled", "efficiency")
     return MemoryTier(
         name=t.text("name"),
@@ -170,7 +248,7 @@ def _show(value: Any) -> str:
 _MISSING = object()
 
 
-class _Table:
+class Table:
     """One TOML table and its dotted path, with typed getters that raise SpecError naming the field."""
 
     def __init__(self, data: Any, path: str, source: str) -> None:
@@ -197,15 +275,15 @@ class _Table:
             raise self.error(key, f"missing; expected {what}")
         return default
 
-    def table(self, key: str, required: bool = True) -> _Table:
+    def table(self, key: str, required: bool = True) -> Table:
         value = self._get(key, _MISSING if required else {}, "a table")
-        return _Table(value, self.field(key), self.source)
+        return Table(value, self.field(key), self.source)
 
-    def tables(self, key: str, required: bool) -> list[_Table]:
+    def tables(self, key: str, required: bool) -> list[Table]:
         value = self._get(key, _MISSING if required else [], f"one or more [[{key}]] tables")
         if not isinstance(value, list) or (required and not value):
             raise self.error(key, f"expected one or more [[{key}]] tables, got {_show(value)}")
-        return [_Table(v, f"{self.field(key)}[{i}]", self.source) for i, v in enumerate(value)]
+        return [Table(v, f"{self.field(key)}[{i}]", self.source) for i, v in enumerate(value)]
 
     def text(self, key: str, default: Any = _MISSING) -> str:
         value = self._get(key, default, "a string")
@@ -237,8 +315,8 @@ class _Table:
             raise self.error(key, f"expected an integer of at least {minimum}, got {_show(value)}")
         return value
 
-    def boolean(self, key: str) -> bool:
-        value = self._get(key, _MISSING, "true or false")
+    def boolean(self, key: str, default: Any = _MISSING) -> bool:
+        value = self._get(key, default, "true or false")
         if not isinstance(value, bool):
             raise self.error(key, f"expected true or false, got {_show(value)}")
         return value

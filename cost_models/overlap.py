@@ -28,3 +28,23 @@ def exposed_dp_reduction_s(
 ) -> float:
     """Exposed DP gradient reduction: hidden behind the backward pass at the cluster's overlap efficiency."""
     return exposed_s(reduction_s, backward_s, cluster.dp_overlap_efficiency, last_bucket_s)
+
+
+def shared_window_exposed(transfers: list[tuple[float, float]], window_s: float, efficiency: float = 1.0) -> list[float]:
+    """Exposed part of each of several transfers overlapped with one stretch of compute.
+
+    `transfers` are (seconds, own window): each can hide only behind the compute it runs beside (its own
+    window, at most `window_s`), and together they can hide no more than `efficiency * window_s`, the
+    compute they all run beside: overlaps share one window. What exceeds the shared window is exposed,
+    split over the transfers pro rata to what each hid.
+    """
+    if window_s < 0 or not 0.0 <= efficiency <= 1.0:
+        raise ValueError(f"need window >= 0 and efficiency in [0, 1], got {window_s} and {efficiency}")
+    own = [exposed_s(t, min(w, window_s), efficiency) for t, w in transfers]
+    hidden = [t - e for (t, _), e in zip(transfers, own)]
+    total = sum(hidden)
+    room = efficiency * window_s
+    if total <= room or total <= 0:
+        return own
+    excess = total - room
+    return [e + excess * h / total for e, h in zip(own, hidden)]

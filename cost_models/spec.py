@@ -61,6 +61,8 @@ class Level:
     topology: Topology = "switched"
     bus_efficiency: EfficiencyCurve  # achievable fraction of bandwidth by message bytes
     link: str = ""
+    partial: int = 0  # a job may take the same share of each group, in multiples of this (an NVL72 rack's
+    # trays of 4: 64 of its 72 GPUs); 0: whole groups only
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,16 +90,41 @@ class Cluster:
     n_devices: int
     matmul_efficiency: EfficiencyCurve  # fraction of matrix peak by FLOPs of one op
     memory_efficiency: EfficiencyCurve  # fraction of HBM bandwidth by bytes of one op
-    dp_overlap_efficiency: float  # fraction of the backward pass that can hide the DP gradient reduction
+    dp_overlap_efficiency: float  # fraction of a compute window that can hide communication beside it
     sources: tuple[str, ...] = ()
+    fp8_matmul_efficiency: EfficiencyCurve | None = None  # FP8 GEMMs by FLOPs of one op; None: not measured
+    attention_plateaus: tuple[tuple[str, float, float], ...] = ()  # (kernel, forward, backward): fractions of bf16 peak
+    kernel_overhead_s: float = 0.0  # t0 of the overhead law the curves follow (0: the curves are bare tables)
+    matmul_plateau: float | None = None  # the law's parameters the curves were made from (None: bare tables)
+    fp8_matmul_plateau: float | None = None
+    memory_plateau: float | None = None
+    calibration: str = ""  # where the efficiency figures come from: a fit on named rows, or a stated assumption
+    fitted_on: tuple[str, ...] = ()  # ids of the measured runs its efficiency parameters were fitted on
+
+    @property
+    def fitted(self) -> bool:
+        """Whether this device's own measurements were fitted (otherwise its efficiency is an assumption)."""
+        return bool(self.fitted_on)
+
+    def attention_plateau(self, kernel: str) -> tuple[float, float, str]:
+        """(forward, backward) fraction of the bf16 peak of flash-attention kernel `kernel`, and the kernel whose
+        figures they are: the named one if the file lists it, else the file's first (an assumption to print)."""
+        for name, fwd, bwd in self.attention_plateaus:
+            if name == kernel:
+                return fwd, bwd, name
+        if not self.attention_plateaus:
+            raise SpecError(f"{self.name} lists no flash-attention efficiency ([efficiency.attention]); "
+                            "add one, or run with the materialized attention of the megatron-2021 stack.")
+        name, fwd, bwd = self.attention_plateaus[0]
+        return fwd, bwd, name
 
     def __post_init__(self) -> None:
         check_device_count(self.name, self.levels, self.n_devices)
 
     def group_size(self, level_index: int) -> int:
-        """Devices in one group of level `level_index` in this cluster (clipped to its size)."""
-        size = self.levels[level_index].group_size
-        return self.n_devices if size is None else min(size, self.n_devices)
+        """Devices in one group of level `level_index` in this cluster (clipped to its size; on a level that
+        allows partial groups, the equal share of each group the cluster's devices fill)."""
+        return used_group_size(self.levels, level_index, self.n_devices)
 
     def groups(self, level_index: int) -> int:
         """How many groups of that level the cluster holds."""
@@ -133,6 +160,10 @@ def valid_counts_hint(levels: tuple[Level, ...]) -> str:
         parts.append(f"a multiple of {inner} up to {outer}")
     if levels[-1].group_size is None:
         parts.append(f"a multiple of {fixed[-1]}")
+    partial = [lvl for lvl in levels if lvl.partial and lvl.group_size]
+    if partial:
+        lvl = partial[-1]
+        parts.append(f"the same multiple of {lvl.partial} from each of several {lvl.name} groups of {lvl.group_size}")
     return ", ".join(parts[:-1]) + (" or " if len(parts) > 1 else "") + parts[-1]
 
 
@@ -150,35 +181,58 @@ def check_device_count(name: str, levels: tuple[Level, ...], n_devices: int) -> 
     )
 
 
+def used_group_size(levels: tuple[Level, ...], level_index: int, n_devices: int) -> int:
+    """Devices of an `n_devices` cluster in one group of level `level_index`: the level's group size (at most
+    the cluster); on a `partial` level that the cluster does not fill in whole groups, the equal share of each
+    of the fewest groups that hold it (256 GPUs on NVL72 racks: 64 in each of 4 racks)."""
+    lvl = levels[level_index]
+    if lvl.group_size is None or lvl.group_size >= n_devices:
+        return n_devices
+    if lvl.partial and n_devices % lvl.group_size:
+        groups = -(-n_devices // lvl.group_size)
+        if n_devices % groups == 0 and (n_devices // groups) % lvl.partial == 0:
+            return n_devices // groups
+    return lvl.group_size
+
+
 def fits_hierarchy(levels: tuple[Level, ...], n_devices: int) -> bool:
-    """True if `n_devices` (>= 1) is part of one innermost group or whole groups of the largest level it fills.
+    """True if `n_devices` (>= 1) is part of one innermost group or whole groups of the largest level it fills
+    (equal shares of groups on a `partial` level, each share whole groups of the level below).
 
     Why: a collective's cost depends on how a group splits over the levels, so a
     cluster must be made of whole nodes (whole supernodes past one supernode);
     a partial node is allowed only as the whole cluster (a single-node run).
     """
     top = levels[-1].group_size
-    if top is not None and n_devices > top:
+    if top is not None and n_devices > top and not (levels[-1].partial and fits_partial(levels, n_devices)):
         return False
-    filled = [lvl.group_size for lvl in levels if lvl.group_size is not None and lvl.group_size <= n_devices]
-    return not filled or n_devices % filled[-1] == 0
+    sizes = [used_group_size(levels, k, n_devices) for k, lvl in enumerate(levels)
+             if lvl.group_size is not None and lvl.group_size <= n_devices]
+    if not sizes:
+        return True
+    inner = [lvl.group_size for lvl in levels if lvl.group_size is not None and lvl.group_size < sizes[-1]]
+    return n_devices % sizes[-1] == 0 and all(sizes[-1] % g == 0 for g in inner)
+
+
+def fits_partial(levels: tuple[Level, ...], n_devices: int) -> bool:
+    k = used_group_size(levels, len(levels) - 1, n_devices)
+    return n_devices % k == 0
 
 
 def nearest_valid_counts(levels: tuple[Level, ...], n_devices: int) -> tuple[int | None, int | None]:
     """The largest valid count <= n_devices and the smallest >= it (None where there is none).
 
-    Below: round down to the largest fixed group that n fills (always valid,
-    since rounding down keeps that group filled). Above: round up to the same
-    group; that never passes the next level's size, which is a multiple of it.
+    Valid counts are at most one largest fixed group apart (whole groups of it always are valid), so each is
+    found within that distance.
     """
     top = levels[-1].group_size
     if top is not None and n_devices >= top:
         return top, (top if n_devices == top else None)
-    filled = [lvl.group_size for lvl in levels if lvl.group_size is not None and lvl.group_size <= n_devices]
-    if not filled:
-        return n_devices, n_devices
-    step = filled[-1]
-    return n_devices - n_devices % step, -(-n_devices // step) * step
+    step = max([lvl.group_size for lvl in levels if lvl.group_size is not None], default=1)
+    below = next((n for n in range(n_devices, max(0, n_devices - step) - 1, -1) if n >= 1
+                  and fits_hierarchy(levels, n)), None)
+    above = next((n for n in range(n_devices, n_devices + step + 1) if fits_hierarchy(levels, n)), None)
+    return below, above
 
 
 def cluster_as_dict(cluster: Cluster) -> dict:
@@ -223,8 +277,13 @@ def cluster_as_dict(cluster: Cluster) -> dict:
         ],
         "efficiency": {
             "matmul_by_flops": cluster.matmul_efficiency.to_list(),
+            "fp8_matmul_by_flops": cluster.fp8_matmul_efficiency.to_list() if cluster.fp8_matmul_efficiency else None,
             "memory_by_bytes": cluster.memory_efficiency.to_list(),
-            "dp_overlap": cluster.dp_overlap_efficiency,
+            "attention": {k: {"forward": f, "backward": b} for k, f, b in cluster.attention_plateaus},
+            "kernel_overhead_s": cluster.kernel_overhead_s,
+            "overlap": cluster.dp_overlap_efficiency,
+            "fitted_on": list(cluster.fitted_on),
+            "calibration": cluster.calibration,
         },
         "sources": list(cluster.sources),
     }

@@ -1,0 +1,229 @@
+"""What the forward pass keeps for the backward pass, read off the graph, and what recompute drops.
+
+Each op saves what its gradient needs (a matmul its activation inputs, a
+softmax its output, a norm or a GeLU its input, a dropout its 1-byte mask);
+tensors that are views of one another (reshape, transpose) are stored once.
+On a GPT layer with dropout this reproduces Korthikanti et al. 2022's count,
+34·s·b·h + 5·a·s²·b bytes in 16-bit, from the graph alone, and it applies
+unchanged to any other architecture.
+
+Selective recompute (Korthikanti section 5) drops what the attention core
+(QK^T, mask, softmax, dropout, AV) saves and runs that core forward again;
+full recompute keeps only each layer's inputs and runs the layer again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from planner.graph.ir import Graph, dtype_bytes
+from planner.costing.node_work import FLOAT_DTYPES
+
+_VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Identity", "Expand"})
+_SAVE_INPUT = frozenset(
+    {"Gelu", "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "Exp", "Log", "Sqrt", "Reciprocal", "Pow", "Silu",
+     "Softplus", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Mish", "Sin", "Cos", "Abs", "QuickGelu",
+     "FastGelu", "BiasGelu", "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
+     "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "BatchNormalization",
+     "InstanceNormalization", "GroupNormalization", "ReduceMax", "ReduceMin", "MaxPool", "Clip"}
+)
+_SAVE_OUTPUT = frozenset({"Softmax", "LogSoftmax"})
+_CONTRACTIONS = frozenset({"MatMul", "Gemm", "Einsum", "Conv", "ConvTranspose", "FusedMatMul"})
+_BILINEAR = frozenset({"Mul", "Div"})
+_PASS = frozenset({"Add", "Sub", "Neg", "Cast", "Where", "Div", "Mul", "Dropout", "Reshape", "Transpose",
+                   "Squeeze", "Unsqueeze", "Identity", "Expand", "Softmax", "Clip", "Max", "Min"})
+
+
+def requires_grad(graph: Graph) -> set[str]:
+    """Tensors that carry a gradient in training: floating-point values downstream of a parameter."""
+    req = {p for p in graph.params if graph.tensors[p].dtype in FLOAT_DTYPES}
+    for n in graph.nodes:
+        if any(i in req for i in n.inputs if i):
+            for o in n.outputs:
+                t = graph.tensors.get(o) if o else None
+                if t is not None and t.dtype in FLOAT_DTYPES:
+                    req.add(o)
+    return req
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """One stored tensor: its (view-root) name, the first node that saves it, and bytes at the imported batch."""
+
+    tensor: str
+    saver: int
+    input_index: int  # which input of the saver it is, or is shaped like (a dropout mask); -1: an output
+    nbytes: float
+
+
+def view_roots(graph: Graph) -> dict[str, str]:
+    """Tensor -> the tensor whose storage it views (itself when not a view)."""
+    root: dict[str, str] = {}
+    for n in graph.nodes:
+        if n.op_type in _VIEWS and n.inputs and n.inputs[0]:
+            src = n.inputs[0]
+            for o in n.outputs:
+                if o:
+                    root[o] = root.get(src, src)
+    return root
+
+
+def saved_tensors(graph: Graph, work_float_bytes: float | None = None, grad: set[str] | None = None,
+                  fused_attention: Sequence | None = None) -> list[Saved]:
+    """Every tensor the forward pass stores for backward, once each, in node order.
+
+    `work_float_bytes` re-prices floating-point tensors at the precision the
+    step runs in (e.g. 2 for bf16 training of a float32 export). With
+    `fused_attention` (the `AttentionRegion`s of `planner.costing.attention`),
+    each region's ops save nothing of their own: the flash kernel keeps Q, K
+    and V (saved as inputs 0, 1, 2 of the region's QK^T node) and its
+    log-sum-exp statistics (saved as its output, fp32 at any precision); its
+    output O is kept by whatever reads it, like any tensor.
+
+    The loss keeps the log-softmax of each floating-point graph output that carries a gradient (the logits),
+    in fp32: PyTorch's cross_entropy and Megatron's vocab-parallel cross entropy both compute it in fp32 and
+    keep it for backward.
+    """
+    params = set(graph.params)
+    grad = requires_grad(graph) if grad is None else grad
+    roots = view_roots(graph)
+    seen: set[str] = set()
+    out: list[Saved] = []
+
+    def price(name: str) -> float:
+        t = graph.tensors[name]
+        if work_float_bytes is not None and t.dtype in FLOAT_DTYPES:
+            return t.numel * work_float_bytes
+        return t.nbytes
+
+    def keep(name: str, saver: int, idx: int) -> None:
+        if not name or name in params or name not in graph.tensors:
+            return
+        r = roots.get(name, name)
+        if r in seen or r in params:
+            return
+        seen.add(r)
+        out.append(Saved(r, saver, idx, price(r)))
+
+    regions = {r.anchor: r for r in fused_attention or ()}
+    inside = {i for r in fused_attention or () for i in r.nodes}
+    for i, n in enumerate(graph.nodes):
+        op = n.op_type
+        ins = [x for x in n.inputs]
+        if not any(x in grad for x in ins if x):
+            continue  # nothing upstream needs a gradient through this op
+        if i in regions:
+            r = regions[i]
+            for k, x in enumerate((r.q, r.k, r.v)):
+                keep(x, i, k)
+            out.append(Saved(f"{n.name or i}::lse", i, -1, r.lse_bytes))
+            continue
+        if i in inside:
+            continue
+        if op in _CONTRACTIONS:
+            for k, x in enumerate(ins):
+                if x and any(y in grad for j, y in enumerate(ins) if j != k and y):
+                    keep(x, i, k)
+        elif op in _BILINEAR and len(ins) == 2:
+            for k, x in enumerate(ins):
+                other = ins[1 - k]
+                if other in grad or (op == "Div" and k == 1):
+                    keep(x, i, k)
+        elif op in _SAVE_OUTPUT:
+            keep(n.outputs[0], i, -1)
+        elif op in _SAVE_INPUT:
+            keep(ins[0], i, 0)
+        elif op == "Dropout":
+            x = ins[0]
+            t = graph.tensors.get(x)
+            if t is not None and t.shape is not None:
+                out.append(Saved(f"{n.name or i}::mask", i, 0, float(t.numel)))  # 1-byte mask, shaped like input 0
+        elif op == "Attention":
+            for k in range(min(3, len(ins))):
+                keep(ins[k], i, k)
+            keep(n.outputs[0], i, -1)
+    produced = {o: i for i, n in enumerate(graph.nodes) for o in n.outputs if o}
+    for name in graph.outputs:  # the loss reads the model's outputs and keeps their log-softmax, in fp32
+        t = graph.tensors.get(name)
+        if name in grad and t is not None and t.dtype in FLOAT_DTYPES and name in produced:
+            out.append(Saved(f"{name}::loss", produced[name], -1, 4.0 * t.numel))
+    return out
+
+
+def attention_core(graph: Graph) -> set[int]:
+    """Nodes of the attention core: from the QK^T contraction through softmax to the AV contraction.
+
+    Found from every Softmax: backwards through elementwise ops to a
+    contraction of two activations, forwards to the contraction that consumes
+    the probabilities. The fused ONNX Attention op is a core by itself.
+    """
+    params = set(graph.params)
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = {}
+    for i, n in enumerate(graph.nodes):
+        for o in n.outputs:
+            if o:
+                producer[o] = i
+        for x in n.inputs:
+            if x:
+                consumers.setdefault(x, []).append(i)
+    core: set[int] = set()
+
+    def activation_contraction(j: int) -> bool:
+        n = graph.nodes[j]
+        return n.op_type in ("MatMul", "Einsum") and not any(x in params for x in n.inputs)
+
+    for i, n in enumerate(graph.nodes):
+        if n.op_type == "Attention":
+            core.add(i)
+        if n.op_type != "Softmax":
+            continue
+        region = {i}
+        # backwards to QK^T
+        j, found = i, False
+        for _ in range(12):
+            src = graph.nodes[j].inputs[0] if graph.nodes[j].inputs else ""
+            j = producer.get(src, -1)
+            if j < 0:
+                break
+            region.add(j)
+            if activation_contraction(j):
+                found = True
+                break
+            if graph.nodes[j].op_type not in _PASS:
+                break
+        if not found:
+            continue
+        # forwards to AV
+        frontier = i
+        for _ in range(8):
+            nxt = consumers.get(graph.nodes[frontier].outputs[0], [])
+            if len(nxt) != 1:
+                break
+            frontier = nxt[0]
+            region.add(frontier)
+            if activation_contraction(frontier) or graph.nodes[frontier].op_type not in _PASS:
+                break
+        core |= region
+    return core
+
+
+def layer_inputs(graph: Graph, nodes: set[int] | frozenset[int], grad: set[str]) -> list[str]:
+    """Tensors a group of nodes reads from outside itself that carry a gradient: what full recompute keeps.
+
+    `grad` is `requires_grad(graph)`, computed once by the caller.
+    """
+    inside_outputs = {o for i in nodes for o in graph.nodes[i].outputs if o}
+    seen: list[str] = []
+    params = set(graph.params)
+    for i in sorted(nodes):
+        for x in graph.nodes[i].inputs:
+            if x and x in grad and x not in inside_outputs and x not in params and x not in seen:
+                seen.append(x)
+    return seen
+
+
+def element_bytes(graph: Graph, name: str) -> float:
+    t = graph.tensors[name]
+    return dtype_bytes(t.dtype)

@@ -1,0 +1,182 @@
+"""A strategy of a graph on a cluster -> step time, throughput, MFU, memory, and where the time goes.
+
+Op by op, from the graph's own FLOPs and bytes: each op's time is a roofline
+with the cluster's efficiency curves, at the micro-batch and shard it runs
+on. Tensor parallelism is applied to the graph by the intra-op solver over
+the tensor axis, which on a transformer block lands on Megatron-LM's layout
+(column-parallel QKV and first MLP matmul, row-parallel output projections);
+`--sp` keeps the residual stream split by sequence between layers
+(Korthikanti 2022), otherwise it stays replicated. Layers are cut into
+pipeline stages, and the schedule, DP gradient reduction, optimizer step
+and offload traffic are added as in Narayanan 2021. Every figure in the
+breakdown adds up to the step time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from cost_models import Cluster
+
+from planner.costing.execution import Execution
+from planner.costing.graph_facts import GraphFacts
+from planner.errors import InvalidInput
+from planner.graph.blocks import Structure
+from planner.graph.ir import Graph
+from planner.costing.stage_costs import StageCosts, stage_costs
+from planner.strategy import Strategy, Workload
+from planner.costing.step_time import step_breakdown
+
+GIB = 2.0**30
+
+
+@dataclass(frozen=True, slots=True)
+class StageEstimate:
+    """One pipeline stage: its layers, per-micro-batch times and per-device memory."""
+
+    index: int
+    layers: tuple[str, ...]
+    devices: int
+    forward_s: float
+    backward_s: float
+    memory_bytes: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """The figures of one strategy; `breakdown_s` adds up to `step_time_s`."""
+
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_device: float
+    mfu: float
+    model_flops_per_step: float
+    memory_bytes: Mapping[str, float]  # the worst stage, per device: peak, params, grads, optimizer, activations
+    hbm_bytes: float
+    fits: bool
+    breakdown_s: Mapping[str, float]
+    stages: tuple[StageEstimate, ...]
+    layouts: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    microbatches: int = 1
+    solver_gap: float = 0.0
+    offload: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # per memory class moved off HBM
+
+    @property
+    def over_bytes(self) -> float:
+        return max(0.0, self.memory_bytes["peak"] - self.hbm_bytes)
+
+    def to_dict(self) -> dict:
+        g = {k: v / GIB for k, v in self.memory_bytes.items()}
+        return plain({
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tflops_per_device": self.tflops_per_device,
+            "mfu": self.mfu,
+            "model_flops_per_step": self.model_flops_per_step,
+            "microbatches": self.microbatches,
+            "fits": self.fits,
+            "hbm_gib": self.hbm_bytes / GIB,
+            "over_gib": self.over_bytes / GIB,
+            "memory_gib": dict(sorted(g.items())),
+            "breakdown_s": dict(sorted(self.breakdown_s.items())),
+            "stages": [
+                {"stage": s.index, "devices": s.devices, "layers": len(s.layers), "first_layer": s.layers[0] if s.layers else None,
+                 "last_layer": s.layers[-1] if s.layers else None, "forward_s": s.forward_s, "backward_s": s.backward_s,
+                 "memory_gib": {k: v / GIB for k, v in sorted(s.memory_bytes.items())}}
+                for s in self.stages
+            ],
+            "layouts": {k: dict(v) for k, v in sorted(self.layouts.items())},
+            "solver_gap": self.solver_gap,
+            "offload": {cls: {"fraction": v["fraction"], "offloaded_gib": v["offloaded_bytes"] / GIB,
+                              "traffic_gib_per_step": v["traffic_bytes"] / GIB, "exposed_s": v["exposed_s"]}
+                        for cls, v in sorted(self.offload.items())},
+        })
+
+
+def plain(obj):
+    """The same structure with numpy scalars as Python numbers, so YAML and JSON writers take it."""
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):
+        return obj.item()
+    return obj
+
+
+def fits_memory(cluster: Cluster, memory_bytes: Mapping[str, float], execution: Execution) -> bool:
+    """The HBM the stack can hand out (less its allocator's and runtime's reserve) holds the peak, and the
+    host/pooled tier holds what was offloaded to it."""
+    if memory_bytes["peak"] > execution.usable_hbm_bytes(cluster.device.hbm_bytes):
+        return False
+    offloaded = sum(v for k, v in memory_bytes.items() if k.startswith("offloaded_"))
+    if offloaded <= 0:
+        return True
+    tiers = [t for t in cluster.memory_tiers if t.pooled] or list(cluster.memory_tiers)
+    return bool(tiers) and offloaded <= tiers[0].capacity_bytes
+
+
+def check_devices(cluster: Cluster, strategy: Strategy) -> None:
+    if strategy.devices != cluster.n_devices:
+        s = strategy
+        what = (f"stages of tensor degrees {'+'.join(map(str, s.stage_tp))} x cp {s.cp} x dp {s.dp}" if s.stage_tp
+                else f"tp x cp x dp x pp = {s.tp} x {s.cp} x {s.dp} x {s.pp}")
+        raise InvalidInput(f"{what} = {s.devices} devices, but the cluster has {cluster.n_devices}; "
+                           f"pass --devices {s.devices} or change the degrees")
+
+
+def estimate(
+    graph: Graph,
+    structure: Structure,
+    cluster: Cluster,
+    workload: Workload,
+    strategy: Strategy,
+    *,
+    time_limit_s: float = 10.0,
+    param_pins: Mapping[str, int] | None = None,
+    facts: GraphFacts | None = None,
+) -> Estimate:
+    """Score one strategy: the numbers `hyperplan estimate` prints (`param_pins`: see `stage_costs`; pass the
+    same `facts` to score many strategies of one graph)."""
+    check_devices(cluster, strategy)
+    m = strategy.micro_batches(workload)
+    costs: StageCosts = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
+                                    param_pins=param_pins, facts=facts)
+    if not all(fits_memory(cluster, s.memory_bytes, workload.execution) for s in costs.stages):
+        # the fastest layouts do not fit: the fastest that do
+        costs = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
+                            param_pins=param_pins, memory_constraint=True, facts=facts)
+    bd, step, offload = step_breakdown(costs, cluster, workload, strategy, m)
+
+    peak = cluster.device.peak_flops(workload.dtype)
+    model_flops = 3.0 * costs.forward_flops_per_sample * workload.global_batch
+    if workload.mode == "infer":
+        model_flops = costs.forward_flops_per_sample * workload.global_batch
+    n = cluster.n_devices
+    stages = tuple(
+        StageEstimate(index=s.index, layers=s.layers, devices=strategy.tp_of_stage(s.index) * strategy.dp * strategy.cp,
+                      forward_s=s.forward_s,
+                      backward_s=s.backward_s, memory_bytes=s.memory_bytes)
+        for s in costs.stages
+    )
+    worst = max(stages, key=lambda s: (s.memory_bytes["peak"], -s.index))
+    return Estimate(
+        step_time_s=step,
+        tokens_per_s=workload.tokens / step,
+        tflops_per_device=model_flops / step / n / 1e12,
+        mfu=model_flops / (step * n * peak),
+        model_flops_per_step=model_flops,
+        memory_bytes=dict(worst.memory_bytes),
+        hbm_bytes=workload.execution.usable_hbm_bytes(cluster.device.hbm_bytes),
+        fits=all(fits_memory(cluster, s.memory_bytes, workload.execution) for s in stages),
+        breakdown_s=bd,
+        stages=stages,
+        layouts=costs.layouts,
+        microbatches=m,
+        solver_gap=costs.solver_gap,
+        offload=offload,
+    )
+
+
+__all__ = ["Estimate", "StageEstimate", "check_devices", "estimate"]

@@ -1,0 +1,140 @@
+"""Which intermediate tensors never reach HBM because chains of memory-bound ops run as one kernel.
+
+An ONNX graph spells every elementwise step as its own node (scale, mask,
+softmax; bias, dropout, residual add), and costing each node as a trip to
+HBM and back overstates what a trained model moves: training frameworks
+fuse such chains into one kernel (Megatron-LM's fused scale-mask-softmax,
+bias-GeLU and bias-dropout-add kernels, Narayanan et al. 2021 section 4.2;
+TorchInductor and XLA fuse pointwise chains the same way). The rule here is
+the one those compilers use: a tensor stays on chip when its producer and
+its only consumer are both memory-bound ops (views such as Reshape are
+looked through) and the backward pass does not need it stored (softmax
+outputs, norm inputs, dropout masks are written regardless).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import numpy as np
+
+from planner.graph.ir import Graph
+
+#: Ops that only relabel storage: a chain is fused through them.
+VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+
+
+def fused_act_bytes(graph: Graph, act_bytes: np.ndarray, matrix: np.ndarray, stored: Collection[str]) -> np.ndarray:
+    """`act_bytes` (per node, at the imported batch) less the tensors that stay on chip between fused ops.
+
+    `matrix[i]` marks nodes that run on the matrix units (never fused here);
+    `stored` holds the (view-root) names the backward pass reads, which
+    must be written even inside a fused chain.
+    """
+    consumers: dict[str, list[int]] = {}
+    producer: dict[str, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for x in n.inputs:
+            if x:
+                consumers.setdefault(x, []).append(i)
+        for o in n.outputs:
+            if o:
+                producer[o] = i
+    outputs = set(graph.outputs)
+
+    def is_view(i: int) -> bool:
+        return graph.nodes[i].op_type in VIEW_OPS
+
+    def final_consumer(name: str, root: str) -> tuple[int, str] | None:
+        """The one non-view node that reads `name` (through views), and the tensor it reads; None if not one."""
+        seen = 0
+        while True:
+            users = consumers.get(name, [])
+            if len(users) != 1 or name in outputs or name in stored or root in stored:
+                return None
+            user = users[0]
+            if not is_view(user):
+                return user, name
+            seen += 1
+            if seen > 16:
+                return None
+            name = graph.nodes[user].outputs[0]
+
+    out = act_bytes.astype(float).copy()
+    for i, n in enumerate(graph.nodes):
+        if matrix[i] or is_view(i):
+            continue
+        for o in n.outputs:
+            t = graph.tensors.get(o) if o else None
+            if t is None:
+                continue
+            hit = final_consumer(o, o)
+            if hit is None:
+                continue
+            j, read = hit
+            if matrix[j] or graph.nodes[j].op_type in VIEW_OPS:
+                continue
+            nbytes = float(t.nbytes)
+            k = graph.nodes[j].inputs.count(read)
+            out[i] -= nbytes  # not written by the producer
+            out[j] -= nbytes * k  # not read back by the consumer
+    return np.maximum(out, 0.0)
+
+
+__all__ = ["VIEW_OPS", "fused_act_bytes"]
+
+
+#: Pointwise and row-wise ops a fusing compiler (or a hand-fused kernel) runs in one kernel with their neighbours.
+FUSABLE_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Neg", "Pow", "Sqrt", "Reciprocal", "Exp", "Log", "Tanh", "Sigmoid", "Relu",
+    "LeakyRelu", "Gelu", "FastGelu", "QuickGelu", "Erf", "Silu", "Softplus", "HardSigmoid", "HardSwish", "Mish",
+    "Cast", "Where", "Max", "Min", "Clip", "Abs", "Sin", "Cos", "ReduceMean", "ReduceSum",
+    "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+}) | VIEW_OPS | frozenset({"Transpose", "Expand", "Slice", "Split", "Concat"})
+
+
+def recomputed_in_fused_backward(graph: Graph, saved: list, stored_by_others: Collection[str]) -> set[str]:
+    """The saved tensors a fused backward recomputes instead of keeping (cheap pointwise intermediates).
+
+    When chains of pointwise ops run as one kernel, their backward kernel
+    reads the chain's stored inputs and recomputes the intermediates
+    (Megatron's fused bias-SwiGLU keeps its input, not the activation;
+    Transformer Engine's fused norms keep the input and the statistics;
+    torch.compile's partitioner recomputes pointwise ops rather than saving
+    them, Ansel et al. 2024 section 5). So a tensor that only pointwise ops
+    save, made by a pointwise op from tensors that are kept (or themselves
+    recomputable), parameters or constants, is dropped. Tensors a
+    contraction, a softmax or any other op saves are kept.
+    """
+    producer = {o: i for i, n in enumerate(graph.nodes) for o in n.outputs if o}
+    params = set(graph.params)
+    savers: dict[str, set[int]] = {}
+    for sv in saved:
+        savers.setdefault(sv.tensor, set()).add(sv.saver)
+    kept: set[str] = set(stored_by_others)
+    recomputable: set[str] = set()
+    dropped: set[str] = set()
+
+    def available(x: str) -> bool:
+        t = graph.tensors.get(x)
+        if x in params or x not in producer:
+            return True  # parameters, graph inputs and constants
+        if t is not None and t.dtype not in ("float32", "float16", "bfloat16", "float", "float64", "double"):
+            return True  # integer and boolean side inputs (masks, positions) are cheap to rebuild
+        return x in kept or x in recomputable
+
+    for i, n in enumerate(graph.nodes):
+        fusable = n.op_type in FUSABLE_OPS
+        for o in n.outputs:
+            if not o:
+                continue
+            ok = fusable and all(available(x) for x in n.inputs if x)
+            if ok:
+                recomputable.add(o)
+            if o in savers:
+                if ok and all(graph.nodes[s].op_type in FUSABLE_OPS for s in savers[o]) and o not in stored_by_others:
+                    dropped.add(o)
+                else:
+                    kept.add(o)
+    return dropped

@@ -1,0 +1,136 @@
+"""What the costing knows of a graph that no strategy changes, computed once per graph.
+
+The planner scores hundreds of strategies of one graph; everything here
+(work per node, attention cores, gradients, saved tensors, fused chains,
+tying keys, and the layout problems and solutions per tensor-axis size) is
+shared by all of them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from planner.costing.activations import attention_core, layer_inputs, requires_grad, saved_tensors, view_roots
+from planner.costing.attention import AttentionRegion, attention_regions
+from planner.costing.fusion import fused_act_bytes, recomputed_in_fused_backward
+from planner.graph.blocks import Structure
+from planner.graph.ir import Graph
+from planner.graph.moe import MoeFacts, moe_facts, routed_region
+from planner.graph.walk import index_graph, is_weight_matmul
+from planner.costing.node_work import node_work
+from planner.search.tying import tie_keys
+
+
+class GraphFacts:
+    """What the costing needs to know of a graph that no strategy changes: computed once, reused by every
+    strategy the planner scores (work per node, attention cores, gradients, saved tensors, tying keys)."""
+
+    def __init__(self, graph: Graph, structure: Structure) -> None:
+        self.graph, self.structure = graph, structure
+        self.index = index_graph(graph)
+        self.work = node_work(graph, self.index.weight_of)
+        self.params = set(graph.params)
+        self.core = attention_core(graph)
+        self.grad = requires_grad(graph)
+        self.in_layer = np.zeros(len(graph.nodes), dtype=bool)
+        for b in structure.blocks:
+            if b.is_layer:
+                self.in_layer[list(b.nodes)] = True
+        core_mask = np.zeros(len(graph.nodes), dtype=bool)
+        core_mask[sorted(self.core)] = True
+        self.core_in_layer = core_mask & self.in_layer
+        self.node_keys, self.param_keys = tie_keys(graph, structure)
+        self.layer_inputs = {b.name: layer_inputs(graph, set(b.nodes), self.grad) for b in structure.blocks if b.is_layer}
+        self.skeletons: dict = {}
+        self.choices: dict = {}
+        #: The planner sets this: layouts solved for one micro-batch and recompute policy are reused for the
+        #: others of the same tensor axis (the final plan is re-estimated with its own solve).
+        self.reuse_layouts = False
+        self._saved: dict[tuple[float, bool, bool], dict[str, list]] = {}
+        self._fused: dict[tuple[bool, float], np.ndarray] = {}
+        self.producer: dict[str, tuple[int, int]] = {}
+        for i, n in enumerate(graph.nodes):
+            for j, o in enumerate(n.outputs):
+                if o:
+                    self.producer[o] = (i, j)
+        self.in_core_output = {o for i in self.core for o in graph.nodes[i].outputs if o}
+        self.roots = view_roots(graph)
+        # fused (flash) attention: one region per attention core, and the nodes of all of them
+        self.regions: tuple[AttentionRegion, ...] = tuple(attention_regions(graph))
+        self.region_of: dict[int, AttentionRegion] = {i: r for r in self.regions for i in r.nodes}
+        self.flash_core = np.zeros(len(graph.nodes), dtype=bool)
+        self.flash_core[sorted(self.region_of)] = True
+        self.flash_core &= self.in_layer
+        self.lse_outputs = {f"{graph.nodes[r.anchor].name or r.anchor}::lse" for r in self.regions}
+        # mixture of experts, found from each block's router (planner.graph.moe), not from parameter names
+        self.moe: dict[str, MoeFacts] = {}
+        for b in structure.blocks:
+            found = moe_facts(graph, self.index, frozenset(b.nodes)) if b.nodes else None
+            if found is not None:
+                self.moe[b.name] = found
+        self.expert_params: frozenset[str] = frozenset(p for f in self.moe.values() for p in f.params)
+        #: per MoE block, the nodes that run on routed tokens (costed by the expert-parallel model)
+        self.routed: dict[str, frozenset[int]] = {
+            b: routed_region(graph, self.index, frozenset(structure.block(b).nodes), f) for b, f in self.moe.items()}
+        self.in_routed = np.zeros(len(graph.nodes), dtype=bool)
+        for nodes in self.routed.values():
+            self.in_routed[sorted(nodes)] = True
+        self.weight_matmul = np.array([is_weight_matmul(graph, self.index, i) for i in range(len(graph.nodes))],
+                                      dtype=bool)
+        router_params = frozenset(p for f in self.moe.values() for p in f.router_params)
+        routers = [i for i in np.flatnonzero(self.weight_matmul)
+                   if self.index.weight_params(graph.nodes[i].inputs) & router_params] if router_params else []
+        #: the projections FP8 training runs in FP8: weight GEMMs of the layers (not the embedding, the output
+        #: head or a router, which Transformer Engine and torchao's float8 leave in 16 bits)
+        self.router_node = np.zeros(len(graph.nodes), dtype=bool)
+        self.router_node[list(routers)] = True
+        self.fp8_gemm = self.weight_matmul & self.in_layer & ~self.router_node
+        self.fp8_weights: frozenset[str] = frozenset(
+            p for i in np.flatnonzero(self.fp8_gemm) for p in self.index.weight_params(graph.nodes[i].inputs))
+        self.kept_cache: dict = {}  # recompute.kept_tensors per (block, policy, stack choices, width)
+        #: ops that only re-lay out or select weights (a transposed weight, the routed experts' stack): the GEMM
+        #: reads the stored weight in that layout, so they cost nothing
+        self.weight_view = np.array([bool(n.outputs) and all(not o or o in self.index.weight_of for o in n.outputs)
+                                     and not self.weight_matmul[i] for i, n in enumerate(graph.nodes)], dtype=bool)
+
+    def is_expert(self, param: str) -> bool:
+        """Whether `param` is a routed expert's weight (split over the expert-parallel group)."""
+        return param in self.expert_params
+
+    def saved(self, width: float, flash: bool = False, fused: bool = False) -> dict[str, list]:
+        """Saved tensors by the block of the op that saves them (`flash`: attention as fused kernels; `fused`:
+        pointwise chains as fused kernels, whose backward recomputes their intermediates)."""
+        key = (width, flash, fused)
+        if key not in self._saved:
+            by_block: dict[str, list] = defaultdict(list)
+            saved = saved_tensors(self.graph, width, self.grad, self.regions if flash else None)
+            if fused:
+                dropped = recomputed_in_fused_backward(self.graph, saved, ())
+                saved = [sv for sv in saved if sv.tensor not in dropped]
+            for sv in saved:
+                blk = self.structure.block_of_node(sv.saver)
+                if blk is not None:
+                    by_block[blk.name].append(sv)
+            self._saved[key] = dict(by_block)
+        return self._saved[key]
+
+    def saved_by_node(self, width: float, flash: bool = False, fused: bool = False) -> dict[int, list]:
+        """Saved tensors by the node that saves them."""
+        key = ("by_node", width, flash, fused)
+        if key not in self._fused:
+            out: dict[int, list] = defaultdict(list)
+            for svs in self.saved(width, flash, fused).values():
+                for sv in svs:
+                    out[sv.saver].append(sv)
+            self._fused[key] = dict(out)  # type: ignore[assignment]
+        return self._fused[key]  # type: ignore[return-value]
+
+    def act_bytes(self, training: bool, width: float) -> np.ndarray:
+        """Per-node activation bytes once chains of memory-bound ops are fused (see `planner.costing.fusion`)."""
+        key = (training, width)
+        if key not in self._fused:
+            stored = {sv.tensor for svs in self.saved(width).values() for sv in svs} if training else set()
+            self._fused[key] = fused_act_bytes(self.graph, self.work.act_bytes, self.work.matrix, stored)
+        return self._fused[key]

@@ -1,0 +1,73 @@
+"""Per-node work of a graph, split into what scales with the batch and what does not.
+
+The graph is imported at one batch b0 (usually 1). An estimate runs it at a
+micro-batch b on shards of 1/k: activation FLOPs and bytes scale by b/(b0 k)
+while the bytes of the weights a node reads scale by 1/k only. Keeping the
+two apart is what makes decode (weight-bound) and training (FLOP-bound)
+come out of the same graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.graph.ir import Graph, dtype_bytes
+
+#: Ops that run on the matrix units; every other op is costed as vector / memory work.
+MATRIX_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Attention", "FusedMatMul",
+                        "MatMulInteger", "QLinearMatMul", "MultiHeadAttention", "GroupQueryAttention"})
+
+FLOAT_DTYPES = frozenset({"float32", "float", "float16", "bfloat16", "float64", "double",
+                          "float8e4m3fn", "float8e5m2", "float8e4m3fnuz", "float8e5m2fnuz"})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeWork:
+    """Arrays over graph nodes: FLOPs, activation bytes and weight bytes at the imported batch."""
+
+    flops: np.ndarray
+    act_bytes: np.ndarray
+    param_bytes: np.ndarray
+    matrix: np.ndarray  # bool: runs on the matrix units
+    batch: int  # the batch the graph was imported at
+    float_bytes: float  # bytes per element of the graph's floating-point tensors
+
+
+def graph_batch(graph: Graph) -> int:
+    """The batch the graph was built or bound at: dim 0 of its first non-parameter input (1 if none)."""
+    for name in graph.inputs:
+        t = graph.tensors.get(name)
+        if t is not None and t.shape:
+            return max(1, int(t.shape[0]))
+    return 1
+
+
+def float_width(graph: Graph) -> float:
+    """Bytes per element of the graph's weights (its training/inference precision as exported)."""
+    widths = [dtype_bytes(graph.tensors[p].dtype) for p in graph.params if graph.tensors[p].dtype in FLOAT_DTYPES]
+    if not widths:
+        return 4.0
+    values, counts = np.unique(np.array(widths), return_counts=True)
+    return float(values[int(np.argmax(counts))])
+
+
+def node_work(graph: Graph, weights: Collection[str] | None = None) -> NodeWork:
+    """Per-node work; `weights` are the tensors that hold weights (parameters, and views of them such as a
+    transposed or a gathered stack of expert matrices: `planner.graph.walk`), which a micro-batch does not
+    scale (default: the parameters)."""
+    weights = set(graph.params) if weights is None else set(weights)
+    n = len(graph.nodes)
+    flops = np.zeros(n)
+    act = np.zeros(n)
+    pbytes = np.zeros(n)
+    matrix = np.zeros(n, dtype=bool)
+    for i, node in enumerate(graph.nodes):
+        pb = sum(graph.tensors[x].nbytes for x in set(node.inputs) if x in weights and x in graph.tensors)
+        flops[i] = node.flops
+        pbytes[i] = pb
+        act[i] = max(0.0, node.bytes_read + node.bytes_written - pb)
+        matrix[i] = node.op_type in MATRIX_OPS and node.flops > 0
+    return NodeWork(flops, act, pbytes, matrix, graph_batch(graph), float_width(graph))

@@ -1,0 +1,343 @@
+"""Per-stage costs of one strategy: time per micro-batch by kind, and memory per device.
+
+The graph is costed once per strategy: op times at the micro-batch and
+shard they run on, tensor-parallel layouts from the intra-op solver,
+context- and expert-parallel traffic per attention core and MoE layer, and
+the tensors each op keeps for backward (with recompute and layouts applied).
+Layers are then cut into pipeline stages (and interleaved chunks), and each
+stage sums its blocks. `step_time` turns these into a step.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+import numpy as np
+
+from cost_models import Cluster, place_group
+from cost_models.collectives import all_gather_s, all_reduce_s, all_to_all_s, reduce_scatter_s
+from cost_models.memory import inflight_microbatches, model_state_bytes
+
+from planner.costing.attribution import add_routed, block_parts, var_parts
+from planner.costing.block_costs import Layouts, Parts, activation_bytes, layout_memory, layout_table, residual_pins
+from planner.costing.exchange import add_context_exchange, add_expert_exchange
+from planner.costing.execution import Execution
+from planner.costing.graph_facts import GraphFacts
+from planner.costing.node_times import DTYPE_WIDTH, NodeTimes
+from planner.costing.node_work import FLOAT_DTYPES
+from planner.costing.pipeline_cut import assign_chunks, even_split, layer_policies
+from planner.costing.recompute import recompute_marks
+from planner.errors import Infeasible, InvalidInput
+from planner.graph.blocks import Structure
+from planner.graph.ir import Graph
+from planner.search.intra_op import IMPOSSIBLE_S, build_skeleton, detach, price
+from planner.search.solve import solve_intra_op
+from planner.search.space import REPLICATED
+from planner.strategy import Strategy, Workload
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    index: int
+    layers: tuple[str, ...]
+    parts: Parts
+    forward_s: float
+    backward_s: float
+    dense_params: float  # per device, after tensor sharding
+    expert_params: float  # per device, after tensor and expert sharding
+    memory_bytes: Mapping[str, float]
+    boundary_bytes: float  # activation sent to the next stage per micro-batch
+    held: float  # micro-batches whose activations the stage holds at its peak
+    gather_bytes: float = 0.0  # the part of the boundary held whole by every tensor rank: all-gathered after the p2p
+    tp: int = 1  # the stage's tensor-parallel degree (stages may differ: `Strategy.stage_tp`)
+
+
+@dataclass(frozen=True, slots=True)
+class StageCosts:
+    stages: tuple[StageCost, ...]
+    forward_flops_per_sample: float
+    layouts: Mapping[str, Mapping[str, str]]
+    solver_gap: float
+    block_s: Mapping[str, float] = field(default_factory=dict)  # forward + backward per micro-batch, per block
+    block_act_bytes: Mapping[str, float] = field(default_factory=dict)  # kept for backward, per micro-batch
+    block_params: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # (dense, expert) per device
+    param_layouts: Mapping[str, int] = field(default_factory=dict)  # parameter -> dim split over tp, or REPLICATED
+
+
+def stage_costs(
+    graph: Graph,
+    structure: Structure,
+    cluster: Cluster,
+    workload: Workload,
+    strategy: Strategy,
+    *,
+    time_limit_s: float = 10.0,
+    style: str | None = None,
+    facts: GraphFacts | None = None,
+    param_pins: Mapping[str, int] | None = None,
+    memory_constraint: bool = False,
+) -> StageCosts:
+    """Costs of each pipeline stage; `style` is the tensor-parallel layout space ('megatron' or 'free').
+
+    With `memory_constraint`, the layouts are chosen under one HBM constraint per stage (slower layouts
+    that fit); without it, the fastest layouts (`estimate` falls back to the constraint when those do
+    not fit).
+
+    Pass the same `facts` to score many strategies of one graph: the graph
+    analysis, the problem skeleton per tensor-axis size and the solved
+    layouts per (size, style) are then reused. `param_pins` fixes parameters' tensor-axis layouts (name ->
+    the dim split over tp, or REPLICATED), as a hand-edited declaration asks; the solver chooses the rest.
+    """
+    facts = facts or GraphFacts(graph, structure)
+    if strategy.stage_tp:
+        return _unequal_stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
+                                    style=style, facts=facts, param_pins=param_pins,
+                                    memory_constraint=memory_constraint)
+    style = style or ("free" if strategy.layouts == "searched" else "megatron")
+    execution = workload.execution
+    t, cp, pp = strategy.tp, strategy.cp, strategy.pp
+    training = workload.mode == "train"
+    timer = NodeTimes(facts, cluster, workload, strategy, execution)
+    width, fscale, bs = timer.width, timer.fscale, timer.bs
+    params = facts.params
+    fp8_inputs = timer.fp8 and execution.fp8_saves_inputs
+
+    # -- recompute: which nodes run their forward again, layer by layer ------------------------------
+    grad = facts.grad if training else set()
+    chunk = assign_chunks(structure, pp * strategy.vpp, strategy.stage_layers)
+    policy = layer_policies(structure, chunk, strategy) if training else {}
+    again = recompute_marks(facts, structure, policy, execution) if training else np.zeros(len(graph.nodes), int)
+
+    # -- the layout program over the tensor axis ----------------------------------------------------
+    tp_spans = place_group(cluster, t, stride=1) if t > 1 else ()
+
+    def comm_time(kind: str, nbytes: float) -> float:
+        if kind == "all_reduce":
+            return all_reduce_s(nbytes, tp_spans)
+        if kind == "all_gather":
+            return all_gather_s(nbytes, tp_spans)
+        if kind == "reduce_scatter":
+            return reduce_scatter_s(nbytes, tp_spans)
+        return all_to_all_s(nbytes / t, tp_spans)
+
+    def tensor_bytes(name: str) -> float:
+        tt = graph.tensors[name]
+        nb = tt.nbytes * (fscale if tt.dtype in FLOAT_DTYPES else 1.0)
+        return nb if name in params else nb * bs / cp
+
+    node_keys, param_keys = facts.node_keys, facts.param_keys
+    space = ("megatron_sp" if strategy.sp else "megatron") if style == "megatron" else style
+    skey = (t, space, training)
+    if skey not in facts.skeletons:
+        facts.skeletons[skey] = build_skeleton(graph, node_keys, param_keys, t, training, space, grad)
+    skel = facts.skeletons[skey]
+    # forward-equivalents per node: 1 + its backward over its forward (at the tensor split) + a recomputed forward
+    passes = (1 + again).astype(float)
+    if training:
+        for v_i, v in enumerate(skel.vars):
+            if v.node is not None:
+                fwd = timer.forward(v.node, t)
+                passes[skel.members[v_i]] += timer.backward(v.node, t) / fwd if fwd > 0 else 0.0
+    problem = price(skel, lambda i, s: timer.forward(i, t if s.split else 1), passes, comm_time, tensor_bytes,
+                    1 + again)
+    detached = {v_i for v_i, v in enumerate(problem.vars) if v.node is not None and facts.in_routed[v.node]}
+    detach(problem, detached)
+    gap = 0.0
+    constrain = training and memory_constraint
+    ckey = (skey, strategy.sp, cp, workload.seq_len, workload.dtype, execution)
+    if not facts.reuse_layouts:
+        ckey += (strategy.micro_batch, strategy.recompute, strategy.full_recompute_layers, constrain)
+        if constrain:
+            ckey += (strategy.pp, strategy.vpp, strategy.stage_layers, strategy.zero, strategy.offload,
+                     strategy.dp, strategy.ep, strategy.micro_batches(workload), cluster.device.hbm_bytes)
+    if param_pins:
+        ckey += (tuple(sorted(param_pins.items())),)
+    if t == 1:
+        choice = tuple(0 for _ in problem.vars)
+    elif ckey in facts.choices:
+        choice, gap = facts.choices[ckey]
+    else:
+        allowed = residual_pins(graph, structure, problem, workload.seq_len, strategy.sp)
+        for p, want in sorted((param_pins or {}).items()):
+            v_i = problem.index[facts.param_keys[p]]
+            ok = frozenset(k for k, s in enumerate(problem.vars[v_i].strategies) if s.outputs[0] == want)
+            allowed[v_i] = ok & allowed.get(v_i, ok)
+        for v_i in detached:
+            allowed[v_i] = frozenset((0,))
+        if constrain:  # the integer program's memory constraints, one per stage
+            schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
+            m = strategy.micro_batches(workload)
+            rows = [({b.name for b in structure.blocks if chunk[b.name] % pp == s},
+                     inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp))
+                    for s in range(pp)]
+            problem.memory = layout_memory(facts, structure, problem, strategy, execution, policy, rows, width,
+                                           bs / cp, fp8_inputs)
+            problem.memory_budget = execution.usable_hbm_bytes(cluster.device.hbm_bytes)
+        try:
+            sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed)
+            if constrain and sol.cost_s >= IMPOSSIBLE_S:  # fitting would need a move no collective makes
+                raise Infeasible("no layout fits")
+        except Infeasible:  # no layout fits: the fastest one, reported as over memory
+            problem.memory_budget = None
+            sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed)
+        choice, gap = sol.choice, sol.gap
+        facts.choices[ckey] = (choice, gap)
+
+    # -- time per block ----------------------------------------------------------------------------
+    tp_overlap = cluster.dp_overlap_efficiency if (execution.overlap_tp_comm and strategy.sp and training) else 0.0
+    parts_of_var = var_parts(graph, problem, choice, timer, t, again, grad, training, detached, tp_overlap)
+    bad = [v_i for v_i, vp in enumerate(parts_of_var) if vp.tp_kinds.get("impossible")] if param_pins else []
+    if bad:
+        node = graph.nodes[problem.vars[bad[0]].node]
+        read = [x for x in node.inputs if x in param_pins] or ["its weight"]
+        raise InvalidInput(f"op {node.name!r} cannot read the declared layout of {read[0]} in the {space!r} "
+                           "tensor-axis layout space (a stored weight would move, or a split become a pending sum); "
+                           "declare the layout the estimator chose, or set layouts.space to searched")
+    parts_of_block = block_parts(structure, problem, parts_of_var)
+    add_routed(facts, timer, t, again, training, parts_of_block)
+    layout_of_output = Layouts(facts, problem, choice)
+    add_context_exchange(facts, structure, cluster, strategy, execution, timer, tensor_bytes, layout_of_output,
+                         policy, parts_of_block)
+    add_expert_exchange(facts, cluster, strategy, execution, width, bs, policy, parts_of_block)
+
+    # -- memory per block ------------------------------------------------------------------------
+    act_block = (activation_bytes(facts, structure, strategy, execution, problem, choice, layout_of_output, width,
+                                  bs / cp, policy, fp8_inputs) if training else {})
+    param_layout = {p: layout_of_output[p] for p in graph.params}
+
+    # -- stages ----------------------------------------------------------------------------------
+    m = strategy.micro_batches(workload)
+    schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
+    block_params: dict[str, tuple[float, float]] = {}
+    for blk in structure.blocks:
+        dense = expert = 0.0
+        for p in blk.params:
+            if facts.is_expert(p):
+                expert += graph.tensors[p].numel / (strategy.ep * strategy.expert_tp)
+            else:
+                dense += graph.tensors[p].numel / (t if param_layout.get(p, REPLICATED) >= 0 else 1)
+        block_params[blk.name] = (dense, expert)
+    stages = []
+    for s in range(pp):
+        names = [b.name for b in structure.blocks if chunk[b.name] % pp == s]
+        parts = Parts()
+        dense = expert = 0.0
+        acts = 0.0
+        boundary = gather = 0.0
+        widest = 0.0  # the largest layer's sharded parameters per device: what ZeRO-3 gathers at once
+        for name in names:
+            parts.add(parts_of_block[name])
+            acts += act_block.get(name, 0.0)
+            blk = structure.block(name)
+            dense += block_params[name][0]
+            expert += block_params[name][1]
+            widest = max(widest, gathered(block_params[name], strategy))
+            if blk.is_layer:
+                ins = facts.layer_inputs[blk.name]
+                # Megatron-LM's scatter/gather (Narayanan 2021, section 4.1): each tensor rank sends 1/t of a
+                # boundary tensor it holds whole, and the receiving stage all-gathers it over its tensor group
+                boundary = max(boundary, sum(tensor_bytes(x) for x in ins) / t)
+                if t > 1:  # what the previous layer hands over whole (the first layer's input never crosses)
+                    whole = [x for x in ins if layout_of_output.get(x, REPLICATED) < 0 and x in facts.producer
+                             and structure.node_block[facts.producer[x][0]] >= 0
+                             and structure.blocks[structure.node_block[facts.producer[x][0]]].is_layer]
+                    gather = max(gather, sum(tensor_bytes(x) for x in whole))
+        held = inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp) if training else 1.0
+        fp8_params = sum(graph.tensors[p].numel / (strategy.ep * strategy.expert_tp if facts.is_expert(p) else
+                                                   t if param_layout.get(p, REPLICATED) >= 0 else 1)
+                         for name in names for p in structure.block(name).params if p in facts.fp8_weights)
+        mem = stage_memory(dense, expert, acts * held, strategy, training, width, execution,
+                           buffers=working_copies(widest, gathered((dense, expert), strategy), strategy, execution,
+                                                  training, width),
+                           fp8_params=fp8_params if timer.fp8 else 0.0)
+        fwd = parts.forward + parts.tp_fwd + parts.cp_fwd + parts.ep_fwd
+        bwd = parts.backward + parts.recompute + parts.tp_bwd + parts.cp_bwd + parts.ep_bwd
+        stages.append(StageCost(s, tuple(n for n in names if structure.block(n).is_layer), parts, fwd, bwd,
+                                dense, expert, mem, boundary, held, gather, t))
+    block_s = {name: p.total() for name, p in parts_of_block.items()}
+    return StageCosts(tuple(stages), float(facts.work.flops.sum()) / facts.work.batch,
+                      layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block), block_params,
+                      param_layout)
+
+
+def gathered(params: tuple[float, float], strategy: Strategy) -> float:
+    """Of (dense, expert) parameters per device, those ZeRO-3 shards over a group and so gathers to compute:
+    dense ones over dp x cp, experts over their expert-data-parallel group (not when it is one rank)."""
+    dense, expert = params
+    return (dense if strategy.dp * strategy.cp > 1 else 0.0) + (expert if strategy.edp > 1 else 0.0)
+
+
+def working_copies(widest_layer: float, stage_params: float, strategy: Strategy, execution: Execution,
+                   training: bool, width: float) -> float:
+    """Bytes per device beyond the sharded states: under ZeRO-3 the gathered weights of the layer being
+    computed and of the one prefetched (FSDP2's default, Zhao et al. 2023 section 3.3) and, in backward,
+    that layer's unsharded gradient before its reduce-scatter; the whole stage's weights and gradients
+    when they stay gathered over the step (`Execution.fsdp_gathered_with_pp`)."""
+    if not (training and strategy.zero >= 3 and strategy.dp * strategy.cp > 1):
+        return 0.0
+    if strategy.pp > 1 and execution.fsdp_gathered_with_pp:
+        return stage_params * (width + execution.grad_bytes)
+    layers = 2 if execution.fsdp_prefetch else 1
+    return widest_layer * (layers * width + execution.grad_bytes)
+
+
+def stage_memory(dense: float, expert: float, activation_bytes: float, strategy: Strategy, training: bool,
+                 width: float, execution: Execution, buffers: float = 0.0, fp8_params: float = 0.0) -> dict[str, float]:
+    """Bytes per device by memory class of a stage holding these parameters (per device, after tensor and
+    expert sharding) and activations: states by ZeRO stage with the stack's bytes per parameter (experts
+    sharded over their expert-data-parallel group), `buffers` (see `working_copies`), what is offloaded
+    moved to `offloaded_*`, and the HBM `peak`. Linear in its inputs, so per-layer figures add up to a stage's.
+
+    In FP8 training `fp8_params` (per device) of the weights feed FP8 GEMMs: the stack keeps their FP8 copies
+    (`Execution.fp8_weight_bytes` per parameter, the weight and its transpose for Hopper's GEMMs; sharded like
+    the weights), beside the 16-bit weights, or instead of them with `Execution.fp8_params`."""
+    if training:
+        dpg = strategy.dp * strategy.cp
+        st = execution.state
+        st_d = model_state_bytes(dense, zero_stage=strategy.zero, dp=dpg, state=st)
+        st_e = model_state_bytes(expert, zero_stage=strategy.zero, dp=strategy.edp, state=st)
+        mem = {"params": st_d.params_bytes + st_e.params_bytes, "grads": st_d.grads_bytes + st_e.grads_bytes,
+               "optimizer": st_d.optimizer_bytes + st_e.optimizer_bytes, "activations": activation_bytes,
+               "buffers": buffers}
+    else:
+        mem = {"params": (dense + expert) * width, "grads": 0.0, "optimizer": 0.0, "activations": activation_bytes,
+               "buffers": 0.0}
+    if training and fp8_params:
+        shard = strategy.dp * strategy.cp if strategy.zero >= 3 else 1
+        mem["buffers"] += fp8_params * execution.fp8_weight_bytes / shard
+        if execution.fp8_params:
+            mem["params"] -= fp8_params * execution.param_bytes / shard
+    for cls in ("params", "grads", "optimizer", "activations"):
+        frac = strategy.offload_fraction(cls)
+        if frac:
+            mem[f"offloaded_{cls}"] = mem[cls] * frac
+            mem[cls] *= 1.0 - frac
+    mem["peak"] = sum(v for k, v in mem.items() if not k.startswith("offloaded_"))
+    return mem
+
+
+def _unequal_stage_costs(graph: Graph, structure: Structure, cluster: Cluster, workload: Workload,
+                         strategy: Strategy, **options) -> StageCosts:
+    """Stages of different tensor-parallel widths: stage s is costed as it would be in a pipeline whose every
+    stage had its width (same cut, same in-flight micro-batches), since a stage's work and memory depend
+    only on its own width and position. Every stage uses the widest stage's parameter layouts (what a
+    declaration writes, once per block type), each split over its own tensor group."""
+    widths = sorted(set(strategy.stage_tp), reverse=True)
+    by_width: dict[int, StageCosts] = {}
+    for w in widths:
+        opts = dict(options)
+        if by_width and w > 1 and widths[0] % w == 0:
+            opts["param_pins"] = by_width[widths[0]].param_layouts
+        by_width[w] = stage_costs(graph, structure, cluster, workload,
+                                  replace(strategy, tp=w, stage_tp=(), sp=strategy.sp and w > 1), **opts)
+    stages = tuple(by_width[w].stages[s] for s, w in enumerate(strategy.stage_tp))
+    wide = by_width[widths[0]]
+    return StageCosts(stages, wide.forward_flops_per_sample, wide.layouts,
+                      max(c.solver_gap for c in by_width.values()), wide.block_s, wide.block_act_bytes,
+                      wide.block_params, wide.param_layouts)
+
+
+__all__ = ["DTYPE_WIDTH", "StageCost", "StageCosts", "assign_chunks", "even_split", "stage_costs", "stage_memory",
+           "working_copies"]

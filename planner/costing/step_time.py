@@ -1,0 +1,245 @@
+"""From per-stage costs to one step: overlaps, pipeline schedule, data-parallel reduction, optimizer, offload.
+
+Per micro-batch, each stage runs its forward and backward compute; the
+communication beside it is overlapped as the stack does (`Execution`):
+tensor-parallel collectives inside the GEMMs they feed (Transformer
+Engine's userbuffers, torch's AsyncTP; sequence parallelism only), the
+expert all-to-all behind another micro-batch's compute (Megatron-Core's
+1F1B all-to-all overlap, DualPipe), ZeRO-3/FSDP's parameter gathers one
+layer ahead and its gradient reduce-scatters behind the backward. All of
+them share one compute window, of which a fraction (the hardware file's
+`overlap`: communication kernels take compute units and memory bandwidth)
+can hide communication (`cost_models.overlap.shared_window_exposed`); the
+rest is exposed on the stage's critical path. The context-parallel ring is
+already net of its kernel's overlap (`exchange`).
+
+step = pipeline (busy + bubble + p2p) + the slowest stage's tail: the
+gradient reduction of the last micro-batch's backward not hidden behind it
+(all-reduce, or reduce-scatter with a distributed optimizer; expert
+gradients over their expert-data-parallel group), the distributed
+optimizer's parameter all-gather unless the stack overlaps it with the next
+forward, the optimizer step, and offload traffic. The busy part is split by
+kind in the proportions of the slowest stage, so the breakdown adds up to
+the step time exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models import Cluster, place_group
+from cost_models.collectives import all_gather_s, all_reduce_s, reduce_scatter_s, send_recv_s
+from cost_models.compute import op_time_s
+from cost_models.offload import transfer_s
+from cost_models.overlap import exposed_s, shared_window_exposed
+from cost_models.schedule import pipeline_time
+
+from planner.costing.node_times import activation_dtype
+from planner.costing.stage_costs import DTYPE_WIDTH, StageCost, StageCosts
+from planner.errors import InvalidInput
+from planner.strategy import Strategy, Workload
+
+#: Bytes an Adam step reads and writes per parameter: bf16 param r/w, fp32 grad read, fp32 master, m and v r/w.
+ADAM_BYTES_PER_PARAM = 2 + 2 + 4 + 8 + 8 + 8
+
+
+@dataclass(frozen=True, slots=True)
+class StageStep:
+    """One stage's micro-batch with its communication overlapped (see the module docstring)."""
+
+    forward_s: float  # compute and exposed communication
+    backward_s: float  # backward and recompute compute and exposed communication
+    exposed: dict[str, float]  # exposed seconds by kind: tp, cp, ep, and dp (ZeRO-2/3's per-micro-batch traffic)
+    backward_room_s: float  # hiding capacity left in one backward after its own overlaps: for the DP tail
+
+
+def stage_step(s: StageCost, cluster: Cluster, workload: Workload, strategy: Strategy, width: float) -> StageStep:
+    """Exposed communication of one stage's micro-batch, forward and backward."""
+    ex = workload.execution
+    p, eta = s.parts, cluster.dp_overlap_efficiency
+    gather_f = gather_b = scatter_b = 0.0
+    if strategy.zero >= 3 and not stays_gathered(strategy, ex):  # FSDP: every micro-batch gathers the weights
+        gather_f = gather_b = dp_collective_s(cluster, strategy, s, "all_gather", width)
+    if strategy.zero >= 2 and not stays_gathered(strategy, ex):  # sharded gradients: reduce-scattered each time
+        scatter_b = dp_collective_s(cluster, strategy, s, "reduce_scatter", ex.grad_bytes)
+    tp_hidden = ex.overlap_tp_comm and strategy.sp
+    fwd_c, bwd_c = p.forward, p.backward + p.recompute
+    # TP collectives hide only behind the GEMM each feeds or follows (stage_costs: tp_*_hidden, already at the
+    # overlap efficiency): their own window is what lets that much hide; the others may use the whole phase
+    tp_window = (p.tp_fwd_hidden / eta if eta else 0.0, p.tp_bwd_hidden / eta if eta else 0.0)
+    # the expert all-to-all hides behind another micro-batch's compute, but only up to the stack's share of it
+    # (dependencies between the two micro-batches' layers leave the rest exposed)
+    ep_window = (ex.ep_overlap_share * p.ep_fwd / eta if eta else 0.0, ex.ep_overlap_share * p.ep_bwd / eta if eta else 0.0)
+    phases = (
+        (fwd_c, [("tp", p.tp_fwd, tp_hidden, tp_window[0]), ("ep", p.ep_fwd, ex.overlap_ep_comm, ep_window[0]),
+                 ("dp", gather_f, ex.fsdp_prefetch, fwd_c)]),
+        (bwd_c, [("tp", p.tp_bwd, tp_hidden, tp_window[1]), ("ep", p.ep_bwd, ex.overlap_ep_comm, ep_window[1]),
+                 ("dp", gather_b, ex.fsdp_prefetch, bwd_c), ("dp", scatter_b, ex.overlap_grad_reduce, bwd_c)]),
+    )
+    exposed = {"tp": 0.0, "cp": p.cp_fwd + p.cp_bwd, "ep": 0.0, "dp": 0.0}
+    shown_by_phase, hidden_bwd = [], 0.0
+    for phase, (window, items) in enumerate(phases):
+        items = [(kind, sec, hide) for kind, sec, hide, _ in items], [(sec, own) for _, sec, hide, own in items if hide]
+        items, overlapped = items
+        hidden = iter(shared_window_exposed(overlapped, window, eta))
+        total = 0.0
+        for kind, sec, hide in items:
+            shown = next(hidden) if hide else sec
+            exposed[kind] += shown
+            total += shown
+            if hide and phase == 1:
+                hidden_bwd += sec - shown
+        shown_by_phase.append(total)
+    return StageStep(forward_s=fwd_c + p.cp_fwd + shown_by_phase[0], backward_s=bwd_c + p.cp_bwd + shown_by_phase[1],
+                     exposed=exposed, backward_room_s=max(0.0, eta * bwd_c - hidden_bwd))
+
+
+def dp_collective_s(cluster: Cluster, strategy: Strategy, s: StageCost, kind: str, bytes_per_param: float) -> float:
+    """One collective over a stage's data-parallel groups: its dense parameters over dp x cp (stride tp), its
+    experts' over their expert-data-parallel group (stride ep x etp); they run one after the other."""
+    dpg, edp = strategy.dp * strategy.cp, strategy.edp
+    run = {"all_gather": all_gather_s, "reduce_scatter": reduce_scatter_s, "all_reduce": all_reduce_s}[kind]
+    out = 0.0
+    if dpg > 1 and s.dense_params > 0:
+        out += run(s.dense_params * bytes_per_param, place_group(cluster, dpg, stride=s.tp))
+    if edp > 1 and s.expert_params > 0:
+        out += run(s.expert_params * bytes_per_param, place_group(cluster, edp, stride=strategy.ep * strategy.expert_tp))
+    return out
+
+
+def step_breakdown(
+    costs: StageCosts, cluster: Cluster, workload: Workload, strategy: Strategy, m: int
+) -> tuple[dict[str, float], float, dict[str, dict]]:
+    """(breakdown by kind, step time, offload per memory class of the stage that sets the step) of a training
+    step; inference steps are one forward pass."""
+    stages = costs.stages
+    width = DTYPE_WIDTH.get(activation_dtype(workload), 2.0)
+    ex = workload.execution
+    t, cp, dp, pp = strategy.tp, strategy.cp, strategy.dp, strategy.pp
+    if workload.mode != "train":
+        f = [s.forward_s for s in stages]
+        slow = max(range(len(stages)), key=lambda i: (f[i], -i))
+        p = stages[slow].parts
+        total = sum(f)
+        bd = {"compute": p.forward, "tp_comm": p.tp_fwd, "cp_comm": p.cp_fwd, "ep_comm": p.ep_fwd,
+              "pp_other_stages": total - f[slow]}
+        return bd, sum(bd.values()), {}
+
+    steps = [stage_step(s, cluster, workload, strategy, width) for s in stages]
+    p2p = 0.0
+    if pp > 1:
+        spans = place_group(cluster, 2, stride=t * cp * dp)
+        p2p = send_recv_s(max(s.boundary_bytes for s in stages), spans)
+        # the receiver all-gathers what was sent scattered (see stage_costs), over its own tensor group
+        p2p += max(all_gather_s(s.gather_bytes, place_group(cluster, s.tp, stride=1)) if s.tp > 1 else 0.0
+                   for s in stages)
+        if ex.overlap_pp_comm:  # sends and receives run beside the next chunk's compute
+            p2p = exposed_s(p2p, min(x.forward_s for x in steps), cluster.dp_overlap_efficiency)
+    schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
+    pipe = pipeline_time([x.forward_s for x in steps], [x.backward_s for x in steps], m, schedule, strategy.vpp, p2p)
+    slow = max(range(len(stages)), key=lambda i: (steps[i].forward_s + steps[i].backward_s, -i))
+    sp_, st_ = stages[slow].parts, steps[slow]
+    bd = {
+        "compute": m * (sp_.forward + sp_.backward),
+        "recompute": m * sp_.recompute,
+        "tp_comm": m * st_.exposed["tp"],
+        "cp_comm": m * st_.exposed["cp"],
+        "ep_comm": m * st_.exposed["ep"],
+        "pp_bubble": pipe.bubble_s,
+        "pp_p2p": pipe.p2p_s,
+    }
+    dp_mb = m * st_.exposed["dp"]
+
+    # after the last backward: gradient reduction (partly hidden behind it) and the optimizer step
+    tier = _tier(cluster, strategy)
+    tail = 0.0
+    dp_exposed = opt = off = 0.0
+    detail: dict[str, dict] = {}
+    for s, x in zip(stages, steps):
+        exposed = _dp_tail_s(cluster, strategy, s, x, ex, width)
+        local = s.dense_params / (dp * cp if strategy.zero >= 1 else 1) + s.expert_params / (
+            strategy.edp if strategy.zero >= 1 else 1)
+        frac_opt = strategy.offload_fraction("optimizer")
+        step_opt = op_time_s(cluster, 10.0 * local * (1 - frac_opt), ADAM_BYTES_PER_PARAM * local * (1 - frac_opt),
+                             "elementwise", activation_dtype(workload))
+        per_class = {} if tier is None else offload_by_class(s, strategy, tier, m, local, width)
+        offload = sum(v["exposed_s"] for v in per_class.values())
+        if exposed + step_opt + offload > tail:
+            tail, dp_exposed, opt, off = exposed + step_opt + offload, exposed, step_opt, offload
+            detail = {cls: dict(v) for cls, v in per_class.items()}
+    bd["dp_comm"] = dp_mb + dp_exposed
+    bd["optimizer"] = opt
+    bd["offload"] = off
+    return bd, pipe.total_s + tail, detail
+
+
+def _dp_tail_s(cluster: Cluster, strategy: Strategy, s: StageCost, x: StageStep, ex, width: float) -> float:
+    """What the data-parallel reduction after the last micro-batch adds to the step: ZeRO 0 all-reduces and
+    ZeRO 1 (the distributed optimizer) reduce-scatters the accumulated gradients, bucket by bucket behind the
+    last backward when the stack overlaps them (the last bucket cannot hide); ZeRO 1-2 then all-gather the
+    updated parameters, hidden behind the next step's first forward when the stack overlaps that too."""
+    gathered = stays_gathered(strategy, ex)
+    if strategy.zero >= 2 and not gathered:  # already reduce-scattered micro-batch by micro-batch (StageStep)
+        red = 0.0
+    else:
+        red = dp_collective_s(cluster, strategy, s, "all_reduce" if strategy.zero == 0 else "reduce_scatter",
+                              ex.grad_bytes)
+    layers = max(1, len(s.layers))
+    shown = exposed_s(red, x.backward_room_s, 1.0, red / layers) if ex.overlap_grad_reduce else red
+    if 1 <= strategy.zero <= 2 or gathered:  # the updated (or, gathered once, the sharded) weights all-gathered
+        gather = dp_collective_s(cluster, strategy, s, "all_gather", width)
+        shown += exposed_s(gather, s.parts.forward, cluster.dp_overlap_efficiency) if ex.overlap_param_gather \
+            else gather
+    return shown
+
+
+def stays_gathered(strategy: Strategy, execution) -> bool:
+    """ZeRO-3 weights gathered once per step and kept (see `Execution.fsdp_gathered_with_pp`)."""
+    return strategy.zero >= 3 and strategy.pp > 1 and execution.fsdp_gathered_with_pp
+
+
+def offload_by_class(s, strategy: Strategy, tier, m: int, local_params: float, width: float) -> dict[str, dict]:
+    """Per memory class: bytes moved off HBM, bytes moved over the tier's link per step, and the exposed time.
+
+    Optimizer states on the host: gradients go down and updated parameters
+    come back after the backward (the update runs where the states live), so
+    that traffic is exposed; gradients likewise. Parameters are fetched for
+    every micro-batch's forward and backward, activations stored after the
+    forward and fetched for the backward: prefetched, so only what exceeds
+    the compute shows. The two streamed classes share the link, so the part
+    of their time that compute cannot hide is split between them pro rata.
+    """
+    n_params = s.dense_params + s.expert_params
+    window = m * (s.forward_s + s.backward_s)
+    out: dict[str, dict] = {}
+    f_opt = strategy.offload_fraction("optimizer")
+    grad_bytes = 4.0  # fp32 gradients cross to the host update
+    if f_opt:
+        moved = f_opt * local_params * (grad_bytes + width + ADAM_BYTES_PER_PARAM)
+        out["optimizer"] = {"traffic_bytes": moved, "exposed_s": transfer_s(moved, tier)}
+    f_g = strategy.offload_fraction("grads")
+    if f_g:
+        moved = f_g * n_params * grad_bytes
+        out["grads"] = {"traffic_bytes": moved, "exposed_s": transfer_s(moved, tier)}
+    streamed = {"params": 2 * m * strategy.offload_fraction("params") * n_params * width,
+                "activations": 2 * m * s.memory_bytes.get("offloaded_activations", 0.0) / max(s.held, 1.0)}
+    total = sum(streamed.values())
+    if total > 0:
+        hidden_left = exposed_s(transfer_s(total, tier), window)
+        for cls, moved in streamed.items():
+            if moved > 0:
+                out[cls] = {"traffic_bytes": moved, "exposed_s": hidden_left * moved / total}
+    for cls, v in out.items():
+        v["offloaded_bytes"] = s.memory_bytes.get(f"offloaded_{cls}", 0.0)
+        v["fraction"] = strategy.offload_fraction(cls)
+    return out
+
+
+def _tier(cluster: Cluster, strategy: Strategy):
+    wanted = any(f > 0 for _, f in strategy.offload)
+    if not wanted:
+        return None
+    if not cluster.memory_tiers:
+        raise InvalidInput(f"{cluster.name} has no memory tier beyond HBM to offload to; drop --offload")
+    pooled = [t for t in cluster.memory_tiers if t.pooled]
+    return (pooled or list(cluster.memory_tiers))[0]

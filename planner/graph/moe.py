@@ -1,0 +1,133 @@
+"""A mixture-of-experts layer, found from its router: how many experts, how many per token, which weights.
+
+The router is a TopK over the scores of a projection whose output width is
+the number of experts E; k is the TopK's output width. Routed-expert weights
+are the layer's parameters stacked by expert (leading dim E, other than the
+router's own weight: transformers 5 and our zoo store them that way) or
+named `*.experts.<i>.*` (one module per expert, as transformers 4 and
+DeepSeek's release name them: the project's convention for expert weights,
+see `planner.costing.block_costs`). Shared experts are ordinary dense weights. Training and serving both find experts here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.graph.ir import Graph
+from planner.graph.walk import GraphIndex, is_weight_matmul
+
+_SCORE_OPS = frozenset({"Softmax", "Sigmoid", "Cast", "Identity", "Add", "Mul", "Reshape", "LogSoftmax", "Div"})
+
+
+@dataclass(frozen=True, slots=True)
+class MoeFacts:
+    """Routed experts of one layer."""
+
+    experts: int
+    top_k: int
+    params: frozenset[str]  # the routed experts' weights (all E of them)
+    router_params: frozenset[str]
+    expert_nodes: frozenset[int]  # the contractions that read them
+    tokens: int = 0  # tokens routed per forward at the imported batch (rows of the router's input)
+    hidden: int = 0  # width of each routed token (what dispatch sends per (token, expert) pair)
+    topk_node: int = -1  # the router's TopK
+
+
+def moe_facts(graph: Graph, index: GraphIndex, nodes: frozenset[int]) -> MoeFacts | None:
+    """The routed experts among `nodes`, or None for a dense layer."""
+    for i in sorted(nodes):
+        n = graph.nodes[i]
+        if n.op_type != "TopK" or not n.inputs:
+            continue
+        scores = graph.tensors.get(n.inputs[0])
+        picked = graph.tensors.get(n.outputs[0]) if n.outputs else None
+        if scores is None or picked is None or not scores.shape or not picked.shape:
+            continue
+        router = _router(graph, index, n.inputs[0], nodes)
+        if router is None:
+            continue
+        experts, top_k = int(scores.shape[-1]), int(picked.shape[-1])
+        if not 1 <= top_k < experts:
+            continue
+        router_params = index.weight_params(graph.nodes[router].inputs)
+        params = frozenset(p for j in nodes for x in graph.nodes[j].inputs if x
+                           for p in index.weight_of.get(x, ()) if p not in router_params
+                           and _is_expert_param(graph, p, experts))
+        if not params:
+            continue
+        expert_nodes = frozenset(j for j in nodes if is_weight_matmul(graph, index, j)
+                                 and index.weight_params(graph.nodes[j].inputs) & params)
+        x = next((graph.tensors.get(y) for y in graph.nodes[router].inputs if y and not index.is_weight(y)), None)
+        hidden = int(x.shape[-1]) if x is not None and x.shape else 0
+        tokens = int(x.numel // hidden) if hidden else 0
+        return MoeFacts(experts=experts, top_k=top_k, params=params, router_params=router_params,
+                        expert_nodes=expert_nodes, tokens=tokens, hidden=hidden, topk_node=i)
+    return None
+
+
+def _router(graph: Graph, index: GraphIndex, scores: str, nodes: frozenset[int]) -> int | None:
+    """The projection that produced the router scores (through softmax/sigmoid and casts)."""
+    name = scores
+    for _ in range(8):
+        j = index.producer.get(name)
+        if j is None or j not in nodes:
+            return None
+        if is_weight_matmul(graph, index, j):
+            return j
+        node = graph.nodes[j]
+        if node.op_type not in _SCORE_OPS or not node.inputs:
+            return None
+        acts = [x for x in node.inputs if x and not index.is_weight(x) and x not in index.constants]
+        if not acts:
+            return None
+        name = acts[0]
+    return None
+
+
+def _is_expert_param(graph: Graph, name: str, experts: int) -> bool:
+    shape = graph.tensors[name].shape or ()
+    return (len(shape) >= 3 and shape[0] == experts) or ".experts." in name
+
+
+def routed_region(graph: Graph, index: GraphIndex, nodes: frozenset[int], moe: MoeFacts) -> frozenset[int]:
+    """The nodes of a MoE layer that run on routed tokens: from the router's TopK through the dispatch (sort,
+    gather, pad) and the experts to the combine back into [tokens, hidden] (the first node after the experts
+    whose output has that size). What the expert-parallel model costs instead of the tensor-axis program."""
+    def closure(starts, step, stop=None):
+        seen, stack = set(), list(starts)
+        while stack:
+            j = stack.pop()
+            if j in seen or j not in nodes:
+                continue
+            seen.add(j)
+            if stop is not None and stop(j):
+                continue
+            stack += step(j)
+        return seen
+
+    def after(j):
+        return [c for o in graph.nodes[j].outputs if o for c in index.consumers.get(o, ())]
+
+    def before(j):
+        return [index.producer[x] for x in graph.nodes[j].inputs
+                if x and x in index.producer and not index.is_weight(x)]
+
+    width = moe.tokens * moe.hidden
+
+    def combined(j):
+        return j not in moe.expert_nodes and any(
+            o in graph.tensors and graph.tensors[o].numel == width for o in graph.nodes[j].outputs if o)
+
+    down = closure([moe.topk_node], after)
+    up = closure(moe.expert_nodes, before)
+    out = closure(moe.expert_nodes, after, stop=combined)
+    return frozenset((down & up) | out | moe.expert_nodes)
+
+
+def routed_experts(graph: Graph, structure, index: GraphIndex | None = None) -> int:
+    """The most routed experts any layer of the graph has (0 for a dense model), found from the routers."""
+    from planner.graph.walk import index_graph
+
+    index = index or index_graph(graph)
+    found = [moe_facts(graph, index, frozenset(b.nodes)) for b in structure.blocks if b.is_layer and b.nodes]
+    return max((f.experts for f in found if f is not None), default=0)
