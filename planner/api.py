@@ -132,22 +132,25 @@ def estimate_model(
     overrides: Mapping[str, Any] | None = None,
     dims: Mapping[str, int] | None = None,
     dp: int | None = None,
+    stack: str | None = None,
     **strategy: Any,
 ) -> dict[str, Any]:
     """Score one strategy of a model on a cluster: the dict `hyperplan estimate --json` prints.
 
     `strategy` holds the degrees and policies of `planner.strategy.Strategy`
-    (tp, pp, cp, ep, vpp, micro_batch, recompute, sp, zero, schedule,
+    (tp, pp, cp, ep, etp, vpp, micro_batch, recompute, sp, zero, schedule,
     offload). `dp` defaults to what the devices leave; `devices` defaults to
     the preset's size, or to what the degrees need when `dp` is given.
+    `stack` is the software stack that runs it (a preset name or a stack
+    .toml file; default: today's Megatron-Core).
     """
     from cost_models import load_cluster
 
-    from planner.estimate import estimate
+    from planner.costing.estimate import estimate
     from planner.graph.blocks import discover_blocks
-    from planner.strategy import Strategy, Workload
+    from planner.strategy import Strategy
 
-    workload = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # type: ignore[arg-type]
+    workload = make_workload(mode, global_batch, seq_len, dtype, stack)
     stage_tp = tuple(strategy.get("stage_tp") or ())
     inner = (sum(stage_tp) if stage_tp else strategy.get("tp", 1) * strategy.get("pp", 1)) * strategy.get("cp", 1)
     if devices is None and dp is not None:
@@ -171,13 +174,37 @@ def estimate_model(
     return out
 
 
+def make_workload(mode: str, global_batch: int, seq_len: int, dtype: str, stack: str | None) -> Any:
+    """The job: batch, length and precision, run by `stack` (a preset name or a stack file; None: the default)."""
+    from planner.costing.execution import load_execution
+    from planner.strategy import Workload
+
+    return Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
+                    execution=load_execution(stack))
+
+
 def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any) -> dict[str, Any]:
     return {
         "model": {"name": os.path.basename(os.fspath(model)), "params": graph.param_count},
-        "cluster": {"name": hw.name, "devices": hw.n_devices},
+        "cluster": {"name": hw.name, "devices": hw.n_devices, "calibration": hw.calibration,
+                    "fitted": hw.fitted},
         "workload": {"mode": workload.mode, "global_batch": workload.global_batch, "seq_len": workload.seq_len,
-                     "dtype": workload.dtype},
+                     "dtype": workload.dtype, "stack": workload.execution.origin or workload.execution.name},
+        "assumptions": assumptions(hw, workload),
     }
+
+
+def assumptions(hw: Any, workload: Any) -> list[str]:
+    """What the figures rest on that no measurement of this hardware and stack has checked."""
+    out = []
+    if not hw.fitted:
+        out.append(f"{hw.name}: {hw.calibration or 'efficiency not fitted to any measured run'}")
+    ex = workload.execution
+    if workload.mode == "train" and ex.attention == "flash":
+        _, _, kernel = hw.attention_plateau(ex.attention_kernel) if hw.attention_plateaus else (0, 0, "")
+        if kernel and kernel != ex.attention_kernel:
+            out.append(f"{hw.name} lists no {ex.attention_kernel} attention efficiency; {kernel}'s is used")
+    return out
 
 
 def plan_model(
@@ -196,6 +223,7 @@ def plan_model(
     memory_gib: float | None = None,
     offload: bool = True,
     mpmd: bool = True,
+    stack: str | None = None,
 ) -> dict[str, Any]:
     """Search the fastest strategy that fits: the dict `hyperplan plan --json` prints.
 
@@ -209,13 +237,12 @@ def plan_model(
     from cost_models import load_cluster
 
     from planner.errors import Infeasible
-    from planner.estimate import estimate
+    from planner.costing.estimate import estimate
     from planner.graph.blocks import discover_blocks
     from planner.plan import Plan, mesh_axes, plan_to_dict
     from planner.search.plan_search import search
-    from planner.strategy import Workload
 
-    workload = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # type: ignore[arg-type]
+    workload = make_workload(mode, global_batch, seq_len, dtype, stack)
     hw = with_memory_cap(load_cluster(cluster, devices=devices), memory_gib)
     graph = _graph_for_costing(model, seq_len, dims, overrides)
     structure = discover_blocks(graph)
@@ -303,3 +330,14 @@ def plan_inference(model: str | os.PathLike, **options: Any) -> dict[str, Any]:
     from planner.inference.serve import plan_inference as plan
 
     return plan(model, **options)
+
+
+def calibrate(files=None, *, hardware: str | None = None, category: str | None = None, fit=None):
+    """Predicted against measured step time of the runs in `files` (the shipped runs when None), optionally
+    filtered by hardware and category; with `fit` (run ids), the hardware of those runs fitted on them first.
+    Returns a `planner.calibration.report.CalibrationResult`."""
+    from planner.calibration import read_runs
+    from planner.calibration.report import calibrate_runs, select
+
+    runs = select(read_runs(files), hardware, category)
+    return calibrate_runs(runs, fit)

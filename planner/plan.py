@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from cost_models import Cluster, place_group
 
-from planner.estimate import Estimate, plain
+from planner.costing.estimate import Estimate, plain
 from planner.search.plan_search import Candidate, SearchResult
 from planner.strategy import Strategy
 
@@ -46,9 +46,10 @@ def mesh_axes(cluster: Cluster, s: Strategy) -> tuple[dict[str, Any], ...]:
             spans = place_group(cluster, width, stride=1) if width > 1 else ()
             axes.append({"name": f"stage{stage}", "size": last - first + 1, "ranks": [first, last], "tp": width,
                          "levels": [f"{sp.level.name}x{sp.participants}" for sp in spans]})
-    if s.ep > 1:
-        spans = place_group(cluster, s.ep, stride=s.tp)
-        axes.append({"name": "ep", "size": s.ep, "stride": s.tp, "within": "dp x cp",
+    if s.ep > 1:  # experts fold onto a stage's tp x cp x dp ranks: etp fastest, then ep, then edp
+        spans = place_group(cluster, s.ep, stride=s.expert_tp)
+        axes.append({"name": "ep", "size": s.ep, "stride": s.expert_tp,
+                     "within": "tp x cp x dp" if s.expert_tp != s.tp else "dp x cp", "etp": s.expert_tp,
                      "levels": [f"{sp.level.name}x{sp.participants}" for sp in spans]})
     return tuple(axes)
 

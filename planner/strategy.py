@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from planner.costing.execution import Execution, load_execution
 from planner.errors import InvalidInput
 
 Mode = Literal["train", "infer"]
@@ -22,12 +23,15 @@ OFFLOAD_CLASSES: tuple[str, ...] = ("params", "grads", "optimizer", "activations
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
-    """One training step (or inference batch): how many sequences of how many tokens, in which dtype."""
+    """One training step (or inference batch): how many sequences of how many tokens, in which dtype, run by
+    which software stack (`execution`: kernels, overlaps, FP8 recipe, optimizer states; the default stack
+    unless given). In training, dtype fp8 means the layers' GEMMs run in FP8 by the stack's recipe."""
 
     mode: Mode = "train"
     global_batch: int
     seq_len: int
     dtype: str = "bf16"
+    execution: Execution = field(default_factory=lambda: load_execution(None))
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -45,7 +49,10 @@ class Strategy:
     """The parallel degrees and memory policies of one plan.
 
     Mesh axes, fastest first: tp (tensor), cp (context), dp (data), pp
-    (pipeline); ep (expert) reuses data x context ranks, as in Megatron-LM.
+    (pipeline). Routed experts fold onto the same tp x cp x dp ranks of a
+    stage as etp (expert tensor) x ep (expert) x edp (expert data), fastest
+    first (Megatron-Core's MoE parallel folding): etp defaults to tp, so ep
+    then spans data x context ranks; etp 1 lets ep span the tensor ranks too.
     `offload` maps a memory class to the fraction of it kept in the host or
     pooled tier instead of HBM.
     """
@@ -66,19 +73,24 @@ class Strategy:
     full_recompute_layers: int = 0  # per chunk, the first k layers recompute fully, the rest use `recompute`
     layouts: str = "megatron"  # tensor-axis layout space: "megatron" (Megatron-LM's) or "searched" (free ILP)
     stage_tp: tuple[int, ...] = ()  # tensor degree of each pipeline stage when they differ; () = `tp` everywhere
+    etp: int = 0  # expert tensor-parallel degree; 0 = tp (Megatron-Core's default)
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidInput(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+        if isinstance(self.etp, bool) or not isinstance(self.etp, int) or self.etp < 0:
+            raise InvalidInput(f"--etp must be a positive integer, got {self.etp!r}")
         if self.recompute not in RECOMPUTE_POLICIES:
             raise InvalidInput(f"--recompute must be one of {', '.join(RECOMPUTE_POLICIES)}, got {self.recompute!r}")
         if self.zero not in (0, 1, 2, 3):
             raise InvalidInput(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        if (self.dp * self.cp) % self.ep:
+        ranks = self.tp * self.cp * self.dp
+        if ranks % (self.ep * self.expert_tp):
             raise InvalidInput(
-                f"--ep {self.ep} must divide dp x cp = {self.dp * self.cp}: experts are spread over data-parallel ranks"
+                f"--ep {self.ep} x --etp {self.expert_tp} = {self.ep * self.expert_tp} must divide the "
+                f"tp x cp x dp = {ranks} ranks of a pipeline stage, over which the experts are folded"
             )
         if self.sp and self.tp == 1:
             raise InvalidInput("--sp (sequence parallelism) needs --tp greater than 1")
@@ -106,6 +118,16 @@ class Strategy:
                 raise InvalidInput(f"unknown offload class {cls!r}; use one of {', '.join(OFFLOAD_CLASSES)}")
             if not 0.0 <= frac <= 1.0:
                 raise InvalidInput(f"offload fraction of {cls} must be within 0..1, got {frac}")
+
+    @property
+    def expert_tp(self) -> int:
+        """The expert tensor-parallel degree (etp, or tp when not given)."""
+        return self.etp or self.tp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: the ranks of a stage over ep x etp (they reduce expert gradients)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.expert_tp)
 
     @property
     def devices(self) -> int:
@@ -145,6 +167,8 @@ class Strategy:
         tp = "+".join(str(n) for n in self.stage_tp) if self.stage_tp else self.tp  # per stage: 'TP4+8·PP2'
         axes = [f"{n}{v}" for n, v in (("TP", tp), ("CP", self.cp), ("PP", self.pp), ("DP", self.dp), ("EP", self.ep))
                 if v != 1]
+        if self.etp and self.etp != self.tp:
+            axes.append(f"ETP{self.etp}")
         parts = ["·".join(axes) or "single device"]
         if self.vpp > 1:
             parts[0] += f" (vpp {self.vpp})"

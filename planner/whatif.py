@@ -221,7 +221,7 @@ def _pool_context() -> Any:
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["planner.whatif", "planner.api", "planner.search.plan_search",
-                                    "planner.estimate", "planner.graph.onnx_import", "models_zoo"])
+                                    "planner.costing.estimate", "planner.graph.onnx_import", "models_zoo"])
         return ctx
     return multiprocessing.get_context("spawn")
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from planner.graph.ir import Graph, dtype_bytes
+from planner.graph.walk import GraphIndex, index_graph
 from planner.costing.node_work import FLOAT_DTYPES
 
 _VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Identity", "Expand"})
@@ -151,62 +152,62 @@ def saved_tensors(graph: Graph, work_float_bytes: float | None = None, grad: set
     return out
 
 
-def attention_core(graph: Graph) -> set[int]:
+def attention_core(graph: Graph, index: GraphIndex | None = None) -> set[int]:
     """Nodes of the attention core: from the QK^T contraction through softmax to the AV contraction.
 
     Found from every Softmax: backwards through elementwise ops to a
     contraction of two activations, forwards to the contraction that consumes
     the probabilities. The fused ONNX Attention op is a core by itself.
     """
-    params = set(graph.params)
-    producer: dict[str, int] = {}
-    consumers: dict[str, list[int]] = {}
-    for i, n in enumerate(graph.nodes):
-        for o in n.outputs:
-            if o:
-                producer[o] = i
-        for x in n.inputs:
-            if x:
-                consumers.setdefault(x, []).append(i)
+    index = index or index_graph(graph)
     core: set[int] = set()
-
-    def activation_contraction(j: int) -> bool:
-        n = graph.nodes[j]
-        return n.op_type in ("MatMul", "Einsum") and not any(x in params for x in n.inputs)
-
     for i, n in enumerate(graph.nodes):
         if n.op_type == "Attention":
             core.add(i)
-        if n.op_type != "Softmax":
-            continue
-        region = {i}
-        # backwards to QK^T
-        j, found = i, False
-        for _ in range(12):
-            src = graph.nodes[j].inputs[0] if graph.nodes[j].inputs else ""
-            j = producer.get(src, -1)
-            if j < 0:
-                break
-            region.add(j)
-            if activation_contraction(j):
-                found = True
-                break
-            if graph.nodes[j].op_type not in _PASS:
-                break
-        if not found:
-            continue
-        # forwards to AV
-        frontier = i
-        for _ in range(8):
-            nxt = consumers.get(graph.nodes[frontier].outputs[0], [])
-            if len(nxt) != 1:
-                break
-            frontier = nxt[0]
-            region.add(frontier)
-            if activation_contraction(frontier) or graph.nodes[frontier].op_type not in _PASS:
-                break
-        core |= region
+        elif n.op_type == "Softmax":
+            region, qk, _ = softmax_span(graph, index, i, _PASS)
+            if qk >= 0:
+                core |= region
     return core
+
+
+def softmax_span(graph: Graph, index: GraphIndex, i: int, passable: frozenset[str] | set[str]
+                 ) -> tuple[set[int], int, int]:
+    """The ops around Softmax node `i`: back through `passable` ops (scale, mask, casts) to the QK^T
+    contraction of two activations, forward through them to the AV contraction. Returns the ops passed
+    (the one that stopped each walk included), and the two contractions' nodes (-1 where not found)."""
+    def contraction(j: int) -> bool:  # of two activations: no weight (nor a view of one) among its inputs
+        n = graph.nodes[j]
+        return n.op_type in ("MatMul", "Einsum") and len(n.inputs) >= 2 and not any(
+            x in index.weight_of for x in n.inputs)
+
+    region, qk, av, j = {i}, -1, -1, i
+    for _ in range(12):
+        src = graph.nodes[j].inputs[0] if graph.nodes[j].inputs else ""
+        j = index.producer.get(src, -1)
+        if j < 0:
+            break
+        region.add(j)
+        if contraction(j):
+            qk = j
+            break
+        if graph.nodes[j].op_type not in passable:
+            break
+    if qk < 0:
+        return region, -1, -1
+    frontier = i
+    for _ in range(8):
+        nxt = index.consumers.get(graph.nodes[frontier].outputs[0], ())
+        if len(nxt) != 1:
+            break
+        frontier = nxt[0]
+        region.add(frontier)
+        if contraction(frontier):
+            av = frontier
+            break
+        if graph.nodes[frontier].op_type not in passable:
+            break
+    return region, qk, av
 
 
 def layer_inputs(graph: Graph, nodes: set[int] | frozenset[int], grad: set[str]) -> list[str]:

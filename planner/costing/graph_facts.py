@@ -32,7 +32,7 @@ class GraphFacts:
         self.index = index_graph(graph)
         self.work = node_work(graph, self.index.weight_of)
         self.params = set(graph.params)
-        self.core = attention_core(graph)
+        self.core = attention_core(graph, self.index)
         self.grad = requires_grad(graph)
         self.in_layer = np.zeros(len(graph.nodes), dtype=bool)
         for b in structure.blocks:
@@ -58,7 +58,7 @@ class GraphFacts:
         self.in_core_output = {o for i in self.core for o in graph.nodes[i].outputs if o}
         self.roots = view_roots(graph)
         # fused (flash) attention: one region per attention core, and the nodes of all of them
-        self.regions: tuple[AttentionRegion, ...] = tuple(attention_regions(graph))
+        self.regions: tuple[AttentionRegion, ...] = tuple(attention_regions(graph, self.index))
         self.region_of: dict[int, AttentionRegion] = {i: r for r in self.regions for i in r.nodes}
         self.flash_core = np.zeros(len(graph.nodes), dtype=bool)
         self.flash_core[sorted(self.region_of)] = True

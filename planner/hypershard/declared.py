@@ -23,7 +23,8 @@ from planner.hypershard.document import Request, build_document
 from planner.hypershard.pins import check_activations, declared_pins, estimator_pins
 from planner.hypershard.programs import is_multi, is_serving, rank_problems, ranks_of, view, views
 from planner.hypershard.stages import declared_widths, device_problem
-from planner.stage_costs import even_split
+from planner.costing.stage_costs import even_split
+from planner.costing.execution import load_execution
 from planner.strategy import Strategy, Workload
 
 
@@ -45,7 +46,8 @@ def request_of(doc: Mapping[str, Any], base_dir: str | None = None) -> Request:
 
 def workload_of(doc: Mapping[str, Any]) -> Workload:
     w = doc["workload"]
-    return Workload(mode=w["mode"], global_batch=w["global_batch"], seq_len=w["seq_len"], dtype=w["dtype"])
+    return Workload(mode=w["mode"], global_batch=w["global_batch"], seq_len=w["seq_len"], dtype=w["dtype"],
+                    execution=load_execution(w.get("stack")))
 
 
 def chunk_layers(doc: Mapping[str, Any]) -> dict[int, list[str]]:
@@ -163,7 +165,7 @@ def score(request: Request, workload: Workload, strategy: Strategy, devices: int
     """Estimate `strategy` exactly as `plan_model` does for its chosen strategy, with the parameter layouts of the
     view `v` when it declares others than the estimator chooses (an unedited file scores to the planned numbers)."""
     from planner.api import _describe
-    from planner.estimate import estimate
+    from planner.costing.estimate import estimate
     from planner.plan import mesh_axes, strategy_dict
 
     hw, graph, structure = _rebuild(request, workload, devices)
@@ -366,7 +368,7 @@ def estimate_declared(path: str, model: str, *, cluster: str | None = None, devi
         return estimate_serving(doc, request, dtype=dtype)
     w = doc["workload"]
     workload = Workload(mode=w["mode"], global_batch=global_batch or w["global_batch"], seq_len=seq_len or w["seq_len"],
-                        dtype=dtype or w["dtype"])
+                        dtype=dtype or w["dtype"], execution=load_execution(w.get("stack")))
     return score_as(doc, request, workload, devices or doc["cluster"]["devices"]).estimate_view()
 
 

@@ -30,7 +30,7 @@ from planner.hypershard.layouts import activation_layouts, param_layouts
 from planner.hypershard.patterns import compress
 from planner.hypershard.roles import param_roles
 from planner.hypershard.stages import STAGE_PLACEMENT, placed_ranges
-from planner.stage_costs import assign_chunks
+from planner.costing.stage_costs import assign_chunks
 from planner.strategy import OFFLOAD_CLASSES, Strategy
 
 FORMAT_VERSION = 1
@@ -196,7 +196,7 @@ def _head(plan: Mapping[str, Any], graph: Graph, request: Request) -> dict[str, 
     return {
         "hypershard": FORMAT_VERSION,
         "model": model_section(request, graph),
-        "workload": {k: wl[k] for k in ("mode", "global_batch", "seq_len", "dtype")},
+        "workload": {k: wl[k] for k in ("mode", "global_batch", "seq_len", "dtype", "stack") if k in wl},
         "cluster": {"name": plan["cluster"]["name"], "spec": request.cluster, "devices": plan["cluster"]["devices"],
                     "memory_gib": request.memory_gib},
     }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from planner.activations import layer_inputs, requires_grad
+from planner.costing.activations import layer_inputs, requires_grad
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.hypershard.roles import ParamRole

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.activations import layer_inputs, requires_grad
+from planner.costing.activations import layer_inputs, requires_grad
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 

@@ -29,7 +29,7 @@ from planner.hypershard.serving_doc import (ESTIMATE_KEYS, PHASES, WORKLOAD_KEYS
                                            serving_graph, tier_name)
 from planner.hypershard.serving_layouts import routed_experts
 from planner.hypershard.validate import Report, entry_problems, model_problems, model_request
-from planner.inference.graph_walk import index_graph
+from planner.graph.walk import index_graph
 from planner.inference.phase_cost import Layout
 from planner.inference.rescore import PhaseChoice, score_serving
 

@@ -34,7 +34,7 @@ from planner.inference.phase_cost import Layout, stages
 from planner.inference.plan import kv_layout
 from planner.inference.profile import Profile
 from planner.search.program_groups import group_cluster
-from planner.stage_costs import DTYPE_WIDTH, even_split
+from planner.costing.stage_costs import DTYPE_WIDTH, even_split
 
 PHASES = ("prefill", "decode")
 #: How experts sit on the ep coordinates when ep does not divide them (numpy.array_split's rule).

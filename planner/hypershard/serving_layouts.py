@@ -31,9 +31,9 @@ from typing import Any, Mapping
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.hypershard.roles import ParamRole, param_roles, residual_tensors
-from planner.inference.graph_walk import GraphIndex, index_graph, is_weight_matmul
-from planner.inference.moe_facts import moe_facts
-from planner.node_work import MATRIX_OPS
+from planner.graph.walk import GraphIndex, index_graph, is_weight_matmul
+from planner.graph.moe import moe_facts
+from planner.costing.node_work import MATRIX_OPS
 
 #: Ops that normalise over a tensor's last dim: a column shard of it could not run them alone.
 _NORMS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "LayerNormalization", "RMSNormalization",

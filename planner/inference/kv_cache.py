@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.graph.ir import Graph
-from planner.inference.graph_walk import GraphIndex, is_weight_matmul, per_token
-from planner.node_work import FLOAT_DTYPES
+from planner.graph.walk import GraphIndex, is_weight_matmul, per_token
+from planner.costing.node_work import FLOAT_DTYPES
 
 #: Ops that only move or re-lay out values, or apply position-wise elementwise maps (rotary embedding):
 #: the cache can be taken before them at the same width.

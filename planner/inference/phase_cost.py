@@ -39,7 +39,7 @@ from cost_models.offload import prefetch_timeline
 
 from planner.errors import InvalidInput
 from planner.inference.profile import Part, Profile
-from planner.stage_costs import DTYPE_WIDTH, even_split
+from planner.costing.stage_costs import DTYPE_WIDTH, even_split
 
 Phase = Literal["prefill", "decode"]
 #: Share of HBM a serving engine lets its weights, cache and activations use; the rest is left to the runtime

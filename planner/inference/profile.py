@@ -19,13 +19,13 @@ from typing import Literal
 import numpy as np
 
 from planner.errors import InvalidModel
-from planner.fusion import fused_act_bytes
+from planner.costing.fusion import fused_act_bytes
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
-from planner.inference.graph_walk import GraphIndex, forward_closure, index_graph, is_weight_matmul
+from planner.graph.walk import GraphIndex, forward_closure, index_graph, is_weight_matmul
 from planner.inference.kv_cache import AttentionFacts, attention_facts, find_cores
-from planner.inference.moe_facts import moe_facts
-from planner.node_work import graph_batch, node_work
+from planner.graph.moe import moe_facts
+from planner.costing.node_work import graph_batch, node_work
 
 PartKind = Literal["layer", "pre", "post", "encoder"]
 

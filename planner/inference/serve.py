@@ -17,7 +17,7 @@ from planner.inference.phase_cost import SERVING_DTYPES, Precision
 from planner.inference.plan import ServingPlan, plan_dict, plan_serving
 from planner.inference.profile import Profile, serving_profile
 from planner.inference.search import Serving
-from planner.stage_costs import DTYPE_WIDTH
+from planner.costing.stage_costs import DTYPE_WIDTH
 
 #: Sequence length an ONNX file's symbolic sequence dims are bound to for profiling: long enough that every
 #: routed expert gets whole tokens under balanced routing (T*k/E >= 1 for E up to 256), short enough to import

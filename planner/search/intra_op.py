@@ -20,7 +20,7 @@ from typing import Callable, Hashable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from planner.activations import requires_grad
+from planner.costing.activations import requires_grad
 from planner.graph.ir import Graph
 from planner.search.reshard import IMPOSSIBLE, conjugate, grad_layout, transition
 from planner.search.space import ANY, PARTIAL, REPLICATED, OpStrategy, candidate_strategies
@@ -369,6 +369,34 @@ def build_problem(
     skel = build_skeleton(graph, node_keys, param_keys, t, training, style, grad)
     rep = np.asarray(fwd_repeat, dtype=np.int64) if fwd_repeat is not None else None
     return price(skel, node_time, np.ones(len(graph.nodes)), comm_time, tensor_bytes, rep)
+
+
+def detach(problem: IntraOpProblem, detached: set[int]) -> None:
+    """Take vars out of the program: no cost of their own and no edge to or from them (in place).
+
+    For ops another model costs (the routed experts of a MoE layer, whose tokens the expert-parallel
+    dispatcher moves instead of tensor-axis collectives): their layouts are then arbitrary.
+    """
+    if not detached:
+        return
+    for v in detached:
+        problem.unary[v] = np.zeros_like(problem.unary[v])
+    keep = [k for k, e in enumerate(problem.edges) if e.src not in detached and e.dst not in detached]
+    new_index = {old: new for new, old in enumerate(keep)}
+    groups = []
+    for src, out, idx in problem.groups:
+        if src in detached:
+            continue
+        idx = tuple(new_index[k] for k in idx if k in new_index)
+        groups.append((src, out, idx))
+    edges = [problem.edges[k] for k in keep]
+    for src, out, idx in groups:  # a group left with one reader is an ordinary edge again
+        if len(idx) == 1:
+            e = edges[idx[0]]
+            edges[idx[0]] = Edge(e.src, e.out, e.dst, e.inp, e.nbytes, e.grad, e.times, e.fwd_times, False)
+    problem.edges = edges
+    problem.groups = [g for g in groups if len(g[2]) > 1]
+    problem.sinks = [x for x in problem.sinks if x[0] not in detached]
 
 
 _WEIGHT_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Gather", "FusedMatMul"})

@@ -41,16 +41,16 @@ from typing import Callable
 from cost_models import Cluster, place_group
 from cost_models.collectives import send_recv_s
 
-from planner.estimate import fits_memory
+from planner.costing.estimate import fits_memory
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.subgraph import extract
-from planner.graph_facts import GraphFacts
+from planner.costing.graph_facts import GraphFacts
 from planner.search.moe_split import (EXPERT_TAG, ExpertGroup, MoeSplit, expert_flops, expert_group, split_moe)
 from planner.search.mpmd import MpmdResult, Program, ProgramPlan, ProgramSearch
 from planner.search.plan_search import Candidate
 from planner.search.program_groups import group_cluster, group_unit, group_workload
-from planner.stage_costs import DTYPE_WIDTH, stage_costs
+from planner.costing.stage_costs import DTYPE_WIDTH, stage_costs
 from planner.strategy import Strategy, Workload
 
 #: Most micro-batches in flight between the groups (MegaScale-Infer uses 2 to 4).
@@ -132,7 +132,7 @@ def score_split(split: MoeSplit, facts: GraphFacts, attn_facts: GraphFacts, clus
     extra = (k - 1) * mem.get("activations", 0.0)  # the other micro-batches in flight keep theirs too
     mem["activations"] = mem.get("activations", 0.0) + extra
     mem["peak"] = mem.get("peak", attention.peak_bytes) + extra
-    fits = attention.fits and fits_memory(group, mem) and experts.fits
+    fits = attention.fits and fits_memory(group, mem, workload.execution) and experts.fits
     real = workload.global_batch / wl.global_batch
     return SplitScore(n_attention, attention, k, experts, step, m * per_mb, tail_a, experts.busy_s(m), link,
                       traffic * real, fits)
@@ -298,7 +298,7 @@ def report_moe_programs(result: MpmdResult, cluster: Cluster, workload: Workload
 
     The breakdown is the attention group's (it adds up to its own step) plus `mpmd_wait`, the time it
     waits on the experts and the link, so it still adds up to the step."""
-    from planner.estimate import estimate, plain
+    from planner.costing.estimate import estimate, plain
     from planner.plan import strategy_dict
     from planner.search.mpmd import combined_figures, program_entry
 

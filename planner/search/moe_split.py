@@ -32,15 +32,15 @@ from cost_models.compute import op_time_s
 from cost_models.memory import MEGATRON_ADAM, model_state_bytes
 from cost_models.overlap import exposed_dp_reduction_s
 
-from planner.estimate import fits_memory
+from planner.costing.estimate import fits_memory
 from planner.graph.blocks import Structure, discover_blocks
 from planner.graph.ir import Graph
 from planner.graph.subgraph import extract
-from planner.graph_facts import GraphFacts
-from planner.node_work import FLOAT_DTYPES
+from planner.costing.graph_facts import GraphFacts
+from planner.costing.node_work import FLOAT_DTYPES
 from planner.search.mpmd import Program
-from planner.stage_costs import DTYPE_WIDTH
-from planner.step_time import ADAM_BYTES_PER_PARAM
+from planner.costing.stage_costs import DTYPE_WIDTH
+from planner.costing.step_time import ADAM_BYTES_PER_PARAM
 from planner.strategy import Workload
 
 EXPERT_TAG = ".experts."
@@ -187,7 +187,7 @@ def _expert_group(split: MoeSplit, facts: GraphFacts, cluster: Cluster, workload
         red = reduce_scatter_s(local * MEGATRON_ADAM.grad_bytes, spans) + all_gather_s(local * width, spans)
         backward = microbatches * sum(bw for _, bw in layer_s.values())
         tail += exposed_dp_reduction_s(cluster, red, backward, red / max(1, len(layer_s)))
-    return ExpertGroup(devices, layer_s, tail, mem, fits_memory(cluster, mem), recompute)
+    return ExpertGroup(devices, layer_s, tail, mem, fits_memory(cluster, mem, workload.execution), recompute)
 
 
 def expert_flops(split: MoeSplit, facts: GraphFacts) -> float:

@@ -37,8 +37,8 @@ from planner.errors import HyperplanError
 from planner.graph.blocks import Structure, discover_blocks
 from planner.graph.ir import Graph
 from planner.graph.subgraph import boundary_bytes, extract
-from planner.graph_facts import GraphFacts
-from planner.node_work import graph_batch
+from planner.costing.graph_facts import GraphFacts
+from planner.costing.node_work import graph_batch
 from planner.search.plan_search import Candidate, Scorer, search
 from planner.search.program_groups import group_cluster, group_sizes, group_workload, pipeline_fill_s
 from planner.strategy import Strategy, Workload
@@ -301,7 +301,7 @@ def score_groups(groups: Sequence[tuple[Program, int, int, Strategy]], cluster: 
     parameter layouts of program k (see `stage_costs`), as a hand-edited declaration asks. Each group is timed
     on its share of the batch rounded up (`program_groups.group_workload`); throughput counts the real batch.
     """
-    from planner.estimate import estimate
+    from planner.costing.estimate import estimate
 
     progs, ests, scale = [], [], []
     for k, (program, devices, first, strategy) in enumerate(groups):
@@ -326,7 +326,7 @@ def score_groups(groups: Sequence[tuple[Program, int, int, Strategy]], cluster: 
 
 def program_entry(program: Program, devices: int, first: int, group: Cluster, strategy: Strategy, est: Any) -> dict:
     """One program as the plan reports it: its ranks, strategy, mesh on its group and its own estimate."""
-    from planner.estimate import plain
+    from planner.costing.estimate import plain
     from planner.plan import mesh_axes, strategy_dict
 
     return plain({
@@ -339,7 +339,7 @@ def program_entry(program: Program, devices: int, first: int, group: Cluster, st
 def combined_figures(ests: Sequence[Any], step: float, breakdown: Mapping[str, float], flops: float,
                      cluster: Cluster, workload: Workload) -> dict:
     """The Estimate fields of a multi-program plan: throughput of the whole model, memory of the fullest group."""
-    from planner.estimate import plain
+    from planner.costing.estimate import plain
 
     n = cluster.n_devices
     peak = cluster.device.peak_flops(workload.dtype)

@@ -26,14 +26,15 @@ from typing import Callable, Mapping
 from cost_models import Cluster
 
 from planner.errors import HyperplanError
-from planner.estimate import fits_memory
+from planner.costing.estimate import fits_memory
 from planner.graph.blocks import Structure
+from planner.graph.moe import routed_experts
 from planner.graph.ir import Graph
 from planner.search.pipeline import balanced_split
-from planner.graph_facts import GraphFacts
+from planner.costing.graph_facts import GraphFacts
 from planner.search.stage_widths import edge_blocks, unequal_stage_strategies
-from planner.stage_costs import DTYPE_WIDTH, StageCosts, even_split, stage_costs
-from planner.step_time import step_breakdown
+from planner.costing.stage_costs import DTYPE_WIDTH, StageCosts, even_split, stage_costs
+from planner.costing.step_time import step_breakdown
 from planner.strategy import Strategy, Workload
 
 Progress = Callable[[str, float], None]
@@ -56,9 +57,9 @@ class Candidate:
 
     @property
     def mesh(self) -> tuple:
-        """(tp, cp, pp, dp, ep), and the stages' widths when they differ."""
+        """(tp, cp, pp, dp, ep, etp), and the stages' widths when they differ."""
         s = self.strategy
-        return (s.tp, s.cp, s.pp, s.dp, s.ep) + ((s.stage_tp,) if s.stage_tp else ())
+        return (s.tp, s.cp, s.pp, s.dp, s.ep, s.expert_tp) + ((s.stage_tp,) if s.stage_tp else ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +77,6 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _is_moe(graph: Graph) -> bool:
-    return any(".experts." in p for p in graph.params)
 
 
 def tensor_axis_limit(cluster: Cluster) -> int:
@@ -87,13 +86,13 @@ def tensor_axis_limit(cluster: Cluster) -> int:
     return max(1, min(16, max(inner), cluster.n_devices))
 
 
-def meshes(graph: Graph, structure: Structure, cluster: Cluster, workload: Workload) -> list[tuple[int, int, int, int, int]]:
-    """Every (tp, cp, pp, dp, ep) the devices, scale-up domain, layers and batch allow."""
+def meshes(graph: Graph, structure: Structure, cluster: Cluster, workload: Workload) -> list[tuple[int, ...]]:
+    """Every (tp, cp, pp, dp, ep, etp) the devices, scale-up domain, layers and batch allow."""
     n = cluster.n_devices
     layers = len(structure.layers())
     tmax = tensor_axis_limit(cluster)
     out = []
-    moe = _is_moe(graph)
+    experts = routed_experts(graph, structure)
     for tp in (1, 2, 4, 8, 16):
         if tp > tmax or n % tp:
             continue
@@ -108,22 +107,25 @@ def meshes(graph: Graph, structure: Structure, cluster: Cluster, workload: Workl
                 dp = n // (tp * cp * pp)
                 if workload.global_batch % dp:
                     continue
-                eps = [e for e in (1, 2, 4, 8, 16, 32, 64) if (dp * cp) % e == 0] if moe else [1]
+                # experts fold onto the stage's tp x cp x dp ranks (Megatron-Core's MoE parallel folding): any ep
+                # dividing the experts and the ranks, its expert-tensor degree tp (the default) or 1 (ep then
+                # spans the tensor ranks too)
+                ranks = tp * cp * dp
+                eps = [e for e in _divisors(experts) if ranks % e == 0] if experts else [1]
                 for ep in eps:
-                    out.append((tp, cp, pp, dp, ep))
+                    for etp in ((tp, 1) if tp > 1 and experts else (tp,)):
+                        if ranks % (ep * etp) == 0:
+                            out.append((tp, cp, pp, dp, ep, etp))
     return out
 
 
-def probe_meshes(all_meshes: list[tuple[int, int, int, int, int]]) -> list[tuple[int, int, int, int, int]]:
-    """The meshes probed first: for MoE, only no expert parallelism and the widest; the rest come in step 2."""
+def probe_meshes(all_meshes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The meshes probed first: for MoE, only no expert parallelism and the widest of each expert-tensor degree;
+    the rest come in step 2."""
     widest: dict[tuple, int] = {}
-    for tp, cp, pp, dp, ep in all_meshes:
-        widest[(tp, cp, pp, dp)] = max(ep, widest.get((tp, cp, pp, dp), 1))
-    out = []
-    for tp, cp, pp, dp, ep in all_meshes:
-        if ep in (1, widest[(tp, cp, pp, dp)]):
-            out.append((tp, cp, pp, dp, ep))
-    return out
+    for tp, cp, pp, dp, ep, etp in all_meshes:
+        widest[(tp, cp, pp, dp, etp)] = max(ep, widest.get((tp, cp, pp, dp, etp), 1))
+    return [m for m in all_meshes if m[4] == 1 or m[4] == widest[(m[0], m[1], m[2], m[3], m[5])]]
 
 
 class Scorer:
@@ -158,7 +160,7 @@ class Scorer:
         except HyperplanError as exc:
             return Candidate(s, math.inf, False, math.inf, note=str(exc))
         worst = max(costs.stages, key=lambda st: (st.memory_bytes["peak"], -st.index)).memory_bytes
-        fits = all(fits_memory(self.cluster, st.memory_bytes) for st in costs.stages)
+        fits = all(fits_memory(self.cluster, st.memory_bytes, self.workload.execution) for st in costs.stages)
         return Candidate(s, step, fits, worst["peak"], bd, memory_bytes=dict(worst))
 
 
@@ -265,18 +267,18 @@ def search(
     # 1. probe every mesh at micro-batch 1; within one (tp, cp, ep) family, deeper pipelines stop being
     #    probed once two in a row fit but are slower than the family's best (more stages only add bubble)
     probes = probe_meshes(all_meshes)
-    worse: dict[tuple[int, int, int], int] = {}
-    family_best: dict[tuple[int, int, int], float] = {}
-    for k, (tp, cp, pp, dp, ep) in enumerate(probes):
+    worse: dict[tuple[int, ...], int] = {}
+    family_best: dict[tuple[int, ...], float] = {}
+    for k, (tp, cp, pp, dp, ep, etp) in enumerate(probes):
         if time.perf_counter() - t0 > time_limit_s * 0.6:
             complete = False
             break
-        fam = (tp, cp, ep)
+        fam = (tp, cp, ep, etp)
         if worse.get(fam, 0) >= 2:
             continue
         report(f"mesh TP{tp}·CP{cp}·PP{pp}·DP{dp}·EP{ep}", 0.6 * k / len(probes))
-        base = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, micro_batch=1, sp=tp > 1, layouts=layouts,
-                        offload=offload)
+        base = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, micro_batch=1, sp=tp > 1,
+                        layouts=layouts, offload=offload)
         c = ladder(base)
         consider(c)
         if c.fits:
@@ -308,8 +310,10 @@ def search(
         layers = len(structure.layers())
         if s.pp > 1 and layers >= 2 * s.pp:
             consider(ladder(replace(s, vpp=2)))
-        for tp, cp, pp, dp, ep in all_meshes:  # the expert-parallel degrees between the probed ones
-            if (tp, cp, pp, dp) == (s.tp, s.cp, s.pp, s.dp) and ep not in (1, s.ep) and (tp, cp, pp, dp, ep) not in probes:
+        for mesh in all_meshes:  # the expert-parallel degrees between the probed ones
+            tp, cp, pp, dp, ep, etp = mesh
+            if (tp, cp, pp, dp, etp) == (s.tp, s.cp, s.pp, s.dp, s.expert_tp) and ep not in (1, s.ep) \
+                    and mesh not in probes:
                 consider(ladder(replace(s, ep=ep)))
 
     # 3. a balanced pipeline cut for the best few

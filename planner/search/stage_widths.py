@@ -20,7 +20,8 @@ from cost_models.memory import inflight_microbatches
 
 from planner.graph.blocks import Structure
 from planner.search.pipeline import WidthCosts, unequal_split
-from planner.stage_costs import StageCosts, stage_memory
+from planner.costing.execution import Execution
+from planner.costing.stage_costs import StageCosts, stage_memory
 from planner.strategy import Strategy, Workload
 
 Costing = Callable[[Strategy], StageCosts]
@@ -38,16 +39,17 @@ def edge_blocks(structure: Structure) -> tuple[list[str], list[str]]:
 
 
 def width_costs(structure: Structure, costs: StageCosts, strategy: Strategy, training: bool,
-                width: float) -> WidthCosts:
+                width: float, execution: Execution) -> WidthCosts:
     """Per-layer time and memory of a costing at one tensor width, with the embedding's and the head's apart."""
     layers = structure.layers()
 
     def state(name: str) -> float:
         dense, expert = costs.block_params.get(name, (0.0, 0.0))
-        return stage_memory(dense, expert, 0.0, strategy, training, width)["peak"]
+        return stage_memory(dense, expert, 0.0, strategy, training, width, execution)["peak"]
 
     def act(name: str) -> float:
-        return stage_memory(0.0, 0.0, costs.block_act_bytes.get(name, 0.0), strategy, training, width)["peak"]
+        return stage_memory(0.0, 0.0, costs.block_act_bytes.get(name, 0.0), strategy, training, width,
+                            execution)["peak"]
 
     first, last = edge_blocks(structure)
     return WidthCosts(
@@ -79,7 +81,7 @@ def unequal_stage_strategies(structure: Structure, cluster: Cluster, workload: W
     per_width = {}
     for w in widths:
         s = replace(base, tp=w, sp=base.sp and w > 1, stage_layers=())
-        per_width[w] = width_costs(structure, costing(s), s, training, width)
+        per_width[w] = width_costs(structure, costing(s), s, training, width, workload.execution)
     m = base.micro_batches(workload)
     n_layers = len(structure.layers())
     out = []
@@ -88,7 +90,8 @@ def unequal_stage_strategies(structure: Structure, cluster: Cluster, workload: W
             continue
         held = [inflight_microbatches(base.schedule, pp=n_stages, microbatches=m, stage=c) if training else 1.0
                 for c in range(n_stages)]
-        cut = unequal_split(list(per_width.values()), n_stages, budget, held, cluster.device.hbm_bytes)
+        cut = unequal_split(list(per_width.values()), n_stages, budget, held,
+                            workload.execution.usable_hbm_bytes(cluster.device.hbm_bytes))
         if cut is None:
             continue
         sizes, tps = cut

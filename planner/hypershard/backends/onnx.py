@@ -123,7 +123,7 @@ def _annotate(model: Any, doc: Mapping[str, Any], graph: Any, structure: Any, co
     annotates that stage's nodes only, over all of its devices."""
     import onnx
 
-    from planner.activations import layer_inputs, requires_grad
+    from planner.costing.activations import layer_inputs, requires_grad
 
     grad = requires_grad(graph)
     sizes = common.axis_sizes(doc)

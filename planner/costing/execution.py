@@ -1,0 +1,230 @@
+"""The execution: what the software stack does with a model on a machine, kept apart from both.
+
+Calculon (Isaev et al. SC'23) prices a step from three inputs: the
+application, the system and the execution. Here the model is the graph, the
+system is the hardware file, and this is the third: which attention kernel
+runs, which communication is overlapped with compute, how FP8 training is
+done, what the optimizer keeps per parameter, what selective recompute
+means, and how much of HBM the allocator and runtime keep for themselves.
+
+Stacks are named presets (`stacks/*.toml`, one per stack people run, each
+with its sources) or a TOML file a user writes; a file may start from a
+preset with `base = "megatron-core"` and change what differs. Unknown keys
+are refused, so a typo cannot fall back to a default.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from cost_models import SpecError
+from cost_models.loader import GIB, Table
+from cost_models.memory import StateBytes
+
+from planner.errors import InvalidInput
+
+STACK_DIR = Path(__file__).parent / "stacks"
+DEFAULT_STACK = "megatron-core"
+
+Attention = Literal["flash", "materialized"]
+Selective = Literal["modules", "every_other_matmul"]
+Dispatcher = Literal["alltoall", "deepep"]
+Routing = Literal["uniform", "contiguous"]
+ATTENTION: tuple[str, ...] = ("flash", "materialized")
+SELECTIVE: tuple[str, ...] = ("modules", "every_other_matmul")
+RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj",
+                                      "shared_experts")
+DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
+ROUTINGS: tuple[str, ...] = ("uniform", "contiguous")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Execution:
+    """How a stack runs a training or serving step (see the module docstring); every field has a preset value."""
+
+    name: str
+    description: str = ""
+    sources: tuple[str, ...] = ()
+    origin: str = ""  # what named it: a preset's name or the path of its file (what a declaration records)
+    # kernels
+    attention: Attention = "flash"  # fused attention: no seq x seq scores in HBM or in saved activations
+    attention_kernel: str = "flash"  # the kernel whose efficiency the hardware file gives ([efficiency.attention])
+    fuse_elementwise: bool = True  # chains of memory-bound ops run as one kernel (fused kernels, torch.compile)
+    kernel_efficiency: float = 1.0  # this stack's GEMM and attention kernels against the hardware file's fit
+    # (which is of today's Megatron-Core where it has run; fitted with it, see benchmarks/fit_presets.py)
+    # overlaps: each hides behind the compute it runs beside; together they share that compute (see step_time)
+    overlap_grad_reduce: bool = True  # data-parallel gradient reduction during the backward pass
+    overlap_param_gather: bool = True  # distributed-optimizer parameter all-gather during the next forward
+    fsdp_prefetch: bool = True  # ZeRO-3 / FSDP: the next layer's parameters gathered during this layer's compute
+    fsdp_gathered_with_pp: bool = False  # ZeRO-3 with a pipeline: weights stay gathered over the step (FSDP2 under
+    # torchtitan's pipelining does not reshard after forward), gathered and reduce-scattered once per step
+    overlap_tp_comm: bool = False  # tensor-parallel all-gather / reduce-scatter inside the GEMMs they feed
+    overlap_cp_comm: bool = True  # ring attention's K/V exchange during the attention kernel
+    overlap_ep_comm: bool = False  # expert all-to-all during another micro-batch's compute
+    overlap_pp_comm: bool = False  # pipeline sends and receives during compute
+    ep_overlap_share: float = 1.0  # at most this share of the expert all-to-all the overlap can hide
+    # precision (FP8 applies when the workload's dtype is fp8: its GEMMs run at the fp8 peak)
+    fp8_recipe: str = "delayed"
+    fp8_cast_bytes: float = 3.0  # HBM bytes per element to quantise one GEMM operand (read 16-bit, write 8-bit)
+    fp8_weight_bytes: float = 2.0  # FP8 weight copies kept per parameter (the weight and its transpose)
+    fp8_saves_inputs: bool = True  # GEMM inputs saved for backward in FP8 (1 byte per element, not 2)
+    fp8_params: bool = False  # FP8 weights instead of 16-bit ones (TE's fp8_model_init, NeMo's fp8_param_gather)
+    # model states per parameter
+    param_bytes: float = 2.0
+    grad_bytes: float = 4.0
+    optimizer_bytes: float = 12.0
+    # recompute
+    selective: Selective = "modules"  # what selective recompute means (see planner.costing.recompute)
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # with "modules": which (Megatron's --recompute-modules)
+    # memory the stack keeps for itself
+    allocator_reserve: float = 0.0  # fraction of HBM lost to the caching allocator's fragmentation
+    runtime_reserve_gib: float = 0.0  # runtime context, communicator buffers, kernel workspaces
+    # mixture of experts
+    moe_dispatcher: Dispatcher = "alltoall"
+    moe_routing: Routing = "uniform"  # where a token's top-k experts are: drawn uniformly (load-balanced
+    # routing, Megatron's forced balancing), or k consecutive experts (NeMo Automodel's FakeBalancedGate)
+    moe_group_limit: int = 0  # routing picks at most this many expert groups (nodes) per token (0: no limit)
+    moe_probs_in_activation: bool = False  # routing weights scale the experts' activation (before their last
+    # GEMM), so combining their outputs keeps nothing for backward; else the combine keeps those outputs
+
+    @property
+    def state(self) -> StateBytes:
+        return StateBytes(param_bytes=self.param_bytes, grad_bytes=self.grad_bytes,
+                          optimizer_bytes=self.optimizer_bytes)
+
+    def usable_hbm_bytes(self, hbm_bytes: float) -> float:
+        """What of a device's HBM the stack can hand to tensors."""
+        return hbm_bytes * (1.0 - self.allocator_reserve) - self.runtime_reserve_gib * GIB
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["sources"] = list(self.sources)
+        return out
+
+
+def stack_names() -> list[str]:
+    """The bundled stack presets, sorted."""
+    return sorted(p.stem for p in STACK_DIR.glob("*.toml"))
+
+
+def load_execution(name_or_path: str | None) -> Execution:
+    """A stack preset by name, or a TOML file by path (None: the default stack)."""
+    name_or_path = name_or_path or DEFAULT_STACK
+    if name_or_path in stack_names():
+        return replace(_preset(name_or_path), origin=name_or_path)
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise InvalidInput(f"unknown stack {name_or_path!r}: no preset has that name and no file is there; use one "
+                           f"of {', '.join(stack_names())} or the path of a stack .toml file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read stack file {str(path)!r} ({exc}); give a UTF-8 TOML file") from None
+    return replace(parse_execution(text, source=path.name, default_name=path.stem), origin=str(name_or_path))
+
+
+@functools.lru_cache(maxsize=None)
+def _preset(name: str) -> Execution:
+    return parse_execution((STACK_DIR / f"{name}.toml").read_text(encoding="utf-8"), source=f"{name}.toml",
+                           default_name=name)
+
+
+def parse_execution(text: str, *, source: str, default_name: str) -> Execution:
+    """Check and read one stack file; InvalidInput names the field that is wrong."""
+    try:
+        data = tomllib.loads(text)
+        return _parse(Table(data, "", source), default_name)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidInput(f"{source}: not valid TOML ({exc}); fix the syntax") from None
+    except SpecError as exc:
+        raise InvalidInput(str(exc).rstrip(".")) from None
+
+
+_BOOLS = ("fuse_elementwise", "overlap_grad_reduce", "overlap_param_gather", "fsdp_prefetch", "fsdp_gathered_with_pp",
+          "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm", "overlap_pp_comm", "fp8_saves_inputs", "fp8_params",
+          "moe_probs_in_activation")
+_NUMBERS = ("fp8_cast_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
+            "runtime_reserve_gib", "kernel_efficiency", "ep_overlap_share")
+_CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS}
+
+
+_SECTIONS = {
+    "kernels": ("attention", "attention_kernel", "fuse_elementwise", "kernel_efficiency"),
+    "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("ep_overlap_share",),
+    "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_weight_bytes", "fp8_saves_inputs", "fp8_params"),
+    "states": ("param_bytes", "grad_bytes", "optimizer_bytes"),
+    "recompute": ("selective", "recompute_modules"),
+    "memory": ("allocator_reserve", "runtime_reserve_gib"),
+    "moe": ("moe_dispatcher", "moe_routing", "moe_group_limit", "moe_probs_in_activation"),
+}
+FIELDS: tuple[str, ...] = tuple(k for keys in _SECTIONS.values() for k in keys)
+
+
+def with_changes(execution: Execution, changes: dict[str, Any], where: str) -> Execution:
+    """`execution` with some of its fields changed (as a stack file writes them, without the sections),
+    each checked as a stack file's would be."""
+    t = Table(changes, "execution", where)
+    try:
+        t.only(*FIELDS)
+        return replace(execution, **{key: _value(t, key) for key in sorted(changes)})
+    except SpecError as exc:
+        raise InvalidInput(str(exc).rstrip(".")) from None
+
+
+def _value(t: Table, key: str) -> Any:
+    """One checked field of a stack file's section."""
+    if key in _BOOLS:
+        return t.boolean(key)
+    if key in ("kernel_efficiency", "ep_overlap_share"):
+        value = t.number(key)
+        if value > 1.5 or (key == "ep_overlap_share" and value > 1.0):
+            raise t.error(key, f"expected a positive fraction (at most {1.0 if key == 'ep_overlap_share' else 1.5}), "
+                               f"got {value:g}")
+        return value
+    if key in _NUMBERS:
+        return t.number(key, allow_zero=key in ("fp8_weight_bytes", "runtime_reserve_gib", "grad_bytes"))
+    if key in _CHOICES:
+        return t.choice(key, _CHOICES[key])
+    if key == "moe_group_limit":
+        return t.integer(key, minimum=0)
+    if key == "recompute_modules":
+        mods = t.texts(key)
+        bad = [m for m in mods if m not in RECOMPUTE_MODULES]
+        if bad or not mods:
+            raise t.error(key, f"expected a list of {', '.join(RECOMPUTE_MODULES)}, got {mods!r}")
+        return tuple(mods)
+    if key == "allocator_reserve":
+        value = t.number(key, allow_zero=True)
+        if value >= 0.5:
+            raise t.error(key, f"expected a fraction of HBM below 0.5, got {value:g}")
+        return value
+    return t.text(key)
+
+
+def _parse(root: Table, default_name: str) -> Execution:
+    root.only("stack", "kernels", "overlap", "precision", "states", "recompute", "memory", "moe")
+    meta = root.table("stack")
+    meta.only("name", "description", "sources", "base")
+    base = meta.text("base", default="")
+    if base and base not in stack_names():
+        raise meta.error("base", f"unknown stack {base!r}; use one of {', '.join(stack_names())}")
+    start = _preset(base) if base else Execution(name=default_name)
+    changes: dict[str, Any] = {"name": meta.text("name", default=default_name)}
+    if "description" in meta.data or not base:
+        changes["description"] = meta.text("description", default="")
+    if "sources" in meta.data:
+        changes["sources"] = tuple(meta.texts("sources"))
+    for section, keys in _SECTIONS.items():
+        t = root.table(section, required=False)
+        t.only(*keys)
+        for key in keys:
+            if key in t.data:
+                changes[key] = _value(t, key)
+    return replace(start, **changes)
+
+
+__all__ = ["DEFAULT_STACK", "FIELDS", "Execution", "load_execution", "parse_execution", "stack_names", "with_changes"]

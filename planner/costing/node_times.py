@@ -1,0 +1,130 @@
+"""Forward and backward seconds of each node of a graph at the micro-batch and shard it runs on.
+
+Three kinds of kernels, each a roofline with the device's efficiency curves
+(`cost_models.compute`):
+- an op as the graph writes it: its FLOPs and the bytes it moves (chains of
+  memory-bound ops fused, `planner.costing.fusion`); backward, a contraction runs
+  two GEMMs of its forward's size (input and weight gradients, Narayanan
+  2021 section 5.1) and a memory-bound op about its forward's traffic;
+- an attention core as one flash kernel (`planner.costing.attention`) when
+  the execution says so: its time is charged to the core's QK^T node and
+  the other ops of the core cost nothing;
+- in FP8 training, the layers' weight GEMMs at the fp8 peak (forward, and
+  both backward GEMMs, as Transformer Engine's and torchao's recipes run
+  them), plus the quantisation of their operands: each GEMM input forward
+  and each output gradient backward read in 16 bits and written in 8
+  (`Execution.fp8_cast_bytes` per element), and the weight once per
+  micro-batch.
+"""
+
+from __future__ import annotations
+
+from cost_models import Cluster
+from cost_models.compute import attention_time_s, op_time_s
+
+from planner.costing.execution import Execution
+from planner.costing.graph_facts import GraphFacts
+from planner.costing.node_work import FLOAT_DTYPES
+from planner.strategy import Strategy, Workload
+
+DTYPE_WIDTH = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
+#: Training in a sub-16-bit GEMM precision keeps activations, attention and the rest in 16 bits.
+LOW_PRECISION_GEMMS = frozenset({"fp8", "fp4"})
+
+
+def activation_dtype(workload: Workload) -> str:
+    """The precision of activations and non-GEMM ops: bf16 when training runs its GEMMs in FP8."""
+    if workload.mode == "train" and workload.dtype in LOW_PRECISION_GEMMS:
+        return "bf16"
+    return workload.dtype
+
+
+class NodeTimes:
+    """Per-node seconds of one strategy's micro-batch: `forward(i, k)` and `backward(i, k)` on a 1/k shard."""
+
+    def __init__(self, facts: GraphFacts, cluster: Cluster, workload: Workload, strategy: Strategy,
+                 execution: Execution) -> None:
+        self.facts, self.cluster, self.execution = facts, cluster, execution
+        work = facts.work
+        self.training = workload.mode == "train"
+        self.dtype = activation_dtype(workload)
+        self.width = DTYPE_WIDTH.get(self.dtype, 2.0)
+        self.fscale = self.width / work.float_bytes
+        self.bs = strategy.micro_batch / work.batch
+        self.cp = strategy.cp
+        self.ep, self.etp = strategy.ep, strategy.expert_tp
+        # fused chains of memory-bound ops skip HBM between them (planner.fusion); eager execution does not
+        self.act = facts.act_bytes(self.training, self.width) if execution.fuse_elementwise else facts.work.act_bytes
+        self.flash = execution.attention == "flash"
+        self.fp8 = self.training and workload.dtype in LOW_PRECISION_GEMMS
+        self.gemm_dtype = workload.dtype if self.fp8 else self.dtype
+        self._fwd: dict[tuple[int, int], float] = {}
+        self._bwd: dict[tuple[int, int], float] = {}
+
+    def fused(self, i: int) -> bool:
+        """Whether node i is part of a flash kernel (its time, if any, is the kernel's)."""
+        return self.flash and i in self.facts.region_of
+
+    def forward(self, i: int, k: int) -> float:
+        key = (i, k)
+        if key not in self._fwd:
+            self._fwd[key] = self._time(i, k, backward=False)
+        return self._fwd[key]
+
+    def backward(self, i: int, k: int) -> float:
+        key = (i, k)
+        if key not in self._bwd:
+            self._bwd[key] = self._time(i, k, backward=True) if self.training else 0.0
+        return self._bwd[key]
+
+    def _time(self, i: int, k: int, backward: bool) -> float:
+        facts, work, cluster = self.facts, self.facts.work, self.cluster
+        share = self.bs / (k * self.cp)
+        if self.fused(i):
+            r = facts.region_of[i]
+            if i != r.anchor:
+                return 0.0
+            flops = (r.backward_flops if backward else r.forward_flops) * share
+            nbytes = r.io_bytes * self.fscale * share * (2.0 if backward else 1.0)  # backward reads dO, writes dQKV
+            return attention_time_s(cluster, flops, nbytes, "backward" if backward else "forward",
+                                    self.execution.attention_kernel) / self.execution.kernel_efficiency
+        if facts.weight_view[i]:
+            return 0.0
+        flops = work.flops[i] * share
+        # a routed expert reads only its rank's experts: 1/(ep x etp) of the layer's expert weights
+        weight_share = (1.0 / (self.ep * self.etp)) if facts.in_routed[i] else 1.0 / k
+        nbytes = (self.act[i] * self.bs / (self.cp * k) + work.param_bytes[i] * weight_share) * self.fscale
+        matrix = bool(work.matrix[i])
+        gemm = self.fp8 and bool(facts.fp8_gemm[i])
+        dtype = self.gemm_dtype if gemm else self.dtype
+        t = op_time_s(cluster, flops, nbytes, "matmul" if matrix else "elementwise", dtype)
+        if matrix:
+            t /= self.execution.kernel_efficiency
+        if backward and matrix:
+            t *= 2.0
+        if gemm:
+            t += self._casts(i, k, share, backward)
+        return t
+
+    def _casts(self, i: int, k: int, share: float, backward: bool) -> float:
+        """Quantising an FP8 GEMM's operands: its activation inputs forward (and its weight, once per
+        micro-batch), its output gradient backward."""
+        graph, facts = self.facts.graph, self.facts
+        node = graph.nodes[i]
+        if backward:
+            elements = sum(graph.tensors[o].numel for o in node.outputs if o in graph.tensors) * share
+        else:
+            elements = 0.0
+            for x in node.inputs:
+                t = graph.tensors.get(x) if x else None
+                if t is None or t.dtype not in FLOAT_DTYPES:
+                    continue
+                if facts.index.is_weight(x):  # this rank's shard of the weight (its experts, for routed ones)
+                    elements += t.numel / (self.ep * self.etp if facts.in_routed[i] else k)
+                else:
+                    elements += t.numel * share
+        nbytes = self.execution.fp8_cast_bytes * elements
+        return op_time_s(self.cluster, 0.0, nbytes, "elementwise", self.dtype) if nbytes > 0 else 0.0
+
+
+__all__ = ["DTYPE_WIDTH", "NodeTimes", "activation_dtype"]

@@ -1,0 +1,64 @@
+"""Which layers go to which pipeline chunk, and the recompute policy of each layer: structure only.
+
+A pipeline of pp stages with vpp interleaved chunks each has pp x vpp
+chunks of consecutive layers (Narayanan 2021, section 2.2.2); blocks that
+are not layers (the embedding, the head) ride with their neighbouring
+layer. Recompute is chosen per layer by its position in its chunk, as
+Megatron-LM's --recompute-num-layers does with the block method.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Mapping
+
+from planner.errors import InvalidInput
+from planner.graph.blocks import Structure
+from planner.strategy import Strategy
+
+
+def even_split(n_layers: int, n_chunks: int) -> tuple[int, ...]:
+    """Layers per chunk, as even as possible (the remainder goes to the last chunks, away from the embedding)."""
+    base, extra = divmod(n_layers, n_chunks)
+    return tuple(base + (1 if c >= n_chunks - extra else 0) for c in range(n_chunks))
+
+
+def assign_chunks(structure: Structure, n_chunks: int, sizes: tuple[int, ...] = ()) -> dict[str, int]:
+    """Block name -> pipeline chunk: layers in graph order by `sizes`; other blocks go with their neighbours."""
+    layers = [b for b in structure.blocks if b.is_layer]
+    if len(layers) < n_chunks:
+        raise InvalidInput(
+            f"the model has {len(layers)} layers, too few for {n_chunks} pipeline chunks (pp x vpp); lower --pp or --vpp"
+        )
+    sizes = sizes or even_split(len(layers), n_chunks)
+    if sum(sizes) != len(layers):
+        raise InvalidInput(f"stage layer counts {list(sizes)} add up to {sum(sizes)}, but the model has {len(layers)} layers")
+    out: dict[str, int] = {}
+    i = 0
+    for c, size in enumerate(sizes):
+        for _ in range(size):
+            out[layers[i].name] = c
+            i += 1
+    firsts = [(min(b.nodes) if b.nodes else 0, b.name) for b in layers]
+    for b in structure.blocks:
+        if b.is_layer:
+            continue
+        start = min(b.nodes) if b.nodes else 0
+        prev = [name for first, name in firsts if first <= start]
+        out[b.name] = out[prev[-1]] if prev else 0
+    return out
+
+
+def layer_policies(structure: Structure, chunk: Mapping[str, int], strategy: Strategy) -> dict[str, str]:
+    """Recompute policy per layer block, by its position in its pipeline chunk; other blocks are not recomputed."""
+    seen: dict[int, int] = defaultdict(int)
+    out: dict[str, str] = {}
+    for blk in structure.blocks:
+        if blk.is_layer:
+            c = chunk[blk.name]
+            out[blk.name] = strategy.layer_policy(seen[c])
+            seen[c] += 1
+    return out
+
+
+__all__ = ["assign_chunks", "even_split", "layer_policies"]
