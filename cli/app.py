@@ -38,8 +38,8 @@ def _root(
 
 def _register() -> None:
     # One module per command (group); each exposes `register(app)`.
-    from cli import (estimate_cmd, export_cmd, hardware_cmd, inspect_cmd, plan_cmd, validate_cmd, whatif_cmd,
-                     zoo_cmd)
+    from cli import (calibrate_cmd, estimate_cmd, export_cmd, hardware_cmd, inspect_cmd, plan_cmd, validate_cmd,
+                     whatif_cmd, zoo_cmd)
 
     inspect_cmd.register(app)
     zoo_cmd.register(app)
@@ -49,6 +49,7 @@ def _register() -> None:
     validate_cmd.register(app)
     export_cmd.register(app)
     whatif_cmd.register(app)
+    calibrate_cmd.register(app)
 
 
 _register()

@@ -93,6 +93,9 @@ def estimate_cmd(
                                               "[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
     ep: Annotated[Optional[int], typer.Option("--ep", help="Expert-parallel degree (over data x context ranks). "
                                               "[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
+    etp: Annotated[Optional[int], typer.Option("--etp", help="Expert tensor-parallel degree (MoE parallel folding: "
+                                               "the experts' tensor split; default: --tp, and 1 lets --ep span the "
+                                               "tensor ranks).", rich_help_panel=_PAR, show_default=False)] = None,
     vpp: Annotated[Optional[int], typer.Option("--vpp", help="Interleaved chunks per stage (interleaved 1F1B). "
                                                "[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
     micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Sequences per micro-batch. "
@@ -116,6 +119,7 @@ def estimate_cmd(
         help="Keep a fraction of a memory class (params, grads, optimizer, activations) in host/pooled memory.",
         rich_help_panel=_PAR)] = None,
     dtype: _OptDtype = None,
+    stack: opt.Stack = None,
     as_json: opt.Json = False,
     layers: opt.Layers = None,
     hidden: opt.Hidden = None,
@@ -138,7 +142,7 @@ def estimate_cmd(
     """
     overrides = opt.zoo_overrides(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
                                   experts=experts, top_k=top_k)
-    given = {"tp": tp, "pp": pp, "stage-tp": stage_tp, "dp": dp, "cp": cp, "ep": ep, "vpp": vpp,
+    given = {"tp": tp, "pp": pp, "stage-tp": stage_tp, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp,
              "micro-batch": micro_batch, "recompute": recompute, "full-recompute-layers": full_recompute_layers,
              "sp": sp, "zero": zero, "schedule": schedule, "offload": offload}
     if plan is not None:
@@ -167,7 +171,7 @@ def estimate_cmd(
                 vpp=vpp or 1, micro_batch=micro_batch or 1, recompute=recompute or "none",
                 full_recompute_layers=full_recompute_layers or 0, sp=bool(sp), zero=zero or 0,
                 schedule=schedule or "1f1b", offload=parse_offload(offload), overrides=overrides,
-                dims=opt.parse_dims(dim),
+                dims=opt.parse_dims(dim), stack=stack, etp=etp or 0,
             )
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))

@@ -63,3 +63,8 @@ GlobalBatch = Annotated[int, typer.Option("--global-batch", help="Sequences per 
 RequiredSeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.", show_default=False)]
 Dtype = Annotated[str, typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 or fp32.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+Stack = Annotated[Optional[str], typer.Option(
+    "--stack", help="The software stack that runs the training step: megatron-core (today's Megatron-Core / NeMo, "
+                    "the default), megatron-core-2024, megatron-2021, torchtitan, automodel, mindspeed, deepspeed, or "
+                    "a stack .toml file (kernels, overlaps, FP8 recipe, optimizer states; see planner/costing/stacks).",
+    show_default=False)]

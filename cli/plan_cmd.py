@@ -68,6 +68,7 @@ def plan_cmd(
                                           "groups for vision/audio encoders beside the backbone; serving: prefill "
                                           "and decode co-located on every device.")] = False,
     dtype: opt.Dtype = "bf16",
+    stack: opt.Stack = None,
     as_json: opt.Json = False,
     layers: opt.Layers = None,
     hidden: opt.Hidden = None,
@@ -132,7 +133,8 @@ def plan_cmd(
 
         result = plan_model(model, cluster=cluster, devices=devices, global_batch=global_batch, seq_len=seq_len,
                             dtype=dtype, time_limit_s=time_limit, overrides=overrides, dims=opt.parse_dims(dim),
-                            progress=progress, memory_gib=memory_gib, offload=not no_offload, mpmd=not no_mpmd)
+                            progress=progress, memory_gib=memory_gib, offload=not no_offload, mpmd=not no_mpmd,
+                            stack=stack)
     if output:
         request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
                           memory_gib=memory_gib)

@@ -40,6 +40,17 @@ def nbytes(x: float) -> str:
     return _scaled(float(x), _BINARY, "B")
 
 
+def seconds(x: float) -> str:
+    """A duration in the unit that fits it: 8.4e-7 -> '840 ns', 0.0123 -> '12.3 ms', 95 -> '1.58 min'."""
+    if not math.isfinite(x):
+        return str(x)
+    for limit, scale, unit in ((1e-6, 1e-9, "ns"), (1e-3, 1e-6, "us"), (1.0, 1e-3, "ms"), (60.0, 1.0, "s"),
+                               (3600.0, 60.0, "min")):
+        if abs(x) < limit:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x / 3600.0:.3g} h"
+
+
 def percent(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 

@@ -1,0 +1,115 @@
+"""`hyperplan calibrate [FILE...]`: predicted against measured runs; `--fit` fits a hardware file to some of them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from cli import render
+from cli.errors import guarded
+from planner.errors import InvalidInput
+from planner.hypershard.io import write_atomically
+from planner.api import calibrate
+
+console = Console(highlight=False, soft_wrap=False)
+
+HELP = """Predicted against measured step time of training runs, per run and per hardware.
+
+With no FILE, the runs hyperplan ships (published runs of Megatron-LM, NeMo, Megatron-Bridge, torchtitan,
+NeMo Automodel and MindSpeed-LLM on A100, H100, H200, B200, GB200 and Ascend 910B). A run is "fit" when its
+hardware file's efficiency was fitted on it, "held-out" otherwise: only held-out runs say how right the model is.
+
+Bring your own cluster's measurements in the same JSON format (see `planner/calibration/runs.py`) and fit a
+hardware file to them: hyperplan calibrate my_runs.json --fit run-a,run-b -o my-cluster.toml
+
+Example: hyperplan calibrate --hardware dgx-h100
+"""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate", help=HELP)(calibrate_cmd)
+
+
+@guarded
+def calibrate_cmd(
+    files: Annotated[Optional[list[Path]], typer.Argument(help="Runs files (JSON); default: the shipped runs.",
+                                                          show_default=False)] = None,
+    hardware: Annotated[Optional[str], typer.Option(
+        "--hardware", help="Only the runs on this hardware (a preset name or .toml file as the runs name it).")] = None,
+    category: Annotated[Optional[str], typer.Option(
+        "--category", help="Only runs of this category (dense_training, moe_training).")] = None,
+    fit: Annotated[Optional[str], typer.Option(
+        "--fit", metavar="RUN,RUN,...",
+        help="Fit the hardware file of these runs (all on one hardware) on them: the GEMM plateaus (bf16, and "
+             "fp8 when a run trains in FP8), the per-kernel overhead and the overlap efficiency.")] = None,
+    output: Annotated[Optional[Path], typer.Option(
+        "-o", "--output", help="With --fit: write the fitted hardware file here.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --output file.")] = False,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="Draw predicted against measured tokens/s to this PNG (needs matplotlib).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+) -> None:
+    fit_ids = [x.strip() for x in fit.split(",") if x.strip()] if fit else None
+    if output is not None:
+        if fit_ids is None:
+            raise InvalidInput("-o writes a fitted hardware file; give --fit RUN,RUN,... too")
+        if output.exists() and not force:
+            raise InvalidInput(f"-o {output} exists; pass --force to replace it")
+    if plot is not None and plot.exists() and not force:
+        raise InvalidInput(f"--plot {plot} exists; pass --force to replace it")
+    with render.progress("estimating runs" + (" and fitting" if fit_ids else "")):
+        result = calibrate(files, hardware=hardware, category=category, fit=fit_ids)
+    if output is not None:
+        write_atomically(str(output), lambda: result.fitted_text, tuple(str(f) for f in files or ()),
+                         "fitted hardware file")
+    if plot is not None:
+        from cli.calibrate_plot import draw
+
+        draw(result, plot)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=1, allow_nan=False))
+        return
+    _print(result, output, plot)
+
+
+def _print(result, output: Optional[Path], plot: Optional[Path]) -> None:
+    rows = []
+    for p in result.predictions:
+        measured, predicted = p.tokens_per_s_per_device
+        rows.append((p.run.id, p.cluster, "fit" if p.fitted else "held-out", render.seconds(p.measured_s),
+                     render.seconds(p.predicted_s), f"{100 * p.error:+.1f}%"))
+    console.print(render.table("runs: step time measured and predicted",
+                               ("run", "hardware", "group", "measured", "predicted", "error"), rows,
+                               right=("measured", "predicted", "error")))
+    summary = [(s["hardware"], s["group"], s["category"], str(s["rows"]), f"{100 * s['mean_abs_error']:.1f}%",
+                f"{100 * s['max_abs_error']:.1f}%") for s in result.summary()]
+    console.print(render.table("per hardware (mean and max |error| of the step time)",
+                               ("hardware", "group", "category", "runs", "mean", "max"), summary,
+                               right=("runs", "mean", "max")))
+    mem = [(p.run.id, f"{p.run.memory_gib:.1f}", f"{p.predicted_memory_gib:.1f}", "yes" if p.estimate.fits else "NO")
+           for p in result.predictions if p.run.memory_gib is not None]
+    if mem:
+        console.print(render.table("memory per device, GiB (measured: the allocator's reserved peak)",
+                                   ("run", "measured", "predicted", "fits"), mem, right=("measured", "predicted")))
+    unfit = [p.run.id for p in result.predictions if not p.estimate.fits]
+    if unfit:
+        console.print(f"predicted not to fit although they ran: {', '.join(unfit)}")
+    for line in result.skipped:
+        console.print(f"skipped {line}")
+    for hw, note in sorted(result.assumptions().items()):
+        console.print(f"{hw}: {note}")
+    if result.fit is not None:
+        values = ", ".join(f"{k} {v:g}" for k, v in result.fit.values.items())
+        console.print(f"fitted {result.fit.hardware} on {len(result.fit.runs)} runs in {result.fit.evaluations} "
+                      f"evaluations: {values}")
+        if output is not None:
+            console.print(f"wrote {output}")
+    if plot is not None:
+        console.print(f"wrote {plot}")
+
+
+__all__ = ["register"]

@@ -1,0 +1,188 @@
+"""Fit a hardware file's efficiency parameters to measured runs, and write them back into the file.
+
+What is fitted, and why: a run's step time is mostly GEMMs (their
+achievable fraction of the matrix peak, in bf16 and in fp8), memory-bound
+ops, and communication hidden behind compute. The GEMM and memory curves
+follow one physical law, a fixed per-kernel overhead t0 beside a rate,
+
+    time = t0 + size / (plateau * peak)  =>  efficiency(size) = plateau * size / (size + t0 * plateau * peak)
+
+(Hockney's r_inf, n_1/2; `cost_models.curves`), so they stay monotone in
+size and below their plateau and carry to other sizes. Fitted: the bf16
+GEMM plateau, the fp8 GEMM plateau (when a fit run trains in FP8), t0, and
+the overlap efficiency (the fraction of compute that can hide
+communication beside it, when a fit run overlaps any). The memory plateau,
+attention kernels' plateaus and the interconnect stay as the file gives
+them: the runs cannot tell them apart from the fitted terms.
+
+The objective is the sum of squared log errors of the step time over the
+fit runs (scipy's least_squares, trf, from a fixed start: deterministic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from cost_models import Cluster
+from cost_models.loader import PRESET_DIR, preset_names, with_law
+
+from planner.calibration.predict import Prediction, Predictor
+from planner.calibration.runs import Run
+from planner.errors import InvalidInput
+
+#: name, start, lower, upper (overhead in microseconds). The per-kernel overhead is held to what a launch and a
+#: minimal kernel cost (2-12 us on eager CUDA and CANN; the A100 fit gives 9.8): a fit that wants more is
+#: making up for a cost the model lacks, and would charge it to every small kernel (decode, most of all).
+PARAMETERS = (("matmul_plateau", 0.75, 0.30, 1.00), ("fp8_matmul_plateau", 0.70, 0.25, 1.00),
+              ("kernel_overhead_us", 10.0, 2.0, 12.0), ("overlap", 0.8, 0.2, 1.0))
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Fitted parameters of one hardware file, the runs they were fitted on, and the fitted predictions."""
+
+    hardware: str
+    values: dict[str, float]
+    runs: tuple[str, ...]
+    predictions: tuple[Prediction, ...]
+    evaluations: int
+
+
+#: Fit runs needed before the per-kernel overhead and the overlap efficiency are fitted too (with fewer, a fit
+#: of four numbers to two or three runs would match them exactly and say nothing).
+FEW_RUNS = 6
+
+
+def fitted_names(runs: Sequence[Run]) -> list[str]:
+    """Which parameters the runs can pin: the bf16 GEMM plateau with a 16-bit run, the fp8 one with an FP8 run;
+    with `FEW_RUNS` or more, the per-kernel overhead, and the overlap efficiency when a run overlaps anything.
+    The others keep the hardware file's values."""
+    fp8 = any(r.dtype == "fp8" for r in runs)
+    names = ["matmul_plateau"] if any(r.dtype != "fp8" for r in runs) or not fp8 else []
+    if fp8:
+        names.append("fp8_matmul_plateau")
+    if len(runs) < FEW_RUNS:
+        return names
+    names.append("kernel_overhead_us")
+    ex = [r.execution for r in runs]
+    if any(e.overlap_grad_reduce or e.overlap_tp_comm or e.overlap_ep_comm or e.fsdp_prefetch for e in ex):
+        names.append("overlap")
+    return names
+
+
+#: a stack's kernel efficiency against the hardware's fit (fitted only where its runs share a hardware with others)
+STACK_FACTOR = (1.0, 0.5, 1.5)
+
+
+def fit(runs: Sequence[Run], base: Cluster, predictor: Predictor | None = None,
+        progress: Callable[[int, float], None] | None = None, max_evaluations: int = 120,
+        stacks: Sequence[str] = ()) -> Fit:
+    """Least-squares fit of `base`'s efficiency parameters on `runs` (all on that hardware); with `stacks`, also
+    the `kernel_efficiency` of those stacks (values named "stack:NAME"), the others' held as they are."""
+    from scipy.optimize import least_squares
+
+    if not runs:
+        raise InvalidInput("--fit names no run of this hardware; give the ids of measured runs to fit on")
+    predictor = predictor or Predictor()
+    names = fitted_names(runs) + [f"stack:{n}" for n in stacks]
+    spec = {n: (s, lo, hi) for n, s, lo, hi in PARAMETERS} | {f"stack:{n}": STACK_FACTOR for n in stacks}
+    start = np.array([spec[n][0] for n in names])
+    lower, upper = np.array([spec[n][1] for n in names]), np.array([spec[n][2] for n in names])
+    calls = [0]
+
+    def cluster_of(values: dict[str, float]) -> Cluster:
+        return with_law(base, **law_values(base, {k: v for k, v in values.items() if not k.startswith("stack:")}))
+
+    def runs_of(values: dict[str, float]) -> list[Run]:
+        factors = {k[len("stack:"):]: v for k, v in values.items() if k.startswith("stack:")}
+        return [dataclasses.replace(r, execution=dataclasses.replace(
+            r.execution, kernel_efficiency=factors[r.execution.name])) if r.execution.name in factors else r
+                for r in runs]
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        calls[0] += 1
+        values = dict(zip(names, map(float, x)))
+        hw = cluster_of(values)
+        errs = [math.log(predictor.predict(r, hw.scaled(r.devices)).error + 1.0) for r in runs_of(values)]
+        out = np.array(errs)
+        if progress:
+            progress(calls[0], float(np.sqrt(np.mean(out**2))))
+        return out
+
+    sol = least_squares(residuals, start, bounds=(lower, upper), method="trf", diff_step=1e-2, xtol=1e-4,
+                        ftol=1e-6, max_nfev=max_evaluations)
+    values = {n: round(float(v), 3) for n, v in zip(names, sol.x)}
+    hw = cluster_of(values)
+    preds = tuple(predictor.predict(r, hw.scaled(r.devices)) for r in runs_of(values))
+    return Fit(base.name, values, tuple(r.id for r in runs), preds, calls[0])
+
+
+def law_values(base: Cluster, values: dict[str, float]) -> dict[str, float]:
+    """The law's parameters of `base` with `values` changed (the overhead in seconds)."""
+    out = {"matmul_plateau": base.matmul_plateau, "fp8_matmul_plateau": base.fp8_matmul_plateau,
+           "memory_plateau": base.memory_plateau, "overhead_s": base.kernel_overhead_s,
+           "overlap": base.dp_overlap_efficiency}
+    for k, v in values.items():
+        out["overhead_s" if k == "kernel_overhead_us" else k] = v * 1e-6 if k == "kernel_overhead_us" else v
+    return out
+
+
+def hardware_text(hardware: str) -> tuple[str, Path]:
+    """The TOML text of a preset or hardware file, and its path."""
+    path = PRESET_DIR / f"{hardware}.toml" if hardware in preset_names() else Path(hardware)
+    try:
+        return path.read_text(encoding="utf-8"), path
+    except OSError as exc:
+        raise InvalidInput(f"cannot read hardware file {str(path)!r} ({exc.strerror or exc})") from None
+
+
+def write_fit(text: str, result: Fit, note: str) -> str:
+    """`text` (a hardware TOML file) with the fitted values, the fitted run ids and `note` in [efficiency]."""
+    lines = text.splitlines()
+    try:
+        start = next(i for i, l in enumerate(lines) if l.strip() == "[efficiency]")
+    except StopIteration:
+        raise InvalidInput("the hardware file has no [efficiency] table to write the fit into") from None
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines))
+    section = lines[start + 1:end]
+    while section and section[0].startswith("#"):  # the table's opening comment says where the values came from
+        section.pop(0)
+    section[:0] = ["# The overhead law, efficiency = plateau * size / (size + t0 * plateau * peak), at this device's own",
+                   "# peaks, its parameters fitted by `hyperplan calibrate --fit` on the runs listed in fitted_on (the",
+                   "# step time's squared log error, least squares); every other run of this hardware is held out."]
+    if any(re.match(r"\s*(matmul|memory)\s*=", l) for l in section):
+        raise InvalidInput("the hardware file's [efficiency] gives [size, efficiency] tables; write it with "
+                           "matmul_plateau, memory_plateau and kernel_overhead_us to fit it")
+    values = {k: v for k, v in result.values.items() if not k.startswith("stack:")}
+    values |= {"fitted_on": list(result.runs), "calibration": note}
+    for key, value in values.items():
+        rendered = f"{key} = {_toml(value)}"
+        hit = [i for i, l in enumerate(section) if re.match(rf"\s*{key}\s*=", l)]
+        if hit:
+            first = hit[0]
+            # a multi-line array continues until its closing bracket
+            last = first
+            while section[last].count("[") > section[last].count("]") and last + 1 < len(section):
+                last += 1
+            section[first:last + 1] = [rendered]
+        else:
+            section.append(rendered)
+    return "\n".join(lines[:start + 1] + section + lines[end:]) + "\n"
+
+
+def _toml(value) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+__all__ = ["Fit", "PARAMETERS", "fit", "fitted_names", "hardware_text", "law_values", "write_fit"]
