@@ -69,10 +69,23 @@ def test_curves_are_hashable_values():
 
 
 def test_a_faster_dtype_needs_a_bigger_op_for_the_same_efficiency():
-    """fp8 about doubles the peak: an op r times bigger (r = fp8 / bf16 peak) runs as long as the bf16 one."""
-    c = load_cluster("dgx-h100", devices=8)
+    """Without a measured fp8 curve, fp8 about doubles the peak: an op r times bigger (r = fp8 / bf16 peak) runs
+    as long as the bf16 one (the same per-kernel overhead)."""
+    import dataclasses
+
+    c = dataclasses.replace(load_cluster("dgx-h100", devices=8), fp8_matmul_efficiency=None)
     r = c.device.peak_flops("fp8") / c.device.peak_flops("bf16")
     bf16 = op_time(c, 1e10, 0.0, "matmul", "bf16").compute_s
     fp8 = op_time(c, 1e10 * r, 0.0, "matmul", "fp8").compute_s
     assert fp8 == pytest.approx(bf16, rel=1e-9)
     assert op_time(c, 1e10, 0.0, "matmul", "fp8").compute_s > bf16 / 2
+
+
+def test_a_measured_fp8_curve_is_read_at_the_fp8_peak():
+    from cost_models.curves import overhead_law
+
+    c = load_cluster("dgx-h100", devices=8)
+    assert c.fp8_matmul_plateau is not None
+    peak = c.device.peak_flops("fp8")
+    expected = 1e12 / (peak * overhead_law(1e12, peak, c.fp8_matmul_plateau, c.kernel_overhead_s))
+    assert op_time(c, 1e12, 0.0, "matmul", "fp8").compute_s == pytest.approx(expected, rel=2e-3)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.activations import requires_grad, saved_tensors
+from planner.costing.activations import requires_grad, saved_tensors
 from planner.api import load_graph
-from planner.fusion import fused_act_bytes
-from planner.node_work import node_work
+from planner.costing.fusion import fused_act_bytes
+from planner.costing.node_work import node_work
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,16 @@ import pytest
 from cost_models import SpecError, load_cluster
 from cost_models.loader import PRESET_DIR
 
-BASE = (PRESET_DIR / "dgx-a100.toml").read_text(encoding="utf-8")
+_EFFICIENCY = """[efficiency]
+matmul_plateau = 0.75
+memory_plateau = 0.74
+kernel_overhead_us = 9.8
+attention = { flash2 = [0.70, 0.60] }
+overlap = 0.8
+"""
+_PRESET = (PRESET_DIR / "dgx-a100.toml").read_text(encoding="utf-8")
+BASE = _PRESET[:_PRESET.index("\n[efficiency]") + 1] + _EFFICIENCY  # a fixed efficiency table: fits change presets
+_LAW = "matmul_plateau = 0.75\nmemory_plateau = 0.74\nkernel_overhead_us = 9.8\n"
 
 
 def _write(tmp_path: Path, text: str, name: str = "my.toml") -> str:
@@ -56,13 +65,21 @@ MALFORMED = [
     ("devices = 160", 'devices = "many"', 'cluster.devices: expected an integer of at least 1, got "many"'),
     ("sources = [", "sources = [3, ", "cluster.sources: expected a list of strings"),
     ("[efficiency]", "[efficiencies]", "efficiencies: unknown field"),
-    ("matmul = [[1e7, 0.003], [3.16e7, 0.010]", "matmul = [[3.16e7, 0.010], [1e7, 0.003]",
+    (_LAW, "matmul = [[3.16e7, 0.010], [1e7, 0.003]]\n",
      "efficiency.matmul[1]: sizes must increase, got 1e+07 after 3.16e+07"),
-    ("matmul = [[1e7, 0.003]", "matmul = [[1e7, 1.05]",
+    (_LAW, "matmul = [[1e7, 1.05]]\n",
      "efficiency.matmul[0]: expected [size, efficiency] with size > 0 and efficiency in (0, 1], "
      "got [10000000.0, 1.05]"),
-    ("memory = [[1e5, 0.005], [3.16e5", "memory = [[1e5], [3.16e5", "efficiency.memory[0]: expected [size, efficiency]"),
-    ("dp_overlap = 0.8", "dp_overlap = 1.5", "efficiency.dp_overlap: expected a number in (0, 1], got 1.5"),
+    (_LAW, "memory = [[1e5], [3.16e5, 0.1]]\n", "efficiency.memory[0]: expected [size, efficiency]"),
+    ("matmul_plateau = 0.75", "matmul_plateau = 1.2", "efficiency.matmul_plateau: expected a number in (0, 1], got 1.2"),
+    ("kernel_overhead_us = 9.8", "kernel_overhead_us = -1",
+     "efficiency.kernel_overhead_us: expected a positive number, got -1"),
+    ("memory_plateau = 0.74\n", "", "efficiency.memory_plateau: missing; the overhead law needs"),
+    ("overlap = 0.8", "overlap = 0.8\nmatmul = [[1e7, 0.1]]",
+     "efficiency.matmul: give either the law's parameters or [size, efficiency] tables, not both"),
+    ("[0.70, 0.60]", "[0.70]", "efficiency.attention.flash2: expected [forward, backward] fractions"),
+    ("overlap = 0.8", "overlap = 1.5", "efficiency.overlap: expected a number in (0, 1], got 1.5"),
+    ("overlap = 0.8", "fp8_matmul_plateau = 0.7", "efficiency.fp8_matmul_plateau: the device lists no fp8 peak"),
     ("efficiency = 0.8", 'efficiency = "high"', 'memory_tiers[0].efficiency: expected a number in (0, 1] or a list'),
     ("pooled = false", 'pooled = "no"', 'memory_tiers[0].pooled: expected true or false, got "no"'),
     ("capacity_gib = 256", "capacity_gb = -3", "memory_tiers[0].capacity_gb: expected a positive number, got -3"),

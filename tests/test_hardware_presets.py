@@ -14,8 +14,8 @@ GIB = 2**30
 
 
 def test_the_presets_are_bundled():
-    assert preset_names() == ["ascend-910b", "cloudmatrix384", "cloudmatrix384-die", "dgx-a100", "dgx-h100",
-                              "gb200-nvl72"]
+    assert preset_names() == ["ascend-910b", "cloudmatrix384", "cloudmatrix384-die", "dgx-a100", "dgx-b200",
+                              "dgx-h100", "dgx-h200", "gb200-nvl72", "h100-grand-teton"]
 
 
 @pytest.mark.parametrize("name", preset_names())
@@ -117,7 +117,7 @@ def test_scaling_accepts_part_of_a_node_or_whole_groups(name, n):
     ("cloudmatrix384", 500, "or a multiple of 384 (nearest: 384 or 768)."),
     ("cloudmatrix384-die", 40, "a multiple of 16 up to 768"),
     ("cloudmatrix384-die", 3, "(nearest: 2 or 4)."),
-    ("gb200-nvl72", 100, "a multiple of 72 (nearest: 72 or 144)."),
+    ("gb200-nvl72", 100, "the same multiple of 4 from each of several nvlink groups of 72 (nearest: 96 or 104)."),
     ("dgx-h100", 0, "positive integer"),
 ])
 def test_scaling_refuses_counts_that_split_a_group(name, n, hint):

@@ -25,8 +25,9 @@ from planner.hypershard.validate import validate_document
 
 runner = CliRunner()
 #: A llava whose encoders and backbone are both small: 2 + 2 ranks of a DGX, in about a second.
-TINY_VLM = dict(layers=2, hidden=256, heads=4, kv_heads=4, ffn=512, vocab=512, vision_layers=2, vision_hidden=128,
-                vision_heads=4, vision_ffn=256)
+#: Small, but wide enough that splitting the backbone's matmuls over tp=2 beats replicating them.
+TINY_VLM = dict(layers=2, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=512, vision_layers=2, vision_hidden=512,
+                vision_heads=8, vision_ffn=2048)
 WHERE = dict(cluster="dgx-a100", global_batch=8, seq_len=1024)
 ENCODERS, BACKBONE = "vision_tower+multi_modal_projector", "language_model"
 

@@ -128,7 +128,7 @@ def test_free_search_rediscovers_megatron_on_a_transformer_layer(model):
     sequence-parallel with its weight gathered, where the cost model finds that cheaper.)"""
     from cost_models import load_cluster
 
-    from planner.stage_costs import stage_costs
+    from planner.costing.stage_costs import stage_costs
     from planner.strategy import Strategy, Workload
 
     g = load_graph(model, batch=1, seq_len=2048, overrides=dict(layers=2))

@@ -15,9 +15,9 @@ CASE = dict(cluster="cloudmatrix384-die", devices=128, global_batch=1024, seq_le
 
 @pytest.mark.slow
 def test_encoders_on_their_own_dies_beat_one_program_for_a_high_resolution_vlm():
-    """One program keeps the ViT's and the LLM's activations on every die and must recompute most layers
-    in full to fit; as two programs each group keeps only its own activations, fits with selective
-    recompute and pooled-memory offload, and the pair pays a pipeline fill of one hand-over unit."""
+    """One program keeps the ViT's and the LLM's activations on every die and must recompute or offload them
+    to fit; as two programs each group keeps only its own activations, and the pair pays a pipeline fill of
+    one hand-over unit."""
     out = plan_model("internvl2-76b", **CASE)
     mp = out["mpmd"]
     spmd, step = mp["spmd_step_time_s"], mp["step_time_s"]
@@ -34,4 +34,5 @@ def test_encoders_on_their_own_dies_beat_one_program_for_a_high_resolution_vlm()
     assert enc["devices"] + llm["devices"] == 128 and enc["ranks"][1] + 1 == llm["ranks"][0]
     assert 1.0 <= mp["imbalance"] < 1.1  # the groups are sized so neither waits long on the other
     single = out["runners_up"][0]
-    assert single["summary"].startswith("single program") and "full recompute" in single["summary"]
+    assert single["summary"].startswith("single program")
+    assert "full recompute" in single["summary"] or "activations offloaded" in single["summary"]

@@ -18,7 +18,8 @@ W = Workload(global_batch=64, seq_len=4096)
 
 @pytest.fixture(scope="module")
 def llama20():
-    g = load_graph("llama3-70b", batch=1, seq_len=4096, overrides=dict(layers=20))
+    """40 layers of Llama-3-70B on 16 CloudMatrix384 NPUs at 4096 tokens: tight enough that offloading pays."""
+    g = load_graph("llama3-70b", batch=1, seq_len=4096, overrides=dict(layers=40))
     return g, discover_blocks(g)
 
 

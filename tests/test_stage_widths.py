@@ -10,12 +10,12 @@ import pytest
 from cost_models import load_cluster
 from planner.api import _graph_for_costing, estimate_model, plan_model
 from planner.errors import InvalidInput
-from planner.estimate import estimate
+from planner.costing.estimate import estimate
 from planner.graph.blocks import discover_blocks
 from planner.plan import stage_ranks
 from planner.search import solve as solve_module
 from planner.search.pipeline import WidthCosts, unequal_split
-from planner.stage_costs import stage_costs
+from planner.costing.stage_costs import stage_costs
 from planner.strategy import Strategy, Workload
 
 
@@ -132,7 +132,7 @@ def test_one_memory_row_per_stage_matches_each_stages_memory(small, monkeypatch)
         seen["problem"], seen["choice"] = problem, sol.choice
         return sol
 
-    monkeypatch.setattr("planner.stage_costs.solve_intra_op", spy)
+    monkeypatch.setattr("planner.costing.stage_costs.solve_intra_op", spy)
     s = Strategy(tp=2, pp=3, dp=4, sp=True, zero=1, recompute="selective", layouts="searched")
     costs = stage_costs(g, st, load_cluster("dgx-h100", devices=24), w, s, memory_constraint=True)
     problem, choice = seen["problem"], seen["choice"]
@@ -145,8 +145,11 @@ def test_one_memory_row_per_stage_matches_each_stages_memory(small, monkeypatch)
 @pytest.mark.slow
 def test_the_planner_gives_stages_different_widths_where_equal_ones_cannot_split_the_devices():
     """24 H100s and a batch of 4: equal stages need a pipeline depth of 3 (or 6); 4 + 8 tensor ranks per replica
-    let two stages of unequal widths run two replicas instead."""
-    r = plan_model("llama3-8b", cluster="dgx-h100", devices=24, global_batch=4, seq_len=8192, mpmd=False)
+    let two stages of unequal widths run two replicas instead. Under torchtitan, whose tensor-parallel
+    collectives are not overlapped, the two replicas win (under today's Megatron-Core, which hides them behind
+    the GEMMs, TP8 x PP3 wins by under 1%)."""
+    r = plan_model("llama3-8b", cluster="dgx-h100", devices=24, global_batch=4, seq_len=8192, mpmd=False,
+                   stack="torchtitan")
     s = r["strategy"]
     assert len(set(s["stage_tp"])) > 1
     assert sum(s["stage_tp"]) * s["dp"] * s["cp"] == 24

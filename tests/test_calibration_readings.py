@@ -1,0 +1,89 @@
+"""Our reading of the published rows (tests/data) into the shipped runs: nothing changed on the way.
+
+Every degree a published row states (tp, pp, cp, ep, etp, vpp, dp, micro-batch), its device count,
+sequence and batch are what the shipped run uses; its measured figure is the run's step time; and the
+shipped files are exactly what benchmarks/calibration_readings.py writes from tests/data.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import calibration_readings as readings
+from benchmarks.calibration_specs import SPECS
+from planner.calibration import read_runs, shipped_files
+
+pytestmark = pytest.mark.calibration
+
+RAW = readings.raw_rows()
+RUNS = {r.id: r for r in read_runs()}
+SHIPPED_MEASURED = {row["id"]: next(iter(row["measured"])) for path in shipped_files()
+                    for row in json.loads(path.read_text())["runs"]}
+
+
+def test_the_shipped_files_are_the_readings_of_tests_data():
+    assert readings.main(["--check"]) == 0
+
+
+def _layout(row: dict, run) -> dict:
+    layout = row.get("layout", {})
+    if "tp" not in layout and "tp" in row:  # the A100 file keeps degrees at the top level
+        layout = row
+    if isinstance(layout.get(f"{run.seq_len // 1024}K"), dict):
+        layout = layout[f"{run.seq_len // 1024}K"]
+    return layout
+
+
+@pytest.mark.parametrize("rid", sorted(RUNS))
+def test_each_run_keeps_its_rows_degrees(rid):
+    run = RUNS[rid]
+    row = RAW[run.source.split("#")[1].split(" (")[0]]
+    layout = _layout(row, run)
+    strategy = run.strategy_with(1 if run.strategy.get("micro_batch") == "largest fitting"
+                                 else run.strategy.get("micro_batch", 1))
+    for key, mine in (("tp", strategy.tp), ("pp", strategy.pp), ("cp", strategy.cp), ("ep", strategy.ep),
+                      ("vpp", strategy.vpp), ("dp", strategy.dp)):
+        theirs = layout.get(key)
+        if isinstance(theirs, int) and not isinstance(theirs, bool):
+            assert mine == theirs, f"{rid}: {key} {mine} against the row's {theirs}"
+    if isinstance(layout.get("etp"), int):
+        assert strategy.expert_tp == layout["etp"]
+    mbs = layout.get("mbs", layout.get("micro_batch"))
+    if isinstance(mbs, int) and not isinstance(mbs, bool):
+        assert strategy.micro_batch == mbs
+    if isinstance(layout.get("fsdp"), int) and layout["fsdp"] > 1:
+        assert strategy.zero == 3
+    count = row.get("hardware", {}).get("count", row.get("gpus"))
+    if isinstance(count, int):
+        assert run.devices == count
+    if isinstance(row.get("seq"), int):
+        assert run.seq_len == row["seq"]
+    if isinstance(row.get("global_batch", row.get("batch")), int):
+        assert run.global_batch == row.get("global_batch", row.get("batch"))
+
+
+@pytest.mark.parametrize("rid", sorted(RUNS))
+def test_each_run_measures_what_its_row_measured(rid):
+    """The figure a run is read from is the row's own: its step time, or else its tokens per second."""
+    run = RUNS[rid]
+    row = RAW[run.source.split("#")[1].split(" (")[0]]
+    m, d = row.get("measured", {}), row.get("derived", {})
+    tokens = run.global_batch * run.seq_len / run.devices
+    step = m.get("step_s", d.get("step_s", row.get("iter_s")))
+    given = m.get("tokens_per_s_per_gpu", m.get("tokens_per_s_per_npu"))
+    if "(" in run.source:  # a variant of the row (another schedule or overlap): its own figure
+        assert run.measured_step_s > 0
+    elif SHIPPED_MEASURED[rid] == "step_s" and isinstance(step, (int, float)):
+        assert run.measured_step_s == pytest.approx(step, rel=1e-3)
+    elif SHIPPED_MEASURED[rid] == "tokens_per_s_per_device":
+        assert tokens / run.measured_step_s == pytest.approx(given, rel=1e-6)
+    else:  # a row that gives TFLOP/s: test_calibration.py's A100 runs check the FLOP count behind it
+        assert not isinstance(step, (int, float)) and not isinstance(given, (int, float))
+        assert run.measured_step_s > 0
+
+
+def test_every_spec_reads_a_row_that_exists():
+    for rid, spec in SPECS.items():
+        assert spec.get("row", rid) in RAW, rid
