@@ -120,6 +120,7 @@ def estimate_cmd(
         rich_help_panel=_PAR)] = None,
     dtype: _OptDtype = None,
     stack: opt.Stack = None,
+    strict_ops: opt.StrictOps = False,
     as_json: opt.Json = False,
     layers: opt.Layers = None,
     hidden: opt.Hidden = None,
@@ -171,7 +172,7 @@ def estimate_cmd(
                 vpp=vpp or 1, micro_batch=micro_batch or 1, recompute=recompute or "none",
                 full_recompute_layers=full_recompute_layers or 0, sp=bool(sp), zero=zero or 0,
                 schedule=schedule or "1f1b", offload=parse_offload(offload), overrides=overrides,
-                dims=opt.parse_dims(dim), stack=stack, etp=etp or 0,
+                dims=opt.parse_dims(dim), stack=stack, strict_ops=strict_ops, etp=etp or 0,
             )
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
@@ -211,7 +212,11 @@ def print_estimate(r: dict) -> None:
     mem = r["memory_gib"]
     fit = "fits" if r["fits"] else f"[bold red]does not fit: over by {r['over_gib']:.1f} GiB[/]"
     head.add_row("peak memory", f"{mem['peak']:.1f} GiB of {r['hbm_gib']:.0f} GiB HBM — {fit}")
+    if r.get("workload", {}).get("stack"):
+        head.add_row("stack", r["workload"]["stack"])
     console.print(head)
+    for note in r.get("assumptions", ()):
+        console.print(f"assumption: {note}", markup=False)
 
     mt = Table(title="memory per device (worst stage)", title_justify="left")
     mt.add_column("kind")

@@ -68,3 +68,7 @@ Stack = Annotated[Optional[str], typer.Option(
                     "the default), megatron-core-2024, megatron-2021, torchtitan, automodel, mindspeed, deepspeed, or "
                     "a stack .toml file (kernels, overlaps, FP8 recipe, optimizer states; see planner/costing/stacks).",
     show_default=False)]
+StrictOps = Annotated[bool, typer.Option(
+    "--strict-ops", help="Refuse a graph with ops that have no FLOP rule (custom-domain or unknown ops), instead of "
+                         "costing them by the bytes they move (the default; the output says how much of the graph "
+                         "that is).")]

@@ -69,6 +69,7 @@ def plan_cmd(
                                           "and decode co-located on every device.")] = False,
     dtype: opt.Dtype = "bf16",
     stack: opt.Stack = None,
+    strict_ops: opt.StrictOps = False,
     as_json: opt.Json = False,
     layers: opt.Layers = None,
     hidden: opt.Hidden = None,
@@ -134,7 +135,7 @@ def plan_cmd(
         result = plan_model(model, cluster=cluster, devices=devices, global_batch=global_batch, seq_len=seq_len,
                             dtype=dtype, time_limit_s=time_limit, overrides=overrides, dims=opt.parse_dims(dim),
                             progress=progress, memory_gib=memory_gib, offload=not no_offload, mpmd=not no_mpmd,
-                            stack=stack)
+                            stack=stack, strict_ops=strict_ops)
     if output:
         request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
                           memory_gib=memory_gib)
@@ -162,7 +163,7 @@ def print_plan(r: dict) -> None:
                       f"{p['estimate']['step_time_s']:.3f}")
         console.print(t)
         est = dict(r["estimate"])
-        est.update({k: r[k] for k in ("model", "cluster", "workload")})
+        est.update({k: r[k] for k in ("model", "cluster", "workload", "assumptions") if k in r})
         est["strategy"] = s
         print_estimate(est)
         return
@@ -186,7 +187,7 @@ def print_plan(r: dict) -> None:
     console.print(f"recompute: {s['recompute']}; ZeRO-{s['zero']}; micro-batch {s['micro_batch']} "
                   f"({r['estimate']['microbatches']} per step); sequence parallel: {'yes' if s['sp'] else 'no'}")
     est = dict(r["estimate"])
-    est.update({k: r[k] for k in ("model", "cluster", "workload")})
+    est.update({k: r[k] for k in ("model", "cluster", "workload", "assumptions") if k in r})
     est["strategy"] = s
     print_estimate(est)
     if r["runners_up"]:

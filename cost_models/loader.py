@@ -102,7 +102,7 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     sampled at eighth-decades; `matmul = [[size, eff], ...]` tables are taken as given instead.
     """
     eff.only("matmul", "memory", "matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us",
-             "attention", "overlap", "fitted_on", "calibration")
+             "attention", "overlap", "fitted_on", "not_fitted", "calibration")
     law = [k for k in ("matmul_plateau", "memory_plateau", "kernel_overhead_us") if k in eff.data]
     if law and len(law) != 3:
         missing = sorted({"matmul_plateau", "memory_plateau", "kernel_overhead_us"} - set(law))
@@ -141,7 +141,8 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     return dict(matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
                 attention_plateaus=tuple(attention), kernel_overhead_s=t0, **plateaus,
                 dp_overlap_efficiency=eff.fraction("overlap", default=1.0),
-                calibration=eff.text("calibration", default=""), fitted_on=tuple(fitted_on))
+                calibration=eff.text("calibration", default=""), fitted_on=tuple(fitted_on),
+                not_fitted=tuple(eff.texts("not_fitted")))
 
 
 def law_curves(device: Device, matmul_plateau: float, fp8_matmul_plateau: float | None, memory_plateau: float,

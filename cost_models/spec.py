@@ -100,6 +100,7 @@ class Cluster:
     memory_plateau: float | None = None
     calibration: str = ""  # where the efficiency figures come from: a fit on named rows, or a stated assumption
     fitted_on: tuple[str, ...] = ()  # ids of the measured runs its efficiency parameters were fitted on
+    not_fitted: tuple[str, ...] = ()  # the law's parameters those runs could not pin (kept from the file: assumptions)
 
     @property
     def fitted(self) -> bool:
@@ -283,6 +284,7 @@ def cluster_as_dict(cluster: Cluster) -> dict:
             "kernel_overhead_s": cluster.kernel_overhead_s,
             "overlap": cluster.dp_overlap_efficiency,
             "fitted_on": list(cluster.fitted_on),
+            "not_fitted": list(cluster.not_fitted),
             "calibration": cluster.calibration,
         },
         "sources": list(cluster.sources),

@@ -12,7 +12,7 @@ import difflib
 import os
 from typing import Any, Mapping
 
-from planner.errors import InvalidInput
+from planner.errors import InvalidInput, InvalidModel
 from planner.graph.ir import Graph
 
 
@@ -133,6 +133,7 @@ def estimate_model(
     dims: Mapping[str, int] | None = None,
     dp: int | None = None,
     stack: str | None = None,
+    strict_ops: bool = False,
     **strategy: Any,
 ) -> dict[str, Any]:
     """Score one strategy of a model on a cluster: the dict `hyperplan estimate --json` prints.
@@ -142,7 +143,8 @@ def estimate_model(
     offload). `dp` defaults to what the devices leave; `devices` defaults to
     the preset's size, or to what the degrees need when `dp` is given.
     `stack` is the software stack that runs it (a preset name or a stack
-    .toml file; default: today's Megatron-Core).
+    .toml file; default: today's Megatron-Core). `strict_ops` refuses a graph
+    with ops that have no FLOP rule instead of costing them by bytes moved.
     """
     from cost_models import load_cluster
 
@@ -164,6 +166,7 @@ def estimate_model(
                                "change the degrees or pass --devices")
     strat = Strategy(dp=dp, **strategy)
     graph = _graph_for_costing(model, seq_len, dims, overrides)
+    check_costed(graph, strict_ops)
     structure = discover_blocks(graph)
     est = estimate(graph, structure, hw, workload, strat)
     out = est.to_dict()
@@ -183,14 +186,30 @@ def make_workload(mode: str, global_batch: int, seq_len: int, dtype: str, stack:
                     execution=load_execution(stack))
 
 
+def check_costed(graph: Graph, strict: bool) -> None:
+    """With `strict`, refuse a graph that has ops without a FLOP rule (see `uncosted_note`)."""
+    if strict and graph.uncosted()["ops"]:
+        raise InvalidModel(uncosted_note(graph) + "; drop --strict-ops to plan with them costed that way")
+
+
+def uncosted_note(graph: Graph) -> str:
+    """One sentence on the ops no rule costs: how many, their share of the bytes moved, how they are costed."""
+    u = graph.uncosted()
+    kinds = ", ".join(f"{op} x{n}" for op, n in list(u["op_types"].items())[:4]) + (
+        ", ..." if len(u["op_types"]) > 4 else "")
+    return (f"{u['ops']} of {len(graph.nodes)} ops ({100 * u['op_share']:.1f}%; {100 * u['byte_share']:.1f}% of the "
+            f"bytes moved) have no FLOP rule ({kinds}): they are costed by the bytes they move, as memory-bound ops")
+
+
 def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any) -> dict[str, Any]:
     return {
+        "uncosted": graph.uncosted(),
         "model": {"name": os.path.basename(os.fspath(model)), "params": graph.param_count},
         "cluster": {"name": hw.name, "devices": hw.n_devices, "calibration": hw.calibration,
                     "fitted": hw.fitted},
         "workload": {"mode": workload.mode, "global_batch": workload.global_batch, "seq_len": workload.seq_len,
                      "dtype": workload.dtype, "stack": workload.execution.origin or workload.execution.name},
-        "assumptions": assumptions(hw, workload),
+        "assumptions": assumptions(hw, workload) + ([uncosted_note(graph)] if graph.uncosted()["ops"] else []),
     }
 
 
@@ -199,6 +218,11 @@ def assumptions(hw: Any, workload: Any) -> list[str]:
     out = []
     if not hw.fitted:
         out.append(f"{hw.name}: {hw.calibration or 'efficiency not fitted to any measured run'}")
+    else:
+        unused = "matmul_plateau" if workload.dtype == "fp8" else "fp8_matmul_plateau"
+        kept = [k for k in hw.not_fitted if k != unused]
+        if kept:
+            out.append(f"{hw.name}: {', '.join(kept)} not fitted on this hardware's runs (kept from its file)")
     ex = workload.execution
     if workload.mode == "train" and ex.attention == "flash":
         _, _, kernel = hw.attention_plateau(ex.attention_kernel) if hw.attention_plateaus else (0, 0, "")
@@ -224,12 +248,14 @@ def plan_model(
     offload: bool = True,
     mpmd: bool = True,
     stack: str | None = None,
+    strict_ops: bool = False,
 ) -> dict[str, Any]:
     """Search the fastest strategy that fits: the dict `hyperplan plan --json` prints.
 
     `memory_gib` caps the HBM a plan may use per device (default: all of it);
     `offload=False` keeps everything in HBM (HyperOffload off); `mpmd=False` keeps the whole model one
-    program (no HyperMPMD device groups for encoders beside the backbone).
+    program (no HyperMPMD device groups for encoders beside the backbone); `strict_ops` refuses a graph with
+    ops that have no FLOP rule.
 
     Raises `Infeasible` when nothing fits, saying how much memory the closest
     strategy needs and about how many devices would hold it.
@@ -245,6 +271,7 @@ def plan_model(
     workload = make_workload(mode, global_batch, seq_len, dtype, stack)
     hw = with_memory_cap(load_cluster(cluster, devices=devices), memory_gib)
     graph = _graph_for_costing(model, seq_len, dims, overrides)
+    check_costed(graph, strict_ops)
     structure = discover_blocks(graph)
     result = search(graph, structure, hw, workload, time_limit_s=time_limit_s, progress=progress,
                     allow_offload=offload)

@@ -26,15 +26,13 @@ class InvalidModel(InvalidInput):
 class UnboundDimension(InvalidModel):
     """A symbolic dimension has no value; the message names it and the flag to bind it."""
 
-    def __init__(self, names: list[str] | tuple[str, ...], where: str = "") -> None:
+    def __init__(self, names: list[str] | tuple[str, ...], where: str = "", hint: str = "--batch / --seq-len") -> None:
         self.names = tuple(names)
         listed = ", ".join(repr(n) for n in self.names)
         flags = " ".join(f"--dim {n}=VALUE" for n in self.names)
         loc = f" ({where})" if where else ""
-        super().__init__(
-            f"symbolic dimension {listed}{loc} has no value; bind it with {flags}"
-            " (or --batch / --seq-len)"
-        )
+        super().__init__(f"symbolic dimension {listed}{loc} has no value; bind it with {flags}"
+                         + (f" (or {hint})" if hint else ""))
 
 
 class Infeasible(HyperplanError):

@@ -161,7 +161,9 @@ def write_fit(text: str, result: Fit, note: str) -> str:
         raise InvalidInput("the hardware file's [efficiency] gives [size, efficiency] tables; write it with "
                            "matmul_plateau, memory_plateau and kernel_overhead_us to fit it")
     values = {k: v for k, v in result.values.items() if not k.startswith("stack:")}
-    values |= {"fitted_on": list(result.runs), "calibration": note}
+    kept = [k for k in ("matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us", "overlap")
+            if k not in values]
+    values |= {"fitted_on": list(result.runs), "not_fitted": kept, "calibration": note}
     for key, value in values.items():
         rendered = f"{key} = {_toml(value)}"
         hit = [i for i, l in enumerate(section) if re.match(rf"\s*{key}\s*=", l)]

@@ -124,6 +124,16 @@ class Graph:
         """Ops without a FLOP rule, costed by bytes moved only."""
         return Counter(n.qualified_op for n in self.nodes if not n.cost_known)
 
+    def uncosted(self) -> dict[str, Any]:
+        """How much of the graph has no FLOP rule (costed by the bytes it moves): ops, their share of the
+        graph's ops and of its bytes moved, and the op types (most frequent first)."""
+        moved = sum(n.bytes_read + n.bytes_written for n in self.nodes) or 1.0
+        unknown = [n for n in self.nodes if not n.cost_known]
+        ops = self.unknown_ops()
+        return {"ops": len(unknown), "op_share": len(unknown) / max(len(self.nodes), 1),
+                "byte_share": sum(n.bytes_read + n.bytes_written for n in unknown) / moved,
+                "op_types": dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])))}
+
     def param_bytes_by_dtype(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for p in self.params:

@@ -14,6 +14,13 @@ Three sources, in order of precedence:
    or capacity sizes that differ from the prompt length and must be bound with
    ``--dim``.
 
+4. roles, for symbols whose names say nothing (``s0``, ``s72``: what
+   torch's dynamo exporter writes even when ``Dim("batch")`` is given): the
+   dims of the graph's token inputs (integer, rank 2: ``input_ids``,
+   ``attention_mask``, ``position_ids``) are batch and sequence; the first dim
+   of a floating input of rank 3 or more (pixels, audio features, embeddings)
+   is a batch (`input_roles`).
+
 Symbols may be expressions of other symbols, as exporters write them
 (``seq + 1``, ``2*s0``, ``past_sequence_length + sequence_length``); they are
 evaluated once their names are bound (+, -, *, /, //, %, min, max, floor, ceil).
@@ -49,17 +56,41 @@ def is_seq_name(name: str) -> bool:
     return bool(w & _SEQ_WORDS) and not (w & _SEQ_EXCLUDE)
 
 
+#: What a graph input's dims are, by its kind: (is integer, rank) -> the role of each leading dim.
+_TOKEN_ROLES = ("batch", "seq")
+_FEATURE_ROLES = ("batch",)
+
+
+def input_roles(inputs: list[tuple[bool, list[str]]]) -> dict[str, str]:
+    """Symbol -> 'batch' or 'seq' from the graph's inputs, each given as (integer dtype, its dims' symbols, ''
+    for a fixed dim): token inputs (integer, rank 2) give batch and sequence, floating inputs of rank 3 or
+    more a batch. A symbol given two roles keeps none (see the module docstring)."""
+    seen: dict[str, set[str]] = {}
+    for integer, syms in inputs:
+        roles = _TOKEN_ROLES if integer and len(syms) == 2 else _FEATURE_ROLES if not integer and len(syms) >= 3 \
+            else ()
+        for role, sym in zip(roles, syms):
+            if sym:
+                seen.setdefault(sym, set()).add(role)
+    return {sym: next(iter(r)) for sym, r in sorted(seen.items()) if len(r) == 1}
+
+
 def bind(symbols: list[str], dims: Mapping[str, int] | None, batch: int | None,
-         seq_len: int | None) -> dict[str, int]:
-    """Values for the plain-name `symbols` the three sources decide (unbound ones are left out)."""
+         seq_len: int | None, roles: Mapping[str, str] | None = None) -> dict[str, int]:
+    """Values for the plain-name `symbols` the four sources decide (unbound ones are left out)."""
     out: dict[str, int] = {}
     dims = dims or {}
+    roles = roles or {}
     for s in symbols:
         if s in dims:
             out[s] = int(dims[s])
         elif batch is not None and is_batch_name(s):
             out[s] = int(batch)
         elif seq_len is not None and is_seq_name(s):
+            out[s] = int(seq_len)
+        elif batch is not None and roles.get(s) == "batch" and not is_seq_name(s):
+            out[s] = int(batch)
+        elif seq_len is not None and roles.get(s) == "seq" and not is_batch_name(s):
             out[s] = int(seq_len)
     return out
 

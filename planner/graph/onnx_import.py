@@ -76,6 +76,32 @@ def _input_dims(g: onnx.GraphProto) -> list[tuple[onnx.ValueInfoProto, int, onnx
             for k, d in enumerate(vi.type.tensor_type.shape.dim)]
 
 
+_INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
+                            onnx.TensorProto.INT8, onnx.TensorProto.UINT8})
+
+
+def _data_inputs(g: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """Graph inputs a caller feeds: not initializers, and with a tensor shape."""
+    inits = {t.name for t in g.initializer}
+    return [vi for vi in g.input if vi.name not in inits and vi.type.HasField("tensor_type")
+            and vi.type.tensor_type.HasField("shape")]
+
+
+def _check_fixed_length(g: onnx.GraphProto, seq_len: int) -> bool:
+    """Refuse a --seq-len that a graph with fixed-length token inputs cannot be costed at; True when the
+    graph's length is that one."""
+    for vi in _data_inputs(g):
+        tt = vi.type.tensor_type
+        if tt.elem_type in _INTEGER_TYPES and len(tt.shape.dim) == 2 and tt.shape.dim[1].HasField("dim_value"):
+            fixed = tt.shape.dim[1].dim_value
+            if fixed != seq_len:
+                raise InvalidInput(f"the model's input '{vi.name}' fixes the sequence length at {fixed}, but "
+                                   f"--seq-len {seq_len} was given; pass --seq-len {fixed}, or re-export the model "
+                                   "with a dynamic sequence dimension")
+            return True
+    return False
+
+
 def _named(g: onnx.GraphProto, key: str) -> bool:
     """Whether the input dim `name[k]` carries a symbol (then it is listed by its symbol instead)."""
     name, _, k = key[:-1].rpartition("[")
@@ -96,9 +122,15 @@ def _bind(g: onnx.GraphProto, dims: Mapping[str, int], batch: int | None, seq_le
         listed = ", ".join(on_inputs + sorted(p for p in positional if not _named(g, p))) or "none"
         raise InvalidInput(f"--dim {stray[0]!r} names no symbolic dimension of this model; "
                            f"its inputs' symbols are: {listed}")
-    bound = onnx_dims.bind(symbols, dims, batch, seq_len)
-    for flag, v, rule in (("--batch", batch, onnx_dims.is_batch_name), ("--seq-len", seq_len, onnx_dims.is_seq_name)):
-        if v is not None and not any(rule(s) for s in symbols):
+    roles = onnx_dims.input_roles([(vi.type.tensor_type.elem_type in _INTEGER_TYPES,
+                                    [d.dim_param if d.dim_param in symbols else ""
+                                     for d in vi.type.tensor_type.shape.dim]) for vi in _data_inputs(g)])
+    bound = onnx_dims.bind(symbols, dims, batch, seq_len, roles)
+    for flag, v, rule, role in (("--batch", batch, onnx_dims.is_batch_name, "batch"),
+                                ("--seq-len", seq_len, onnx_dims.is_seq_name, "seq")):
+        if v is not None and not any(rule(s) or roles.get(s) == role for s in symbols):
+            if role == "seq" and _check_fixed_length(g, v):
+                continue
             notes.append(f"{flag} {v} was given but no symbolic dimension of the model reads as one; ignored")
     read = {i for n in g.node for i in n.input}
     inits = {t.name for t in g.initializer}
@@ -121,7 +153,8 @@ def _bind(g: onnx.GraphProto, dims: Mapping[str, int], batch: int | None, seq_le
         else:
             d.dim_value = int(value)
     if unbound:
-        raise UnboundDimension(unbound, where)
+        raise UnboundDimension(unbound, where, " / ".join(f for f, v in (("--batch", batch), ("--seq-len", seq_len))
+                                                       if v is None))
     for vi in (*g.output, *g.value_info):
         for d in vi.type.tensor_type.shape.dim:
             if d.dim_param:
@@ -212,7 +245,8 @@ def _build(skel: onnx.ModelProto, known: Shapes, scopes: list[str], bound: Mappi
             cost = node_cost(op, n.domain, attrs, [t.shape if t else None for t in in_t],
                              [t.dtype if t else "" for t in in_t], [t.shape if t else None for t in out_t],
                              [t.dtype if t else "" for t in out_t])
-            if cost.known and op not in VIEW_OPS and any(t is not None and t.shape is None for t in in_t + out_t):
+            if cost.known and op not in VIEW_OPS and "Sequence" not in op \
+                    and any(t is not None and t.shape is None for t in in_t + out_t):  # a sequence has no shape
                 cost = cost._replace(known=False)  # costed from the shapes we know: flag it
         node_name = n.name or f"{op}_{idx}"
         if node_name in used_names:

@@ -20,7 +20,10 @@ Where the exporter wrote down which inputs were parameters (PyTorch's
 `pkg.torch.export.ExportedProgram.graph_signature` graph metadata, with
 `PARAMETER target='...'` and `BUFFER target='...'` lines), that list wins:
 a scalar parameter such as CLIP's `logit_scale` counts, a buffer such as
-RoPE's `inv_freq` does not.
+RoPE's `inv_freq` does not. A tensor it does not list (its optimiser's
+folding made it) counts when it is read as a weight: by a contraction, or as
+a Gather's table (a folded transpose of a listed weight), not when it is read
+elementwise (rotary cos/sin tables, masks).
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ def find_params(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], consumed: s
                 candidates.add(out)
     roles = declared_roles(graph) if roles is None else roles
     if roles:
-        candidates = {c for c in candidates if roles.get(c, "PARAMETER") == "PARAMETER"}
+        contracted = {x for n in nodes for j, x in enumerate(n.input) if x and _reads_as_weight(n.op_type, j)}
+        candidates = {c for c in candidates if roles.get(c) == "PARAMETER" or (c not in roles and c in contracted)}
         candidates |= {t.name for t in graph.initializer if roles.get(t.name) == "PARAMETER"}
     candidates = {c for c in candidates if c in consumed and c not in stats}
     ordered: list[str] = []
@@ -110,6 +114,16 @@ def find_params(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], consumed: s
                 ordered.append(i)
     ordered.extend(sorted(candidates - seen))  # read only by subgraphs or graph outputs
     return ordered
+
+
+_CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "MatMulInteger", "ConvInteger"})
+
+
+def _reads_as_weight(op_type: str, index: int) -> bool:
+    """Whether input `index` of an op is where a learned weight goes: an operand of a contraction, or the table
+    a Gather looks rows up in. An exporter's optimiser folds a weight's transpose into a tensor of a new name
+    that its signature does not list; rotary tables and masks, which it folds too, are read elsewhere."""
+    return op_type in _CONTRACTIONS or (op_type == "Gather" and index == 0)
 
 
 def folded_nodes(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> list[bool]:

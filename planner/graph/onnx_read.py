@@ -14,6 +14,7 @@ import os
 from typing import Iterable
 
 import onnx
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from planner.errors import InvalidInput, InvalidModel
@@ -24,6 +25,22 @@ KEEP_INT_NUMEL = 4096
 KEEP_FLOAT_NUMEL = 16
 _INT_TYPES = frozenset({2, 3, 4, 5, 6, 7, 9, 12, 13})
 _STRIPPED = "hyperplan:stripped"
+
+
+def _invalid_text(msg, path: str) -> str:
+    """Where a string field of `msg` holds bytes that are not UTF-8 (protobuf hands those over as bytes), or ''."""
+    for field, value in msg.ListFields():
+        many = field.is_repeated if hasattr(field, "is_repeated") else field.label == FieldDescriptor.LABEL_REPEATED
+        if field.type == FieldDescriptor.TYPE_STRING:
+            for i, v in enumerate(value if many else (value,)):
+                if isinstance(v, bytes):
+                    return f"{path}.{field.name}{f'[{i}]' if many else ''} = {v[:40]!r}"
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            for i, v in enumerate(value if many else (value,)):
+                hit = _invalid_text(v, f"{path}.{field.name}{f'[{i}]' if many else ''}")
+                if hit:
+                    return hit
+    return ""
 
 
 def read_model(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
@@ -41,6 +58,8 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelP
             model = onnx.load(path, load_external_data=False)
         except (DecodeError, ValueError, RuntimeError, OSError, UnicodeDecodeError) as exc:
             reason = str(exc).split("\n")[0] or type(exc).__name__
+            if isinstance(exc, DecodeError):  # protobuf does not say which field: a cut file or bad UTF-8 strings
+                reason += ": a truncated file, or a name or metadata string that is not valid UTF-8"
             raise InvalidModel(
                 f"'{path}' is not a readable ONNX model ({reason}); check that the file is complete and is ONNX"
             ) from None
@@ -48,6 +67,10 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelP
         where = f"'{path}'"
     else:
         raise InvalidInput(f"a model must be a file path or an onnx.ModelProto, not {type(source).__name__}")
+    bad = _invalid_text(model, "model")
+    if bad:
+        raise InvalidModel(f"{where} has a string that is not valid UTF-8 ({bad}); ONNX names and metadata must be "
+                           "UTF-8: fix or re-export the model")
     if not model.HasField("graph") or len(model.graph.node) == 0:
         raise InvalidModel(f"{where} holds no ONNX graph (no nodes); is it an empty, truncated or non-ONNX file?")
     if not any(op.domain in ("", "ai.onnx") for op in model.opset_import):

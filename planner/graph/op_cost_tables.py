@@ -98,14 +98,15 @@ REDUCE_OUT_FLOPS: Mapping[str, float] = MappingProxyType(
 )
 
 #: Views: a runtime changes the tensor's metadata, no bytes move.
-VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant"})
+VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant",
+                      "SequenceLength", "SequenceEmpty", "SequenceErase"})
 
 #: Copies: read the whole input, write the whole output, no arithmetic.
 COPY_OPS = frozenset(
     {
         "Transpose", "Concat", "Split", "Expand", "Tile", "Pad", "DepthToSpace", "SpaceToDepth",
         "ReverseSequence", "Compress", "SplitToSequence", "ConcatFromSequence", "Col2Im",
-        "CenterCropPad", "Upsample",
+        "CenterCropPad", "Upsample", "SequenceAt", "SequenceConstruct", "SequenceInsert",
     }
 )
 

@@ -41,8 +41,8 @@ def workload(graph: Graph) -> Workload:
     """Batch and sequence length: from bound symbolic dims, the zoo's config, or the first input's shape."""
     batch = [v for k, v in sorted(graph.dims.items()) if is_batch_name(k)]
     seq = [v for k, v in sorted(graph.dims.items()) if is_seq_name(k)]
-    if batch or seq:
-        return Workload(batch[0] if batch else 1, seq[0] if seq else None, "symbolic dims")
+    if batch:
+        return Workload(batch[0], seq[0] if seq else None, "symbolic dims")
     config = graph.metadata.get("hyperplan.config")
     if config:
         try:
@@ -57,9 +57,10 @@ def workload(graph: Graph) -> Workload:
         t = graph.tensors.get(name)
         if t is None or not t.shape:
             continue
+        source = "symbolic dims" if graph.dims else f"shape of input '{name}'"  # bound by the input's roles
         if t.dtype in _INT_INPUT_DTYPES and len(t.shape) == 2:  # token ids (batch, seq)
-            return Workload(t.shape[0], t.shape[1], f"shape of input '{name}'")
-        return Workload(t.shape[0], None, f"shape of input '{name}'")
+            return Workload(t.shape[0], t.shape[1], source)
+        return Workload(t.shape[0], seq[0] if seq else None, source)
     return Workload(1, None, "no input shape; assumed 1")
 
 
