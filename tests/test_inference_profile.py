@@ -107,3 +107,54 @@ def test_an_encoder_has_no_decode_phase_to_plan(model):
 def test_token_generators_pass_the_check_whatever_their_exporter():
     for fixture in ("gpt2", "llama_gqa", "mixtral_moe", "qwen3_moe_mixed"):
         assert load_profile(f"tests/fixtures/{fixture}.onnx").layers
+
+
+def _with_static_cache(proto):
+    """Each attention's K and V written into a preallocated cache first (ScatterND of this step's entries, as a
+    static cache's index_copy exports), and attention read from the cache: what torch exports for generation."""
+    import onnx
+    from onnx import helper
+
+    g = proto.graph
+    producer = {o: n for n in g.node for o in n.output}
+    readers: dict[str, list] = {}
+    for n in g.node:
+        for x in n.input:
+            readers.setdefault(x, []).append(n)
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+              for vi in onnx.shape_inference.infer_shapes(proto).graph.value_info}
+    g.initializer.append(onnx.numpy_helper.from_array(__import__("numpy").zeros((1, 1), dtype="int64"), "slot"))
+    for k, softmax in enumerate([n for n in g.node if n.op_type == "Softmax"]):
+        x = softmax.input[0]
+        while producer[x].op_type != "MatMul":
+            x = producer[x].input[0]
+        qk, av = producer[x], readers[softmax.output[0]][0]
+        for node, idx, tag in ((qk, 1, "k"), (av, 1, "v")):
+            new, past = f"cache_{tag}{k}", f"past_{tag}{k}"
+            g.input.append(helper.make_tensor_value_info(past, onnx.TensorProto.FLOAT, shapes[node.input[idx]]))
+            g.node.append(helper.make_node("ScatterND", [past, "slot", node.input[idx]], [new]))
+            node.input[idx] = new
+    from planner.graph.onnx_read import topo_order
+
+    order = topo_order(g)
+    nodes = [g.node[i] for i in order]
+    copied = [onnx.NodeProto() for _ in nodes]
+    for c, n in zip(copied, nodes):
+        c.CopyFrom(n)
+    del g.node[:]
+    g.node.extend(copied)
+    return proto
+
+
+def test_a_static_cache_written_by_scatter_still_caches_the_latent():
+    import models_zoo
+
+    from planner.graph.onnx_import import import_model
+
+    proto = _with_static_cache(models_zoo.build("deepseek-v3", layers=2, dense_layers=1, seq_len=32, batch=1,
+                                                flat=True))
+    assert sum(n.op_type == "ScatterND" and n.output[0].startswith("cache_") for n in proto.graph.node) == 4
+    g = import_model(proto)
+    p = serving_profile(g, discover_blocks(g))
+    a = p.layers[0].attention[0]
+    assert (a.cached_key, a.cached_value, a.latent) == (576, 0, True)  # not the 128 heads' K and V it wrote

@@ -138,3 +138,33 @@ def test_a_file_protobuf_cannot_parse_says_what_may_be_wrong(tmp_path):
     r = CliRunner().invoke(app, ["inspect", str(path), "--batch", "1", "--seq-len", "4"])
     assert r.exit_code == InvalidModel.exit_code and "Traceback" not in r.output
     assert "not valid UTF-8" in r.output
+
+
+def _weights_as_bare_inputs(signature: bool) -> onnx.ModelProto:
+    """torch's dynamo export saved with keep_initializers_as_inputs=True, include_initializers=False: the weights
+    are graph inputs with shapes and no data; the rotary table a BUFFER input."""
+    m = _lm()
+    del m.graph.initializer[:]
+    m.graph.input.extend([graphs.vi("emb", [32, 16]), graphs.vi("head", [16, 32]), graphs.vi("inv_freq", [4])])
+    m.graph.node.append(helper.make_node("Mul", ["logits", "inv_freq"], ["unused"]))
+    if signature:
+        m.graph.metadata_props.add(key=SIGNATURE_KEY, value="\n".join([
+            "# inputs", "p_emb: PARAMETER target='emb'", "p_head: PARAMETER target='head'",
+            "b_inv: BUFFER target='inv_freq'", "input_ids: USER_INPUT"]))
+    return m
+
+
+@pytest.mark.parametrize("signature", [True, False])
+def test_weights_given_as_inputs_without_data_are_parameters_not_inputs(signature):
+    g = import_model(_weights_as_bare_inputs(signature), batch=2, seq_len=4)
+    assert sorted(g.params) == ["emb", "head"] and g.param_count == 2 * 32 * 16
+    assert g.inputs == (("input_ids",) if signature else ("input_ids", "inv_freq"))
+    assert any("2 graph input(s) are weights without data" in n for n in g.notes)
+
+
+def test_a_fixed_shape_float_input_read_as_data_stays_an_input():
+    m = _weights_as_bare_inputs(False)
+    m.graph.input.append(graphs.vi("features", [1, 4, 16]))  # read as a GEMM's left operand: data
+    m.graph.node.append(helper.make_node("MatMul", ["features", "head"], ["projected"]))
+    g = import_model(m, batch=2, seq_len=4)
+    assert "features" in g.inputs and "features" not in g.params

@@ -202,7 +202,8 @@ def _build(skel: onnx.ModelProto, known: Shapes, scopes: list[str], bound: Mappi
     nodes = list(g.node)
     nested = {i: nested_refs(n) for i, n in enumerate(nodes) if is_control_flow(n)}
     consumed = consumed_names(g, nodes, nested)
-    params = find_params(g, nodes, consumed, known.shape, known.dtype, declared_roles(original.graph))
+    roles = declared_roles(original.graph)
+    params = find_params(g, nodes, consumed, known.shape, known.dtype, roles)
     param_set = set(params)
     init_names = {t.name for t in g.initializer}
     dead = sum(1 for t in g.initializer if t.name not in consumed)
@@ -211,13 +212,20 @@ def _build(skel: onnx.ModelProto, known: Shapes, scopes: list[str], bound: Mappi
     as_inputs = sum(1 for vi in g.input if vi.name in init_names)
     if as_inputs:
         notes.append(f"{as_inputs} graph input(s) have a same-named initializer; treated as weights, not inputs")
+    bare = sum(1 for vi in g.input if vi.name in param_set and vi.name not in init_names)
+    if bare:
+        how = "the exporter's signature lists them as parameters" if roles else \
+            "fixed-shape floating inputs read as weights"
+        notes.append(f"{bare} graph input(s) are weights without data ({how}); counted as parameters, not inputs")
     tensors: dict[str, Tensor] = {}
 
     def tensor(n: str) -> None:
         if n and n not in tensors:
             tensors[n] = Tensor(n, _full(known.shape.get(n)), known.dtype.get(n, "undefined"), n in param_set)
 
-    inputs = tuple(vi.name for vi in g.input if vi.name not in init_names)
+    held = {n for n, r in roles.items() if r != "PARAMETER"}  # buffers and constants the exporter lists: not data
+    inputs = tuple(vi.name for vi in g.input if vi.name not in init_names and vi.name not in param_set
+                   and vi.name not in held)
     for n in inputs:
         tensor(n)
     folded = folded_nodes(g, nodes)

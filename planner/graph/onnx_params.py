@@ -104,6 +104,7 @@ def find_params(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], consumed: s
         contracted = {x for n in nodes for j, x in enumerate(n.input) if x and _reads_as_weight(n.op_type, j)}
         candidates = {c for c in candidates if roles.get(c) == "PARAMETER" or (c not in roles and c in contracted)}
         candidates |= {t.name for t in graph.initializer if roles.get(t.name) == "PARAMETER"}
+    candidates |= weight_inputs(graph, nodes, roles, shapes, dtypes)
     candidates = {c for c in candidates if c in consumed and c not in stats}
     ordered: list[str] = []
     seen: set[str] = set()
@@ -114,6 +115,31 @@ def find_params(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], consumed: s
                 ordered.append(i)
     ordered.extend(sorted(candidates - seen))  # read only by subgraphs or graph outputs
     return ordered
+
+
+def weight_inputs(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], roles: Mapping[str, str],
+                  shapes: Mapping[str, PShape], dtypes: Mapping[str, str]) -> set[str]:
+    """Graph inputs without an initializer that are weights: those the exporter's signature lists as parameters
+    (torch's dynamo export saved with keep_initializers_as_inputs and without initializers); with no signature,
+    floating inputs of fixed shape that are read as weights (see `_reads_as_weight`, through a Transpose or
+    Cast) or named as one (``*.weight``, ``*.bias``): no caller feeds those."""
+    inits = {t.name for t in graph.initializer}
+    free = [vi.name for vi in graph.input if vi.name not in inits]
+    if roles:
+        return {n for n in free if roles.get(n) == "PARAMETER"}
+    relay = {o: n.input[0] for n in nodes if n.op_type in ("Transpose", "Cast") and n.input for o in n.output}
+    read_as_weight = {relay.get(x, x) for n in nodes for j, x in enumerate(n.input) if x and _reads_as_weight(
+        n.op_type, j) and (j > 0 or n.op_type == "Gather")}
+    out = set()
+    for name in free:
+        shape, dtype = shapes.get(name), dtypes.get(name, "")
+        numel = _numel(shape)
+        if numel is None or not is_weight_dtype(dtype, numel) or len(free) < 2:
+            continue
+        last = re.split(r"[./:]", name)[-1].lower()
+        if name in read_as_weight or last in ("weight", "bias") or last.endswith(("_weight", "_bias")):
+            out.add(name)
+    return out
 
 
 _CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "MatMulInteger", "ConvInteger"})

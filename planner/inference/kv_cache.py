@@ -4,6 +4,8 @@ From each attention core (the QK^T and AV contractions around a softmax) we
 walk back from K and V through re-layout and position ops to the narrowest
 tensors they are computed from per token. Two stopping rules:
 
+- a cache written in place (ScatterND of this step's entries into a static
+  cache) is walked through its updates;
 - a projection (a MatMul with a weight) stops the walk at its output, the
   plain K/V cache of MHA/GQA/MQA (Vaswani 2017; Ainslie 2023); a split of a
   fused QKV projection stops at its K or V part;
@@ -33,6 +35,9 @@ from planner.costing.node_work import FLOAT_DTYPES
 _RELAYOUT = frozenset({"Reshape", "Transpose", "Unsqueeze", "Squeeze", "Expand", "Concat", "Cast", "Identity",
                        "Flatten", "Tile", "Slice", "Split", "SplitToSequence", "SequenceAt", "Gather"})
 _ELEMENTWISE = frozenset({"Mul", "Add", "Sub", "Neg", "Div", "Where"})
+#: Ops that write this step's keys or values into a preallocated cache (a static cache: index_copy or
+#: slice assignment export as ScatterND); the cache per token is their updates, not the whole buffer.
+_CACHE_WRITES = frozenset({"ScatterND", "ScatterElements", "Scatter"})
 _FUSED_ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
 
 
@@ -159,7 +164,13 @@ def _cached(graph: Graph, index: GraphIndex, start: str, stream: frozenset[str])
             continue
         if node.op_type in ("Split", "SequenceAt"):
             part = name
-        if node.op_type in _RELAYOUT and acts:
+        if node.op_type in _CACHE_WRITES:  # a cache written in place: what this step adds is the updates
+            updates = node.inputs[2] if len(node.inputs) > 2 else ""
+            if updates in stream:
+                stack.append((updates, linear, part))
+            else:
+                found.add(name)
+        elif node.op_type in _RELAYOUT and acts:
             stack.extend((x, linear, part) for x in acts)
         elif node.op_type in _ELEMENTWISE and acts:
             stack.extend((x, False, part) for x in acts)  # rotary embedding: position-wise, not absorbable
