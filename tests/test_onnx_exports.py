@@ -168,3 +168,10 @@ def test_a_fixed_shape_float_input_read_as_data_stays_an_input():
     m.graph.node.append(helper.make_node("MatMul", ["features", "head"], ["projected"]))
     g = import_model(m, batch=2, seq_len=4)
     assert "features" in g.inputs and "features" not in g.params
+
+
+def test_weights_saved_neither_as_data_nor_as_inputs_are_refused_with_the_remedy():
+    m = _weights_as_bare_inputs(True)
+    del m.graph.input[1:]  # what ONNXProgram.save(include_initializers=False) writes without keep_initializers_as_inputs
+    with pytest.raises(InvalidModel, match="reads the weight 'emb'.*keep_initializers_as_inputs=True"):
+        import_model(m, batch=2, seq_len=4)

@@ -27,6 +27,13 @@ _INT_TYPES = frozenset({2, 3, 4, 5, 6, 7, 9, 12, 13})
 _STRIPPED = "hyperplan:stripped"
 
 
+def _signature_lists(graph: onnx.GraphProto, name: str) -> bool:
+    """Whether torch's exported-program signature in the graph's metadata names `name` as a parameter or buffer."""
+    from planner.graph.onnx_params import declared_roles  # onnx_params reads shapes; keep this module light
+
+    return name in declared_roles(graph)
+
+
 def _invalid_text(msg, path: str) -> str:
     """Where a string field of `msg` holds bytes that are not UTF-8 (protobuf hands those over as bytes), or ''."""
     for field, value in msg.ListFields():
@@ -95,7 +102,7 @@ def _shell(t: onnx.TensorProto) -> onnx.TensorProto:
 
 
 def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` without large initializer data and without node metadata.
+    """A copy of `model` without large initializer data and without node metadata (the graph's is kept).
 
     Metadata (stack traces, scope names) is read from the original; shape
     inference does not need it and it dominates the size of dynamo exports.
@@ -109,6 +116,7 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     skel.functions.extend(model.functions)
     g = skel.graph
     g.name = src.name
+    g.metadata_props.extend(src.metadata_props)  # small: the exporter's signature of parameters and buffers
     g.input.extend(src.input)
     g.output.extend(src.output)
     g.value_info.extend(src.value_info)
@@ -180,6 +188,12 @@ def topo_order(graph: onnx.GraphProto, where: str = "the graph") -> list[int]:
             p = producer.get(name)
             if p is None:
                 if name not in available:
+                    if _signature_lists(graph, name):
+                        raise InvalidModel(
+                            f"node {node_label(n, idx)} in {where} reads the weight '{name}', which the file holds "
+                            "neither as an initializer nor as a graph input (torch's ONNXProgram.save(..., "
+                            "include_initializers=False)): save it with keep_initializers_as_inputs=True too, so "
+                            "the weights' shapes are kept")
                     raise InvalidModel(
                         f"node {node_label(n, idx)} in {where} reads '{name}', which no node, graph input or "
                         "initializer produces; the model is incomplete or corrupt"
