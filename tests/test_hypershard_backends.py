@@ -235,3 +235,26 @@ def test_jax_export_places_arrays_as_declared(docs, tmp_path, which):
         for rank in range(8):
             c = coords(doc, rank)
             assert e[rank][0] == [c["ep"], c["ep"] + 1] and e[rank][1] == [64 * c["tp"], 64 * c["tp"] + 64]
+
+
+def test_expert_tensor_degree_is_declared_and_read_back():
+    """etp = tp splits each expert's GEMMs over tp (column, then row); etp 1 places whole experts over tp x dp."""
+    from planner.hypershard.validate import validate_document
+    common = dict(cluster="dgx-a100", devices=8, global_batch=16, seq_len=32)
+    folded = declare("mixtral-8x7b", overrides=MOE, tp=2, ep=4, zero=1, **common)
+    whole = declare("mixtral-8x7b", overrides=dict(MOE, experts=8), tp=2, ep=8, etp=1, zero=1, **common)
+    params = folded["layouts"]["params"]
+    assert params["model.layers.*.mlp.experts.gate_up_proj"]["dims"] == ["ep", "tp", None]
+    assert params["model.layers.*.mlp.experts.down_proj"]["dims"] == ["ep", None, "tp"]
+    assert whole["layouts"]["params"]["model.layers.*.mlp.experts.gate_up_proj"]["dims"] == ["ep", None, None]
+    assert whole["meshes"][0]["aliases"][0]["within"] == ["tp", "cp", "dp"]
+    assert strategy_of(folded).expert_tp == 2 and strategy_of(whole).expert_tp == 1
+    assert whole["estimate"]["step_time_s"] != folded["estimate"]["step_time_s"]
+    for doc in (folded, whole):
+        report = validate_document(doc)
+        assert report.ok, [c for c in report.checks if not c.ok]
+        assert report.estimate["step_time_s"] == doc["estimate"]["step_time_s"]  # re-scored with its etp
+    ranks = {coords(whole, r)["ep"] for r in range(8)}
+    assert ranks == set(range(8))  # every rank holds other experts: ep runs over the tensor axis too
+    with pytest.raises(InvalidInput, match="across the tensor axis"):
+        export(whole, "jax")

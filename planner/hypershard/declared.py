@@ -79,13 +79,16 @@ def view_strategy(v: Mapping[str, Any]) -> Strategy:
     if unknown:
         raise InvalidInput(f"mesh axis {unknown[0]!r} of mesh {mesh['name']!r} is not one of tp, cp, dp, pp; "
                            "rename it")
-    ep = next((a["size"] for a in mesh.get("aliases", []) if a["name"] == "ep"), 1)
+    alias = next((a for a in mesh.get("aliases", []) if a["name"] == "ep"), {"size": 1})
+    ep = alias["size"]
+    # experts within cp x dp keep the tensor axis (etp = tp, Megatron-Core's default); within tp x cp x dp, etp 1
+    etp = 1 if ep > 1 and axes.get("tp", 1) > 1 and "tp" in alias.get("within", ()) else 0
     prog = v["programs"][0]
     chunks = chunk_layers(v)
     sizes = tuple(len(chunks[c]) for c in sorted(chunks))
     even = even_split(sum(sizes), len(sizes)) if sizes and sum(sizes) >= len(sizes) else ()
     kw: dict[str, Any] = dict(
-        tp=axes.get("tp", 1), cp=axes.get("cp", 1), dp=axes.get("dp", 1), pp=axes.get("pp", 1), ep=ep,
+        tp=axes.get("tp", 1), cp=axes.get("cp", 1), dp=axes.get("dp", 1), pp=axes.get("pp", 1), ep=ep, etp=etp,
         vpp=prog["virtual_stages"], micro_batch=prog["micro_batch_size"], schedule=prog["schedule"],
         recompute=v["recompute"]["policy"], sp=bool(v["layouts"]["sequence_parallel"]),
         full_recompute_layers=v["recompute"].get("full_layers_per_chunk", 0),

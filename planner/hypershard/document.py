@@ -62,6 +62,8 @@ def strategy_from_dict(d: Mapping[str, Any]) -> Strategy:
     keys = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "recompute", "sp", "zero", "schedule", "layouts",
             "full_recompute_layers")
     kw = {k: d[k] for k in keys if k in d}
+    if d.get("etp") and d["etp"] != d.get("tp", 1):
+        kw["etp"] = d["etp"]
     kw["stage_layers"] = tuple(d.get("stage_layers") or ())
     kw["stage_tp"] = tuple(d.get("stage_tp") or ())
     kw["offload"] = tuple(sorted((k, float(v)) for k, v in dict(d.get("offload") or {}).items()))
@@ -89,8 +91,11 @@ def _mesh(name: str, mesh: list[Mapping[str, Any]], n_devices: int, placement: s
         if "ranks" in a:
             continue
         row = {"name": a["name"], "size": a["size"], "stride": a["stride"], "levels": list(a.get("levels", []))}
-        if a["name"] == "ep":
-            row["within"] = ["cp", "dp"]
+        if a["name"] == "ep":  # experts over the stage's ranks; with etp 1 < tp across the tensor axis too
+            if a.get("within") == "tp x cp x dp" and a.get("etp", 1) != 1:
+                raise InvalidInput(f"--etp {a['etp']} is neither 1 nor the tensor degree; a declaration folds "
+                                   "experts with etp = tp or etp = 1, so give one of those")
+            row["within"] = ["tp", "cp", "dp"] if a.get("within") == "tp x cp x dp" else ["cp", "dp"]
             aliases.append(row)
         else:
             axes.append(row)

@@ -58,15 +58,30 @@ def activation_dims(shape: Sequence[int] | None, s: Strategy, seq_len: int, *, r
     return None
 
 
+def expert_tensor_dim(shape: Sequence[int], role: ParamRole, hidden: int) -> int | None:
+    """The dim of a stacked expert weight [experts, ...] that expert tensor parallelism splits, as Megatron-Core's
+    grouped GEMMs do: the first GEMM (it sums over the hidden size) column-wise, its output features; the second
+    (it sums over the expert's features) row-wise, the dim it sums over. None for other shapes."""
+    if len(shape) != 3 or role.partial_dim not in (1, 2):
+        return None
+    other = 3 - role.partial_dim
+    return other if shape[role.partial_dim] == hidden and shape[other] != hidden else role.partial_dim
+
+
 def param_layout(name: str, shape: Sequence[int], estimated: str, role: ParamRole, s: Strategy,
-                 seq_len: int) -> dict[str, Any]:
+                 seq_len: int, hidden: int = 0) -> dict[str, Any]:
     """One parameter's entry: dims, partial (always empty for a stored parameter), op, and what the op sees."""
     dims: list[list[str]] = [[] for _ in shape]
-    if estimated.startswith("S") and s.tp > 1:
+    expert = s.ep > 1 and ".experts." in name and bool(dims)
+    if expert and s.tp > 1 and s.expert_tp == s.tp:  # folded experts keep the tensor axis (etp = tp)
+        d = expert_tensor_dim(shape, role, hidden)
+        if d is not None:
+            dims[d].append("tp")
+    elif estimated.startswith("S") and s.tp > 1 and not (expert and s.expert_tp == 1):
         d = int(estimated[1:])
         if 0 <= d < len(dims):
             dims[d].append("tp")
-    if s.ep > 1 and ".experts." in name and dims:
+    if expert:
         dims[0].insert(0, "ep")
     entry: dict[str, Any] = {"dims": [_join(a) for a in dims], "partial": [], "op": role.op}
     split = [d for d, a in enumerate(dims) if "tp" in a]
@@ -101,10 +116,12 @@ def param_layouts(graph: Graph, structure: Structure, estimated: Mapping[str, Ma
                   roles: Mapping[str, ParamRole], s: Strategy, seq_len: int) -> dict[str, dict[str, Any]]:
     """Every parameter's entry, in graph order, from the estimate's per-block-type `S<d>`/`R` table."""
     flat = estimated_by_param(structure, estimated)
+    widths = [r.input_shape[-1] for r in roles.values() if r.reads_residual and r.input_shape]
+    hidden = max(sorted(set(widths)), key=widths.count) if widths else 0  # the residual stream's width
     out: dict[str, dict[str, Any]] = {}
     for p in graph.params:
         shape = graph.tensors[p].shape or ()
-        out[p] = param_layout(p, shape, flat.get(p, "R"), roles[p], s, seq_len)
+        out[p] = param_layout(p, shape, flat.get(p, "R"), roles[p], s, seq_len, hidden)
     return out
 
 

@@ -94,7 +94,8 @@ def stage_mesh(mesh: Mapping[str, Any], tp: int, count: int, name: str) -> dict[
                            f"{stride} ranks or another tp")
     out: dict[str, Any] = {"name": name, "devices": count, "axes": axes}
     if mesh.get("aliases"):
-        out["aliases"] = [dict(a, stride=tp) if "stride" in a else dict(a) for a in mesh["aliases"]]
+        out["aliases"] = [dict(a, stride=1 if "tp" in a.get("within", ()) else tp) if "stride" in a else dict(a)
+                          for a in mesh["aliases"]]
     out["placement"] = STAGE_PLACEMENT
     return out
 

@@ -186,6 +186,9 @@ def _cluster_problems(v: Mapping[str, Any], s: Strategy, k: int, first: int, mul
     for a in mesh.get("aliases", []):
         if a["name"] != "ep":
             out.append(f"mesh alias {a['name']!r} is unknown; only ep (experts over dp x cp ranks) is")
+        elif [x for x in ("tp", "cp", "dp") if x in a.get("within", ())] != list(a.get("within", ())):
+            out.append(f"mesh alias ep is within {a['within']}; experts fold over the stage's axes fastest first: "
+                       "[cp, dp] (their weights split over tp too) or [tp, cp, dp] (whole on each rank)")
     prog = v["programs"][0]
     r = prog.get("ranks", {"first": 0, "count": n})
     if (r["first"], r["count"]) != (0, n):

@@ -74,6 +74,10 @@ def shard_params(params, mesh):
 def _mesh(doc: Mapping[str, Any]) -> tuple[list[tuple[str, int]], dict[str, tuple[str, ...]]]:
     sizes = common.axis_sizes(doc)
     ep = sizes.get("ep", 1)
+    alias = next((a for a in doc["meshes"][0].get("aliases", []) if a["name"] == "ep"), {})
+    if ep > 1 and sizes.get("tp", 1) > 1 and "tp" in alias.get("within", ()):
+        raise InvalidInput(f"this plan folds experts across the tensor axis (ep {ep} over tp x dp, etp 1), which a "
+                           "device mesh with ep inside dp cannot express; plan with --etp equal to --tp")
     rename: dict[str, tuple[str, ...]] = {}
     axes = []
     for name, size in common.slow_first(doc):
