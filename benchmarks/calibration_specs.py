@@ -236,13 +236,16 @@ _ASYNC = {"overlap_tp_comm": True}
 SPECS |= _table([
     # -- Grand Teton H100 (96 GB, 500 W), torchtitan ---------------------------------------------------------
     _titan("torchtitan-405b-128xh100-bf16-fsdp16tp8", "llama3-405b", 128, 32,
-           {"tp": 8, "dp": 16, "micro_batch": 2, "sp": True, "recompute": "full"}, ({},),
-           notes=["compile and async TP not confirmed for this row: compiled, TP not overlapped"]),
+           {"tp": 8, "dp": 16, "micro_batch": 2, "sp": True, "recompute": "full"},
+           ({"execution": _TT_EAGER, "what": "eager"},),
+           notes=["the table lists this row's optimizations as 'None' beside the Float8 rows' own: eager, TP not "
+                  "overlapped"]),
     _titan("torchtitan-405b-128xh100-fp8-fsdp16tp8", "llama3-405b", 128, 32,
            {"tp": 8, "dp": 16, "micro_batch": 2, "sp": True, "recompute": "full"},
            ({"dtype": "fp8"}, {"suffix": "-asynctp", "dtype": "fp8", "tokens_per_s": 185, "what": "Float8 + async TP",
                                "execution": _ASYNC}),
-           notes=["Float8 linears, tensorwise scaling (torchtitan's recipe then)"]),
+           notes=["Float8 linears, tensorwise scaling, with FP8 all-gather and compiled (torchtitan's float8 recipe "
+                  "then, docs/float8.md)"]),
     _titan("torchtitan-8b-8xh100-fsdp8-bf16", "llama3-8b", 8, 16,
            {"dp": 8, "micro_batch": 2, "recompute": "selective"},
            ({"suffix": "-eager", "memory_gib": 82.4, "execution": _TT_EAGER, "what": "eager"},

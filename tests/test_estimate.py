@@ -154,3 +154,22 @@ def test_an_image_model_takes_the_sequence_length_as_token_accounting_only():
     r = estimate_model("vit-l-16", cluster="dgx-a100", devices=8, global_batch=64, seq_len=197, micro_batch=8,
                        overrides=dict(layers=4))
     assert r["fits"] and r["step_time_s"] > 0
+
+
+def test_fp8_all_gather_moves_one_byte_per_fp8_weight():
+    """A weight all-gather moves 16-bit weights, except those feeding FP8 GEMMs when the stack gathers them in FP8
+    (NeMo's fp8_param_gather, torchao's enable_fsdp_float8_all_gather): by hand, 2 - (2 - 1) x share bytes."""
+    from planner.costing.execution import load_execution as load_stack, with_changes
+    from planner.costing.stage_costs import StageCost
+    from planner.costing.step_time import gather_width
+
+    def stage(dense, expert, fp8):
+        return StageCost(0, (), None, 0.0, 0.0, dense, expert, {}, 0.0, 1.0, fp8_params=fp8)
+
+    titan = load_stack("torchtitan")
+    assert titan.fp8_all_gather and load_stack("megatron-core").fp8_all_gather
+    assert gather_width(stage(100.0, 0.0, 100.0), titan, 2.0) == 1.0
+    assert gather_width(stage(60.0, 40.0, 25.0), titan, 2.0) == 1.75
+    assert gather_width(stage(100.0, 0.0, 0.0), titan, 2.0) == 2.0  # a BF16 run
+    off = with_changes(titan, {"fp8_all_gather": False}, "test")
+    assert gather_width(stage(100.0, 0.0, 100.0), off, 2.0) == 2.0

@@ -52,6 +52,7 @@ class StageCost:
     held: float  # micro-batches whose activations the stage holds at its peak
     gather_bytes: float = 0.0  # the part of the boundary held whole by every tensor rank: all-gathered after the p2p
     tp: int = 1  # the stage's tensor-parallel degree (stages may differ: `Strategy.stage_tp`)
+    fp8_params: float = 0.0  # per device, of dense_params + expert_params: the weights that feed FP8 GEMMs
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +256,7 @@ def stage_costs(
         fwd = parts.forward + parts.tp_fwd + parts.cp_fwd + parts.ep_fwd
         bwd = parts.backward + parts.recompute + parts.tp_bwd + parts.cp_bwd + parts.ep_bwd
         stages.append(StageCost(s, tuple(n for n in names if structure.block(n).is_layer), parts, fwd, bwd,
-                                dense, expert, mem, boundary, held, gather, t))
+                                dense, expert, mem, boundary, held, gather, t, fp8_params if timer.fp8 else 0.0))
     block_s = {name: p.total() for name, p in parts_of_block.items()}
     return StageCosts(tuple(stages), float(facts.work.flops.sum()) / facts.work.batch,
                       layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block), block_params,

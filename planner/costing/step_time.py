@@ -59,7 +59,7 @@ def stage_step(s: StageCost, cluster: Cluster, workload: Workload, strategy: Str
     p, eta = s.parts, cluster.dp_overlap_efficiency
     gather_f = gather_b = scatter_b = 0.0
     if strategy.zero >= 3 and not stays_gathered(strategy, ex):  # FSDP: every micro-batch gathers the weights
-        gather_f = gather_b = dp_collective_s(cluster, strategy, s, "all_gather", width)
+        gather_f = gather_b = dp_collective_s(cluster, strategy, s, "all_gather", gather_width(s, ex, width))
     if strategy.zero >= 2 and not stays_gathered(strategy, ex):  # sharded gradients: reduce-scattered each time
         scatter_b = dp_collective_s(cluster, strategy, s, "reduce_scatter", ex.grad_bytes)
     tp_hidden = ex.overlap_tp_comm and strategy.sp
@@ -92,6 +92,15 @@ def stage_step(s: StageCost, cluster: Cluster, workload: Workload, strategy: Str
         shown_by_phase.append(total)
     return StageStep(forward_s=fwd_c + p.cp_fwd + shown_by_phase[0], backward_s=bwd_c + p.cp_bwd + shown_by_phase[1],
                      exposed=exposed, backward_room_s=max(0.0, eta * bwd_c - hidden_bwd))
+
+
+def gather_width(s: StageCost, ex, width: float) -> float:
+    """Bytes per parameter of a data-parallel weight all-gather: 16-bit, except the weights that feed FP8 GEMMs
+    when the stack gathers them in FP8 (`Execution.fp8_all_gather`), one byte each."""
+    total = s.dense_params + s.expert_params
+    if not ex.fp8_all_gather or s.fp8_params <= 0 or total <= 0:
+        return width
+    return width - (width - 1.0) * min(1.0, s.fp8_params / total)
 
 
 def dp_collective_s(cluster: Cluster, strategy: Strategy, s: StageCost, kind: str, bytes_per_param: float) -> float:
@@ -187,7 +196,7 @@ def _dp_tail_s(cluster: Cluster, strategy: Strategy, s: StageCost, x: StageStep,
     layers = max(1, len(s.layers))
     shown = exposed_s(red, x.backward_room_s, 1.0, red / layers) if ex.overlap_grad_reduce else red
     if 1 <= strategy.zero <= 2 or gathered:  # the updated (or, gathered once, the sharded) weights all-gathered
-        gather = dp_collective_s(cluster, strategy, s, "all_gather", width)
+        gather = dp_collective_s(cluster, strategy, s, "all_gather", gather_width(s, ex, width))
         shown += exposed_s(gather, s.parts.forward, cluster.dp_overlap_efficiency) if ex.overlap_param_gather \
             else gather
     return shown
