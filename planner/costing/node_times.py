@@ -14,7 +14,8 @@ Three kinds of kernels, each a roofline with the device's efficiency curves
   them), plus the quantisation of their operands: each GEMM input forward
   and each output gradient backward read in 16 bits and written in 8
   (`Execution.fp8_cast_bytes` per element), and the weight once per
-  micro-batch.
+  micro-batch unless the stack keeps FP8 weights (`Execution.fp8_params`:
+  Transformer Engine's fp8_model_init casts them at the optimizer step).
 """
 
 from __future__ import annotations
@@ -119,8 +120,9 @@ class NodeTimes:
                 t = graph.tensors.get(x) if x else None
                 if t is None or t.dtype not in FLOAT_DTYPES:
                     continue
-                if facts.index.is_weight(x):  # this rank's shard of the weight (its experts, for routed ones)
-                    elements += t.numel / (self.ep * self.etp if facts.in_routed[i] else k)
+                if facts.index.is_weight(x):  # this rank's shard of the weight (its experts, for routed ones),
+                    if not self.execution.fp8_params:  # unless the stack keeps FP8 weights (cast at the update)
+                        elements += t.numel / (self.ep * self.etp if facts.in_routed[i] else k)
                 else:
                     elements += t.numel * share
         nbytes = self.execution.fp8_cast_bytes * elements
