@@ -18,6 +18,11 @@ _DIST_OPT = "distributed optimizer (ZeRO-1), NeMo's default"
 _CS: dict = {}
 _CS_NOTE = "FP8 by per-tensor current scaling (the stack's recipe)"
 _MX = {"fp8_recipe": "mxfp8"}
+#: Megatron-Bridge's GB200 MXFP8 MoE recipes (the layouts of the 26.06 rows): HybridEP dispatch and the expert
+#: all-to-all overlapped with the other micro-batch's compute
+_HYBRIDEP_OVERLAP = {"moe_dispatcher": "deepep", "overlap_ep_comm": True}
+_HYBRIDEP_NOTE = ("HybridEP dispatch with the expert all-to-all overlapped (overlap_moe_expert_parallel_comm), as "
+                  "the recipe's full-iteration MXFP8 settings set")
 _TT_EAGER = {"fuse_elementwise": False}
 _AUTOMODEL: dict = {}
 _AUTOMODEL_MOE = {"moe_routing": "contiguous"}
@@ -323,17 +328,20 @@ SPECS |= _table([
                    "the activations in Grace memory"]),
     _bridge("mb2606-deepseek-v3-256xgb200-mxfp8", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
             {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
-            execution=_MX | {"recompute_modules": ["mla_up_proj"], "moe_group_limit": 4}, file="gb200",
-            notes=[_MOE_BAL, _DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe sets"]),
+            execution=_MX | _HYBRIDEP_OVERLAP | {"recompute_modules": ["mla_up_proj"], "moe_group_limit": 4},
+            file="gb200", notes=[_MOE_BAL, _DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
+                                 "sets", _HYBRIDEP_NOTE + " (perf_recipes/deepseek/common.py)"]),
     _bridge("mb2511-deepseek-v3-256xgb200-bf16", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
             {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"}, dtype="bf16",
             execution={"moe_group_limit": 4, "recompute_modules": ["mla_up_proj"]}, file="gb200",
             notes=[_MOE_BAL, _DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe sets "
                    "(Megatron-Bridge perf_recipes/deepseek/gb200/deepseek_v3.py)"]),
     _bridge("mb2606-qwen3-235b-a22b-256xgb200-mxfp8", "qwen3-235b-a22b", "gb200-nvl72", 256, 4096, 8192,
-            {"pp": 8, "vpp": 3, "dp": 32, "ep": 32}, execution=_MX, file="gb200", notes=[_MOE_BAL]),
+            {"pp": 8, "vpp": 3, "dp": 32, "ep": 32}, execution=_MX | _HYBRIDEP_OVERLAP, file="gb200",
+            notes=[_MOE_BAL, _HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
     _bridge("mb2606-qwen3-30b-a3b-8xgb200-mxfp8", "qwen3-30b-a3b", "gb200-nvl72", 8, 4096, 512,
-            {"dp": 8, "ep": 8, "micro_batch": 4}, execution=_MX, file="gb200", notes=[_MOE_BAL]),
+            {"dp": 8, "ep": 8, "micro_batch": 4}, execution=_MX | _HYBRIDEP_OVERLAP, file="gb200",
+            notes=[_MOE_BAL, _HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
     ("mz-qwen3-235b-256xgb200-bf16-pp8-ep8", {
         "file": "gb200", "hardware": "gb200-nvl72", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
         "global_batch": 8192, "stack": _MC, "strategy": {"pp": 8, "dp": 32, "ep": 8, "micro_batch": 1, "zero": 1,

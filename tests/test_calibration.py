@@ -29,6 +29,7 @@ BOUNDS = {
     ("dgx-h100", "dense_training"): (0.095, 0.21),
     ("dgx-h100", "moe_training"): (0.16, 0.21),
     ("ascend-910b", "dense_training"): (0.06, 0.10),
+    ("gb200-nvl72", "moe_training"): (0.07, 0.165),
 }
 
 
