@@ -36,12 +36,12 @@ from models_zoo.graph_builder import GraphBuilder
 from models_zoo.layer_functions import call_layer
 from models_zoo.layers import (
     apply_rope,
-    filled,
     linear,
     merge_heads,
     repeat_kv,
     reshape,
     rms_norm,
+    sliding_mask,
     split_heads,
 )
 from models_zoo.moe import dispatch_combine
@@ -93,14 +93,6 @@ def param_counts(cfg: GptOssConfig) -> tuple[int, int]:
     idle = (cfg.experts - cfg.top_k) * expert_params(cfg)
     rest = 2 * cfg.vocab * h + h
     return cfg.layers * layer + rest, cfg.layers * (layer - idle) + rest
-
-
-def sliding_mask(b: GraphBuilder, full: str, seq: int, window: int) -> str:
-    """The causal mask with keys `window` or more positions back also at -inf (HF ``sliding_window_overlay``)."""
-    if seq <= window:
-        return full
-    far = b.op("Trilu", [filled(b, -math.inf, [seq, seq], b.elem), b.const(-window)], upper=0)
-    return b.op("Add", [full, far])
 
 
 def attention(b: GraphBuilder, cfg: GptOssConfig, x: str, cos: str, sin: str, mask: str) -> str:

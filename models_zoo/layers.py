@@ -50,12 +50,20 @@ def layer_norm_1p(b: GraphBuilder, x: str, dim: int, name: str, eps: float = 1e-
         return b.op("LayerNormalization", [x, w, b.param("bias", [dim])], axis=-1, epsilon=eps)
 
 
-def rms_norm(b: GraphBuilder, x: str, dim: int, name: str, eps: float = 1e-6) -> str:
-    """RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * w, as HF's LlamaRMSNorm."""
+def rms_norm(b: GraphBuilder, x: str, dim: int, name: str, eps: float = 1e-6, gain: str = "w") -> str:
+    """RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * w, as HF's LlamaRMSNorm.
+
+    `gain` "1+w" scales by (1 + w) instead (HF ``GemmaRMSNorm``: the weight is stored zero-centred); ""
+    has no weight at all (Llama 4's ``Llama4TextL2Norm`` of q and k).
+    """
     with b.scope(name):
-        w = b.param("weight", [dim])
+        w = b.param("weight", [dim]) if gain else ""
         ms = b.op("ReduceMean", [b.op("Mul", [x, x]), b.const([-1])], keepdims=1)
         inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [ms, b.fconst(eps)])])])
+        if not gain:
+            return b.op("Mul", [x, inv])
+        if gain == "1+w":
+            w = b.op("Add", [w, b.fconst(1.0)])
         return b.op("Mul", [w, b.op("Mul", [x, inv])])
 
 
@@ -121,6 +129,14 @@ def causal_mask(b: GraphBuilder, seq: int) -> str:
     return b.op("Trilu", [filled(b, -math.inf, [seq, seq], b.elem), b.const(1)], upper=1)
 
 
+def sliding_mask(b: GraphBuilder, full: str, seq: int, window: int) -> str:
+    """The causal mask with keys `window` or more positions back also at -inf (HF ``sliding_window_overlay``)."""
+    if seq <= window:
+        return full
+    far = b.op("Trilu", [filled(b, -math.inf, [seq, seq], b.elem), b.const(-window)], upper=0)
+    return b.op("Add", [full, far])
+
+
 def rope_tables(b: GraphBuilder, seq: int, dim: int, theta: float) -> tuple[str, str]:
     """cos, sin [S, dim] of rotary embeddings (Su et al. 2021, RoFormer eq. 34), HF half-split layout.
 
@@ -156,19 +172,22 @@ def apply_partial_rope(b: GraphBuilder, x: str, cos: str, sin: str, dim: int, ro
     return b.op("Concat", [apply_rope(b, head, cos, sin, rot), rest], axis=-1)
 
 
-def gated_mlp(b: GraphBuilder, x: str, hidden: int, ffn: int, name: str) -> str:
-    """SwiGLU MLP (Shazeer 2020): down(silu(gate(x)) * up(x)), HF ``LlamaMLP`` names."""
+def gated_mlp(b: GraphBuilder, x: str, hidden: int, ffn: int, name: str, bias: bool = False,
+              gelu_gate: bool = False) -> str:
+    """SwiGLU MLP (Shazeer 2020): down(silu(gate(x)) * up(x)), HF ``LlamaMLP`` names; GeGLU with `gelu_gate`
+    (tanh-approximate GELU, as Gemma's ``gelu_pytorch_tanh``)."""
     with b.scope(name):
-        g = linear(b, x, hidden, ffn, "gate_proj")
-        u = linear(b, x, hidden, ffn, "up_proj")
-        return linear(b, b.op("Mul", [silu(b, g), u]), ffn, hidden, "down_proj")
+        g = linear(b, x, hidden, ffn, "gate_proj", bias)
+        u = linear(b, x, hidden, ffn, "up_proj", bias)
+        act = gelu(b, g, tanh=True) if gelu_gate else silu(b, g)
+        return linear(b, b.op("Mul", [act, u]), ffn, hidden, "down_proj", bias)
 
 
-def relu2_mlp(b: GraphBuilder, x: str, hidden: int, ffn: int, name: str) -> str:
+def relu2_mlp(b: GraphBuilder, x: str, hidden: int, ffn: int, name: str, bias: bool = False) -> str:
     """Non-gated squared-ReLU MLP (So et al. 2021, Primer): down(relu(up(x))^2), HF ``NemotronMLP`` names."""
     with b.scope(name):
-        u = b.op("Relu", [linear(b, x, hidden, ffn, "up_proj")])
-        return linear(b, b.op("Mul", [u, u]), ffn, hidden, "down_proj")
+        u = b.op("Relu", [linear(b, x, hidden, ffn, "up_proj", bias)])
+        return linear(b, b.op("Mul", [u, u]), ffn, hidden, "down_proj", bias)
 
 
 def gated_mlp_params(hidden: int, ffn: int) -> int:

@@ -22,9 +22,16 @@ selection change which experts are picked, not the cost, and are left out.
 
 Layouts: ``fused`` (default) stores ``experts.gate_up_proj [E, 2I, H]`` and
 ``experts.down_proj [E, H, I]`` exactly as transformers 5 does, which keeps a
-256-expert model small; ``per_expert`` stores ``experts.N.{gate,up,down}_proj.weight``
+256-expert model small; ``fused_io`` stores them as ``torch.bmm`` reads them,
+``gate_up_proj [E, H, 2I]`` and ``down_proj [E, I, H]`` (transformers'
+``Llama4TextExperts``); ``per_expert`` stores ``experts.N.{gate,up,down}_proj.weight``
 as checkpoints of transformers 4 and DeepSeek's own release do, and emits one
 small MLP per expert (large graphs: ~10 nodes per expert per layer).
+
+Scores: ``softmax`` over all experts then top-k (Mixtral, Qwen), ``sigmoid``
+then top-k (DeepSeek-V3), or ``topk_sigmoid``: top-k of the logits, then a
+sigmoid of each of the k, not renormalised (Llama 4's ``Llama4Router``). All
+pick k experts per token: the cost is the same.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from onnx import TensorProto
 from models_zoo.graph_builder import GraphBuilder
 from models_zoo.layers import filled, linear, reshape, silu
 
-EXPERT_LAYOUTS = ("fused", "per_expert")
+EXPERT_LAYOUTS = ("fused", "fused_io", "per_expert")
 
 
 def capacity(tokens: int, experts: int, top_k: int) -> int:
@@ -55,18 +62,23 @@ def routed_experts(
     score: str = "softmax",
     norm_topk: bool = True,
     layout: str = "fused",
+    router: str = "gate",
 ) -> str:
-    """Router + experts + combine on x [T, H], in the current (``mlp``) scope; returns [T, H]."""
-    logits = b.op("Cast", [linear(b, x, hidden, experts, "gate")], to=TensorProto.FLOAT)
-    probs = b.op("Softmax", [logits], axis=-1) if score == "softmax" else b.op("Sigmoid", [logits])
-    weights, idx = b.op("TopK", [probs, b.const([top_k])], n_out=2, axis=-1)
+    """Router (module `router`) + experts + combine on x [T, H], in the current (``mlp``) scope; returns [T, H]."""
+    logits = b.op("Cast", [linear(b, x, hidden, experts, router)], to=TensorProto.FLOAT)
+    if score == "topk_sigmoid":
+        top, idx = b.op("TopK", [logits, b.const([top_k])], n_out=2, axis=-1)
+        weights = b.op("Sigmoid", [top])
+    else:
+        probs = b.op("Softmax", [logits], axis=-1) if score == "softmax" else b.op("Sigmoid", [logits])
+        weights, idx = b.op("TopK", [probs, b.const([top_k])], n_out=2, axis=-1)
     if norm_topk:
         weights = b.op("Div", [weights, b.op("ReduceSum", [weights, b.const([-1])], keepdims=1)])
 
     def body(eb: GraphBuilder, xs: str, cap: int) -> str:
-        if layout == "fused":
-            return _fused_experts(eb, xs, hidden, ffn, experts, cap)
-        return _per_expert(eb, xs, hidden, ffn, experts, cap)
+        if layout == "per_expert":
+            return _per_expert(eb, xs, hidden, ffn, experts, cap)
+        return _fused_experts(eb, xs, hidden, ffn, experts, cap, stored_in_out=layout == "fused_io")
 
     return dispatch_combine(b, x, weights, idx, tokens, hidden, experts, top_k, body)
 
@@ -110,14 +122,20 @@ def dispatch_combine(
     return b.op("ScatterND", [zeros, where, ys], reduction="add")
 
 
-def _fused_experts(b: GraphBuilder, xs: str, hidden: int, ffn: int, experts: int, cap: int) -> str:
-    """transformers-5 ``MixtralExperts``: one batched MatMul per stacked weight."""
+def _fused_experts(b: GraphBuilder, xs: str, hidden: int, ffn: int, experts: int, cap: int,
+                   stored_in_out: bool = False) -> str:
+    """transformers-5 ``MixtralExperts`` (weights [E, out, in]), or ``Llama4TextExperts`` when `stored_in_out`
+    (weights [E, in, out]): one batched MatMul per stacked weight."""
     xe = reshape(b, xs, [experts, cap, hidden])
-    gate_up = b.param("gate_up_proj", [experts, 2 * ffn, hidden])
-    h = b.op("MatMul", [xe, b.op("Transpose", [gate_up], perm=[0, 2, 1])])
+
+    def weight(name: str, out_f: int, in_f: int) -> str:
+        if stored_in_out:
+            return b.param(name, [experts, in_f, out_f])
+        return b.op("Transpose", [b.param(name, [experts, out_f, in_f])], perm=[0, 2, 1])
+
+    h = b.op("MatMul", [xe, weight("gate_up_proj", 2 * ffn, hidden)])
     g, u = b.op("Split", [h, b.const([ffn, ffn])], n_out=2, axis=-1)
-    down = b.param("down_proj", [experts, hidden, ffn])
-    y = b.op("MatMul", [b.op("Mul", [silu(b, g), u]), b.op("Transpose", [down], perm=[0, 2, 1])])
+    y = b.op("MatMul", [b.op("Mul", [silu(b, g), u]), weight("down_proj", hidden, ffn)])
     return reshape(b, y, [experts * cap, hidden])
 
 

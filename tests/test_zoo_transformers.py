@@ -5,47 +5,19 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import onnx
 import pytest
 
 import models_zoo
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
+
+from tests.hf_models import hf_params, instantiate, logits, run, with_hf_weights, zoo_params  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 _RUN = dict(seq_len=10, batch=2, dtype="float32")
-
-
-def hf_params(model) -> dict[str, tuple[int, ...]]:
-    return {n: tuple(p.shape) for n, p in model.named_parameters()}
-
-
-def zoo_params(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    return {t.name: tuple(t.dims) for t in model.graph.initializer}
-
-
-def _hf(cls, cfg):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.manual_seed(0)
-        return cls(cfg).eval()
-
-
-def with_hf_weights(zoo: onnx.ModelProto, hf) -> onnx.ModelProto:
-    """The zoo graph holding the HF model's weights (names are the same by construction)."""
-    state = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
-    out = onnx.ModelProto()
-    out.CopyFrom(zoo)
-    for t in out.graph.initializer:
-        t.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(state[t.name]), t.name))
-    return out
-
-
-def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
 
 
 LLAMA = dict(layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=128, rope_theta=10000.0, norm_eps=1e-5)
@@ -58,7 +30,7 @@ def _llama_hf(cls, **extra):
         attn_implementation="eager",
     )
     cfg = getattr(transformers, cls.replace("ForCausalLM", "Config"))(**(settings | extra))
-    return _hf(getattr(transformers, cls), cfg)
+    return instantiate(getattr(transformers, cls), cfg)
 
 
 def test_llama_names_shapes_and_logits_match_transformers():
@@ -98,7 +70,7 @@ def test_deepseek_v3_names_and_shapes_match_transformers():
         num_experts_per_tok=2, n_shared_experts=1, q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8,
         qk_nope_head_dim=16, v_head_dim=16, n_group=2, topk_group=1, tie_word_embeddings=False,
     )
-    hf = _hf(transformers.DeepseekV3ForCausalLM, cfg)
+    hf = instantiate(transformers.DeepseekV3ForCausalLM, cfg)
     zoo = models_zoo.build(
         "deepseek-v3", layers=3, dense_layers=1, hidden=64, heads=4, q_lora_rank=24, kv_lora_rank=16,
         qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16, ffn=96, expert_ffn=16, experts=8, top_k=2, vocab=128, **_RUN,
@@ -109,7 +81,7 @@ def test_deepseek_v3_names_and_shapes_match_transformers():
 def test_gpt2_names_shapes_and_logits_match_transformers():
     cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=10,
                                   attn_implementation="eager", bos_token_id=0, eos_token_id=0)
-    hf = _hf(transformers.GPT2LMHeadModel, cfg)
+    hf = instantiate(transformers.GPT2LMHeadModel, cfg)
     zoo = models_zoo.build("gpt", hidden=64, layers=2, heads=4, vocab=128, **_RUN)
     assert zoo_params(zoo) == hf_params(hf)
     ids = np.random.default_rng(1).integers(0, 128, (2, 10), dtype=np.int64)
@@ -121,7 +93,7 @@ def test_gpt2_names_shapes_and_logits_match_transformers():
 def test_vit_names_and_shapes_match_transformers():
     cfg = transformers.ViTConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                                  image_size=32, patch_size=8, num_labels=10)
-    hf = _hf(transformers.ViTForImageClassification, cfg)
+    hf = instantiate(transformers.ViTForImageClassification, cfg)
     zoo = models_zoo.build("vit-l-16", hidden=64, ffn=96, layers=2, heads=4, image_size=32, patch_size=8,
                            num_labels=10, batch=2, dtype="float32")
     assert zoo_params(zoo) == hf_params(hf)
@@ -132,7 +104,7 @@ def test_llava_tower_projector_and_backbone_match_transformers():
                                            num_attention_heads=4, image_size=28, patch_size=7)
     text = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                     num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
-    hf = _hf(transformers.LlavaForConditionalGeneration,
+    hf = instantiate(transformers.LlavaForConditionalGeneration,
              transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=5))
     zoo = models_zoo.build("llava-style-7b", layers=2, hidden=64, heads=4, kv_heads=4, ffn=96, vocab=128,
                            vision_layers=2, vision_hidden=32, vision_heads=4, vision_ffn=64, vision_image_size=28,
@@ -143,20 +115,12 @@ def test_llava_tower_projector_and_backbone_match_transformers():
     assert set(theirs) - set(ours) == unused
 
 
-def _logits(zoo: onnx.ModelProto, hf, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(ours, transformers') logits on the same random ids, our graph holding the HF model's weights."""
-    ids = np.random.default_rng(seed).integers(0, 128, (2, 10), dtype=np.int64)
-    with torch.no_grad():
-        expected = hf(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
-    return run(with_hf_weights(zoo, hf), {"input_ids": ids}), expected
-
-
 def test_qwen3_dense_names_shapes_and_logits_match_transformers():
     hf = _llama_hf("Qwen3ForCausalLM", head_dim=16)
     zoo = models_zoo.build("qwen3-8b", **dict(LLAMA, head_dim=16), **_RUN)
     assert zoo_params(zoo) == hf_params(hf)
     assert [f.name for f in zoo.functions] == ["Qwen3DecoderLayer"]
-    np.testing.assert_allclose(*_logits(zoo, hf), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(*logits(zoo, hf), rtol=1e-4, atol=1e-4)
 
 
 def test_nemotron_names_shapes_and_logits_match_transformers():
@@ -166,7 +130,7 @@ def test_nemotron_names_shapes_and_logits_match_transformers():
         num_key_value_heads=2, max_position_embeddings=64, norm_eps=1e-5, partial_rotary_factor=0.5,
         tie_word_embeddings=False, attn_implementation="eager",
     )
-    hf = _hf(transformers.NemotronForCausalLM, cfg)
+    hf = instantiate(transformers.NemotronForCausalLM, cfg)
     with torch.no_grad():  # norms start at weight 0 (= gain 1), bias 0: perturb them so both are exercised
         for name, p in hf.named_parameters():
             if "norm" in name:
@@ -174,7 +138,7 @@ def test_nemotron_names_shapes_and_logits_match_transformers():
     zoo = models_zoo.build("nemotron4-15b", **LLAMA, **_RUN)
     assert zoo_params(zoo) == hf_params(hf)
     assert "model.layers.1.input_layernorm.bias" in zoo_params(zoo) and "model.norm.bias" in zoo_params(zoo)
-    np.testing.assert_allclose(*_logits(zoo, hf), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(*logits(zoo, hf), rtol=1e-4, atol=1e-4)
 
 
 _SMALL_MOE = dict(moe_intermediate_size=96, num_experts=8, num_experts_per_tok=2, head_dim=16)
@@ -228,7 +192,7 @@ def test_gpt_oss_logits_match_transformers_when_routing_is_balanced():
     dispatch computes exactly; RoPE without YaRN on both sides (YaRN changes only the tables' values)."""
     cfg = transformers.GptOssConfig(**_OSS_HF, num_local_experts=2, num_experts_per_tok=2,
                                     rope_parameters={"rope_type": "default", "rope_theta": 150000.0})
-    hf = _hf(transformers.GptOssForCausalLM, cfg)
+    hf = instantiate(transformers.GptOssForCausalLM, cfg)
     with torch.no_grad():
         for name, p in hf.named_parameters():
             if name.endswith(("bias", "sinks")):  # zero at init: make them matter
@@ -237,7 +201,7 @@ def test_gpt_oss_logits_match_transformers_when_routing_is_balanced():
                 p.mul_(20.0)  # pre-activations past the +-7 clamp
     zoo = models_zoo.build("gpt-oss-20b", **_OSS_ZOO, experts=2, top_k=2, **_RUN)
     assert zoo_params(zoo) == hf_params(hf)
-    np.testing.assert_allclose(*_logits(zoo, hf), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(*logits(zoo, hf), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["gpt-oss-20b", "gpt-oss-120b"])
