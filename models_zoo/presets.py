@@ -5,7 +5,7 @@ Every figure here is quoted from its source (paper table or the HF
 ``published_active`` are the sizes the source states, which the tests
 compare with our analytic counts (within 1%, or ``tolerance`` where the
 source's rounding is coarser: gpt3-1.3b, deepseek-v3, qwen3-30b-a3b, kimi-k2,
-each with a note).
+llama4-scout, llama4-maverick, each with a note).
 
 "Active" parameters are those used per token: everything except the
 (E - k) idle routed experts of each MoE layer. Embedding tables count (as
@@ -79,6 +79,14 @@ _QWEN3_30B_A3B = LlamaConfig(hidden=2048, layers=48, heads=32, kv_heads=4, ffn=7
 _NEMOTRON4 = dict(vocab=256000, seq_len=4096, mlp="relu2", norm="layernorm1p", rotary_fraction=0.5,
                   norm_eps=1e-5, rope_theta=10000.0)
 
+#: Llama 4 text models (HF meta-llama/Llama-4-Scout-17B-16E and Llama-4-Maverick-17B-128E config.json text_config):
+#: 48 layers, hidden 5120, 40 heads of 128, 8 KV heads, vocab 202048, RoPE base 5e5, RMSNorm eps 1e-5; routed experts
+#: of 8192 with one shared expert, top-1 with a sigmoid router; every 4th layer NoPE with full attention, the others
+#: RoPE with attention chunked at 8192 tokens (iRoPE); 8,192-token sequences (the chunk).
+_LLAMA4 = dict(hidden=5120, layers=48, heads=40, kv_heads=8, head_dim=128, ffn=8192, vocab=202048, seq_len=8192,
+               rope_theta=500000.0, norm_eps=1e-5, top_k=1, shared_experts=1, variant="llama4",
+               expert_layout="fused_io", nope_every=4, sliding_window=8192, full_every=4)
+
 PRESETS: tuple[Preset, ...] = (
     _gpt("gpt", 768, 12, 12, 125e6, note="generic GPT-3-style model; defaults are GPT-3 Small"),
     _gpt("gpt3-1.3b", 2048, 24, 16, 1.3e9, head_dim=128, tol=0.015,
@@ -133,6 +141,17 @@ PRESETS: tuple[Preset, ...] = (
                        seq_len=65536, rope_theta=1e6, norm_eps=1e-5),
            "HF mistralai/Mixtral-8x22B-v0.1 config.json (64K context); Mistral AI release note: 141B total, 39B active",
            141e9, 39e9),
+    Preset("llama4-scout", "llama", LlamaConfig(experts=16, qk_l2norm=True, **_LLAMA4),
+           "HF meta-llama/Llama-4-Scout-17B-16E config.json text_config (16 experts, MoE on every layer, use_qk_norm); "
+           "Meta 2025 (The Llama 4 herd, model card): 109B total, 17B active", 109e9, 17e9, tolerance=0.015,
+           note="text model only: the 107.8B of the language model are 1.1% under the card's 109B, which counts the "
+           "vision encoder too; 17.17B active against the card's '17B'"),
+    Preset("llama4-maverick", "llama", LlamaConfig(experts=128, moe_every=2, dense_ffn=16384, **_LLAMA4),
+           "HF meta-llama/Llama-4-Maverick-17B-128E config.json text_config (128 experts on every 2nd layer, dense "
+           "layers of 16384, no QK-norm); Meta 2025 (The Llama 4 herd, model card): 400B total, 17B active",
+           400e9, 17e9, tolerance=0.015,
+           note="text model only (the card's 400B rounds the whole model); our active count is 17.18B, 1.1% over "
+           "the card's '17B' (as Scout's 17.17B)"),
     Preset("deepseek-v3", "deepseek",
            DeepseekConfig(hidden=7168, layers=61, dense_layers=3, heads=128, q_lora_rank=1536, kv_lora_rank=512,
                           qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128, ffn=18432, expert_ffn=2048, experts=256,

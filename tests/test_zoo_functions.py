@@ -27,6 +27,7 @@ SMALL = {
     "nemotron4-15b": dict(layers=3),
     "kimi-k2": dict(layers=3, seq_len=256),  # 1 dense layer, then 2 MoE layers
     "gpt-oss-20b": dict(layers=3, seq_len=256),  # banded, full, banded
+    "llama4-maverick": dict(layers=4, seq_len=256),  # dense, MoE, dense, MoE without RoPE
 }
 
 

@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 import models_zoo
-from models_zoo.graph_builder import NAME_SCOPES_KEY, WEIGHTLESS_LOCATION
+from models_zoo.graph_builder import FUNCTION_DOMAIN, NAME_SCOPES_KEY, WEIGHTLESS_LOCATION
 
 PRESETS = models_zoo.presets()
 NAMES = [p.name for p in PRESETS]
@@ -153,6 +153,15 @@ def test_new_architecture_switches_name_parameters_as_transformers_does(built):
     assert oss["model.layers.0.mlp.experts.gate_up_proj"] == [128, 2880, 5760]
     assert oss["model.layers.0.mlp.experts.down_proj"] == [128, 2880, 2880]
     assert oss["model.layers.0.mlp.experts.down_proj_bias"] == [128, 2880]
+    mav = {t.name: list(t.dims) for t in built["llama4-maverick"].graph.initializer}
+    assert mav["model.layers.0.feed_forward.gate_proj.weight"] == [16384, 5120]  # dense layers between MoE ones
+    assert mav["model.layers.1.feed_forward.experts.gate_up_proj"] == [128, 5120, 16384]
+    assert mav["model.layers.47.feed_forward.experts.down_proj"] == [128, 8192, 5120]
+    assert mav["model.layers.1.feed_forward.router.weight"] == [128, 5120]
+    assert mav["model.layers.1.feed_forward.shared_expert.up_proj.weight"] == [8192, 5120]
+    assert "model.layers.0.feed_forward.router.weight" not in mav
+    scout = {t.name: list(t.dims) for t in built["llama4-scout"].graph.initializer}
+    assert scout["model.layers.0.feed_forward.experts.gate_up_proj"] == [16, 5120, 16384]
     rows = {p.name: p for p in PRESETS}
     assert rows["kimi-k2"].active_params < 0.035 * rows["kimi-k2"].params
     assert rows["qwen3-8b"].active_params == rows["qwen3-8b"].params
@@ -179,6 +188,23 @@ def test_gpt_oss_alternates_banded_and_full_attention():
     assert producer[masks[0]].op_type == "Add" and producer[masks[1]].op_type == "Trilu"
     short = models_zoo.build("gpt-oss-20b", layers=2, seq_len=128)  # no key is 128 back: one causal mask
     assert len({n.input[3] for n in short.graph.node if n.op_type == "GptOssDecoderLayer"}) == 1
+
+
+def test_llama4_chunks_its_rope_layers_and_leaves_every_fourth_without_rope():
+    """Past the 8,192-token chunk, RoPE layers get the banded mask and NoPE layers (every 4th) the causal one;
+    NoPE layers read no rotary tables. Below the chunk every layer is plainly causal."""
+    model = models_zoo.build("llama4-scout", layers=8, seq_len=16384)
+    calls = [n for n in model.graph.node if n.domain == FUNCTION_DOMAIN]
+    kinds = (["Llama4TextDecoderLayer"] * 3 + ["Llama4TextDecoderLayerNoRope"]) * 2
+    assert [n.op_type for n in calls] == kinds
+    producer = {o: n.op_type for n in model.graph.node for o in n.output}
+    assert [producer[m] for m in _masks(model)] == (["Add"] * 3 + ["Trilu"]) * 2
+    assert len(set(_masks(models_zoo.build("llama4-scout", layers=4, seq_len=4096)))) == 1
+
+
+def _masks(model: onnx.ModelProto) -> list[str]:
+    """The attention mask each layer call reads: after the activations, and the rotary tables of a RoPE layer."""
+    return [n.input[1 if n.op_type.endswith("NoRope") else 3] for n in model.graph.node if n.domain == FUNCTION_DOMAIN]
 
 
 def test_moe_expert_matmuls_cost_active_flops():
