@@ -3,6 +3,7 @@
     >>> import models_zoo
     >>> m = models_zoo.build("llama3-8b", layers=2, seq_len=512)   # onnx.ModelProto
     >>> models_zoo.param_counts("deepseek-v3")                      # (total, active)
+    >>> models_zoo.build_hf("path/to/config.json", layers=2)       # a Hugging Face config, by the same builders
 
 Graphs hold no weights: parameters are initializers with external data at
 ``#weightless`` (see `graph_builder`); read a saved one with
@@ -12,8 +13,12 @@ gives the parameter count; ``model.metadata_props`` carries
 ``hyperplan.family``, ``hyperplan.preset``, ``hyperplan.config`` (JSON),
 ``hyperplan.params`` and ``hyperplan.active_params``.
 
-This package imports onnx (and numpy) only: nothing of hyperplan. Bad names
-or overrides raise ValueError with one sentence; the planner wraps it.
+A Hugging Face ``config.json`` (or a folder holding one) is built by the
+same builders (`hf_config`: ``model_type`` picks the family, fields set the
+switches); overrides apply to it as to a preset.
+
+This package imports onnx (and numpy) only: nothing of hyperplan. Bad names,
+files or overrides raise ValueError with one sentence; the planner wraps it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, Callable
 
 from onnx import ModelProto
 
-from models_zoo import deepseek, gpt, gpt_oss, llama, multimodal, vision
+from models_zoo import deepseek, gpt, gpt_oss, hf_config, llama, multimodal, vision
 from models_zoo.common import require, with_overrides
 from models_zoo.graph_builder import WEIGHTLESS_LOCATION, materialize
 from models_zoo.layer_functions import inlined_node_count
@@ -32,8 +37,9 @@ from models_zoo.multimodal import MultimodalConfig
 from models_zoo.presets import BY_NAME, PRESETS, Preset
 
 __all__ = [
-    "PresetInfo", "WEIGHTLESS_LOCATION", "build", "config", "inlined_node_count", "is_zoo_name", "materialize", "names",
-    "param_counts", "presets",
+    "PresetInfo", "WEIGHTLESS_LOCATION", "build", "build_hf", "config", "hf_config_file", "hf_model_config",
+    "hf_model_types", "hf_param_counts", "inlined_node_count", "is_zoo_name", "materialize", "names", "param_counts",
+    "presets",
 ]
 
 _FAMILIES: dict[str, tuple[Callable[..., ModelProto], Callable[[Any], tuple[int, int]]]] = {
@@ -90,9 +96,42 @@ def is_zoo_name(name: str) -> bool:
 def config(name: str, **overrides: Any) -> Any:
     """The preset's config dataclass with `overrides` applied and checked."""
     preset = _preset(name)
-    cfg = _apply(preset, overrides)
+    return _checked(_apply(preset.config, f"zoo model {preset.name!r}", overrides))
+
+
+def _checked(cfg: Any) -> Any:
     (cfg.synced() if isinstance(cfg, MultimodalConfig) else cfg).validate()
     return cfg
+
+
+# -- Hugging Face config.json files ---------------------------------------------------------------
+def hf_config_file(path: Any) -> str | None:
+    """The config.json a path names (the file itself, or a folder's ``config.json``), or None."""
+    return hf_config.locate(path)
+
+
+def hf_model_types() -> list[str]:
+    """The ``model_type`` values `build_hf` reads."""
+    return hf_config.supported()
+
+
+def hf_model_config(path: Any, **overrides: Any) -> tuple[str, Any]:
+    """(family, config dataclass) of a Hugging Face config.json (or its folder), with `overrides` applied."""
+    family, cfg = hf_config.read_config(path)
+    return family, _checked(_apply(cfg, f"'{path}'", overrides))
+
+
+def build_hf(path: Any, *, flat: bool = False, **overrides: Any) -> ModelProto:
+    """The weightless graph of a Hugging Face config.json, as `build` makes a preset's (same builders, overrides)."""
+    require(isinstance(flat, bool), f"flat must be True or False, got {flat!r}.")
+    family, cfg = hf_model_config(path, **overrides)
+    return _FAMILIES[family][0](cfg, family, "", flat=flat)
+
+
+def hf_param_counts(path: Any, **overrides: Any) -> tuple[int, int]:
+    """(total, active) parameters of a Hugging Face config.json from the formulas, without building the graph."""
+    family, cfg = hf_model_config(path, **overrides)
+    return _FAMILIES[family][1](cfg.synced() if isinstance(cfg, MultimodalConfig) else cfg)
 
 
 def build(name: str, *, flat: bool = False, **overrides: Any) -> ModelProto:
@@ -134,7 +173,7 @@ def _input_embedding(cfg: Any) -> int:
     return text.vocab * text.hidden
 
 
-def _apply(preset: Preset, overrides: dict[str, Any]) -> Any:
+def _apply(cfg: Any, what: str, overrides: dict[str, Any]) -> Any:
     """Route flat overrides to the config; a multimodal model splits them by prefix.
 
     For a multimodal model, ``vision_<field>`` and ``audio_<field>`` go to the
@@ -142,8 +181,6 @@ def _apply(preset: Preset, overrides: dict[str, Any]) -> Any:
     other key (layers, hidden, seq_len, batch, experts, ...) to the LLM.
     """
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    cfg = preset.config
-    what = f"zoo model {preset.name!r}"
     if not isinstance(cfg, MultimodalConfig):
         return with_overrides(cfg, overrides, what)
     own = {f.name for f in dataclasses.fields(cfg)} - {"text", "vision", "audio"}
