@@ -15,6 +15,7 @@ from planner.graph.blocks import discover_blocks
 from planner.plan import stage_ranks
 from planner.search import solve as solve_module
 from planner.search.pipeline import WidthCosts, unequal_split
+from planner.search.stage_widths import candidate_widths
 from planner.costing.stage_costs import stage_costs
 from planner.strategy import Strategy, Workload
 
@@ -76,6 +77,13 @@ def test_the_heavy_stage_gets_the_wider_mesh():
     sizes, tps = unequal_split([even, wide], 2, 12, [2, 1], 1.0)
     assert tps == (4, 8)  # the head's stage is the heavy one
     assert unequal_split([even, wide], 2, 12, [2, 1], -1.0) is None  # nothing fits
+
+
+def test_stage_widths_keep_the_experts_folded():
+    """A narrower stage has fewer ranks: with ep x etp = 8 over tp x dp = 2 x 4, tp 1 would leave 4 ranks for 8
+    (Kimi K2 on 256 H100s raised from inside the search before); with etp following tp it always folds."""
+    assert candidate_widths(Strategy(tp=2, pp=2, dp=4, ep=8, etp=1), tp_limit=8) == [2, 4]
+    assert candidate_widths(Strategy(tp=2, pp=2, dp=4, ep=4), tp_limit=8) == [1, 2, 4]
 
 
 def test_strategy_checks_stage_widths():

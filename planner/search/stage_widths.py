@@ -64,6 +64,15 @@ def width_costs(structure: Structure, costs: StageCosts, strategy: Strategy, tra
     )
 
 
+def candidate_widths(base: Strategy, tp_limit: int) -> list[int]:
+    """base.tp / 2, base.tp and 2 base.tp within `tp_limit`, each only if a stage of that width still folds the
+    experts: ep x etp must divide the stage's tp x cp x dp ranks (a narrower stage has fewer)."""
+    def folds(w: int) -> bool:
+        return (w * base.cp * base.dp) % (base.ep * (base.etp or w)) == 0
+
+    return sorted({w for w in (base.tp // 2, base.tp, 2 * base.tp) if 1 <= w <= tp_limit and folds(w)})
+
+
 def unequal_stage_strategies(structure: Structure, cluster: Cluster, workload: Workload, base: Strategy,
                              costing: Costing, tp_limit: int, width: float) -> list[Strategy]:
     """Strategies whose stages differ in width, one per stage count around `base.pp`; [] when none can.
@@ -75,7 +84,7 @@ def unequal_stage_strategies(structure: Structure, cluster: Cluster, workload: W
         return []
     training = workload.mode == "train"
     budget = base.tp * base.pp
-    widths = sorted({w for w in (base.tp // 2, base.tp, 2 * base.tp) if 1 <= w <= tp_limit})
+    widths = candidate_widths(base, tp_limit)
     if len(widths) < 2:
         return []
     per_width = {}
