@@ -1,19 +1,20 @@
 """The public entry points: what the CLI calls and what a user can call.
 
 `load_graph` accepts what every command accepts as MODEL: a path to an ONNX
-file, or the name of a zoo model (built weightless, with overrides). Heavy
-imports (onnx, the zoo) happen inside the functions so `import planner`
-stays fast.
+file, a Hugging Face config.json (or the folder holding one), or the name of
+a zoo model; the last two are built weightless, with overrides
+(`planner.model_source` tells them apart). Heavy imports (onnx, the zoo)
+happen inside the functions so `import planner` stays fast.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 from typing import Any, Mapping
 
 from planner.errors import InvalidInput, InvalidModel
 from planner.graph.ir import Graph
+from planner.model_source import build_weightless, content_file, display_name, kind_of, takes, unknown_message
 
 
 def zoo_names() -> list[str]:
@@ -24,13 +25,6 @@ def zoo_names() -> list[str]:
     return sorted(names()) if callable(names) else []
 
 
-def _is_zoo_name(name: str) -> bool:
-    import models_zoo
-
-    check = getattr(models_zoo, "is_zoo_name", None)
-    return bool(check(name)) if callable(check) else name in zoo_names()
-
-
 def load_graph(
     model: str | os.PathLike,
     *,
@@ -39,44 +33,47 @@ def load_graph(
     dims: Mapping[str, int] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> Graph:
-    """The costed graph of an ONNX file or a zoo model.
+    """The costed graph of an ONNX file, a Hugging Face config.json or a zoo model.
 
     A file binds its symbolic dims from `dims`, `batch` and `seq_len`; a zoo
-    model is built at `batch`/`seq_len` with the architecture `overrides`
-    (layers, hidden, heads, ...). Raises InvalidInput for anything else.
+    model or a config.json is built at `batch`/`seq_len` with the
+    architecture `overrides` (layers, hidden, heads, ...). Raises
+    InvalidInput for anything else.
     """
     from planner.graph.onnx_import import import_model
 
     overrides = {k: v for k, v in sorted((overrides or {}).items()) if v is not None}
     text = os.fspath(model)
-    if os.path.exists(text):
+    kind = kind_of(text)
+    if kind == "onnx":
         if overrides:
             flags = ", ".join(f"--{k.replace('_', '-')}" for k in overrides)
             verb, them = ("changes", "it") if len(overrides) == 1 else ("change", "them")
-            raise InvalidInput(f"{flags} {verb} only zoo models, and '{text}' is a file; "
-                               f"drop {them} or edit the model itself")
+            raise InvalidInput(f"{flags} {verb} only zoo models and config.json files, and '{text}' is an ONNX "
+                               f"file; drop {them} or edit the model itself")
         return import_model(text, dims=dims, batch=batch, seq_len=seq_len)
-    if _is_zoo_name(text):
-        if dims:
-            raise InvalidInput(f"--dim applies to ONNX files, and '{text}' is a zoo model; "
-                               "use --batch, --seq-len or the architecture options instead")
-        settings = dict(overrides)
-        for key, value in (("batch", batch), ("seq_len", seq_len)):
-            if value is not None and key not in settings and _zoo_takes(text, key, value):
-                settings[key] = value  # image models (ViT) have no sequence length: their tokens are patches
-        proto = _build_zoo(text, settings)
-        return import_model(proto, name=text)
-    raise InvalidInput(_unknown_model_message(text))
+    if kind == "unknown":
+        raise InvalidInput(unknown_message(text, zoo_names()))
+    what = "a Hugging Face config" if kind == "hf_config" else "a zoo model"
+    if dims:
+        raise InvalidInput(f"--dim applies to ONNX files, and '{text}' is {what}; "
+                           "use --batch, --seq-len or the architecture options instead")
+    settings = dict(overrides)
+    for key, value in (("batch", batch), ("seq_len", seq_len)):
+        if value is not None and key not in settings and takes(text, key, value):
+            settings[key] = value  # image models (ViT) have no sequence length: their tokens are patches
+    return import_model(build_weightless(text, settings), name=text)
 
 
 def _graph_for_costing(model: str | os.PathLike, seq_len: int, dims: Mapping[str, int] | None,
                        overrides: Mapping[str, Any] | None) -> Graph:
     """`load_graph` at batch 1, remembered for the process: a what-if sweep plans one model many times.
 
-    Files are keyed by path, size and modification time, so an edited file is read again.
+    Files (an ONNX file, a config.json) are keyed by path, size and modification time, so an edited file is
+    read again.
     """
     text = os.fspath(model)
-    stamp = (os.path.getsize(text), os.stat(text).st_mtime_ns) if os.path.exists(text) else None
+    stamp = _stamp(text)
     key = (text, stamp, seq_len, tuple(sorted((dims or {}).items())), tuple(sorted((overrides or {}).items())))
     hit = _GRAPHS.get(key)
     if hit is None:
@@ -87,37 +84,21 @@ def _graph_for_costing(model: str | os.PathLike, seq_len: int, dims: Mapping[str
     return hit
 
 
+def _stamp(text: str) -> tuple[int, int] | None:
+    """(size, mtime) of the file that holds the model; None for a zoo name."""
+    path = content_file(text)
+    if path is None:
+        return None
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
 _GRAPHS: dict[tuple, Graph] = {}
 
 
-def _zoo_takes(name: str, key: str, value: Any) -> bool:
-    """Whether zoo model `name` has the setting `key` at all (a bad value still fails loudly later)."""
-    import models_zoo
-
-    try:
-        models_zoo.config(name, **{key: value})
-    except ValueError as exc:
-        return f"no setting '{key}'" not in str(exc)
-    return True
-
-
 def _build_zoo(name: str, settings: Mapping[str, Any]) -> Any:
-    import models_zoo
-
-    try:
-        return models_zoo.build(name, flat=True, **settings)  # in memory: no functions to inline
-    except ValueError as exc:  # the zoo raises ValueError with one sentence for a bad setting
-        raise InvalidInput(f"zoo model '{name}': {exc}") from None
-
-
-def _unknown_model_message(text: str) -> str:
-    looks_like_path = os.sep in text or text.lower().endswith((".onnx", ".pb"))
-    if looks_like_path:
-        return f"model file '{text}' does not exist; check the path (`hyperplan zoo list` shows zoo models)"
-    close = difflib.get_close_matches(text, zoo_names(), n=3, cutoff=0.6)
-    hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
-    return (f"no file or zoo model named '{text}'; {hint}"
-            "give the path of an .onnx file, or a zoo name (`hyperplan zoo list` shows the names)")
+    """The weightless graph of a zoo model or a config.json (see `planner.model_source.build_weightless`)."""
+    return build_weightless(name, settings)
 
 
 def estimate_model(
@@ -204,7 +185,7 @@ def uncosted_note(graph: Graph) -> str:
 def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any) -> dict[str, Any]:
     return {
         "uncosted": graph.uncosted(),
-        "model": {"name": os.path.basename(os.fspath(model)), "params": graph.param_count},
+        "model": {"name": display_name(model), "params": graph.param_count},
         "cluster": {"name": hw.name, "devices": hw.n_devices, "calibration": hw.calibration,
                     "fitted": hw.fitted},
         "workload": {"mode": workload.mode, "global_batch": workload.global_batch, "seq_len": workload.seq_len,
@@ -340,13 +321,13 @@ def _infeasible_message(model: Any, hw: Any, result: Any) -> str:
     gib = 2.0**30
     if c is None or c.peak_bytes == float("inf"):
         why = c.note if c is not None else "no strategy could be built"
-        return f"no strategy fits {os.path.basename(os.fspath(model))} on {hw.n_devices} devices of {hw.name}: {why}"
+        return f"no strategy fits {display_name(model)} on {hw.n_devices} devices of {hw.name}: {why}"
     need = c.peak_bytes / gib
     have = hw.device.hbm_bytes / gib
     rough = int(hw.n_devices * c.peak_bytes / hw.device.hbm_bytes) + 1
     _, up = nearest_valid_counts(hw.levels, rough)
     more = up if up is not None else rough
-    return (f"no strategy fits {os.path.basename(os.fspath(model))} on {hw.n_devices} devices of {hw.name}: the "
+    return (f"no strategy fits {display_name(model)} on {hw.n_devices} devices of {hw.name}: the "
             f"closest ({c.strategy.short()}) needs {need:.3g} GiB per device and a device has {have:.3g} GiB; "
             f"try about {more} devices (--devices {more}), a shorter --seq-len, or offload")
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from planner.errors import HyperplanError, Infeasible, InvalidInput, SolverTimeout
+from planner.model_source import content_file, display_name, kind_of
 
 Progress = Callable[[str, float], None]
 """Called with a message and the fraction of the points done."""
@@ -149,11 +150,16 @@ def code_digest() -> str:
 
 
 def _identity(model: str | os.PathLike, cluster: str) -> tuple[dict[str, str], dict[str, str]]:
-    """What names the model and the cluster for the cache: a file by its content, a name by itself."""
+    """What names the model and the cluster for the cache: a file by its content (an ONNX file, a config.json), a
+    name by itself."""
     from cost_models.loader import PRESET_DIR, preset_names
 
     text = os.fspath(model)
-    model_id = {"file_sha256": _file_sha256(text)} if os.path.isfile(text) else {"zoo": text}
+    held = content_file(text)
+    if held is None:
+        model_id = {"zoo": text}
+    else:
+        model_id = {"hf_config_sha256" if kind_of(text) == "hf_config" else "file_sha256": _file_sha256(held)}
     path = PRESET_DIR / f"{cluster}.toml" if cluster in preset_names() else Path(cluster)
     return model_id, {"name": cluster, "sha256": _file_sha256(path)}
 
@@ -387,7 +393,7 @@ def _summarise(model: Any, clusters: Sequence[str], points: list[dict[str, Any]]
         header.append({"name": name, "baseline_devices": ok[0]["devices"] if ok else None,
                        "price_per_device_hour": price})
     workload = {k: base[k] for k in ("mode", "global_batch", "seq_len", "dtype")}
-    return {"model": {"name": os.path.basename(os.fspath(model)), "params": params,
+    return {"model": {"name": display_name(model), "params": params,
                       "overrides": base["overrides"]},
             "workload": workload, "time_limit_s": base["time_limit_s"], "memory_gib": base["memory_gib"],
             "clusters": header, "points": points}

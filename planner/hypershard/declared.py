@@ -31,15 +31,17 @@ from planner.strategy import Strategy, Workload
 def request_of(doc: Mapping[str, Any], base_dir: str | None = None) -> Request:
     """The model and cluster to rebuild; a relative model path is tried from the cwd, then beside the file."""
     m, c = doc["model"], doc["cluster"]
-    if m["source"] == "file":
+    if m["source"] in ("file", "hf_config"):
         path = m["path"]
         if not os.path.exists(path) and base_dir and not os.path.isabs(path):
             near = os.path.join(base_dir, path)
             path = near if os.path.exists(near) else path
         if not os.path.exists(path):
-            raise InvalidInput(f"model file '{m['path']}' named by the declaration does not exist; "
+            what = "model file" if m["source"] == "file" else "Hugging Face config"
+            raise InvalidInput(f"{what} '{m['path']}' named by the declaration does not exist; "
                                "fix model.path or run from the folder it is relative to")
-        return Request(model=path, cluster=c["spec"], dims=dict(m.get("dims") or {}), memory_gib=c.get("memory_gib"))
+        return Request(model=path, cluster=c["spec"], overrides=dict(m.get("overrides") or {}),
+                       dims=dict(m.get("dims") or {}), memory_gib=c.get("memory_gib"))
     return Request(model=m["zoo"], cluster=c["spec"], overrides=dict(m.get("overrides") or {}),
                    dims=dict(m.get("dims") or {}), memory_gib=c.get("memory_gib"))
 
@@ -336,8 +338,12 @@ def declare_plan(plan: Mapping[str, Any], request: Request) -> dict[str, Any]:
 
 
 def _same_model(a: str, b: str) -> bool:
-    if os.path.exists(a) and os.path.exists(b):
-        return os.path.samefile(a, b)
+    """Two MODEL arguments naming one model: the same file (a config.json and its folder are one), or one name."""
+    from planner.model_source import content_file
+
+    fa, fb = content_file(a), content_file(b)
+    if fa and fb:
+        return os.path.samefile(fa, fb)
     return a == b
 
 

@@ -71,9 +71,17 @@ def strategy_from_dict(d: Mapping[str, Any]) -> Strategy:
 
 
 def model_section(request: Request, graph: Graph) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": os.path.basename(request.model)}
-    if os.path.exists(request.model):
+    """The model as the declaration names it: an ONNX file (path, hash), a Hugging Face config.json (path, hash of
+    the config.json, overrides) or a zoo model (name, overrides)."""
+    from planner.model_source import content_file, display_name, kind_of
+
+    out: dict[str, Any] = {"name": display_name(request.model)}
+    kind = kind_of(request.model)
+    if kind == "onnx":
         out.update(source="file", path=request.model, sha256=file_sha256(request.model))
+    elif kind == "hf_config":
+        out.update(source="hf_config", path=request.model, sha256=file_sha256(str(content_file(request.model))),
+                   overrides=dict(sorted(request.overrides.items())))
     else:
         out.update(source="zoo", zoo=request.model, overrides=dict(sorted(request.overrides.items())))
     out["dims"] = dict(sorted(request.dims.items()))

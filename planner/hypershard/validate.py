@@ -138,6 +138,13 @@ def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_di
     return rep
 
 
+def _hashed(model: str) -> str:
+    """The file a declaration's sha256 is of: the ONNX file, or a config.json (of a folder, its config.json)."""
+    from planner.model_source import content_file
+
+    return content_file(model) or model
+
+
 def model_request(doc: Mapping[str, Any], base_dir: str | None, rep: Report) -> Request | None:
     """The model and cluster to rebuild, or None with a failed model check (a missing or changed model file)."""
     try:
@@ -146,7 +153,8 @@ def model_request(doc: Mapping[str, Any], base_dir: str | None, rep: Report) -> 
         rep.add("model", [str(exc)], "")
         return None
     m = doc["model"]
-    if m["source"] == "file" and m.get("sha256") and file_sha256(request.model) != m["sha256"]:
+    changed = m.get("sha256") and file_sha256(_hashed(request.model)) != m["sha256"]
+    if m["source"] in ("file", "hf_config") and changed:
         rep.add("model", [f"'{m['path']}' changed since the plan was made (its sha256 differs); re-plan, or set "
                           "model.sha256 if the change is intended"], "")
         return None

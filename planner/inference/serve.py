@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from cost_models import Cluster
 
 from planner.errors import InvalidInput
+from planner.model_source import content_file, display_name, kind_of
 from planner.inference.phase_cost import SERVING_DTYPES, Precision
 from planner.inference.plan import ServingPlan, plan_dict, plan_serving
 from planner.inference.profile import Profile, serving_profile
@@ -33,7 +34,8 @@ def load_profile(model: str | os.PathLike, dims: Mapping[str, int] | None = None
     from planner.graph.blocks import discover_blocks
 
     text = os.fspath(model)
-    st = os.stat(text) if os.path.exists(text) else None
+    path = content_file(text)
+    st = os.stat(path) if path else None
     stamp = (st.st_size, st.st_mtime_ns) if st is not None else None
     key = (text, stamp, tuple(sorted((dims or {}).items())), tuple(sorted((overrides or {}).items())))
     if key not in _PROFILES:
@@ -45,8 +47,9 @@ def load_profile(model: str | os.PathLike, dims: Mapping[str, int] | None = None
 
 
 def profile_seq(model: str | os.PathLike) -> int | None:
-    """The sequence length a model's graph is imported at for its profile (None: a zoo model's own)."""
-    return PROFILE_SEQ if os.path.exists(os.fspath(model)) else None
+    """The sequence length a model's graph is imported at for its profile (None: a zoo model's or a config.json's
+    own)."""
+    return PROFILE_SEQ if kind_of(model) == "onnx" else None
 
 
 def serving_options(*, prompt_len: int, gen_len: int, batch: int | None, ttft_ms: float | None,
@@ -117,7 +120,7 @@ def serving_report(plan: ServingPlan, others: list[ServingPlan], serving: Servin
                    model: str | os.PathLike, hw: Cluster, workload: Mapping[str, Any]) -> dict[str, Any]:
     """The dict `plan --mode infer --json` prints, for a plan found by the search or one re-scored from a file."""
     out = plan_dict(plan, others, serving, profile)
-    out["model"] = {"name": os.path.basename(os.fspath(model)), "params": int(round(profile.params)),
+    out["model"] = {"name": display_name(model), "params": int(round(profile.params)),
                     "layers": len(profile.layers), "moe": profile.is_moe}
     out["cluster"] = {"name": hw.name, "devices": hw.n_devices}
     out["workload"] = dict(workload)

@@ -11,6 +11,7 @@ import os
 from typing import Any, Mapping, Sequence
 
 from planner.errors import HyperplanError, Infeasible
+from planner.model_source import display_name
 from planner.whatif import Progress, Sweep, sweep_points
 
 _INFER_NUMBERS = ("requests_per_s", "prefill_tokens_per_s_per_device", "decode_tokens_per_s_per_device",
@@ -98,5 +99,5 @@ def _summarise_infer(model: Any, clusters: Sequence[str], points: list[dict[str,
         header.append({"name": name, "baseline_devices": ok[0]["devices"] if ok else None})
     workload = {k: base[k] for k in ("mode", "prompt_len", "gen_len", "batch", "ttft_ms", "tpot_ms", "dtype",
                                      "kv_dtype")}
-    return {"model": {"name": os.path.basename(os.fspath(model)), "params": params, "overrides": base["overrides"]},
+    return {"model": {"name": display_name(model), "params": params, "overrides": base["overrides"]},
             "workload": workload, "memory_gib": base["memory_gib"], "clusters": header, "points": points}

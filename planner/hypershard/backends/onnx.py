@@ -23,7 +23,6 @@ from __future__ import annotations
 import itertools
 from typing import Any, Mapping
 
-from planner.errors import InvalidInput
 from planner.hypershard.backends import common
 from planner.hypershard.declared import split_as_declared, graph_of, request_of, workload_of
 from planner.hypershard.layouts import dim_axes
@@ -38,17 +37,14 @@ MIN_IR = 11
 def _proto(doc: Mapping[str, Any], base_dir: str | None) -> Any:
     import onnx
 
+    from planner.model_source import build_weightless
+
     req = request_of(doc, base_dir)
     if doc["model"]["source"] == "file":
         return onnx.load(req.model, load_external_data=False)
-    import models_zoo
-
     settings = dict(req.overrides)
     settings.update(batch=doc["programs"][-1]["micro_batch_size"], seq_len=workload_of(doc).seq_len)
-    try:
-        return models_zoo.build(req.model, flat=True, **settings)  # every node annotated on its own
-    except ValueError as exc:
-        raise InvalidInput(f"zoo model '{req.model}': {exc}") from None
+    return build_weightless(req.model, settings)  # a zoo model or a config.json, flat: every node annotated
 
 
 def _spec(onnx_mod: Any, tensor: str, dims: list[Any], shape: list[int | None], ranks: list[int],
