@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from cli import options as opt
+from cli.arch_options import architecture_options
 from cli import render
 from cli.errors import guarded
 from planner.api import estimate_model
@@ -70,6 +71,7 @@ _OptDtype = Annotated[Optional[str], typer.Option("--dtype", help="Compute preci
 
 
 @guarded
+@architecture_options
 def estimate_cmd(
     model: opt.Model,
     cluster: _OptCluster = None,
@@ -122,13 +124,7 @@ def estimate_cmd(
     stack: opt.Stack = None,
     strict_ops: opt.StrictOps = False,
     as_json: opt.Json = False,
-    layers: opt.Layers = None,
-    hidden: opt.Hidden = None,
-    heads: opt.Heads = None,
-    kv_heads: opt.KvHeads = None,
-    vocab: opt.Vocab = None,
-    experts: opt.Experts = None,
-    top_k: opt.TopK = None,
+    overrides: Optional[dict[str, Any]] = None,
     dim: opt.Dim = None,
 ) -> None:
     """Step time, throughput, MFU, memory per device and a breakdown of one given strategy.
@@ -141,8 +137,6 @@ def estimate_cmd(
 
     Or score a (hand-edited) declaration: hyperplan estimate llama3-70b --plan plan.yaml
     """
-    overrides = opt.zoo_overrides(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
-                                  experts=experts, top_k=top_k)
     given = {"tp": tp, "pp": pp, "stage-tp": stage_tp, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp,
              "micro-batch": micro_batch, "recompute": recompute, "full-recompute-layers": full_recompute_layers,
              "sp": sp, "zero": zero, "schedule": schedule, "offload": offload}

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 
 from cli import options as opt
+from cli.arch_options import architecture_options
 from cli import render
 from cli.errors import guarded
 from planner.api import load_graph
@@ -27,24 +28,17 @@ def register(app: typer.Typer) -> None:
 
 
 @guarded
+@architecture_options
 def inspect_cmd(
     model: opt.Model,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     batch: opt.Batch = None,
     seq_len: opt.SeqLen = None,
     dim: opt.Dim = None,
-    layers: opt.Layers = None,
-    hidden: opt.Hidden = None,
-    heads: opt.Heads = None,
-    kv_heads: opt.KvHeads = None,
-    vocab: opt.Vocab = None,
-    experts: opt.Experts = None,
-    top_k: opt.TopK = None,
+    overrides: Optional[dict[str, Any]] = None,
 ) -> None:
     """Parameters, FLOPs per token, layers and their types, sub-models, ops and weight memory of a model."""
     dims = opt.parse_dims(dim)
-    overrides = opt.zoo_overrides(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
-                                  experts=experts, top_k=top_k)
     with render.progress(f"reading {model} ..."):
         graph = load_graph(model, batch=batch, seq_len=seq_len, dims=dims, overrides=overrides)
         summary = summarize(graph, discover_blocks(graph))

@@ -1,4 +1,5 @@
-"""Options shared by every command that reads a model: MODEL, --batch, --seq-len, --dim, zoo overrides.
+"""Options shared by every command that reads a model: MODEL, --batch, --seq-len, --dim (the architecture
+overrides are `cli.arch_options`).
 
 Defined once so `inspect`, `plan`, `estimate` spell and document them alike.
 Parsing `--dim name=value` happens here (it is CLI syntax); the library
@@ -7,27 +8,18 @@ validates the values.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from planner.errors import InvalidInput
 
-_ZOO = "Zoo models only"
-
-Model = Annotated[str, typer.Argument(help="An ONNX file, or a zoo model name (`hyperplan zoo list`).",
-                                      show_default=False)]
+Model = Annotated[str, typer.Argument(help="An ONNX file, a Hugging Face config.json (or the folder holding it), "
+                                      "or a zoo model name (`hyperplan zoo list`).", show_default=False)]
 Batch = Annotated[Optional[int], typer.Option("--batch", help="Batch size: binds batch-like symbolic dims.")]
 SeqLen = Annotated[Optional[int], typer.Option("--seq-len", help="Sequence length: binds sequence-like dims.")]
 Dim = Annotated[Optional[list[str]], typer.Option("--dim", metavar="NAME=VALUE",
                                                   help="Bind a symbolic dimension by name (repeatable).")]
-Layers = Annotated[Optional[int], typer.Option("--layers", help="Number of layers.", rich_help_panel=_ZOO)]
-Hidden = Annotated[Optional[int], typer.Option("--hidden", help="Hidden size.", rich_help_panel=_ZOO)]
-Heads = Annotated[Optional[int], typer.Option("--heads", help="Attention heads.", rich_help_panel=_ZOO)]
-KvHeads = Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (GQA).", rich_help_panel=_ZOO)]
-Vocab = Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size.", rich_help_panel=_ZOO)]
-Experts = Annotated[Optional[int], typer.Option("--experts", help="Routed experts (MoE).", rich_help_panel=_ZOO)]
-TopK = Annotated[Optional[int], typer.Option("--top-k", help="Experts per token (MoE).", rich_help_panel=_ZOO)]
 
 
 def parse_dims(items: list[str] | None) -> dict[str, int]:
@@ -47,11 +39,6 @@ def parse_dims(items: list[str] | None) -> dict[str, int]:
             raise InvalidInput(f"--dim {name} is given twice ({out[name]} and {number}); keep one")
         out[name] = number
     return out
-
-
-def zoo_overrides(**values: Any) -> dict[str, Any]:
-    """The architecture overrides that were given (None means 'keep the zoo's value')."""
-    return {k: v for k, v in sorted(values.items()) if v is not None}
 
 
 # -- options of the commands that cost a model on a cluster (estimate, plan, whatif) ---------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -11,6 +11,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli import options as opt
+from cli.arch_options import architecture_options
 from cli.errors import err_console, guarded
 from cli.estimate_cmd import print_estimate
 from planner.api import plan_inference, plan_model
@@ -29,6 +30,7 @@ _INFER = "Inference (--mode infer)"
 
 
 @guarded
+@architecture_options
 def plan_cmd(
     model: opt.Model,
     cluster: opt.Cluster,
@@ -71,13 +73,7 @@ def plan_cmd(
     stack: opt.Stack = None,
     strict_ops: opt.StrictOps = False,
     as_json: opt.Json = False,
-    layers: opt.Layers = None,
-    hidden: opt.Hidden = None,
-    heads: opt.Heads = None,
-    kv_heads: opt.KvHeads = None,
-    vocab: opt.Vocab = None,
-    experts: opt.Experts = None,
-    top_k: opt.TopK = None,
+    overrides: Optional[dict[str, Any]] = None,
     dim: opt.Dim = None,
 ) -> None:
     """Find the strategy with the best step time that fits in memory, and say why it won.
@@ -94,8 +90,6 @@ def plan_cmd(
     Example: hyperplan plan deepseek-v3 --mode infer --cluster cloudmatrix384 --prompt-len 4096 --gen-len 1024
     --ttft-ms 2000 --tpot-ms 50 --dtype int8
     """
-    overrides = opt.zoo_overrides(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
-                                  experts=experts, top_k=top_k)
     if mode == "infer":
         _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_ms, tpot_ms, output)
         result = plan_inference(model, cluster=cluster, devices=devices, prompt_len=prompt_len, gen_len=gen_len,

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli import options as opt
+from cli.arch_options import architecture_options
 from cli import render
 from cli.errors import err_console, guarded
 from planner.errors import InvalidInput
@@ -38,6 +39,7 @@ def register(app: typer.Typer) -> None:
 
 
 @guarded
+@architecture_options
 def whatif_cmd(
     model: opt.Model,
     cluster: Annotated[str, typer.Option("--cluster", help="Hardware presets or .toml files, comma-separated: "
@@ -76,13 +78,7 @@ def whatif_cmd(
                                                    "(default: one per core).", min=1)] = None,
     dtype: opt.Dtype = "bf16",
     as_json: opt.Json = False,
-    layers: opt.Layers = None,
-    hidden: opt.Hidden = None,
-    heads: opt.Heads = None,
-    kv_heads: opt.KvHeads = None,
-    vocab: opt.Vocab = None,
-    experts: opt.Experts = None,
-    top_k: opt.TopK = None,
+    overrides: Optional[dict[str, Any]] = None,
     dim: opt.Dim = None,
 ) -> None:
     """Plan the model at each cluster and device count: best plan, throughput, MFU, memory and scaling.
@@ -99,8 +95,6 @@ def whatif_cmd(
     clusters = parse_clusters(cluster)
     counts = parse_devices(devices)
     _check_output(csv_file, (".csv",), "--csv")
-    overrides = opt.zoo_overrides(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab,
-                                  experts=experts, top_k=top_k)
     if mode == "infer":
         _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_ms, tpot_ms, None)
         if plot or price:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 import models_zoo
+from cli.arch_options import architecture_options
 from cli.errors import guarded
 from planner.errors import InvalidInput
 
@@ -51,19 +52,14 @@ def list_cmd(
 
 @zoo_app.command("export")
 @guarded
+@architecture_options
 def export_cmd(
-    name: Annotated[str, typer.Argument(help="Preset name (see `hyperplan zoo list`).")],
+    name: Annotated[str, typer.Argument(help="Preset name (see `hyperplan zoo list`), or a Hugging Face "
+                                        "config.json (or the folder holding it).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="ONNX file to write.")],
-    layers: Annotated[Optional[int], typer.Option(help="Number of (LLM) layers.")] = None,
-    hidden: Annotated[Optional[int], typer.Option(help="Hidden size.")] = None,
-    heads: Annotated[Optional[int], typer.Option(help="Attention heads.")] = None,
-    kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (GQA).")] = None,
-    vocab: Annotated[Optional[int], typer.Option(help="Vocabulary size.")] = None,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Sequence length of the graph.")] = None,
-    ffn: Annotated[Optional[int], typer.Option(help="MLP width (per expert for MoE).")] = None,
-    experts: Annotated[Optional[int], typer.Option(help="Routed experts.")] = None,
-    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Experts per token.")] = None,
     batch: Annotated[Optional[int], typer.Option(help="Batch size of the graph.")] = None,
+    overrides: Optional[dict[str, Any]] = None,
     flat: Annotated[bool, typer.Option("--flat", help="Write every layer's nodes out instead of one local "
                                        "function per layer type (a plain graph, about 10x larger).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
@@ -71,11 +67,11 @@ def export_cmd(
     """Write the preset's weightless graph (load it with onnx.load(path, load_external_data=False))."""
     if output.exists() and not force:
         raise InvalidInput(f"{output} already exists; pass --force to overwrite it.")
-    overrides = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab, seq_len=seq_len,
-                     ffn=ffn, experts=experts, top_k=top_k, batch=batch)
-    overrides = {k: v for k, v in overrides.items() if v is not None}
+    settings = dict(overrides or {}) | {k: v for k, v in (("seq_len", seq_len), ("batch", batch)) if v is not None}
+    hf = models_zoo.hf_config_file(name) is not None
     try:
-        model = models_zoo.build(name, flat=flat, **overrides)
+        build = models_zoo.build_hf if hf else models_zoo.build
+        model = build(name, flat=flat, **settings)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     data = model.SerializeToString()

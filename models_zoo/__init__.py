@@ -30,7 +30,7 @@ from typing import Any, Callable
 from onnx import ModelProto
 
 from models_zoo import deepseek, gpt, gpt_oss, hf_config, llama, multimodal, vision
-from models_zoo.common import require, with_overrides
+from models_zoo.common import require, typed, with_overrides
 from models_zoo.graph_builder import WEIGHTLESS_LOCATION, materialize
 from models_zoo.layer_functions import inlined_node_count
 from models_zoo.multimodal import MultimodalConfig
@@ -192,7 +192,7 @@ def _apply(cfg: Any, what: str, overrides: dict[str, Any]) -> Any:
             require(cfg.audio is not None, f"{what} has no audio tower; drop {key!r}.")
             parts["audio"][key[len("audio_"):]] = overrides[key]
         elif key in own:
-            parts["own"][key] = overrides[key]
+            parts["own"][key] = typed(key, getattr(cfg, key), overrides[key])
         else:
             parts["text"][key] = overrides[key]
     return dataclasses.replace(

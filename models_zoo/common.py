@@ -96,8 +96,28 @@ def finish(b: GraphBuilder, family: str, preset: str, cfg: object, total: int, a
 
 
 def with_overrides(cfg: Any, overrides: dict[str, Any], what: str) -> Any:
-    """dataclasses.replace with a one-sentence error for a field the config does not have."""
+    """dataclasses.replace with a one-sentence error for a field the config does not have or a value of the
+    wrong kind (`typed`)."""
     fields = {f.name for f in dataclasses.fields(cfg)}
     for key in sorted(overrides):
         require(key in fields, f"{what} has no setting {key!r}; valid settings: {', '.join(sorted(fields))}.")
-    return dataclasses.replace(cfg, **overrides)
+    return dataclasses.replace(cfg, **{k: typed(k, getattr(cfg, k), v) for k, v in overrides.items()})
+
+
+def typed(key: str, current: Any, value: Any) -> Any:
+    """`value` for a field now holding `current`, of the same kind: a switch takes true/false, a count an integer,
+    a number an integer or a float (stored as a float), a name a string, a list of layers a list or tuple."""
+    if isinstance(current, bool):
+        require(isinstance(value, bool), f"{key} must be true or false, got {value!r}.")
+    elif isinstance(current, int):
+        require(isinstance(value, int) and not isinstance(value, bool), f"{key} must be an integer, got {value!r}.")
+    elif isinstance(current, float):
+        require(isinstance(value, (int, float)) and not isinstance(value, bool), f"{key} must be a number, got "
+                f"{value!r}.")
+        return float(value)
+    elif isinstance(current, str):
+        require(isinstance(value, str), f"{key} must be a name, got {value!r}.")
+    elif isinstance(current, tuple):
+        require(isinstance(value, (list, tuple)), f"{key} must be a list, got {value!r}.")
+        return tuple(value)
+    return value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import onnx
 import pytest
@@ -85,6 +86,18 @@ def test_export_refuses_to_overwrite_without_force(app, tmp_path):
     assert out.read_bytes() == b"keep me"
     res = invoke(app, "zoo", "export", "gpt", "-o", str(out), "--layers", "1", "--force")
     assert res.exit_code == 0 and out.read_bytes() != b"keep me"
+
+
+def test_export_takes_a_config_json_and_any_setting(app, tmp_path):
+    config = str(Path(__file__).parent / "data" / "hf_configs" / "Qwen3-8B")
+    res = invoke(app, "zoo", "export", config, "-o", str(tmp_path / "q.onnx"), "--layers", "2", "--set",
+                 "rope_theta=5e5", "--head-dim", "64")
+    assert res.exit_code == 0, res.output
+    model = onnx.load(str(tmp_path / "q.onnx"), load_external_data=False)
+    saved = json.loads({p.key: p.value for p in model.metadata_props}["hyperplan.config"])
+    assert (saved["layers"], saved["rope_theta"], saved["head_dim"], saved["qk_norm"]) == (2, 5e5, 64, True)
+    bad = invoke(app, "zoo", "export", "llama3-8b", "-o", str(tmp_path / "x.onnx"), "--set", "colour=red")
+    assert bad.exit_code == 2 and "no setting 'colour'; valid settings:" in bad.output
 
 
 @pytest.mark.parametrize(

@@ -248,6 +248,9 @@ def test_build_is_deterministic(flat):
         ("vit-l-16", {"seq_len": 128}, "no setting 'seq_len'"),
         ("llava-style-7b", {"seq_len": 500}, "leaves no text after 576 media tokens"),
         ("llava-style-7b", {"audio_layers": 2}, "has no audio tower"),
+        ("llama3-8b", {"qk_norm": "yes"}, "qk_norm must be true or false, got 'yes'"),
+        ("deepseek-v3", {"kv_lora_rank": 1.5}, "kv_lora_rank must be an integer, got 1.5"),
+        ("llava-style-7b", {"deepstack": 3}, "deepstack must be a list, got 3"),
         ("no-such-model", {}, "unknown zoo model 'no-such-model'"),
     ],
 )
