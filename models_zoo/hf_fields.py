@@ -84,8 +84,16 @@ DEFAULTS["llava_clip"] = DEFAULTS["clip_vision_model"] | {
 DEFAULTS["llava"] = {"vision_feature_layer": -2, "vision_feature_select_strategy": "default",
                      "projector_hidden_act": "gelu", "multimodal_projector_bias": True, "tie_word_embeddings": False}
 DEFAULTS["kimi_k2"] = DEFAULTS["deepseek_v3"]
+#: Qwen2-VL: its text fields (at the file's top level in published files) and its vision tower.
+DEFAULTS["qwen2_vl_text"] = _LLAMA | _QWEN | {
+    "vocab_size": 152064, "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "max_window_layers": 80,
+    "rope_theta": 1e6}
+DEFAULTS["qwen2_vl_vision"] = {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "mlp_ratio": 4, "num_heads": 16,
+                               "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}
+DEFAULTS["qwen2_vl"] = {"tie_word_embeddings": False}
 #: Field names some classes accept for another (transformers' ``attribute_map``).
-ALIASES = {"num_local_experts": "num_experts", "num_experts": "num_local_experts"}
+ALIASES = {"num_local_experts": "num_experts", "num_experts": "num_local_experts", "in_channels": "in_chans"}
 
 
 class Fields:

@@ -5,7 +5,14 @@ multimodal model; their text model is what the zoo builds (the vision
 towers are SigLIP and Llama 4's own, which the zoo's multimodal builder
 does not lay out). LLaVA (``llava``) is built whole: a CLIP tower run to
 ``vision_feature_layer``, the two-layer projector and any Llama-like text
-model the text mappers read.
+model the text mappers read. So is Qwen2-VL (``qwen2_vl``): its ViT, the
+2 x 2 patch merger and a Qwen2 text model. (Qwen2.5-VL's tower, with RMSNorm,
+gated MLPs and windowed attention, is another layout: not read.)
+
+Image size: Qwen2-VL reads images at their own resolution (its processor's
+min/max pixels, not config.json, bound it); the graph takes one image of
+`QWEN2_VL_IMAGE` pixels a side (1,024 patches, 256 tokens after merging),
+``vision_image_size`` to change it.
 """
 
 from __future__ import annotations
@@ -15,10 +22,12 @@ from typing import Any, Callable
 
 from models_zoo.common import require
 from models_zoo.hf_fields import DEFAULTS, Fields
-from models_zoo.hf_text import TEXT
+from models_zoo.hf_text import TEXT, qwen2
 from models_zoo.llama_config import LlamaConfig
 from models_zoo.multimodal import MultimodalConfig
 from models_zoo.vision import VisionConfig
+
+QWEN2_VL_IMAGE = 448
 
 #: Reads a text config: (fields, seq_len) -> (family, config); the sub-config's model_type picks it.
 Mapper = Callable[[Fields, int], "tuple[str, Any]"]
@@ -85,4 +94,25 @@ def llava(f: Fields, seq_len: int) -> tuple[str, Any]:
     return "multimodal", MultimodalConfig(text=text, vision=vision)
 
 
-MULTIMODAL: dict[str, Mapper] = {"gemma3": gemma3, "llama4": llama4, "llava": llava}
+def qwen2_vl(f: Fields, seq_len: int) -> tuple[str, Any]:
+    """Qwen2-VL: text fields at the top level (published files) or in ``text_config`` (transformers 5), a Qwen2
+    decoder; ``vision_config``: depth blocks of embed_dim, mlp_ratio x embed_dim MLPs, Conv3d patches of
+    temporal_patch_size frames, a merger of spatial_merge_size^2 patches into the text model's hidden_size."""
+    text = sub(f, "text_config", "qwen2_vl_text") if f.has("text_config") else Fields(f.data, "qwen2_vl_text", f.where)
+    _, lm = qwen2(text, seq_len)
+    if f.flag("tie_word_embeddings") and not lm.tie_embeddings:
+        lm = dataclasses.replace(lm, tie_embeddings=True)
+    v = sub(f, "vision_config", "qwen2_vl_vision", DEFAULTS["qwen2_vl_vision"])
+    embed, merge = v.int("embed_dim"), v.int("spatial_merge_size")
+    require(v.int("hidden_size") == lm.hidden, f"{v.where}: the merger's output hidden_size={v.int('hidden_size')} "
+                                               f"is not the text model's {lm.hidden}.")
+    vision = VisionConfig(
+        hidden=embed, layers=v.int("depth"), heads=v.int("num_heads"), ffn=embed * v.int("mlp_ratio"),
+        image_size=QWEN2_VL_IMAGE, patch_size=v.int("patch_size"), channels=v.int("in_channels"), style="qwen2vl",
+        temporal_patch=v.int("temporal_patch_size"), norm_eps=1e-6,
+    )
+    return "multimodal", MultimodalConfig(text=lm, vision=vision, merge=merge, projector_norm=True,
+                                          projector_hidden=embed * merge**2)
+
+
+MULTIMODAL: dict[str, Mapper] = {"gemma3": gemma3, "llama4": llama4, "llava": llava, "qwen2_vl": qwen2_vl}

@@ -11,6 +11,10 @@ Sequence assembly: the LLM reads [image tokens, audio tokens, text tokens]
 (a Concat; HF scatters media features into placeholder positions of the
 same total length, which costs the same). ``seq_len`` is the LLM's total
 length; ``input_ids`` carries the rest after the media tokens.
+
+A ``qwen2vl`` tower lays the model out as transformers' ``Qwen2VLForConditionalGeneration``:
+the tower and its patch merger under ``model.visual`` (``merger.ln_q``, a LayerNorm of each patch
+before the 2 x 2 merge, then ``merger.mlp.0`` / ``mlp.2``), the LLM under ``model.language_model``.
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ class MultimodalConfig:
 def projector_params(cfg: MultimodalConfig) -> int:
     width = cfg.vision.hidden * cfg.merge**2
     hid = cfg.projector_hidden or cfg.text.hidden
-    norm = 2 * width if cfg.projector_norm else 0
+    norm = (2 * (cfg.vision.hidden if _qwen(cfg) else width)) if cfg.projector_norm else 0
     return norm + width * hid + hid + hid * cfg.text.hidden + cfg.text.hidden
 
 
@@ -106,18 +110,27 @@ def param_counts(cfg: MultimodalConfig) -> tuple[int, int]:
     return text_total + towers, text_active + towers
 
 
+def _qwen(cfg: MultimodalConfig) -> bool:
+    return cfg.vision.style == "qwen2vl"
+
+
 def _project(b: GraphBuilder, cfg: MultimodalConfig, x: str) -> str:
-    """Pixel-shuffle (HF InternVL ``pixel_shuffle``) then [LayerNorm] -> linear_1 -> GELU -> linear_2."""
+    """Pixel-shuffle (HF InternVL ``pixel_shuffle``) then [LayerNorm] -> linear_1 -> GELU -> linear_2; Qwen2-VL's
+    merger normalises each patch before merging (``ln_q``) and names its linears ``mlp.0`` and ``mlp.2``."""
     B, C, g, m = cfg.text.batch, cfg.vision.hidden, cfg.grid, cfg.merge
+    qwen = _qwen(cfg)
+    if qwen and cfg.projector_norm:
+        x = layer_norm(b, x, C, "ln_q", 1e-6)
     if m > 1:
         x = reshape(b, x, [B, g, g // m, m * C])
         x = reshape(b, b.op("Transpose", [x], perm=[0, 2, 1, 3]), [B, g // m, g // m, m * m * C])
         x = reshape(b, b.op("Transpose", [x], perm=[0, 2, 1, 3]), [B, cfg.image_tokens, m * m * C])
     width, hid = C * m * m, cfg.projector_hidden or cfg.text.hidden
-    if cfg.projector_norm:
+    if cfg.projector_norm and not qwen:
         x = layer_norm(b, x, width, "layer_norm")
-    x = gelu(b, linear(b, x, width, hid, "linear_1", bias=True))
-    return linear(b, x, hid, cfg.text.hidden, "linear_2", bias=True)
+    first, second = ("mlp.0", "mlp.2") if qwen else ("linear_1", "linear_2")
+    x = gelu(b, linear(b, x, width, hid, first, bias=True))
+    return linear(b, x, hid, cfg.text.hidden, second, bias=True)
 
 
 def build(cfg: MultimodalConfig, family: str = "multimodal", preset: str = "", flat: bool = False) -> ModelProto:
@@ -128,21 +141,25 @@ def build(cfg: MultimodalConfig, family: str = "multimodal", preset: str = "", f
     t, v = cfg.text, cfg.vision
     b = GraphBuilder(preset or family, t.dtype, flat=flat)
     B, S = t.batch, t.seq_len
-    pixels = b.input("pixel_values", b.elem, [B, v.channels, v.image_size, v.image_size])
+    pixels = b.input("pixel_values", b.elem, v.pixel_shape)
     feats = None
     if cfg.audio:
         feats = b.input("input_features", b.elem, [B, cfg.audio.mel_bins, cfg.audio.frames])
     ids = b.input("input_ids", TensorProto.INT64, [B, cfg.text_tokens])
     with b.scope("model"):
         taps: dict[int, str] = {j: "" for j in cfg.deepstack}
-        with b.scope("vision_tower"):
+        with b.scope("visual" if _qwen(cfg) else "vision_tower"):
             img = vision.tower(b, v, pixels, taps)
             extra = []
             for n, j in enumerate(cfg.deepstack):
                 with b.scope(f"deepstack_merger_list.{n}"):
                     extra.append(_project(b, cfg, _drop_cls(b, cfg, taps[j])))
-        with b.scope("multi_modal_projector"):
-            parts = [_project(b, cfg, _drop_cls(b, cfg, img))]
+            if _qwen(cfg):
+                with b.scope("merger"):
+                    parts = [_project(b, cfg, img)]
+        if not _qwen(cfg):
+            with b.scope("multi_modal_projector"):
+                parts = [_project(b, cfg, _drop_cls(b, cfg, img))]
         if cfg.audio and feats:
             with b.scope("audio_tower"):
                 parts.append(audio_mod.tower(b, cfg.audio, feats))

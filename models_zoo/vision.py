@@ -6,7 +6,11 @@ exact layout of the model it was initialised from:
 - ``vit``: HF ``ViTForImageClassification`` (transformers 5: ``vit.layers.N.attention.q_proj``);
 - ``clip``: HF ``CLIPVisionModel`` (LLaVA's tower; QuickGELU costed as GELU);
 - ``siglip``: HF ``SiglipVisionModel`` (no class token, post-LayerNorm kept);
-- ``internvit``: HF ``InternVLVisionModel`` (RMSNorm, QK-norm, layer scale, no qkv bias).
+- ``internvit``: HF ``InternVLVisionModel`` (RMSNorm, QK-norm, layer scale, no qkv bias);
+- ``qwen2vl``: HF ``Qwen2VisionTransformerPretrainedModel`` (a Conv3d over ``temporal_patch``
+  frames without bias, no class token nor position table, fused qkv, no final norm). Its 2-D
+  rotary embedding of q and k is left out: elementwise on q and k, it changes no parameter and
+  no shape.
 
 Tower outputs are the last computed layer's hidden states; a VLM that
 reads an earlier layer (LLaVA: the penultimate) builds only the layers it
@@ -20,15 +24,15 @@ from dataclasses import dataclass
 
 from onnx import ModelProto
 
-from models_zoo.common import check_divides, check_dtype, check_positive, finish, require
+from models_zoo.common import check_divides, check_dtype, check_positive, finish, require, switch
 from models_zoo.graph_builder import GraphBuilder
 from models_zoo.layer_functions import call_layer
 from models_zoo.layers import gelu, layer_norm, linear, merge_heads, reshape, rms_norm, sdpa, split_heads
 
-STYLES = ("vit", "clip", "siglip", "internvit")
+STYLES = ("vit", "clip", "siglip", "internvit", "qwen2vl")
 #: Function name of an encoder layer: HF's class for each style.
 LAYER_KINDS = {"vit": "ViTLayer", "clip": "CLIPEncoderLayer", "siglip": "SiglipEncoderLayer",
-               "internvit": "InternVLVisionLayer"}
+               "internvit": "InternVLVisionLayer", "qwen2vl": "Qwen2VLVisionBlock"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +49,7 @@ class VisionConfig:
     batch: int = 1
     norm_eps: float = 1e-6
     dtype: str = "bfloat16"
+    temporal_patch: int = switch(1)  # frames per patch (Qwen2-VL: 2, an image being two equal frames)
 
     @property
     def patches(self) -> int:
@@ -52,7 +57,13 @@ class VisionConfig:
 
     @property
     def cls(self) -> int:
-        return 0 if self.style == "siglip" else 1
+        return 0 if self.style in ("siglip", "qwen2vl") else 1
+
+    @property
+    def pixel_shape(self) -> list[int]:
+        """``pixel_values``: [B, C, I, I], or [B, C, T, I, I] for a tower whose patches span T frames."""
+        frames = [self.temporal_patch] if self.style == "qwen2vl" else []
+        return [self.batch, self.channels, *frames, self.image_size, self.image_size]
 
     @property
     def tokens(self) -> int:
@@ -60,7 +71,8 @@ class VisionConfig:
 
     def validate(self) -> None:
         check_positive(
-            self, "hidden", "layers", "heads", "ffn", "image_size", "patch_size", "channels", "num_labels", "batch"
+            self, "hidden", "layers", "heads", "ffn", "image_size", "patch_size", "channels", "num_labels", "batch",
+            "temporal_patch",
         )
         check_dtype(self.dtype)
         require(self.style in STYLES, f"vision style {self.style!r} is unknown; use one of {', '.join(STYLES)}.")
@@ -71,8 +83,11 @@ class VisionConfig:
 def tower_params(cfg: VisionConfig) -> int:
     """Parameters of the tower (embeddings + encoder + its own final norm), no head."""
     h, f = cfg.hidden, cfg.ffn
-    emb = cfg.channels * cfg.patch_size**2 * h + (0 if cfg.style == "clip" else h)
-    emb += cfg.tokens * h + cfg.cls * h + (2 * h if cfg.style == "clip" else 0)
+    if cfg.style == "qwen2vl":  # the patch Conv3d alone: no bias, no class token, no position table
+        emb = cfg.channels * cfg.temporal_patch * cfg.patch_size**2 * h
+    else:
+        emb = cfg.channels * cfg.patch_size**2 * h + (0 if cfg.style == "clip" else h)
+        emb += cfg.tokens * h + cfg.cls * h + (2 * h if cfg.style == "clip" else 0)
     if cfg.style == "internvit":
         layer = 4 * h * h + h + 2 * h + 2 * h + 2 * h  # no qkv bias; out bias; 2 RMSNorms; qk-norm; 2 layer scales
     else:
@@ -89,6 +104,12 @@ def param_counts(cfg: VisionConfig) -> tuple[int, int]:
 
 def _embeddings(b: GraphBuilder, cfg: VisionConfig, pixels: str) -> str:
     B, H, p, style = cfg.batch, cfg.hidden, cfg.patch_size, cfg.style
+    if style == "qwen2vl":
+        T = cfg.temporal_patch
+        with b.scope("patch_embed.proj"):
+            w = b.param("weight", [H, cfg.channels, T, p, p])
+            x = b.op("Conv", [pixels, w], kernel_shape=[T, p, p], strides=[T, p, p])
+        return b.op("Transpose", [reshape(b, x, [B, H, cfg.patches])], perm=[0, 2, 1])
     with b.scope("embeddings"):
         conv_scope = "patch_embeddings.projection" if style in ("vit", "internvit") else "patch_embedding"
         with b.scope(conv_scope):
@@ -114,20 +135,26 @@ def _embeddings(b: GraphBuilder, cfg: VisionConfig, pixels: str) -> str:
 
 def _layer(b: GraphBuilder, cfg: VisionConfig, h: str) -> str:
     B, H, T, n = cfg.batch, cfg.hidden, cfg.tokens, cfg.heads
-    intern = cfg.style == "internvit"
+    intern, qwen = cfg.style == "internvit", cfg.style == "qwen2vl"
     hf_vit = cfg.style in ("vit", "internvit")
-    norm1, norm2 = ("layernorm_before", "layernorm_after") if hf_vit else ("layer_norm1", "layer_norm2")
+    if hf_vit:
+        norm1, norm2 = "layernorm_before", "layernorm_after"
+    else:
+        norm1, norm2 = ("norm1", "norm2") if qwen else ("layer_norm1", "layer_norm2")
     x = rms_norm(b, h, H, norm1, cfg.norm_eps) if intern else layer_norm(b, h, H, norm1, cfg.norm_eps)
-    with b.scope("attention" if hf_vit else "self_attn"):
-        q = linear(b, x, H, H, "q_proj", bias=not intern)
-        k = linear(b, x, H, H, "k_proj", bias=not intern)
-        v = linear(b, x, H, H, "v_proj", bias=not intern)
+    with b.scope("attention" if hf_vit else "attn" if qwen else "self_attn"):
+        if qwen:
+            q, k, v = b.op("Split", [linear(b, x, H, 3 * H, "qkv", bias=True), b.const([H, H, H])], n_out=3, axis=-1)
+        else:
+            q = linear(b, x, H, H, "q_proj", bias=not intern)
+            k = linear(b, x, H, H, "k_proj", bias=not intern)
+            v = linear(b, x, H, H, "v_proj", bias=not intern)
         if intern:
             q = rms_norm(b, q, H, "q_norm", cfg.norm_eps)
             k = rms_norm(b, k, H, "k_norm", cfg.norm_eps)
         q, k, v = (split_heads(b, t, B, T, n, H // n) for t in (q, k, v))
         o = merge_heads(b, sdpa(b, q, k, v, 1.0 / math.sqrt(H // n), None), B, T, H)
-        out_name = {"vit": "o_proj", "internvit": "projection_layer"}.get(cfg.style, "out_proj")
+        out_name = {"vit": "o_proj", "internvit": "projection_layer", "qwen2vl": "proj"}.get(cfg.style, "out_proj")
         o = linear(b, o, H, H, out_name, bias=True)
     if intern:
         o = b.op("Mul", [o, b.param("lambda_1", [H])])
@@ -148,7 +175,7 @@ def tower(b: GraphBuilder, cfg: VisionConfig, pixels: str, taps: dict[int, str] 
     already holds as a key (intermediate features, e.g. DeepStack's).
     """
     h = _embeddings(b, cfg, pixels)
-    container = {"vit": "layers", "internvit": "encoder.layer"}.get(cfg.style, "encoder.layers")
+    container = {"vit": "layers", "internvit": "encoder.layer", "qwen2vl": "blocks"}.get(cfg.style, "encoder.layers")
     for i in range(cfg.layers):
         h = call_layer(b, LAYER_KINDS[cfg.style], f"{container}.{i}", lambda lb, x: _layer(lb, cfg, x),
                        {"hidden_states": h})
@@ -167,8 +194,8 @@ def build(cfg: VisionConfig, family: str = "vit", preset: str = "", flat: bool =
     cfg.validate()
     require(cfg.style == "vit", f"a stand-alone vision model uses style 'vit', not {cfg.style!r}.")
     b = GraphBuilder(preset or family, cfg.dtype, flat=flat)
-    B, I = cfg.batch, cfg.image_size
-    pixels = b.input("pixel_values", b.elem, [B, cfg.channels, I, I])
+    B = cfg.batch
+    pixels = b.input("pixel_values", b.elem, cfg.pixel_shape)
     with b.scope("vit"):
         h = tower(b, cfg, pixels)
     with b.scope("classifier"):

@@ -88,6 +88,10 @@ def test_families_read_their_switches():
         (12.0, 0.22, 16.0, True)
     olmo = cfg("OLMo-2-1124-7B")
     assert (olmo.norm_place, olmo.qk_norm, olmo.qk_norm_per_head) == ("post", True, False)
+    vl = cfg("Qwen2-VL-7B-Instruct")  # text fields at the top level, as published
+    assert (vl.text.hidden, vl.text.qkv_bias, vl.vision.style, vl.vision.temporal_patch, vl.merge) == \
+        (3584, True, "qwen2vl", 2, 2)
+    assert (vl.image_tokens, vl.projector_hidden) == (256, 5120)  # one 448 px image: 32 x 32 patches, 2 x 2 merged
 
 
 @pytest.mark.parametrize(
@@ -124,5 +128,5 @@ def test_unreadable_files_raise_one_sentence(tmp_path):
 
 def test_supported_model_types_are_listed():
     assert {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_k2",
-            "gpt_oss", "gemma2", "gemma3", "phi3", "olmo2", "granite", "llama4", "llava"} <= set(
+            "gpt_oss", "gemma2", "gemma3", "phi3", "olmo2", "granite", "llama4", "llava", "qwen2_vl"} <= set(
         models_zoo.hf_model_types())

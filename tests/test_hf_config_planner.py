@@ -49,6 +49,18 @@ def test_config_and_preset_import_to_the_same_graph():
         ours.param_count
 
 
+def test_a_vision_language_config_is_two_sub_models():
+    """Qwen2-VL: the tower and its merger under model.visual, the Qwen2 decoder under model.language_model: the
+    sub-models a plan may give device groups of their own."""
+    from planner.graph.blocks import discover_blocks
+
+    graph = load_graph(CONFIGS / "Qwen2-VL-7B-Instruct", batch=1, seq_len=1024,
+                       overrides={"layers": 2, "vision_layers": 2})
+    names = [s.name for s in discover_blocks(graph).submodels]
+    assert names == ["visual", "language_model"]
+    assert "model.visual.merger.ln_q.weight" in graph.params and "model.visual.blocks.1.attn.qkv.bias" in graph.params
+
+
 def test_kinds_and_names_of_model_arguments(tiny):
     assert kind_of(tiny) == kind_of(tiny / "config.json") == "hf_config"
     assert kind_of("llama3-8b") == "zoo" and kind_of("no-such") == "unknown"
