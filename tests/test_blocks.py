@@ -53,12 +53,20 @@ def linear(g: GB, x: str, path: str, n_in: int, n_out: int, lead: tuple[int, ...
 
 
 def decoder_layer(g: GB, x: str, p: str, *, moe: bool = False, shared: dict[str, str] | None = None,
-                  softmax_axis: int = -1, ffn: int = F) -> str:
-    """Pre-norm attention + MLP (or top-2 MoE over 4 experts). `shared` holds constants made once."""
+                  softmax_axis: int = -1, ffn: int = F, rope: str | None = None) -> str:
+    """Pre-norm attention + MLP (or top-2 MoE over 4 experts). `shared` holds constants made once.
+
+    `rope` names a table of cosines every layer multiplies its queries by; the first layer unsqueezes it for
+    all of them, as TorchScript's exporter writes it.
+    """
     shared = shared if shared is not None else {}
     h = rms_norm(g, x, f"{p}.input_layernorm")
     a = f"{p}.self_attn"
     q, k, v = (linear(g, h, f"{a}.{n}_proj", H, H) for n in "qkv")
+    if rope is not None:
+        if "cos" not in shared:
+            shared["cos"] = g.op("Unsqueeze", [rope], (1, S, H), a)
+        q = g.op("Mul", [q, shared["cos"]], (B, S, H), a)
     if "scale" not in shared:  # the exporter makes a constant once; later layers read it
         shared["scale"] = g.op("Constant", [], (), a, value=0.25)
     if "rows" not in shared:  # ... and a symbolic size (batch * seq), an int64 scalar
@@ -87,14 +95,15 @@ def decoder_layer(g: GB, x: str, p: str, *, moe: bool = False, shared: dict[str,
 
 
 def llama(n_layers: int = 4, *, scoped: bool = True, stack: str = "model.layers", root: str = "model",
-          moe_from: int | None = None, tied: bool = False) -> Graph:
+          moe_from: int | None = None, tied: bool = False, rope: bool = False) -> Graph:
     g = GB(scoped=scoped)
     g.tensors["input_ids"] = Tensor("input_ids", (B, S), "int64")
+    cos = g.op("Cos", [g.op("Range", [], (S, H), f"{root}.rotary_emb")], (S, H), f"{root}.rotary_emb") if rope else None
     table = g.param(f"{root}.embed_tokens.weight", V, H)
     x = g.op("Gather", [table, "input_ids"], (B, S, H), f"{root}.embed_tokens")
     shared: dict[str, str] = {}
     for i in range(n_layers):
-        x = decoder_layer(g, x, f"{stack}.{i}", moe=moe_from is not None and i >= moe_from, shared=shared)
+        x = decoder_layer(g, x, f"{stack}.{i}", moe=moe_from is not None and i >= moe_from, shared=shared, rope=cos)
     x = rms_norm(g, x, f"{root}.norm")
     head = table if tied else g.param("lm_head.weight", H, V)
     logits = g.op("MatMul", [x, head], (B, S, V), "lm_head", flops=2.0 * H * V)
@@ -146,6 +155,18 @@ def test_without_scopes_parameter_names_and_neighbours_give_the_same_layers():
     # the softmax of layer 2 sits between layer-2 matmuls: it joins layer 2
     softmaxes = [i for i, n in enumerate(graph.nodes) if n.op_type == "Softmax"]
     assert [bare.block_of_node(i).name for i in softmaxes] == [f"model.layers.{k}" for k in range(4)]
+
+
+@pytest.mark.parametrize("n_layers", [2, 4])
+@pytest.mark.parametrize("scoped", [True, False])
+def test_a_table_the_first_layer_prepares_for_all_keeps_the_layers_one_type(n_layers, scoped):
+    """TorchScript's exporter unsqueezes the rotary table once, inside layer 0: still a layer like the rest."""
+    graph = llama(n_layers, scoped=scoped, rope=True)
+    st = discover_blocks(graph)
+    unsqueeze = next(i for i, n in enumerate(graph.nodes) if n.op_type == "Unsqueeze")
+    assert st.block_of_node(unsqueeze).name == "model.layers.0"
+    assert len({b.type_id for b in st.layers()}) == 1
+    assert len(st.layers()[0].nodes) > len(st.layers()[1].nodes)
 
 
 def test_dense_first_layers_and_moe_layers_are_two_types():

@@ -61,6 +61,40 @@ def skipped(graph: Graph, node: Node) -> bool:
     return bool(node.outputs) and all(_is_shape_value(graph, o) for o in node.outputs if o)
 
 
+def shared_between_layers(graph: Graph, node_block: Sequence[int], stacks: Sequence[str | None],
+                          producer: Mapping[str, int], skip: Sequence[bool]) -> set[int]:
+    """Nodes of a layer that compute, from no weight, a value several layers of its stack read.
+
+    The TorchScript exporter computes what all layers share once (the rotary
+    cos/sin unsqueezed for the heads, a mask) and names it after the first
+    layer that asks: that layer then looks different from the others. These
+    nodes, and the weightless nodes feeding only them, are left out of the
+    hash, so what they produce enters every layer the same way, from outside.
+    The residual stream is never among them: it comes out of weights (a size
+    read off it, such as the positions' count, does not count).
+    """
+    tensors = graph.tensors
+    readers: list[set[int]] = [set() for _ in graph.nodes]
+    weightless = [True] * len(graph.nodes)
+    for i, node in enumerate(graph.nodes):
+        for name in node.inputs:
+            t = tensors.get(name)
+            j = producer.get(name, -1)
+            if j >= 0:
+                readers[j].add(i)
+            if (t is not None and t.is_param) or (j >= 0 and not (skip[j] or weightless[j])):
+                weightless[i] = False
+    shared: set[int] = set()
+    for i in range(len(graph.nodes) - 1, -1, -1):
+        stack = stacks[node_block[i]]
+        if stack is None or skip[i] or not weightless[i] or not readers[i]:
+            continue
+        layers = {node_block[c] for c in readers[i] if stacks[node_block[c]] == stack}
+        if len(layers) > 1 or all(c in shared for c in readers[i]):
+            shared.add(i)
+    return shared
+
+
 def signature(graph: Graph, members: Iterable[int], producer: Mapping[str, int],
               skip: Sequence[bool] | None = None) -> list[str]:
     """One line per node of a block, free of names and layer indices (see `skipped`).

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from planner.graph.block_hash import skipped, structural_hash
+from planner.graph.block_hash import shared_between_layers, skipped, structural_hash
 from planner.graph.ir import Graph
 from planner.graph.towers import assign_submodels, stack_ancestors
 
@@ -330,7 +330,9 @@ def discover_blocks(graph: Graph) -> Structure:
     stacks = [layers[n][0] if n in layers else None for n in block_names]
     subs = assign_submodels(block_names, stacks, producers, consumers)
 
-    hashes = [structural_hash(graph, members[b], producer, skip) for b in range(len(order))]
+    shared = shared_between_layers(graph, node_block, stacks, producer, skip)
+    hashes = [structural_hash(graph, [i for i in members[b] if i not in shared], producer, skip)
+              for b in range(len(order))]
     hash_subs: dict[str, set[str]] = {}
     for h, s in zip(hashes, subs):
         hash_subs.setdefault(h, set()).add(s)
