@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from planner.graph.block_hash import shared_between_layers, skipped, structural_hash
+from planner.graph.block_kinds import TypeFacts, block_kind, labels, mixer
 from planner.graph.ir import Graph
 from planner.graph.towers import assign_submodels, stack_ancestors
 
@@ -240,50 +241,12 @@ def _propagate(graph: Graph, names: list[str], producer: dict[str, int]) -> list
 
 # -- 5. putting it together ------------------------------------------------------------------
 
-_ATTENTION_OPS = frozenset({"Softmax", "Attention", "MultiHeadAttention", "GroupQueryAttention"})
-_KIND_TEXT = {"moe": "MoE layer", "attention": "transformer layer", "conv": "conv block",
-              "mlp": "MLP layer", "embedding": "embedding", "other": "layer"}
-
-
-def _kind(graph: Graph, block: Block) -> str:
-    """What a block mostly is, from its ops and parameters (for labels and the planner's EP choice)."""
-    ops = {graph.nodes[i].op_type for i in block.nodes}
-    if "TopK" in ops or any("expert" in p.lower() for p in block.params):
-        return "moe"
-    if ops & _ATTENTION_OPS:
-        return "attention"
-    if "Conv" in ops:
-        return "conv"
-    if "Gather" in ops and any(len(graph.tensors[p].shape or ()) == 2 for p in block.params) \
-            and not ops & {"MatMul", "Gemm"}:
-        return "embedding"
-    return "mlp" if ops & {"MatMul", "Gemm"} else "other"
-
-
-def _labels(types: list[tuple[str, list[Block], str]]) -> list[str]:
-    """Readable labels: `model.layers (transformer layer)`, `model.layers[dense]` / `model.layers[moe]`."""
-    per_stack: dict[str, list[int]] = {}
-    for k, (_, blocks, _) in enumerate(types):
-        if blocks[0].is_layer:
-            per_stack.setdefault(blocks[0].stack, []).append(k)
-    labels: list[str] = []
-    for k, (_, blocks, kind) in enumerate(types):
-        if not blocks[0].is_layer:
-            names = [b.name for b in blocks]
-            labels.append(", ".join(names) if len(names) <= 2 else f"{names[0]} (+{len(names) - 1} alike)")
-            continue
-        stack = blocks[0].stack or "(root)"
-        siblings = per_stack[blocks[0].stack]
-        if len(siblings) == 1:
-            labels.append(f"{stack} ({_KIND_TEXT[kind]})")
-            continue
-        kinds = [types[s][2] for s in siblings]
-        tag = kind if kind == "moe" else ("dense" if "moe" in kinds else kind)
-        same = [s for s in siblings if types[s][2] == kind]
-        if len(same) > 1:
-            tag += str(same.index(k) + 1)
-        labels.append(f"{stack}[{tag}]")
-    return labels
+def _facts(graph: Graph, blocks: list[Block]) -> TypeFacts:
+    first = blocks[0]
+    ops = {graph.nodes[i].op_type for i in first.nodes}
+    ranks = [len(graph.tensors[p].shape or ()) for p in first.params]
+    return TypeFacts(names=tuple(b.name for b in blocks), stack=first.stack if first.is_layer else None,
+                     kind=block_kind(ops, first.params, ranks), mixer=mixer(ops))
 
 
 def discover_blocks(graph: Graph) -> Structure:
@@ -352,11 +315,11 @@ def discover_blocks(graph: Graph) -> Structure:
     grouped: dict[str, list[Block]] = {}
     for blk in blocks:
         grouped.setdefault(blk.type_id, []).append(blk)
-    raw = [(tid, bl, _kind(graph, bl[0])) for tid, bl in grouped.items()]
+    facts = [_facts(graph, bl) for bl in grouped.values()]
     types = tuple(
-        BlockType(type_id=tid, label=label, kind=kind, submodel=bl[0].submodel,
-                  instances=tuple(b.name for b in bl), param_count=bl[0].param_count, flops=bl[0].flops)
-        for (tid, bl, kind), label in zip(raw, _labels(raw))
+        BlockType(type_id=tid, label=label, kind=f.kind, submodel=bl[0].submodel,
+                  instances=f.names, param_count=bl[0].param_count, flops=bl[0].flops)
+        for (tid, bl), f, label in zip(grouped.items(), facts, labels(facts))
     )
     sub_order: dict[str, list[Block]] = {}
     for blk in blocks:
