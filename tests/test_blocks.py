@@ -192,6 +192,23 @@ def test_structure_not_names_decides_the_type():
     assert len({b.type_id for b in st.layers()}) == 3
 
 
+def test_numbered_leaves_are_not_layers_and_a_shortened_scope_gives_way_to_the_weight():
+    """A Sequential(Linear, GELU, Linear) after the layers is one block; an embedding reached through a getter
+    (scope `model.embed_tokens`, weight `model.text.embed_tokens.weight`) sits in the weight's module."""
+    g = GB()
+    g.tensors["input_ids"] = Tensor("input_ids", (B, S), "int64")
+    x = g.op("Gather", [g.param("model.text.embed_tokens.weight", V, H), "input_ids"], (B, S, H), "model.embed_tokens")
+    for i in range(2):
+        x = decoder_layer(g, x, f"model.text.layers.{i}")
+    x = linear(g, x, "model.merger.mlp.0", H, F)
+    x = g.op("Gelu", [x], (B, S, F), "model.merger.mlp.1")
+    x = linear(g, x, "model.merger.mlp.2", F, H)
+    st = discover_blocks(g.graph(("input_ids",), (x,)))
+    assert [b.name for b in st.layers()] == ["model.text.layers.0", "model.text.layers.1"]
+    assert st.block("model.merger").param_count == 2 * H * F
+    assert st.block("model.text.embed_tokens").param_count == V * H
+
+
 def test_tied_embedding_counts_once():
     graph = llama(2, tied=True)
     st = discover_blocks(graph)

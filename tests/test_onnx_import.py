@@ -334,6 +334,8 @@ def test_scope_from_namespace_and_node_names():
     assert onnx_scopes.scope_from_namespace(ns) == "model.layers.3"
     assert onnx_scopes.scope_from_node_name("/model/layers.0/self_attn/q_proj/MatMul") == "model.layers.0.self_attn.q_proj"
     assert onnx_scopes.scope_from_node_name("node_linear_3") == ""
+    # an nn.Sequential's children are named after it: /mlp/mlp.0/ is the module mlp.0
+    assert onnx_scopes.scope_from_node_name("/model/visual/merger/mlp/mlp.0/Gemm") == "model.visual.merger.mlp.0"
 
 
 @pytest.mark.parametrize("name", ["batch", "batch_size", "BatchSize", "N", "b", "bsz", "input_batch"])

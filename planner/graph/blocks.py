@@ -8,7 +8,9 @@ structure, never from a list of known architectures.
 
 Steps, each O(nodes + edges):
 1. a module path per node: its scope, else the path of a parameter it reads;
-2. layers are `<container>.<int>` paths (`model.layers.3`, `transformer.h.0`);
+2. layers are `<container>.<int>` paths (`model.layers.3`, `transformer.h.0`)
+   holding modules of their own (numbered leaves, as in `nn.Sequential(Linear,
+   GELU, Linear)`, are parts of their parent's block);
    other nodes form named blocks one level below the stacks' common parent;
 3. nodes with no path take the block they sit between (`_propagate`);
 4. a structural hash per block ties identical layers into one type (`block_hash`);
@@ -150,7 +152,13 @@ def _clean_scope(scope: str) -> str:
 
 
 def _node_paths(graph: Graph) -> list[str]:
-    """A dotted module path per node: scope first, then the first parameter it reads."""
+    """A dotted module path per node: scope first, then the first parameter it reads.
+
+    A scope that names the parameter's module by a shorter path (the call site
+    `model.embed_tokens` of `model.language_model.embed_tokens`, reached
+    through a getter) gives way to the parameter's path: that is where the
+    module lives.
+    """
     tensors = graph.tensors
     cache: dict[str, str] = {}
     out: list[str] = []
@@ -158,15 +166,24 @@ def _node_paths(graph: Graph) -> list[str]:
         path = cache.get(node.scope)
         if path is None:
             path = cache.setdefault(node.scope, _clean_scope(node.scope))
-        if not path:
-            for name in node.inputs:
-                t = tensors.get(name)
-                if t is not None and t.is_param:
-                    path = _path_of_param(name)
-                    if path:
-                        break
+        for name in node.inputs:
+            t = tensors.get(name)
+            if t is not None and t.is_param:
+                owner = _path_of_param(name)
+                if owner and (not path or _shortened(path, owner)):
+                    path = owner
+                    break
         out.append(path)
     return out
+
+
+def _shortened(scope: str, owner: str) -> bool:
+    """`model.embed_tokens` for `model.language_model.embed_tokens`: same module name, a sub-sequence of its path."""
+    a, b = scope.split("."), owner.split(".")
+    if len(a) >= len(b) or a[-1] != b[-1]:
+        return False
+    rest = iter(b)
+    return all(part in rest for part in a)
 
 
 def layer_of_path(path: str) -> tuple[str, int] | None:
@@ -178,6 +195,10 @@ def layer_of_path(path: str) -> tuple[str, int] | None:
     return None
 
 
+def _layer_path(layer: tuple[str, int]) -> str:
+    return f"{layer[0]}.{layer[1]}" if layer[0] else str(layer[1])
+
+
 # -- 2 and 3. blocks per node ----------------------------------------------------------------
 
 def _block_names(paths: list[str]) -> tuple[list[str], dict[str, tuple[str, int]]]:
@@ -185,6 +206,10 @@ def _block_names(paths: list[str]) -> tuple[list[str], dict[str, tuple[str, int]
     layer_cache: dict[str, tuple[str, int] | None] = {}
     for p in set(paths):
         layer_cache[p] = layer_of_path(p)
+    deep = {lay[0] for p, lay in layer_cache.items() if lay is not None and p != _layer_path(lay)}
+    for p, lay in layer_cache.items():
+        if lay is not None and lay[0] not in deep:
+            layer_cache[p] = None  # nn.Sequential(Linear, GELU, Linear): numbered leaves are not layers
     containers = sorted({lay[0] for lay in layer_cache.values() if lay is not None})
     ancestors = stack_ancestors(containers)
     names: dict[str, str] = {}
@@ -192,7 +217,7 @@ def _block_names(paths: list[str]) -> tuple[list[str], dict[str, tuple[str, int]
     for p in sorted(layer_cache):
         lay = layer_cache[p]
         if lay is not None:
-            name = f"{lay[0]}.{lay[1]}" if lay[0] else str(lay[1])
+            name = _layer_path(lay)
             layers[name] = lay
         elif p:
             parts = p.split(".")

@@ -66,10 +66,16 @@ def scope_from_namespace(text: str) -> str:
 
 
 def scope_from_node_name(name: str) -> str:
+    """`/model/layers.0/mlp/MatMul` -> `model.layers.0.mlp`; a Sequential's child `/mlp/mlp.0/` is `mlp.0`."""
     if "/" not in name:
         return ""
-    parts = [p for p in name.split("/") if p]
-    return ".".join(parts[:-1])
+    parts: list[str] = []
+    for p in [p for p in name.split("/") if p][:-1]:
+        if parts and p.startswith(parts[-1] + "."):
+            parts[-1] = p
+        else:
+            parts.append(p)
+    return ".".join(parts)
 
 
 def node_scope(node: onnx.NodeProto) -> str:
