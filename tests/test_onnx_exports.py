@@ -175,3 +175,37 @@ def test_weights_saved_neither_as_data_nor_as_inputs_are_refused_with_the_remedy
     del m.graph.input[1:]  # what ONNXProgram.save(include_initializers=False) writes without keep_initializers_as_inputs
     with pytest.raises(InvalidModel, match="reads the weight 'emb'.*keep_initializers_as_inputs=True"):
         import_model(m, batch=2, seq_len=4)
+
+
+def _router(outputs: str = "mixed") -> onnx.ModelProto:
+    """DeepSeek-V3's router as TorchScript writes it: a bias added to the scores picks the experts (TopK's
+    indices) but the weights are gathered from the unbiased scores; the experts' table, folded by an optimiser
+    under a new name, is looked up by expert index (GatherND)."""
+    nodes = [helper.make_node("MatMul", ["x", "gate.weight"], ["scores"]),
+             helper.make_node("Add", ["scores", "gate.e_score_correction_bias"], ["biased"]),
+             helper.make_node("TopK", ["biased", "k"], ["top", "idx"], axis=-1),
+             helper.make_node("GatherElements", ["scores", "idx"], ["w"], axis=-1),
+             helper.make_node("Unsqueeze", ["idx", "last"], ["idx3"]),
+             helper.make_node("GatherND", ["val_7", "idx3"], ["picked"], batch_dims=0),
+             helper.make_node("ReduceSum", ["picked", "axes"], ["expert_out"], keepdims=0)]
+    outs = [graphs.vi("w", [8, 2]), graphs.vi("expert_out", [8, 16])] if outputs == "mixed" else \
+        [graphs.vi("idx", [8, 2], I64)]
+    m = graphs.model(nodes, [graphs.vi("x", [8, 16])], outs,
+                     [graphs.weight("gate.weight", 16, 4), graphs.weight("gate.e_score_correction_bias", 4),
+                      graphs.weight("val_7", 4, 16), graphs.ints("k", [2]), graphs.ints("last", [-1]),
+                      graphs.ints("axes", [1])])
+    lines = ["p_gate: PARAMETER target='gate.weight'", "b_bias: BUFFER target='gate.e_score_correction_bias'"]
+    m.graph.metadata_props.add(key=SIGNATURE_KEY, value="\n".join(lines))
+    return m
+
+
+def test_a_weight_that_only_steers_a_selection_is_a_buffer_and_an_expert_table_is_a_weight():
+    m = _router()
+    assert sorted(import_model(m).params) == ["gate.weight", "val_7"]  # the signature says the bias is a buffer
+    del m.graph.metadata_props[:]  # TorchScript writes no signature: the graph's flow says it
+    g = import_model(m)
+    assert sorted(g.params) == ["gate.weight", "val_7"] and g.param_count == 16 * 4 + 4 * 16
+    assert any("steer a selection" in n and "e_score_correction_bias" in n for n in g.notes)
+    ids_only = _router(outputs="ids")
+    del ids_only.graph.metadata_props[:]  # a graph that returns ids alone says nothing of gradients
+    assert "gate.e_score_correction_bias" in import_model(ids_only).params

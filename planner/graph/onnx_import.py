@@ -20,7 +20,8 @@ import onnx
 from planner.errors import InvalidInput, InvalidModel, UnboundDimension
 from planner.graph import onnx_dims
 from planner.graph.ir import Graph, Node, Tensor
-from planner.graph.onnx_params import attrs_of, consumed_names, declared_roles, find_params, folded_nodes
+from planner.graph.onnx_params import (attrs_of, consumed_names, declared_roles, find_params, folded_nodes,
+                                      steering_only)
 from planner.graph.onnx_read import nested_refs, read_model, skeleton, topo_order
 from planner.graph.onnx_scopes import inline_functions, node_scope
 from planner.graph.onnx_shapes import Shapes, collect, propagate, write_back
@@ -204,6 +205,12 @@ def _build(skel: onnx.ModelProto, known: Shapes, scopes: list[str], bound: Mappi
     consumed = consumed_names(g, nodes, nested)
     roles = declared_roles(original.graph)
     params = find_params(g, nodes, consumed, known.shape, known.dtype, roles)
+    steering = steering_only(g, nodes, nested, params, known.dtype, roles)
+    if steering:
+        params = [p for p in params if p not in steering]
+        notes.append(f"{len(steering)} weight(s) reach the outputs only through integer tensors (they steer a "
+                     f"selection, such as TopK's indices, and get no gradient: {', '.join(sorted(steering)[:3])}"
+                     f"{', ...' if len(steering) > 3 else ''}); buffers, not parameters")
     param_set = set(params)
     init_names = {t.name for t in g.initializer}
     dead = sum(1 for t in g.initializer if t.name not in consumed)

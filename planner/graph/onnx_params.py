@@ -13,8 +13,9 @@ A parameter is a stored tensor the model learns (or was quantised from):
   `CONSTANT_PARAM_MIN_NUMEL` elements: Constant nodes are where exporters put
   literals (scales, epsilons, masks), so only a large one is a weight.
 Not parameters: integer shape tensors and scalars, tensors no node reads,
-and BatchNormalization's running mean and variance (inputs 3 and 4), which are
-statistics, not trained weights — as PyTorch counts them (buffers).
+BatchNormalization's running mean and variance (inputs 3 and 4), which are
+statistics, not trained weights — as PyTorch counts them (buffers) — and
+tensors that only steer a selection (`steering_only`).
 
 Where the exporter wrote down which inputs were parameters (PyTorch's
 `pkg.torch.export.ExportedProgram.graph_signature` graph metadata, with
@@ -142,14 +143,40 @@ def weight_inputs(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], roles: Ma
     return out
 
 
+def steering_only(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], nested: Mapping[int, set[str]],
+                  params: Iterable[str], dtypes: Mapping[str, str], roles: Mapping[str, str]) -> set[str]:
+    """Weights that reach the graph's outputs only through integer tensors (TopK's indices, a comparison).
+
+    Such a tensor steers a selection and gets no gradient: DeepSeek-V3's
+    `e_score_correction_bias`, added to the router's scores to pick experts
+    but not to weigh them, is a buffer to torch. A gradient flows backwards
+    from the floating outputs through floating tensors only. Names the
+    exporter's signature lists as parameters are kept; a graph with no
+    floating output (it returns ids only) says nothing, so nothing is dropped.
+    `nested` holds, per control-flow node, the outer names its subgraphs read.
+    """
+    def floating(name: str) -> bool:
+        return not dtypes.get(name, "float").startswith(("int", "uint", "bool"))
+
+    reached = {o.name for o in graph.output if o.name and floating(o.name)}
+    if not reached:
+        return set()
+    for idx in range(len(nodes) - 1, -1, -1):
+        n = nodes[idx]
+        if any(o in reached for o in n.output if o):
+            reached.update(i for i in (*n.input, *nested.get(idx, ())) if i and floating(i))
+    return {p for p in params if p not in reached and roles.get(p) != "PARAMETER"}
+
+
 _CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "MatMulInteger", "ConvInteger"})
 
 
 def _reads_as_weight(op_type: str, index: int) -> bool:
     """Whether input `index` of an op is where a learned weight goes: an operand of a contraction, or the table
-    a Gather looks rows up in. An exporter's optimiser folds a weight's transpose into a tensor of a new name
-    that its signature does not list; rotary tables and masks, which it folds too, are read elsewhere."""
-    return op_type in _CONTRACTIONS or (op_type == "Gather" and index == 0)
+    a Gather or GatherND looks rows up in (an embedding; the experts' weights picked by expert index). An
+    exporter's optimiser folds a weight's transpose into a tensor of a new name that its signature does not list;
+    rotary tables and masks, which it folds too, are read elsewhere."""
+    return op_type in _CONTRACTIONS or (op_type in ("Gather", "GatherND") and index == 0)
 
 
 def folded_nodes(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> list[bool]:
