@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from planner.errors import InvalidInput, InvalidModel
 from planner.graph.ir import Graph
 from planner.model_source import build_weightless, content_file, display_name, kind_of, takes, unknown_message
+from planner.units import nbytes
 
 
 def zoo_names() -> list[str]:
@@ -318,17 +319,14 @@ def _infeasible_message(model: Any, hw: Any, result: Any) -> str:
     from cost_models.spec import nearest_valid_counts
 
     c = result.closest
-    gib = 2.0**30
     if c is None or c.peak_bytes == float("inf"):
         why = c.note if c is not None else "no strategy could be built"
         return f"no strategy fits {display_name(model)} on {hw.n_devices} devices of {hw.name}: {why}"
-    need = c.peak_bytes / gib
-    have = hw.device.hbm_bytes / gib
     rough = int(hw.n_devices * c.peak_bytes / hw.device.hbm_bytes) + 1
     _, up = nearest_valid_counts(hw.levels, rough)
     more = up if up is not None else rough
     return (f"no strategy fits {display_name(model)} on {hw.n_devices} devices of {hw.name}: the "
-            f"closest ({c.strategy.short()}) needs {need:.3g} GiB per device and a device has {have:.3g} GiB; "
+            f"closest ({c.strategy.short()}) needs {nbytes(c.peak_bytes)} per device and a device has {nbytes(hw.device.hbm_bytes)}; "
             f"try about {more} devices (--devices {more}), a shorter --seq-len, or offload")
 
 

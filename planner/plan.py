@@ -17,6 +17,7 @@ from cost_models import Cluster, place_group
 from planner.costing.estimate import Estimate, plain
 from planner.search.plan_search import Candidate, SearchResult
 from planner.strategy import Strategy
+from planner.units import seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +80,7 @@ def why_slower(loser: Candidate, winner_breakdown: Mapping[str, float], winner_s
         return loser.note or "not feasible"
     diffs = sorted(((loser.breakdown_s.get(k, 0.0) - winner_breakdown.get(k, 0.0), k)
                     for k in set(loser.breakdown_s) | set(winner_breakdown)), reverse=True)
-    grew = [f"{k} +{d:.3g} s" for d, k in diffs[:2] if d > 1e-9]
+    grew = [f"{k} +{seconds(d)}" for d, k in diffs[:2] if d > 1e-9]
     pct = (loser.step_s / winner_step - 1.0) * 100
     return f"{pct:.1f}% slower" + (f" ({', '.join(grew)})" if grew else "")
 

@@ -155,7 +155,7 @@ def test_infeasible_and_invalid_points_are_listed_with_why(tmp_path):
     doc = run_sweep(MODEL, devices=(1, 12), cache=tmp_path, memory_gib=0.02, workers=1, **SWEEP).doc
     jsonschema.validate(doc, SCHEMA)
     one, twelve = doc["points"]
-    assert one["status"] == "infeasible" and "GiB per device" in one["reason"]
+    assert one["status"] == "infeasible" and "MiB per device and a device has 20.5 MiB" in one["reason"]
     with pytest.raises(Infeasible) as err:
         plan_model(MODEL, cluster="cloudmatrix384", devices=1, global_batch=64, seq_len=512, overrides=SMALL,
                    memory_gib=0.02)

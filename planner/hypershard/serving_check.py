@@ -32,6 +32,7 @@ from planner.hypershard.validate import Report, entry_problems, model_problems, 
 from planner.graph.walk import index_graph
 from planner.inference.phase_cost import Layout
 from planner.inference.rescore import PhaseChoice, score_serving
+from planner.units import nbytes, seconds
 
 GIB = 2.0**30
 _AXES = ("tp", "dp", "pp", "ep")
@@ -285,11 +286,11 @@ def _memory_problems(plan: Any) -> list[str]:
     for phase, p in (("prefill", plan.prefill), ("decode", plan.decode)):
         mem, st = p.memory_bytes, p.step
         if mem["total"] > st.usable_bytes:
-            out.append(f"{phase} needs {mem['total'] / GIB:.3g} GiB per device at batch {p.batch} and "
-                       f"{st.usable_bytes / GIB:.3g} GiB are usable; lower its batch_per_replica or widen its mesh")
+            out.append(f"{phase} needs {nbytes(mem['total'])} per device at batch {p.batch} and "
+                       f"{nbytes(st.usable_bytes)} are usable; lower its batch_per_replica or widen its mesh")
         elif mem["offloaded_kv"] > st.tier_bytes:
-            out.append(f"{phase} offloads {mem['offloaded_kv'] / GIB:.3g} GiB of KV cache per device and the tier "
-                       f"holds {st.tier_bytes / GIB:.3g} GiB; lower kv_cache.offload.fraction")
+            out.append(f"{phase} offloads {nbytes(mem['offloaded_kv'])} of KV cache per device and the tier "
+                       f"holds {nbytes(st.tier_bytes)}; lower kv_cache.offload.fraction")
     return out
 
 
@@ -297,7 +298,7 @@ def _target_notes(w: Mapping[str, Any], report: Mapping[str, Any]) -> list[str]:
     out = []
     for key, flag in (("ttft_ms", "--ttft-ms"), ("tpot_ms", "--tpot-ms")):
         if w.get(key) is not None and report[key] > w[key] * (1 + 1e-6):
-            out.append(f"{key.split('_')[0].upper()} {report[key]:.4g} ms is over the {flag} {w[key]:g} target")
+            out.append(f"{key.split('_')[0].upper()} {seconds(report[key] / 1e3)} is over the {flag} {w[key]:g} ms target")
     return out
 
 

@@ -22,6 +22,7 @@ from planner.inference.phase_cost import StepModel
 from planner.inference.profile import Profile
 from planner.inference.search import PhasePlan, Serving, best_phase, layouts, phase_plan
 from planner.search.program_groups import group_sizes
+from planner.units import gib, seconds
 
 GIB = 2.0**30
 
@@ -125,7 +126,7 @@ def _why_not(profile: Profile, cluster: Cluster, serving: Serving) -> str:
     have = p.step.usable_bytes / GIB
     if need > have:
         return (f"{profile.name} does not fit on {n} devices of {cluster.name}: even {lay.short()} at batch "
-                f"{p.batch} needs {need:.3g} GiB per device and {have:.3g} GiB are usable; add devices, use a "
+                f"{p.batch} needs {gib(need)} per device and {gib(have)} are usable; add devices, use a "
                 "1-byte --dtype (fp8 or int8), or a shorter --prompt-len/--gen-len")
     what = []
     if serving.ttft_s is not None:
@@ -133,7 +134,7 @@ def _why_not(profile: Profile, cluster: Cluster, serving: Serving) -> str:
     if serving.tpot_s is not None:
         what.append(f"--tpot-ms {serving.tpot_s * 1e3:g}")
     return (f"no layout of {profile.name} on {n} devices of {cluster.name} meets {' and '.join(what) or 'the batch'}"
-            f"; the fastest decode step at batch 1 takes {p.latency_s * 1e3:.3g} ms: relax the targets or add devices")
+            f"; the fastest decode step at batch 1 takes {seconds(p.latency_s)}: relax the targets or add devices")
 
 
 # -- the report ------------------------------------------------------------------------------------
