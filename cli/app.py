@@ -17,6 +17,25 @@ app = typer.Typer(
 )
 
 
+def _hide_flag_types() -> None:
+    """Help shows no `<bool>` after a flag (typer prints the type of every option, flags included): a flag takes
+    no value, so there is nothing to show."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "_flags_hidden", False):
+        return
+
+    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    display_type_rich._flags_hidden = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_hide_flag_types()
+
+
 def _version(value: bool) -> None:
     if value:
         try:

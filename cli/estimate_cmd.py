@@ -6,8 +6,8 @@ import json
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+from rich.text import Text
 
 from cli import options as opt
 from cli.arch_options import architecture_options
@@ -16,7 +16,7 @@ from cli.errors import guarded
 from planner.api import estimate_model
 from planner.errors import InvalidInput
 
-console = Console(highlight=False, soft_wrap=False)
+console = render.LiveConsole(highlight=False, soft_wrap=False)
 _PAR = "Parallel strategy"
 
 
@@ -67,7 +67,7 @@ _OptBatch = Annotated[Optional[int], typer.Option("--global-batch", help="Sequen
                                                   show_default=False)]
 _OptSeq = Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per sequence.", show_default=False)]
 _OptDtype = Annotated[Optional[str], typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 or fp32 "
-                                                  "[default: bf16, or the --plan file's].", show_default=False)]
+                                                  "\\[default: bf16, or the --plan file's].", show_default=False)]
 
 
 @guarded
@@ -81,9 +81,9 @@ def estimate_cmd(
     plan: Annotated[Optional[str], typer.Option(
         "--plan", help="Score the strategy of a HyperShard declaration (.yaml/.json; hand-edited ones too); its "
                        "cluster, devices and workload apply unless given here.", rich_help_panel=_PAR)] = None,
-    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel degree. [default: 1]",
+    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel degree. \\[default: 1]",
                                               rich_help_panel=_PAR, show_default=False)] = None,
-    pp: Annotated[Optional[int], typer.Option("--pp", help="Pipeline stages. [default: 1]", rich_help_panel=_PAR,
+    pp: Annotated[Optional[int], typer.Option("--pp", help="Pipeline stages. \\[default: 1]", rich_help_panel=_PAR,
                                               show_default=False)] = None,
     stage_tp: Annotated[Optional[str], typer.Option(
         "--stage-tp", metavar="TP,TP,...", help="A tensor-parallel degree per pipeline stage, when stages differ in "
@@ -92,29 +92,29 @@ def estimate_cmd(
     dp: Annotated[Optional[int], typer.Option("--dp", help="Data-parallel degree (default: what the devices leave).",
                                               rich_help_panel=_PAR)] = None,
     cp: Annotated[Optional[int], typer.Option("--cp", help="Context-parallel degree (splits the sequence). "
-                                              "[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
+                                              "\\[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
     ep: Annotated[Optional[int], typer.Option("--ep", help="Expert-parallel degree (over data x context ranks). "
-                                              "[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
+                                              "\\[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
     etp: Annotated[Optional[int], typer.Option("--etp", help="Expert tensor-parallel degree (MoE parallel folding: "
                                                "the experts' tensor split; default: --tp, and 1 lets --ep span the "
                                                "tensor ranks).", rich_help_panel=_PAR, show_default=False)] = None,
     vpp: Annotated[Optional[int], typer.Option("--vpp", help="Interleaved chunks per stage (interleaved 1F1B). "
-                                               "[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
+                                               "\\[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
     micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Sequences per micro-batch. "
-                                                       "[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
+                                                       "\\[default: 1]", rich_help_panel=_PAR, show_default=False)] = None,
     recompute: Annotated[Optional[str], typer.Option("--recompute", help="Activation recompute: none, selective or "
-                                                     "full. [default: none]", rich_help_panel=_PAR,
+                                                     "full. \\[default: none]", rich_help_panel=_PAR,
                                                      show_default=False)] = None,
     full_recompute_layers: Annotated[Optional[int], typer.Option(
         "--full-recompute-layers", help="In each pipeline chunk, recompute the first N layers fully and the rest "
-        "with --recompute (Megatron's --recompute-num-layers). [default: 0]", rich_help_panel=_PAR,
+        "with --recompute (Megatron's --recompute-num-layers). \\[default: 0]", rich_help_panel=_PAR,
         show_default=False)] = None,
     sp: Annotated[Optional[bool], typer.Option("--sp", help="Sequence parallelism over the tensor axis.",
                                                rich_help_panel=_PAR, show_default=False)] = None,
     zero: Annotated[Optional[int], typer.Option("--zero", help="ZeRO stage 0-3 over the data-parallel group. "
-                                                "[default: 0]", rich_help_panel=_PAR, show_default=False)] = None,
+                                                "\\[default: 0]", rich_help_panel=_PAR, show_default=False)] = None,
     schedule: Annotated[Optional[str], typer.Option("--schedule", help="Pipeline schedule: 1f1b or gpipe (--vpp > 1: "
-                                                    "interleaved). [default: 1f1b]", rich_help_panel=_PAR,
+                                                    "interleaved). \\[default: 1f1b]", rich_help_panel=_PAR,
                                                     show_default=False)] = None,
     offload: Annotated[Optional[list[str]], typer.Option(
         "--offload", metavar="CLASS=FRACTION",
@@ -189,72 +189,68 @@ def print_estimate(r: dict) -> None:
     s = r["strategy"]
     progs = r.get("programs") or []
     what = f"{len(progs)} programs (HyperMPMD)" if progs else s["summary"]
-    console.print(f"[bold]{r['model']['name']}[/] on [bold]{r['cluster']['name']}[/] x{r['cluster']['devices']}: "
-                  f"{what}")
+    console.print(f"[bold]{escape(r['model']['name'])}[/] on [bold]{escape(r['cluster']['name'])}[/] "
+                  f"x{r['cluster']['devices']}: {escape(what)}")
     if progs:
-        pt = Table(title="programs, each on its own device group", title_justify="left")
-        for c in ("program", "ranks", "strategy", "step s", "peak GiB"):
-            pt.add_column(c, justify="right" if c in ("step s", "peak GiB") else "left")
-        for p in progs:
-            pt.add_row(p["name"], f"{p['ranks'][0]}-{p['ranks'][1]}", p["strategy"]["summary"],
-                       f"{p['estimate']['step_time_s']:.4f}", f"{p['estimate']['memory_gib']['peak']:.1f}")
-        console.print(pt)
-    head = Table(show_header=False, box=None, pad_edge=False)
-    head.add_row("step time", f"{r['step_time_s']:.3f} s  ({r['microbatches']} micro-batches)")
-    head.add_row("throughput", f"{r['tokens_per_s']:,.0f} tokens/s")
-    head.add_row("per device", f"{r['tflops_per_device']:.1f} TFLOP/s, MFU {r['mfu']:.1%}")
+        console.print(render.table("programs, each on its own device group", (
+            "program", "ranks", "strategy", "step", "peak"), (
+            (p["name"], f"{p['ranks'][0]}-{p['ranks'][1]}", p["strategy"]["summary"],
+             render.seconds(p["estimate"]["step_time_s"]), render.gib(p["estimate"]["memory_gib"]["peak"]))
+            for p in progs), right=("step", "peak")))
     mem = r["memory_gib"]
-    fit = "fits" if r["fits"] else f"[bold red]does not fit: over by {r['over_gib']:.1f} GiB[/]"
-    head.add_row("peak memory", f"{mem['peak']:.1f} GiB of {r['hbm_gib']:.0f} GiB HBM — {fit}")
+    peak = Text(f"{render.gib(mem['peak'])} of {render.gib(r['hbm_gib'])} HBM: ")
+    peak.append("fits" if r["fits"] else f"does not fit: over by {render.gib(r['over_gib'])}",
+                style="" if r["fits"] else "bold red")
+    head = [("step time", f"{render.seconds(r['step_time_s'])} ({r['microbatches']} micro-batches)"),
+            ("throughput", f"{r['tokens_per_s']:,.0f} tokens/s"),
+            ("per device", f"{render.sig(r['tflops_per_device'])} TFLOP/s, MFU {r['mfu']:.1%}"),
+            ("peak memory", peak)]
     if r.get("workload", {}).get("stack"):
-        head.add_row("stack", r["workload"]["stack"])
-    console.print(head)
+        head.append(("stack", r["workload"]["stack"]))
+    console.print(render.kv_table("", head))
     for note in r.get("assumptions", ()):
         console.print(f"assumption: {note}", markup=False)
+    console.print(memory_table(mem))
 
-    mt = Table(title="memory per device (worst stage)", title_justify="left")
-    mt.add_column("kind")
-    mt.add_column("GiB", justify="right")
-    for k, v in mem.items():
-        if k != "peak":
-            mt.add_row(k, f"{v:.2f}")
-    console.print(mt)
-
-    bt = Table(title="step time breakdown", title_justify="left")
-    bt.add_column("part")
-    bt.add_column("seconds", justify="right")
-    bt.add_column("share", justify="right")
     total = r["step_time_s"]
-    for k, v in r["breakdown_s"].items():
-        if v > 0:
-            bt.add_row(k, f"{v:.4f}", f"{v / total:.1%}")
-    bt.add_row("[bold]step[/]", f"[bold]{total:.4f}[/]", "100%")
-    console.print(bt)
+    parts = [(k, render.seconds(v), f"{v / total:.1%}") for k, v in r["breakdown_s"].items() if v > 0]
+    console.print(render.table("step time breakdown", ("part", "time", "share"),
+                               [*parts, (Text("step", style="bold"), Text(render.seconds(total), style="bold"),
+                                         "100%")], right=("time", "share")))
 
     if r.get("offload"):
-        ot = Table(title="offload (HyperOffload) per memory class", title_justify="left")
-        for c in ("class", "fraction", "off HBM GiB", "traffic GiB/step", "exposed s"):
-            ot.add_column(c, justify="right" if c != "class" else "left")
-        for cls, v in r["offload"].items():
-            ot.add_row(cls, f"{v['fraction']:.0%}", f"{v['offloaded_gib']:.2f}", f"{v['traffic_gib_per_step']:.1f}",
-                       f"{v['exposed_s']:.4f}")
-        console.print(ot)
+        console.print(render.table(
+            "offload traffic (HyperOffload) per memory class, in the stage that sets the step",
+            ("class", "fraction", "traffic per step", "exposed"),
+            ((cls, f"{v['fraction']:.0%}", render.gib(v["traffic_gib_per_step"]), render.seconds(v["exposed_s"]))
+             for cls, v in r["offload"].items()), right=("fraction", "traffic per step", "exposed")))
 
     if len(r["stages"]) > 1:
-        st = Table(title="pipeline stages", title_justify="left")
-        for c in ("stage", "layers", "devices", "fwd s/mb", "bwd s/mb", "peak GiB"):
-            st.add_column(c, justify="right")
-        for x in r["stages"]:
-            st.add_row(str(x["stage"]), str(x["layers"]), str(x["devices"]), f"{x['forward_s']:.4f}",
-                       f"{x['backward_s']:.4f}", f"{x['memory_gib']['peak']:.1f}")
-        console.print(st)
+        console.print(render.table("pipeline stages", ("stage", "layers", "devices", "fwd/mb", "bwd/mb", "peak"), (
+            (x["stage"], x["layers"], x["devices"], render.seconds(x["forward_s"]), render.seconds(x["backward_s"]),
+             render.gib(x["memory_gib"]["peak"])) for x in r["stages"]),
+            right=("stage", "layers", "devices", "fwd/mb", "bwd/mb", "peak")))
 
     if r["layouts"]:
-        lt = Table(title="tensor-parallel layouts (S<d>: split on dim d, R: replicated)", title_justify="left")
-        lt.add_column("block type")
-        lt.add_column("parameter")
-        lt.add_column("layout")
-        for btype, rows in r["layouts"].items():
-            for i, (p, lay) in enumerate(rows.items()):
-                lt.add_row(btype if i == 0 else "", p, lay)
-        console.print(lt)
+        rows = [(btype if i == 0 else "", p, lay) for btype, entries in r["layouts"].items()
+                for i, (p, lay) in enumerate(entries.items())]
+        console.print(render.table("tensor-parallel layouts (S<d>: split on dim d, R: replicated)",
+                                   ("block type", "parameter", "layout"), rows))
+
+
+def memory_table(mem: dict) -> render.Adaptive:
+    """Memory per device by kind: what stays in HBM adds up to the peak; what is offloaded to host or pooled
+    memory is its own column (not part of the peak)."""
+    kinds = list(dict.fromkeys(k.removeprefix("offloaded_") for k in mem if k != "peak"))
+    offloaded = any(k.startswith("offloaded_") and v for k, v in mem.items())
+    rows = []
+    for k in kinds:
+        row = [k, render.gib(mem.get(k, 0.0))]
+        if offloaded:
+            row.append(render.gib(mem.get(f"offloaded_{k}", 0.0)))
+        rows.append(row)
+    total = [Text("peak (HBM)", style="bold"), Text(render.gib(mem["peak"]), style="bold")]
+    if offloaded:
+        total.append(Text(render.gib(sum(v for k, v in mem.items() if k.startswith("offloaded_"))), style="bold"))
+    cols = ("kind", "in HBM") + (("offloaded",) if offloaded else ())
+    return render.table("memory per device (worst stage)", cols, [*rows, total], right=cols[1:])

@@ -6,14 +6,13 @@ import json
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from cli import render
 from cli.errors import guarded
 from cost_models import Cluster, cluster_as_dict, load_cluster, preset_names
 
-console = Console(highlight=False, soft_wrap=False)
+console = render.LiveConsole(highlight=False, soft_wrap=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -39,13 +38,11 @@ def list_cmd(
         ]
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title="hardware presets", title_justify="left")
-    for col in ("name", "device", "devices", "interconnect (GB/s per device per direction)"):
-        table.add_column(col)
-    for c in clusters:
-        links = " > ".join(f"{lvl.name} {_gbs(lvl.bandwidth_bytes_per_s)}" for lvl in c.levels)
-        table.add_row(escape(c.name), escape(c.device.name), str(c.n_devices), escape(links))
-    console.print(table)
+    rows = [(c.name, c.device.name, c.n_devices,
+             " > ".join(f"{lvl.name} {_gbs(lvl.bandwidth_bytes_per_s)}" for lvl in c.levels)) for c in clusters]
+    console.print(render.table("hardware presets", ("name", "device", "devices",
+                                                    "interconnect (GB/s per device per direction)"), rows,
+                               right=("devices",)))
 
 
 @guarded
@@ -67,29 +64,23 @@ def show_cmd(
 def _print_cluster(c: Cluster) -> None:
     dev = c.device
     console.print(f"[bold]{escape(c.name)}[/]: {escape(c.description)}")
-    console.print(f"{c.n_devices} x {escape(dev.name)}; HBM {dev.hbm_bytes / 2**30:.1f} GiB at "
+    console.print(f"{c.n_devices} x {escape(dev.name)}; HBM {render.nbytes(dev.hbm_bytes)} at "
                   f"{dev.hbm_bytes_per_s / 1e12:.2f} TB/s; peak (dense TFLOP/s) "
                   + ", ".join(f"{d} {v / 1e12:g}" for d, v in dev.peak_flops_per_s))
-    levels = Table(title="interconnect levels (innermost first)", title_justify="left")
-    for col in ("level", "group", "groups", "GB/s/dir", "latency µs", "algorithm", "topology", "bus eff.", "link"):
-        levels.add_column(col)
-    for i, lvl in enumerate(c.levels):
-        levels.add_row(escape(lvl.name), str(c.group_size(i)), str(c.groups(i)), _gbs(lvl.bandwidth_bytes_per_s),
-                       f"{lvl.latency_s * 1e6:g}", lvl.algorithm, lvl.topology, _curve(lvl.bus_efficiency),
-                       escape(lvl.link))
-    console.print(levels)
+    console.print(render.table("interconnect levels (innermost first)", (
+        "level", "group", "groups", "GB/s/dir", "latency", "algorithm", "topology", "bus eff.", "link"), (
+        (lvl.name, c.group_size(i), c.groups(i), _gbs(lvl.bandwidth_bytes_per_s), render.seconds(lvl.latency_s),
+         lvl.algorithm, lvl.topology, _curve(lvl.bus_efficiency, render.nbytes), lvl.link) for i, lvl in enumerate(c.levels)),
+        right=("group", "groups", "GB/s/dir", "latency"), prose=("link",)))
     if c.memory_tiers:
-        tiers = Table(title="memory tiers beyond HBM (per device)", title_justify="left")
-        for col in ("tier", "capacity GiB", "GB/s/dir", "latency µs", "pooled", "efficiency", "link"):
-            tiers.add_column(col)
-        for t in c.memory_tiers:
-            tiers.add_row(escape(t.name), f"{t.capacity_bytes / 2**30:.1f}", _gbs(t.bandwidth_bytes_per_s),
-                          f"{t.latency_s * 1e6:g}", "yes" if t.pooled else "no", _curve(t.efficiency),
-                          escape(t.link))
-        console.print(tiers)
-    console.print(f"matmul efficiency by FLOPs: {_curve(c.matmul_efficiency)}; "
-                  f"memory efficiency by bytes: {_curve(c.memory_efficiency)}; "
-                  f"DP overlap efficiency: {c.dp_overlap_efficiency:g}")
+        console.print(render.table("memory tiers beyond HBM (per device)", (
+            "tier", "capacity", "GB/s/dir", "latency", "pooled", "efficiency", "link"), (
+            (t.name, render.nbytes(t.capacity_bytes), _gbs(t.bandwidth_bytes_per_s), render.seconds(t.latency_s),
+             "yes" if t.pooled else "no", _curve(t.efficiency, render.nbytes), t.link) for t in c.memory_tiers),
+            right=("capacity", "GB/s/dir", "latency"), prose=("link",)))
+    console.print(f"matmul efficiency by FLOPs: {_curve(c.matmul_efficiency, render.flops)}; "
+                  f"memory efficiency by bytes: {_curve(c.memory_efficiency, render.nbytes)}; "
+                  f"DP overlap efficiency: {c.dp_overlap_efficiency:g}", markup=False)
     for src in c.sources:
         console.print(f"  source: {src}", markup=False)
 
@@ -98,8 +89,9 @@ def _gbs(bytes_per_s: float) -> str:
     return f"{bytes_per_s / 1e9:g}"
 
 
-def _curve(curve) -> str:
+def _curve(curve, size) -> str:
+    """An efficiency curve by its ends: '0.35 at 98 KiB .. 0.8 at 954 MiB' (`size` renders the sizes)."""
     if curve.is_constant:
         return f"{curve.points[0][1]:g}"
     (s0, e0), (s1, e1) = curve.points[0], curve.points[-1]
-    return f"{e0:g} @ {s0:.0e} .. {e1:g} @ {s1:.0e}"
+    return f"{render.sig(e0)} at {size(s0)} .. {render.sig(e1)} at {size(s1)}"

@@ -6,7 +6,6 @@ import json
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
 from cli import options as opt
 from cli.arch_options import architecture_options
@@ -16,7 +15,7 @@ from planner.api import load_graph
 from planner.graph.blocks import discover_blocks
 from planner.graph.summary import summarize
 
-console = Console(highlight=False, soft_wrap=False)
+console = render.LiveConsole(highlight=False, soft_wrap=False)
 
 #: Op histogram rows shown in the table (all are in --json).
 TOP_OPS = 12

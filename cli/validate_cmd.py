@@ -7,7 +7,6 @@ import os
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from cli import options as opt
@@ -17,7 +16,7 @@ from cli.estimate_cmd import print_result
 from planner.hypershard.io import read_document
 from planner.hypershard.validate import validate_document
 
-console = Console(highlight=False, soft_wrap=False)
+console = render.LiveConsole(highlight=False, soft_wrap=False)
 
 
 def register(app: typer.Typer) -> None:
