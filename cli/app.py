@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Optional
 
@@ -51,6 +52,8 @@ def _root(
         Optional[bool],
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an error instead of one line "
+                                        "(for a bug report).")] = False,
 ) -> None:
     """Read a model (ONNX file or zoo name), cost it on a cluster, and plan its parallel strategy."""
 
@@ -75,7 +78,11 @@ _register()
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:  # Ctrl-C outside a command (while parsing or importing)
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def plan_cmd(
         missing = " and ".join(f for f, v in (("--global-batch", global_batch), ("--seq-len", seq_len)) if v is None)
         raise InvalidInput(f"{missing} {'is' if ' and ' not in missing else 'are'} needed to plan training; "
                            "give them, or --mode infer with --prompt-len and --gen-len to plan serving")
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err_console,
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err_console.now(),
                   transient=True, disable=not err_console.is_terminal) as bar:
         task = bar.add_task(f"planning {model}", total=1.0)
 

@@ -223,7 +223,7 @@ def write_plot(doc: dict, path: str) -> None:
 @contextmanager
 def _bar(model: str) -> Iterator[Any]:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
+                  console=err_console.now(), transient=True, disable=not err_console.is_terminal) as bar:
         task = bar.add_task(f"planning {model}", total=None)
 
         def progress(msg: str, frac: float) -> None:

@@ -18,6 +18,7 @@ Mode = Literal["train", "infer"]
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
+SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
 OFFLOAD_CLASSES: tuple[str, ...] = ("params", "grads", "optimizer", "activations", "kv_cache")
 
 
@@ -84,6 +85,8 @@ class Strategy:
             raise InvalidInput(f"--etp must be a positive integer, got {self.etp!r}")
         if self.recompute not in RECOMPUTE_POLICIES:
             raise InvalidInput(f"--recompute must be one of {', '.join(RECOMPUTE_POLICIES)}, got {self.recompute!r}")
+        if self.schedule not in SCHEDULES:
+            raise InvalidInput(f"--schedule must be 1f1b or gpipe (interleaved with --vpp > 1), got {self.schedule!r}")
         if self.zero not in (0, 1, 2, 3):
             raise InvalidInput(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
         ranks = self.tp * self.cp * self.dp

@@ -16,6 +16,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import tempfile
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -29,7 +30,7 @@ Progress = Callable[[str, float], None]
 """Called with a message and the fraction of the points done."""
 
 MAX_POINTS = 256  # a typo like 1..100000+1 should be an error, not a week of planning
-_RANGE = re.compile(r"^(\d+)\.\.(\d+)(?:([x+])(\d+))?$")
+_RANGE = re.compile(r"^([0-9]+)\.\.([0-9]+)(?:([x+])([0-9]+))?$")  # ASCII digits: int() refuses "²"
 _DEVICES_HELP = "write counts like 64,128,256, a geometric range like 64..1024x2 or a stepped range like 64..384+64"
 _NUMBERS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_device", "mfu", "peak_memory_gib")
 
@@ -42,7 +43,7 @@ def parse_devices(text: str) -> tuple[int, ...]:
         item = raw.strip()
         if not item:
             raise InvalidInput(f"--devices {text!r}: item {i} is empty; {_DEVICES_HELP}")
-        if item.isdigit():
+        if item.isascii() and item.isdigit():
             counts.add(_positive(int(item), item))
             continue
         m = _RANGE.match(item)
@@ -244,18 +245,38 @@ def _compute(tasks: list[dict[str, Any]], workers: int | None, done: Callable[[i
                 raise InvalidInput(rec["reason"])
             done(i, rec)
         return
+    pool = cf.ProcessPoolExecutor(max_workers=n, mp_context=_pool_context(), initializer=_ignore_interrupts)
     try:
-        with cf.ProcessPoolExecutor(max_workers=n, mp_context=_pool_context()) as pool:
-            futures = {pool.submit(_plan_point, t): i for i, t in enumerate(tasks)}
-            for fut in cf.as_completed(futures):
-                rec = fut.result()
-                if rec["status"] == "raise":
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    raise InvalidInput(rec["reason"])
-                done(futures[fut], rec)
+        futures = {pool.submit(_plan_point, t): i for i, t in enumerate(tasks)}
+        for fut in cf.as_completed(futures):
+            rec = fut.result()
+            if rec["status"] == "raise":
+                raise InvalidInput(rec["reason"])
+            done(futures[fut], rec)
     except cf.BrokenExecutor:
+        _stop(pool)
         raise HyperplanError("a planning process died (out of memory, or a script that starts a sweep without "
                              "`if __name__ == '__main__':`); run with one worker (--workers 1) to see why") from None
+    except BaseException:  # Ctrl-C or a wrong input: stop the workers now, not when their points finish
+        _stop(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _ignore_interrupts() -> None:
+    """In a worker: Ctrl-C is the parent's to handle (it stops the workers), not a traceback per process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop(pool: cf.ProcessPoolExecutor) -> None:
+    """Cancel what has not started and end the workers at once (a point's search can take minutes)."""
+    procs = list(getattr(pool, "_processes", {}).values())  # CPython keeps them here; 3.14 adds terminate_workers()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(timeout=1.0)
 
 
 # -- the sweep ------------------------------------------------------------------------------------

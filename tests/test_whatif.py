@@ -299,3 +299,17 @@ def test_an_interrupted_sweep_keeps_the_points_it_planned(tmp_path, monkeypatch)
         run_sweep(MODEL, devices=(1, 2), cache=tmp_path, workers=1, **SWEEP)
     monkeypatch.setattr(whatif, "_plan_point", real)
     assert run_sweep(MODEL, devices=(1, 2), cache=tmp_path, workers=1, **SWEEP).computed == 1
+
+
+def test_ctrl_c_ends_the_worker_processes_at_once(tmp_path):
+    """A point's search can take minutes: the workers are ended, not waited for (issue 17: 5 s to stop)."""
+    import multiprocessing
+
+    def interrupt(msg: str, frac: float) -> None:
+        if frac > 0:  # the first planned point: the user presses Ctrl-C
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(MODEL, devices=(1, 2, 4, 8), cache=tmp_path, use_cache=False, workers=2, progress=interrupt,
+                  **SWEEP)
+    assert multiprocessing.active_children() == []

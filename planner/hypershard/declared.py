@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from planner.errors import InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
-from planner.hypershard.document import Request, build_document
+from planner.hypershard.document import Request, build_document, file_sha256
 from planner.hypershard.pins import check_activations, declared_pins, estimator_pins
 from planner.hypershard.programs import is_multi, is_serving, rank_problems, ranks_of, view, views
 from planner.hypershard.stages import declared_widths, device_problem
@@ -350,9 +350,17 @@ def _same_model(a: str, b: str) -> bool:
 def request_on(doc: Mapping[str, Any], model: str, *, base_dir: str | None, cluster: str | None,
                overrides: Mapping[str, Any] | None, dims: Mapping[str, int] | None) -> Request:
     """What `estimate MODEL --plan FILE` scores on: MODEL, and the declared cluster unless another is given; MODEL
-    naming the declared model keeps the declared zoo overrides and dims unless others are given."""
+    must be the declared model (another model has other tensors); it keeps the declared zoo overrides and dims
+    unless others are given."""
     declared = request_of(doc, base_dir)
-    if _same_model(model, declared.model) and not overrides and not dims:
+    m = doc["model"]
+    same_bytes = m["source"] == "file" and os.path.isfile(model) and m.get("sha256") == file_sha256(model)
+    if not (_same_model(model, declared.model) or same_bytes):
+        named = m["zoo"] if m["source"] == "zoo" else m["path"]
+        raise InvalidInput(f"{model} is not the model the declaration was planned for ({named}): its layouts and "
+                           f"pipeline name that model's tensors and layers; give {named} as MODEL, or plan "
+                           f"{model} with hyperplan plan")
+    if not overrides and not dims:
         overrides, dims = declared.overrides, declared.dims
     return Request(model=model, cluster=cluster or declared.cluster, overrides=dict(overrides or {}),
                    dims=dict(dims or {}), memory_gib=declared.memory_gib)

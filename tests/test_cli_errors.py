@@ -1,0 +1,96 @@
+"""The CLI's error boundary: one sentence and an exit code by kind, a traceback only with --debug.
+
+The kinds are checked on a small typer app whose commands raise each kind through the same `guarded`
+boundary the real commands use; the real app is checked on inputs that used to end in a traceback or be
+silently accepted (issue 17).
+"""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from cli.app import app
+from cli.errors import guarded
+from planner.errors import Infeasible, InvalidInput, SolverTimeout
+
+runner = CliRunner()
+SMALL = ["--layers", "2"]
+TRAIN = ["--cluster", "dgx-h100", "--devices", "8", "--global-batch", "8", "--seq-len", "512"]
+
+
+def _boundary_app(exc: BaseException) -> typer.Typer:
+    demo = typer.Typer()
+
+    @demo.callback()
+    def _root(debug: bool = typer.Option(False, "--debug")) -> None:
+        """A root with the real app's --debug flag."""
+
+    @demo.command("go")
+    @guarded
+    def go() -> None:
+        raise exc
+
+    return demo
+
+
+@pytest.mark.parametrize("exc, code, words", [
+    (InvalidInput("--tp 0: the tensor-parallel degree is at least 1"), 2, "error: --tp 0"),
+    (Infeasible("no strategy fits x on 8 devices"), 3, "error: no strategy fits"),
+    (SolverTimeout("the layout solver found no strategy within 1 s"), 4, "error: the layout solver"),
+    (KeyboardInterrupt(), 130, "interrupted"),
+    (ValueError("unknown schedule 'zigzag'"), 1, "hyperplan bug"),
+])
+def test_each_kind_is_one_line_and_its_exit_code(exc, code, words):
+    r = runner.invoke(_boundary_app(exc), ["go"])
+    assert r.exit_code == code, r.output
+    assert words in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_a_bug_names_itself_and_the_flag_that_shows_it():
+    r = runner.invoke(_boundary_app(ValueError("bad\nsecond line")), ["go"])
+    assert r.output.strip() == ("error: internal error (ValueError: bad); this is a hyperplan bug: please report it "
+                                "with the command, and rerun with --debug for the traceback")
+
+
+@pytest.mark.parametrize("exc", [InvalidInput("x"), ValueError("y")])
+def test_debug_lets_the_exception_through(exc):
+    r = runner.invoke(_boundary_app(exc), ["--debug", "go"])
+    assert isinstance(r.exception, type(exc)) and "error:" not in r.output
+
+
+def test_the_real_app_has_debug():
+    quiet = runner.invoke(app, ["hardware", "show", "no-such-cluster"])
+    assert quiet.exit_code == 2 and "unknown hardware 'no-such-cluster'" in quiet.output
+    loud = runner.invoke(app, ["--debug", "hardware", "show", "no-such-cluster"])
+    assert loud.exception is not None and "unknown hardware" in str(loud.exception)
+    assert "error:" not in loud.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (["estimate", "llama3-8b", *SMALL, *TRAIN, "--schedule", "zigzag"], "--schedule must be 1f1b or gpipe"),
+    (["estimate", "llama3-8b", *SMALL, *TRAIN, "--ep", "2"], "--ep 2: the model has no routed experts"),
+    (["estimate", "llama3-8b", *SMALL, *TRAIN, "--etp", "2", "--tp", "4"], "--etp 2: the model has no routed"),
+    (["whatif", "llama3-8b", *SMALL, "--cluster", "dgx-h100", "--devices", "\u00b2", "--global-batch", "8",
+      "--seq-len", "512"], "'\u00b2' is neither a device count nor a range"),
+    (["whatif", "llama3-8b", *SMALL, "--cluster", "dgx-h100", "--devices", "8..\u00b2", "--global-batch", "8",
+      "--seq-len", "512"], "is neither a device count nor a range"),
+])
+def test_inputs_that_used_to_give_a_traceback_or_nonsense(args, words):
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert words in r.output and "Traceback" not in r.output
+
+
+def test_a_plan_is_scored_only_on_its_own_model(tmp_path):
+    out = tmp_path / "plan.yaml"
+    made = runner.invoke(app, ["plan", "gpt", *SMALL, "--cluster", "dgx-h100", "--devices", "2", "--global-batch",
+                               "4", "--seq-len", "128", "-o", str(out)])
+    assert made.exit_code == 0, made.output
+    same = runner.invoke(app, ["estimate", "gpt", "--plan", str(out), "--json"])
+    assert same.exit_code == 0, same.output
+    other = runner.invoke(app, ["estimate", "llama3-8b", "--plan", str(out)])
+    assert other.exit_code == 2, other.output
+    assert "llama3-8b is not the model the declaration was planned for (gpt)" in other.output
