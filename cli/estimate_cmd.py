@@ -13,6 +13,8 @@ from cli import options as opt
 from cli.arch_options import architecture_options
 from cli import render
 from cli.errors import guarded
+from cost_models import load_cluster
+from planner import bounds
 from planner.api import estimate_model
 from planner.errors import InvalidInput
 
@@ -137,6 +139,12 @@ def estimate_cmd(
 
     Or score a (hand-edited) declaration: hyperplan estimate llama3-70b --plan plan.yaml
     """
+    bounds.degrees(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch=micro_batch)
+    bounds.devices("--devices", devices)
+    bounds.step_tokens(global_batch, seq_len)
+    if full_recompute_layers is not None:
+        bounds.whole("--full-recompute-layers", full_recompute_layers, "the layers fully recomputed per chunk",
+                     least=0)
     given = {"tp": tp, "pp": pp, "stage-tp": stage_tp, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp,
              "micro-batch": micro_batch, "recompute": recompute, "full-recompute-layers": full_recompute_layers,
              "sp": sp, "zero": zero, "schedule": schedule, "offload": offload}
@@ -159,19 +167,25 @@ def estimate_cmd(
         widths = parse_stage_tp(stage_tp, pp, tp)
         if widths:
             tp, pp = max(widths), len(widths)
+        bounds.sequence("--seq-len", seq_len, model, load_cluster(cluster, devices=devices), overrides=overrides)
         with render.progress(f"estimating {model} on {cluster} ..."):
             result = estimate_model(
                 model, cluster=cluster, devices=devices, global_batch=global_batch, seq_len=seq_len,
-                dtype=dtype or "bf16", tp=tp or 1, pp=pp or 1, stage_tp=widths, dp=dp, cp=cp or 1, ep=ep or 1,
-                vpp=vpp or 1, micro_batch=micro_batch or 1, recompute=recompute or "none",
-                full_recompute_layers=full_recompute_layers or 0, sp=bool(sp), zero=zero or 0,
-                schedule=schedule or "1f1b", offload=parse_offload(offload), overrides=overrides,
-                dims=opt.parse_dims(dim), stack=stack, strict_ops=strict_ops, etp=etp or 0,
+                dtype=dtype or "bf16", tp=_given(tp, 1), pp=_given(pp, 1), stage_tp=widths, dp=dp, cp=_given(cp, 1),
+                ep=_given(ep, 1), vpp=_given(vpp, 1), micro_batch=_given(micro_batch, 1),
+                recompute=_given(recompute, "none"), full_recompute_layers=_given(full_recompute_layers, 0),
+                sp=bool(sp), zero=_given(zero, 0), schedule=_given(schedule, "1f1b"), offload=parse_offload(offload),
+                overrides=overrides, dims=opt.parse_dims(dim), stack=stack, strict_ops=strict_ops, etp=_given(etp, 0),
             )
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     print_result(result)
+
+
+def _given(value, default):
+    """The option's value, or `default` when it was not given (0 is a value, refused by the bounds, not 'unset')."""
+    return default if value is None else value
 
 
 def print_result(r: dict) -> None:

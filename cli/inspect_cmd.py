@@ -11,6 +11,7 @@ from cli import options as opt
 from cli.arch_options import architecture_options
 from cli import render
 from cli.errors import guarded
+from planner import bounds
 from planner.api import load_graph
 from planner.graph.blocks import discover_blocks
 from planner.graph.summary import summarize
@@ -38,6 +39,10 @@ def inspect_cmd(
 ) -> None:
     """Parameters, FLOPs per token, layers and their types, sub-models, ops and weight memory of a model."""
     dims = opt.parse_dims(dim)
+    for flag, value in (("--batch", batch), ("--seq-len", seq_len)):
+        if value is not None:
+            bounds.whole(flag, value, "the sequences per batch" if flag == "--batch" else "the sequence length (tokens)")
+    bounds.readable("--seq-len", seq_len, model)
     with render.progress(f"reading {model} ..."):
         graph = load_graph(model, batch=batch, seq_len=seq_len, dims=dims, overrides=overrides)
         summary = summarize(graph, discover_blocks(graph))

@@ -168,10 +168,18 @@ def valid_counts_hint(levels: tuple[Level, ...]) -> str:
     return ", ".join(parts[:-1]) + (" or " if len(parts) > 1 else "") + parts[-1]
 
 
+#: A three-tier fat tree of 128-port switches, the largest scale-out network in service, joins 128**3 / 4
+#: = 524,288 endpoints (Al-Fares et al. 2008: k**3 / 4 hosts for k-port switches); no preset scales beyond it.
+MAX_DEVICES = 128**3 // 4
+
+
 def check_device_count(name: str, levels: tuple[Level, ...], n_devices: int) -> None:
     """SpecError unless `n_devices` is part of one innermost group, or whole groups of the largest level it fills."""
     if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 1:
         raise SpecError(f"{name}: the device count must be a positive integer, got {n_devices!r}.")
+    if n_devices > MAX_DEVICES:
+        raise SpecError(f"{name}: {n_devices:,} devices is more than any network joins ({MAX_DEVICES:,}: a three-tier "
+                        "fat tree of 128-port switches); give fewer.")
     if fits_hierarchy(levels, n_devices):
         return
     below, above = nearest_valid_counts(levels, n_devices)

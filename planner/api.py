@@ -309,8 +309,8 @@ def with_memory_cap(hw: Any, memory_gib: float | None) -> Any:
 
     if memory_gib is None:
         return hw
-    if memory_gib <= 0:
-        raise InvalidInput(f"--memory-gib must be positive, got {memory_gib}")
+    if not 0 < memory_gib < float("inf"):  # NaN too: it would compare as no cap at all
+        raise InvalidInput(f"--memory-gib must be a finite number above 0, got {memory_gib}")
     cap = min(hw.device.hbm_bytes, memory_gib * 2.0**30)
     return dataclasses.replace(hw, device=dataclasses.replace(hw.device, hbm_bytes=cap))
 

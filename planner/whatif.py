@@ -50,6 +50,8 @@ def parse_devices(text: str) -> tuple[int, ...]:
         if m is None:
             raise InvalidInput(f"--devices: {item!r} is neither a device count nor a range; {_DEVICES_HELP}")
         start, stop = _positive(int(m[1]), item), int(m[2])
+        if stop > start:
+            _positive(stop, item)
         kind, by = m[3] or "x", int(m[4] or 2)
         if stop < start:
             raise InvalidInput(f"--devices {item}: the range ends ({stop}) before it starts ({start}); "
@@ -72,8 +74,13 @@ def parse_devices(text: str) -> tuple[int, ...]:
 
 
 def _positive(n: int, item: str) -> int:
+    from planner.bounds import MAX_DEVICES
+
     if n < 1:
         raise InvalidInput(f"--devices: {item!r} has a count of {n}; device counts start at 1")
+    if n > MAX_DEVICES:
+        raise InvalidInput(f"--devices: {item!r} has a count of {n:,}; no network joins more than {MAX_DEVICES:,} "
+                           "devices (a three-tier fat tree of 128-port switches)")
     return n
 
 

@@ -100,7 +100,7 @@ def test_registered_on_the_real_app():
     (["llama3-8c"], "did you mean 'llama3-8b'"),
     ([str(FIXTURES / "gpt2.onnx"), "--dim", "batch"], "NAME=VALUE"),
     ([str(FIXTURES / "gpt2.onnx"), "--dim", "batch=two"], "integer"),
-    ([str(FIXTURES / "gpt2.onnx"), "--batch", "0", "--seq-len", "8"], "positive"),
+    ([str(FIXTURES / "gpt2.onnx"), "--batch", "0", "--seq-len", "8"], "--batch 0: the sequences per batch is at least 1"),
     ([str(FIXTURES / "gpt2.onnx"), "--batch", "1", "--seq-len", "8", "--layers", "2"], "only zoo models"),
     (["llama3-8b", "--heads", "7"], "llama3-8b"),
 ])

@@ -136,7 +136,13 @@ def kept_fraction(q_len: int, kv_len: int, causal: bool, window: int, tile: int 
     rows, cols = -(-q_len // tile), -(-kv_len // tile)
     offset = cols - rows  # queries are the last q_len positions (a prefix of kv_len - q_len comes before)
     band = -(-window // tile) + 1 if window else cols
-    tiles = sum(min(band, r + 1 + offset) if causal else min(band, cols) for r in range(rows))
+    if not causal:
+        return min(1.0, rows * min(band, cols) / (rows * cols))
+    # sum over rows r of min(band, r + 1 + offset), in closed form (a million-token sequence has 8k rows of
+    # tiles, and a sweep asks for it at every layer): the first k rows are below the band, the rest at it
+    first = 1 + offset
+    k = min(max(band - first, 0), rows)
+    tiles = k * first + k * (k - 1) // 2 + (rows - k) * band
     return min(1.0, tiles / (rows * cols))
 
 

@@ -1,0 +1,133 @@
+"""Bounds on the numbers a user gives (planner/bounds.py): refused with the reason, before any heavy work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from cli import estimate_cmd
+from cli.app import app
+from cost_models import load_cluster
+from planner import bounds
+from planner.errors import InvalidInput
+
+FIXTURES = Path(__file__).parent / "fixtures"
+runner = CliRunner()
+SMALL = ["--layers", "2"]
+TRAIN = ["--cluster", "dgx-h100", "--devices", "8", "--global-batch", "8", "--seq-len", "512"]
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.5, "4"])
+def test_a_degree_is_a_whole_number_of_at_least_one(value):
+    with pytest.raises(InvalidInput, match=r"^--tp .*the tensor-parallel degree is (at least 1|a whole number)"):
+        bounds.degrees(tp=value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0, -3.0, "many"])
+def test_a_positive_number_is_finite(value):
+    with pytest.raises(InvalidInput, match=r"^--memory-gib .*(finite number above 0|is a number)"):
+        bounds.memory_cap(value)
+
+
+def test_the_memory_cap_is_at_most_a_device():
+    h100 = load_cluster("dgx-h100")
+    assert bounds.memory_cap(40, [h100]) == 40.0
+    with pytest.raises(InvalidInput, match="a device of dgx-h100 has 80 GiB of HBM; give at most 80"):
+        bounds.memory_cap(81, [h100])
+
+
+def test_time_limits_and_device_counts_have_ceilings():
+    assert bounds.time_limit(30) == 30.0
+    with pytest.raises(InvalidInput, match="at most 86400"):
+        bounds.time_limit(86401)
+    assert bounds.devices("--devices", None) is None
+    with pytest.raises(InvalidInput, match="at most 524,288"):
+        bounds.devices("--devices", 524_289)
+
+
+def test_tokens_per_step_are_bounded():
+    bounds.step_tokens(15_360, 4_096)  # DeepSeek-V3's batch passes
+    with pytest.raises(InvalidInput, match=r"= 8,000,000,000 tokens per step is more than 4,294,967,296"):
+        bounds.step_tokens(8, 10**9)
+
+
+def test_a_sequence_longer_than_all_memory_is_refused_with_the_arithmetic():
+    h100 = load_cluster("dgx-h100", devices=8)
+    bounds.sequence("--seq-len", 131_072, "llama3-8b", h100)  # 128k tokens fit on 8 H100s
+    with pytest.raises(InvalidInput) as err:
+        bounds.sequence("--seq-len", 10**9, "llama3-8b", h100)
+    msg = str(err.value)
+    assert "2 B x hidden 4096 x (32 layers + 17) = 392 KiB per token" in msg
+    assert "365 TiB" in msg and "all 8 devices of dgx-h100" in msg
+    with pytest.raises(InvalidInput, match="of all 64 devices"):  # a sweep asks at its largest count
+        bounds.sequence("--seq-len", 10**9, "llama3-8b", h100, devices=64)
+
+
+def test_the_width_of_a_file_is_read_without_importing_it(manifest):
+    cfg = manifest["gpt2"]["config"]
+    assert bounds._file_width(str(FIXTURES / "gpt2.onnx")) == (cfg["n_embd"], cfg["n_layer"])
+    assert bounds._width("no-such-model", None) == (0, 0, False)  # the import says what is wrong with it
+
+
+def _no_work(*args, **kwargs):
+    raise AssertionError("the model was read or planned before its numbers were checked")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--tp", "0"], "--tp 0: the tensor-parallel degree is at least 1"),
+    (["--pp", "0"], "--pp 0: the number of pipeline stages is at least 1"),
+    (["--micro-batch", "0"], "--micro-batch 0: a micro-batch is at least 1"),
+    (["--vpp", "-2"], "--vpp -2: the number of interleaved chunks per stage is at least 1"),
+    (["--full-recompute-layers", "-1"], "--full-recompute-layers -1: the layers fully recomputed per chunk is at "
+                                        "least 0"),
+])
+def test_estimate_checks_its_numbers_first(args, words, monkeypatch):
+    monkeypatch.setattr(estimate_cmd, "estimate_model", _no_work)
+    r = runner.invoke(app, ["estimate", "llama3-8b", *SMALL, *TRAIN, *args])
+    assert r.exit_code == 2 and words in r.output, r.output
+
+
+def test_a_file_at_a_billion_tokens_is_refused_before_shape_inference(monkeypatch):
+    import planner.graph.onnx_import as onnx_import
+
+    monkeypatch.setattr(onnx_import, "import_model", _no_work)
+    r = runner.invoke(app, ["estimate", str(FIXTURES / "gpt2.onnx"), "--cluster", "dgx-h100", "--devices", "8",
+                            "--global-batch", "1", "--seq-len", "1000000000"])
+    assert r.exit_code == 2 and "--seq-len 1,000,000,000: " in r.output, r.output
+
+
+def test_sane_numbers_pass_through(tmp_path):
+    r = runner.invoke(app, ["estimate", "llama3-8b", *SMALL, *TRAIN, "--tp", "2", "--micro-batch", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["strategy"]["tp"] == 2
+
+
+def test_inspect_bounds_what_it_reads(monkeypatch):
+    import planner.graph.onnx_import as onnx_import
+
+    monkeypatch.setattr(onnx_import, "import_model", _no_work)
+    gpt2 = str(FIXTURES / "gpt2.onnx")
+    r = runner.invoke(app, ["inspect", gpt2, "--seq-len", "1000000000"])
+    assert r.exit_code == 2 and "ONNX shape inference holds about 1 KiB per token" in r.output, r.output
+    r = runner.invoke(app, ["inspect", gpt2, "--batch", "0"])
+    assert r.exit_code == 2 and "--batch 0: the sequences per batch is at least 1" in r.output, r.output
+
+
+@given(st.integers(1, 5000), st.integers(1, 5000), st.booleans(), st.integers(0, 3000), st.sampled_from([1, 64, 128]))
+@settings(max_examples=200)
+def test_flash_tiles_in_closed_form_equal_the_row_by_row_count(q_len, kv_len, causal, window, tile):
+    """kept_fraction counts a million-token sequence's tiles without walking its rows; the count is the same."""
+    from planner.costing.attention import kept_fraction
+
+    if not (causal or window):
+        assert kept_fraction(q_len, kv_len, causal, window, tile) == 1.0
+        return
+    rows, cols = -(-q_len // tile), -(-kv_len // tile)
+    band = -(-window // tile) + 1 if window else cols
+    tiles = sum(min(band, r + 1 + cols - rows) if causal else min(band, cols) for r in range(rows))
+    assert kept_fraction(q_len, kv_len, causal, window, tile) == min(1.0, tiles / (rows * cols))
