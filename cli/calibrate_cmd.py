@@ -7,15 +7,14 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from cli import render
 from cli.errors import guarded
 from planner.errors import InvalidInput
-from planner.hypershard.io import write_atomically
+from planner.hypershard.io import check_output, write_atomically
 from planner.api import calibrate
 
-console = Console(highlight=False, soft_wrap=False)
+console = render.LiveConsole(highlight=False, soft_wrap=False)
 
 HELP = """Predicted against measured step time of training runs, per run and per hardware.
 
@@ -48,24 +47,28 @@ def calibrate_cmd(
              "fp8 when a run trains in FP8), the per-kernel overhead and the overlap efficiency.")] = None,
     output: Annotated[Optional[Path], typer.Option(
         "-o", "--output", help="With --fit: write the fitted hardware file here.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing --output file.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing -o or --plot file (an input of the "
+                                        "command is never replaced).")] = False,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="Draw predicted against measured tokens/s to this PNG (needs matplotlib).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
     fit_ids = [x.strip() for x in fit.split(",") if x.strip()] if fit else None
+    inputs = (*(str(f) for f in files or ()), hardware)
     if output is not None:
         if fit_ids is None:
             raise InvalidInput("-o writes a fitted hardware file; give --fit RUN,RUN,... too")
-        if output.exists() and not force:
-            raise InvalidInput(f"-o {output} exists; pass --force to replace it")
-    if plot is not None and plot.exists() and not force:
-        raise InvalidInput(f"--plot {plot} exists; pass --force to replace it")
+        if output.suffix.lower() != ".toml":
+            raise InvalidInput(f"-o {output}: a hardware file is a .toml file; name it like my-cluster.toml")
+        check_output(output, "-o", protect=inputs, force=force, noun="fitted hardware file")
+    if plot is not None:
+        if plot.suffix.lower() not in (".png", ".svg"):
+            raise InvalidInput(f"--plot {plot}: use a file name ending in .png or .svg")
+        check_output(plot, "--plot", protect=inputs, force=force, noun="plot")
     with render.progress("estimating runs" + (" and fitting" if fit_ids else "")):
         result = calibrate(files, hardware=hardware, category=category, fit=fit_ids)
     if output is not None:
-        write_atomically(str(output), lambda: result.fitted_text, tuple(str(f) for f in files or ()),
-                         "fitted hardware file")
+        write_atomically(str(output), lambda: result.fitted_text, inputs, "fitted hardware file")
     if plot is not None:
         from cli.calibrate_plot import draw
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from planner.errors import InvalidInput
+from planner.hypershard.io import write_atomically
 
 
 def draw(result, path: Path) -> None:
@@ -16,7 +18,8 @@ def draw(result, path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise InvalidInput("--plot needs matplotlib: pip install 'hyperplan[plot]'") from None
+        raise InvalidInput("--plot needs matplotlib, which is not installed; run pip install 'hyperplan[plot]' "
+                           "or drop --plot") from None
     fig, ax = plt.subplots(figsize=(6.4, 6.0), dpi=120)
     points = [(p.tokens_per_s_per_device, p.fitted, p.cluster) for p in result.predictions]
     for fitted, marker in ((True, "o"), (False, "^")):
@@ -39,5 +42,7 @@ def draw(result, path: Path) -> None:
     ax.set_title("hyperplan calibrate: predicted against measured (dashed: +-15%)")
     ax.legend(loc="upper left")
     fig.tight_layout()
-    fig.savefig(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.suffix.lower().lstrip(".") or "png")
     plt.close(fig)
+    write_atomically(str(path), buf.getvalue, (), "plot")

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from cli import options as opt
 from cli import render
 from cli.errors import guarded
 from planner.hypershard.backends import BACKENDS, export_to_file
-from planner.hypershard.io import read_document
+from planner.hypershard.io import check_output, read_document
 
-console = Console(highlight=False, soft_wrap=False)
+console = render.LiveConsole(highlight=False, soft_wrap=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -27,6 +28,8 @@ def export_cmd(
     backend: Annotated[str, typer.Option("--backend", help=f"Target: {', '.join(BACKENDS)}.", show_default=False)],
     output: Annotated[str, typer.Option("-o", "--output", help="File to write (.py; .onnx for the onnx backend).",
                                         show_default=False)],
+    force: opt.Force = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print what was written as one JSON object.")] = False,
 ) -> None:
     """Write what an execution framework needs to apply the plan.
 
@@ -39,6 +42,25 @@ def export_cmd(
     Example: hyperplan export plan.yaml --backend torch -o parallelize_plan.py
     """
     doc = read_document(file)
+    base_dir = os.path.dirname(os.path.abspath(file))
+    inputs = (file, *declared_inputs(doc, base_dir))
+    check_output(output, "-o", protect=inputs, force=force, noun=f"{backend} export")
     with render.progress(f"exporting {file} to {backend} ..."):
-        size = export_to_file(doc, backend, output, base_dir=os.path.dirname(os.path.abspath(file)), protect=(file,))
+        size = export_to_file(doc, backend, output, base_dir=base_dir, protect=inputs)
+    if as_json:
+        typer.echo(json.dumps({"backend": backend, "declaration": file, "output": output, "bytes": size},
+                              indent=2, sort_keys=True))
+        return
     console.print(f"{backend} export written to {escape(output)} ({render.nbytes(size)})")
+
+
+def declared_inputs(doc: dict, base_dir: str) -> tuple[str, ...]:
+    """The files a declaration names (its model, cluster and stack files): an export must not replace them."""
+    names = [doc.get("model", {}).get("path"), doc.get("cluster", {}).get("spec"), doc.get("workload", {}).get("stack")]
+    out = []
+    for name in names:
+        if isinstance(name, str) and name:
+            out.append(name)
+            if not os.path.isabs(name):
+                out.append(os.path.join(base_dir, name))
+    return tuple(out)

@@ -50,6 +50,8 @@ GlobalBatch = Annotated[int, typer.Option("--global-batch", help="Sequences per 
 RequiredSeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.", show_default=False)]
 Dtype = Annotated[str, typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 or fp32.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+Force = Annotated[bool, typer.Option("--force", help="Replace an output file that already exists (an input of the "
+                                     "command is never replaced).")]
 Stack = Annotated[Optional[str], typer.Option(
     "--stack", help="The software stack that runs the training step: megatron-core (today's Megatron-Core / NeMo, "
                     "the default), megatron-core-2024, megatron-2021, torchtitan, automodel, mindspeed, deepspeed, or "

@@ -6,20 +6,21 @@ import json
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from cli import options as opt
 from cli.arch_options import architecture_options
+from cli import render
 from cli.errors import err_console, guarded
 from cli.estimate_cmd import print_estimate
+from cost_models import load_cluster
+from planner import bounds
 from planner.api import plan_inference, plan_model
 from planner.errors import InvalidInput
 from planner.hypershard import Request, declare_plan, declare_serving, write_document
-from planner.hypershard.io import check_suffix
+from planner.hypershard.io import check_output, check_suffix
 
-console = Console(highlight=False, soft_wrap=False)
+console = render.LiveConsole(highlight=False, soft_wrap=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -69,6 +70,7 @@ def plan_cmd(
     no_mpmd: Annotated[bool, typer.Option("--no-mpmd", help="Keep the whole model one program: no HyperMPMD device "
                                           "groups for vision/audio encoders beside the backbone; serving: prefill "
                                           "and decode co-located on every device.")] = False,
+    force: opt.Force = False,
     dtype: opt.Dtype = "bf16",
     stack: opt.Stack = None,
     strict_ops: opt.StrictOps = False,
@@ -90,6 +92,13 @@ def plan_cmd(
     Example: hyperplan plan deepseek-v3 --mode infer --cluster cloudmatrix384 --prompt-len 4096 --gen-len 1024
     --ttft-ms 2000 --tpot-ms 50 --dtype int8
     """
+    bounds.request(model, [load_cluster(cluster, devices=bounds.devices("--devices", devices))],
+                   global_batch=global_batch, seq_len=seq_len, prompt_len=prompt_len, gen_len=gen_len, batch=batch,
+                   ttft_ms=ttft_ms, tpot_ms=tpot_ms, time_limit_s=time_limit, memory_gib=memory_gib,
+                   overrides=overrides)
+    if output:  # before the search, so that no work is lost to a file that may not be written
+        check_suffix(output)
+        check_output(output, "-o", protect=(model, cluster, stack), force=force, noun="declaration")
     if mode == "infer":
         _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_ms, tpot_ms, output)
         result = plan_inference(model, cluster=cluster, devices=devices, prompt_len=prompt_len, gen_len=gen_len,
@@ -100,7 +109,7 @@ def plan_cmd(
             request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
                               memory_gib=memory_gib)
             write_document(declare_serving(result, request, offload=not no_offload, disaggregate=not no_mpmd),
-                           output, protect=(model, cluster))
+                           output, protect=(model, cluster, stack))
         if as_json:
             typer.echo(json.dumps(result, indent=2, sort_keys=True))
         else:
@@ -133,7 +142,7 @@ def plan_cmd(
     if output:
         request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
                           memory_gib=memory_gib)
-        write_document(declare_plan(result, request), output, protect=(model, cluster))
+        write_document(declare_plan(result, request), output, protect=(model, cluster, stack))
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
         return
@@ -146,16 +155,13 @@ def print_plan(r: dict) -> None:
     s = r["strategy"]
     mp = r.get("mpmd")
     if mp and mp["used"]:
+        alone = mp["spmd_step_time_s"]
         console.print(f"[bold]plan:[/] {len(r['programs'])} programs on disjoint device groups (HyperMPMD), "
-                      f"step {mp['step_time_s']:.3f} s vs {mp['spmd_step_time_s'] or float('nan'):.3f} s as one program; "
-                      f"imbalance {mp['imbalance']:.2f}")
-        t = Table(title="programs", title_justify="left")
-        for c in ("program", "devices", "ranks", "strategy", "step s"):
-            t.add_column(c)
-        for p in r["programs"]:
-            t.add_row(p["name"], str(p["devices"]), f"{p['ranks'][0]}-{p['ranks'][1]}", p["strategy"]["summary"],
-                      f"{p['estimate']['step_time_s']:.3f}")
-        console.print(t)
+                      f"step {render.seconds(mp['step_time_s'])} vs "
+                      f"{render.seconds(alone) if alone else 'no fit'} as one program; imbalance {mp['imbalance']:.2f}")
+        console.print(render.table("programs", ("program", "devices", "ranks", "strategy", "step"), (
+            (p["name"], p["devices"], f"{p['ranks'][0]}-{p['ranks'][1]}", p["strategy"]["summary"],
+             render.seconds(p["estimate"]["step_time_s"])) for p in r["programs"]), right=("devices", "step")))
         est = dict(r["estimate"])
         est.update({k: r[k] for k in ("model", "cluster", "workload", "assumptions") if k in r})
         est["strategy"] = s
@@ -185,13 +191,9 @@ def print_plan(r: dict) -> None:
     est["strategy"] = s
     print_estimate(est)
     if r["runners_up"]:
-        t = Table(title="runners-up (best of each other mesh)", title_justify="left")
-        t.add_column("strategy")
-        t.add_column("step s", justify="right")
-        t.add_column("why it lost")
-        for c in r["runners_up"]:
-            t.add_row(c["summary"], f"{c['step_time_s']:.3f}" if c["step_time_s"] else "-", c["why"])
-        console.print(t)
+        console.print(render.table("runners-up (best of each other mesh)", ("strategy", "step", "why it lost"), (
+            (c["summary"], render.seconds(c["step_time_s"]) if c["step_time_s"] else "-", c["why"])
+            for c in r["runners_up"]), right=("step",), prose=("why it lost",)))
     sr = r["search"]
     console.print(f"searched {sr['evaluated']} strategies over {sr['meshes']} meshes"
                   f"{'' if sr['complete'] else ' (stopped by --time-limit)'}; layout solver gap {sr['layout_solver_gap']:.2%}")
@@ -211,6 +213,11 @@ def _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_m
         check_suffix(output)  # before planning, so no work is lost to a bad file name
 
 
+def _ms(x: float | None) -> str:
+    """A latency given in milliseconds, in the unit that fits it."""
+    return "-" if x is None else render.seconds(x / 1000.0)
+
+
 def print_serving(r: dict) -> None:
     """The serving plan: how the devices are split, then one column per phase."""
     w, pre, dec = r["workload"], r["prefill"], r["decode"]
@@ -224,39 +231,29 @@ def print_serving(r: dict) -> None:
     else:
         console.print(f"[bold]plan:[/] prefill and decode co-located on all {dec['devices']} devices; "
                       f"decode gets {dec['decode_share']:.0%} of the time")
-    t = Table(title="phases", title_justify="left")
-    t.add_column("")
-    t.add_column("prefill", justify="right")
-    t.add_column("decode", justify="right")
     rows = [
         ("devices", str(pre["devices"]), str(dec["devices"])),
         ("layout", pre["strategy"]["summary"], dec["strategy"]["summary"]),
         ("batch per replica", str(pre["batch_per_replica"]), str(dec["batch_per_replica"])),
-        ("TTFT / TPOT ms", f"{pre['ttft_ms']:.4g}", f"{dec['tpot_ms']:.4g}"),
+        ("TTFT / TPOT", _ms(pre["ttft_ms"]), _ms(dec["tpot_ms"])),
         ("tokens/s per device", f"{pre['tokens_per_s_per_device']:,.0f}", f"{dec['tokens_per_s_per_device']:,.0f}"),
-        ("KV cache GiB/device", f"{pre['kv_cache_gib']:.3g}", f"{dec['kv_cache_gib']:.3g}"),
-        ("memory GiB/device", f"{pre['memory_gib']['total']:.3g} of {pre['usable_hbm_gib']:.3g}",
-         f"{dec['memory_gib']['total']:.3g} of {dec['usable_hbm_gib']:.3g}"),
+        ("KV cache per device", render.gib(pre["kv_cache_gib"]), render.gib(dec["kv_cache_gib"])),
+        ("memory per device", f"{render.gib(pre['memory_gib']['total'])} of {render.gib(pre['usable_hbm_gib'])}",
+         f"{render.gib(dec['memory_gib']['total'])} of {render.gib(dec['usable_hbm_gib'])}"),
         ("limited by", pre["limiter"].replace("_", " "), dec["limiter"].replace("_", " ")),
     ]
     off = dec["kv_offload"]
     if off["fraction"]:
-        rows.append(("KV offloaded", "-", f"{off['fraction']:.0%} ({off['offloaded_gib']:.3g} GiB, "
-                                          f"{off['exposed_ms']:.3g} ms exposed)"))
-    for row in rows:
-        t.add_row(*row)
-    console.print(t)
-    b = Table(title="where a step goes (ms, slowest stage)", title_justify="left")
-    b.add_column("")
-    b.add_column("prefill", justify="right")
-    b.add_column("decode", justify="right")
-    for k in sorted(pre["breakdown_ms"]):
-        if pre["breakdown_ms"][k] or dec["breakdown_ms"][k]:
-            b.add_row(k.replace("_", " "), f"{pre['breakdown_ms'][k]:.4g}", f"{dec['breakdown_ms'][k]:.4g}")
-    console.print(b)
+        rows.append(("KV offloaded", "-", f"{off['fraction']:.0%} ({render.gib(off['offloaded_gib'])}, "
+                                          f"{_ms(off['exposed_ms'])} exposed)"))
+    console.print(render.table("phases", ("", "prefill", "decode"), rows, right=("prefill", "decode")))
+    console.print(render.table("where a step goes (slowest stage)", ("", "prefill", "decode"), (
+        (k.replace("_", " "), _ms(pre["breakdown_ms"][k]), _ms(dec["breakdown_ms"][k]))
+        for k in sorted(pre["breakdown_ms"]) if pre["breakdown_ms"][k] or dec["breakdown_ms"][k]),
+        right=("prefill", "decode")))
     console.print(f"{r['requests_per_s']:,.1f} requests/s: {r['output_tokens_per_s_per_device']:,.0f} output and "
                   f"{r['input_tokens_per_s_per_device']:,.0f} input tokens/s per device over all devices; "
-                  f"KV cache {r['kv_cache']['bytes_per_token'] / 1024:.4g} KiB per token"
+                  f"KV cache {render.nbytes(r['kv_cache']['bytes_per_token'])} per token"
                   f"{' (latent, MLA)' if r['kv_cache']['latent'] else ''}")
     for alt in r["alternatives"]:
         console.print(f"{alt['serving']}: {alt['why']} (prefill {alt['prefill']}; decode {alt['decode']})")

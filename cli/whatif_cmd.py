@@ -3,26 +3,28 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli import options as opt
 from cli.arch_options import architecture_options
 from cli import render
 from cli.errors import err_console, guarded
+from cost_models import load_cluster
+from planner import bounds
+from cli.plan_cmd import _check_infer_flags, _ms
 from planner.errors import InvalidInput
-from cli.plan_cmd import _check_infer_flags
+from planner.hypershard.io import check_output, write_atomically
 from planner.inference.sweep import run_infer_sweep
 from planner.whatif import cache_dir, parse_clusters, parse_devices, parse_prices, run_sweep
 
-console = Console(highlight=False, soft_wrap=False)
+console = render.LiveConsole(highlight=False, soft_wrap=False)
 
 CSV_COLUMNS = ("cluster", "devices", "status", "plan", "step_time_s", "tokens_per_s", "tokens_per_s_per_device",
                "mfu", "peak_memory_gib", "scaling_efficiency", "marginal_efficiency", "cost_per_mtoken",
@@ -71,7 +73,8 @@ def whatif_cmd(
                                                        "tokens (repeatable).")] = None,
     csv_file: Annotated[Optional[str], typer.Option("--csv", help="Also write the points to a CSV file.")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Also draw throughput and efficiency against "
-                                                "devices to a .png or .svg (needs hyperplan[plot]).")] = None,
+                                                "devices to a .png or .svg (needs hyperplan\\[plot]).")] = None,
+    force: opt.Force = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Plan every point again; do not read or write "
                                            "the cache ($HYPERPLAN_CACHE or ~/.cache/hyperplan).")] = False,
     workers: Annotated[Optional[int], typer.Option("--workers", help="Points planned at once "
@@ -95,6 +98,10 @@ def whatif_cmd(
     clusters = parse_clusters(cluster)
     counts = parse_devices(devices)
     _check_output(csv_file, (".csv",), "--csv")
+    _check_output(csv_file, (".csv",), "--csv", (model, *clusters), force)
+    bounds.request(model, [load_cluster(c) for c in clusters], devices=max(counts), global_batch=global_batch,
+                   seq_len=seq_len, prompt_len=prompt_len, gen_len=gen_len, batch=batch, ttft_ms=ttft_ms,
+                   tpot_ms=tpot_ms, time_limit_s=time_limit, memory_gib=memory_gib, overrides=overrides)
     if mode == "infer":
         _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_ms, tpot_ms, None)
         if plot or price:
@@ -113,7 +120,7 @@ def whatif_cmd(
                            "give them, or --mode infer with --prompt-len and --gen-len")
     prices = parse_prices(price, clusters)
     if plot:
-        _check_output(plot, _PLOT_SUFFIXES, "--plot")
+        _check_output(plot, _PLOT_SUFFIXES, "--plot", (model, *clusters), force)
         _matplotlib()
     with _bar(model) as progress:
         sweep = run_sweep(model, clusters=clusters, devices=counts, global_batch=global_batch, seq_len=seq_len,
@@ -125,19 +132,22 @@ def whatif_cmd(
     _finish(sweep, csv_file, CSV_COLUMNS, no_cache, as_json, print_sweep)
 
 
-def _check_output(path: str | None, suffixes: tuple[str, ...], flag: str) -> None:
-    """Refuse a bad output path before the sweep spends minutes."""
+def _check_output(path: str | None, suffixes: tuple[str, ...], flag: str, inputs: tuple[str, ...],
+                  force: bool) -> None:
+    """Refuse a bad output path (its suffix, its folder, an input, an existing file without --force) before the
+    sweep spends minutes."""
     if not path:
         return
-    target = Path(path)
-    if target.suffix.lower() not in suffixes:
+    if Path(path).suffix.lower() not in suffixes:
         raise InvalidInput(f"{flag} {path}: use a file name ending in {' or '.join(suffixes)}")
-    if not target.parent.is_dir():
-        raise InvalidInput(f"{flag} {path}: folder {target.parent} does not exist")
+    check_output(path, flag, protect=inputs, force=force)
 
 
-def _fmt(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+def _fmt(value: Any, spec: Any) -> str:
+    """'-' for a missing figure; else `spec` (a format spec, or a function like render.seconds) of it."""
+    if value is None:
+        return "-"
+    return spec(value) if callable(spec) else format(value, spec)
 
 
 def print_sweep(doc: dict) -> None:
@@ -146,17 +156,18 @@ def print_sweep(doc: dict) -> None:
                   f"{w['mode']}, global batch {w['global_batch']} x {w['seq_len']} tokens, {w['dtype']}")
     ok = [p for p in doc["points"] if p["status"] == "ok"]
     priced = any(p["cost_per_mtoken"] is not None for p in ok)
-    cols = ["cluster", "devices", "best plan", "step s", "tokens/s", "tok/s/dev", "MFU", "peak GiB",
+    cols = ["cluster", "devices", "best plan", "step", "tokens/s", "tok/s/dev", "MFU", "peak",
             "scaling", "marginal"] + (["$/Mtok"] if priced else [])
     rows = []
     for p in ok:
         row = [p["cluster"], p["devices"], p["plan"] + ("" if p["search_complete"] else " *"),
-               _fmt(p["step_time_s"], ".3g"), render.count(p["tokens_per_s"]),
-               render.count(p["tokens_per_s_per_device"]), _fmt(p["mfu"], ".1%"), _fmt(p["peak_memory_gib"], ".1f"),
-               _fmt(p["scaling_efficiency"], ".0%"), _fmt(p["marginal_efficiency"], ".0%")]
-        rows.append(row + ([_fmt(p["cost_per_mtoken"], ".3g")] if priced else []))
+               _fmt(p["step_time_s"], render.seconds), render.count(p["tokens_per_s"]),
+               render.count(p["tokens_per_s_per_device"]), _fmt(p["mfu"], ".1%"),
+               _fmt(p["peak_memory_gib"], render.gib), _fmt(p["scaling_efficiency"], ".0%"),
+               _fmt(p["marginal_efficiency"], ".0%")]
+        rows.append(row + ([_fmt(p["cost_per_mtoken"], render.sig)] if priced else []))
     if rows:
-        right = ("devices", "step s", "tokens/s", "tok/s/dev", "MFU", "peak GiB", "scaling", "marginal", "$/Mtok")
+        right = ("devices", "step", "tokens/s", "tok/s/dev", "MFU", "peak", "scaling", "marginal", "$/Mtok")
         console.print(render.table("best plan per point", cols, rows, right=right))
         base = ", ".join(f"{c['name']} {c['baseline_devices']}" for c in doc["clusters"] if c["baseline_devices"])
         console.print(f"scaling: tokens/s per device against the smallest point that fits ({base}); "
@@ -170,15 +181,16 @@ def print_sweep(doc: dict) -> None:
 
 def write_csv(doc: dict, path: str, columns: tuple[str, ...] = CSV_COLUMNS) -> None:
     """One row per point; numbers written in full (repr) so that reading them back gives the same floats."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        out = csv.writer(f, lineterminator="\n")
+    def text() -> str:
+        buf = io.StringIO()
+        out = csv.writer(buf, lineterminator="\n")
         out.writerow(columns)
         for p in doc["points"]:
             out.writerow(["" if p[c] is None else repr(p[c]) if isinstance(p[c], float) else p[c]
                           for c in columns])
-    os.replace(tmp, target)
+        return buf.getvalue()
+
+    write_atomically(path, text, (), "CSV")
 
 
 def _matplotlib() -> Any:
@@ -216,8 +228,10 @@ def write_plot(doc: dict, path: str) -> None:
     eff.set_ylim(bottom=0)
     # Fixed metadata and SVG ids: the same sweep draws the same bytes.
     meta = {"Date": None} if path.lower().endswith(".svg") else {"Software": None}
+    buf = io.BytesIO()
     with matplotlib.rc_context({"svg.hashsalt": "hyperplan", "svg.fonttype": "none"}):
-        fig.savefig(path, metadata=meta)
+        fig.savefig(buf, format=path.lower().rsplit(".", 1)[-1], metadata=meta)
+    write_atomically(path, buf.getvalue, (), "plot")
 
 
 @contextmanager
@@ -259,10 +273,10 @@ def print_infer_sweep(doc: dict) -> None:
                   f"prompts of {w['prompt_len']} + {w['gen_len']} generated tokens, {w['dtype']}, {target}")
     ok = [p for p in doc["points"] if p["status"] == "ok"]
     cols = ["cluster", "devices", "plan", "req/s", "prefill tok/s/dev", "decode tok/s/dev", "out tok/s/dev",
-            "TTFT ms", "TPOT ms", "scaling"]
+            "TTFT", "TPOT", "scaling"]
     rows = [[p["cluster"], p["devices"], p["plan"], _fmt(p["requests_per_s"], ",.1f"),
              _fmt(p["prefill_tokens_per_s_per_device"], ",.0f"), _fmt(p["decode_tokens_per_s_per_device"], ",.0f"),
-             _fmt(p["output_tokens_per_s_per_device"], ",.0f"), _fmt(p["ttft_ms"], ".4g"), _fmt(p["tpot_ms"], ".4g"),
+             _fmt(p["output_tokens_per_s_per_device"], ",.0f"), _fmt(p["ttft_ms"], _ms), _fmt(p["tpot_ms"], _ms),
              _fmt(p["scaling_efficiency"], ".0%")] for p in ok]
     if rows:
         console.print(render.table("best serving plan per point", cols, rows,
@@ -279,4 +293,4 @@ def print_misses(doc: dict) -> None:
     if misses:
         console.print(render.table("points without a plan", ["cluster", "devices", "status", "why"],
                                    ([p["cluster"], p["devices"], p["status"], p["reason"]] for p in misses),
-                                   right=("devices",)))
+                                   right=("devices",), prose=("why",)))

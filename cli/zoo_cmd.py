@@ -8,15 +8,16 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 import models_zoo
 from cli.arch_options import architecture_options
+from cli import options as opt
+from cli import render
 from cli.errors import guarded
 from planner.errors import InvalidInput
+from planner.hypershard.io import check_output, write_atomically
 
-console = Console(highlight=False, soft_wrap=True)
+console = render.LiveConsole(highlight=False, soft_wrap=True)
 zoo_app = typer.Typer(
     name="zoo",
     help="Reference models built in: list them, or export one as a weightless ONNX graph.",
@@ -42,12 +43,10 @@ def list_cmd(
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2, sort_keys=True))
         return
-    table = Table(title="hyperplan zoo (weightless ONNX builders)")
-    for col in ("name", "family", "params", "active", "layers", "source"):
-        table.add_column(col, overflow="fold", justify="right" if col in ("params", "active", "layers") else "left")
-    for r in rows:
-        table.add_row(r.name, r.family, _human(r.params), _human(r.active_params), str(r.layers), r.source)
-    console.print(table)
+    console.print(render.table("hyperplan zoo (weightless ONNX builders)",
+                               ("name", "family", "params", "active", "layers", "source"),
+                               ((r.name, r.family, _human(r.params), _human(r.active_params), r.layers, r.source)
+                                for r in rows), right=("params", "active", "layers"), prose=("source",)))
 
 
 @zoo_app.command("export")
@@ -62,11 +61,13 @@ def export_cmd(
     overrides: Optional[dict[str, Any]] = None,
     flat: Annotated[bool, typer.Option("--flat", help="Write every layer's nodes out instead of one local "
                                        "function per layer type (a plain graph, about 10x larger).")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    force: opt.Force = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print what was written as one JSON object.")] = False,
 ) -> None:
     """Write the preset's weightless graph (load it with onnx.load(path, load_external_data=False))."""
-    if output.exists() and not force:
-        raise InvalidInput(f"{output} already exists; pass --force to overwrite it.")
+    if output.suffix.lower() != ".onnx":
+        raise InvalidInput(f"-o {output}: an ONNX model is a .onnx file; name it like {name}.onnx")
+    check_output(output, "-o", force=force, noun="model")
     settings = dict(overrides or {}) | {k: v for k, v in (("seq_len", seq_len), ("batch", batch)) if v is not None}
     hf = models_zoo.hf_config_file(name) is not None
     try:
@@ -76,15 +77,21 @@ def export_cmd(
         raise InvalidInput(str(exc)) from None
     data = model.SerializeToString()
     try:
-        output.write_bytes(data)
+        write_atomically(str(output), lambda: data, (), "model")
     except OSError as exc:
         raise InvalidInput(f"cannot write {output}: {exc.strerror}; choose another path.") from None
     meta = {p.key: p.value for p in model.metadata_props}
+    nodes = models_zoo.inlined_node_count(model)
+    if as_json:
+        typer.echo(json.dumps({"name": name, "output": str(output), "bytes": len(data),
+                               "params": int(meta["hyperplan.params"]),
+                               "active_params": int(meta["hyperplan.active_params"]), "nodes": nodes,
+                               "functions": len(model.functions)}, indent=2, sort_keys=True))
+        return
     shared = f" in {len(model.functions)} layer function(s)" if model.functions else ""
     console.print(
         f"wrote {output}: {name}, {_human(int(meta['hyperplan.params']))} parameters "
-        f"({_human(int(meta['hyperplan.active_params']))} active), {models_zoo.inlined_node_count(model)} nodes"
-        f"{shared}, {len(data) / 1e3:.0f} KB"
+        f"({_human(int(meta['hyperplan.active_params']))} active), {nodes} nodes{shared}, {render.nbytes(len(data))}"
     )
 
 

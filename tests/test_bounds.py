@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from cli import estimate_cmd
+from cli import estimate_cmd, plan_cmd
 from cli.app import app
 from cost_models import load_cluster
 from planner import bounds
@@ -89,6 +89,18 @@ def _no_work(*args, **kwargs):
 def test_estimate_checks_its_numbers_first(args, words, monkeypatch):
     monkeypatch.setattr(estimate_cmd, "estimate_model", _no_work)
     r = runner.invoke(app, ["estimate", "llama3-8b", *SMALL, *TRAIN, *args])
+    assert r.exit_code == 2 and words in r.output, r.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--memory-gib", "nan"], "--memory-gib nan: the HBM a plan may use per device (GiB) must be a finite number"),
+    (["--time-limit", "-1"], "--time-limit -1.0: the search's time limit in seconds must be a finite number above 0"),
+    (["--seq-len", "1000000000", "--global-batch", "1"], "one sequence needs at least"),
+    (["--devices", "1000000"], "--devices 1000000: a device count is at most 524,288"),
+])
+def test_plan_checks_its_numbers_first(args, words, monkeypatch):
+    monkeypatch.setattr(plan_cmd, "plan_model", _no_work)
+    r = runner.invoke(app, ["plan", "llama3-8b", *TRAIN, *args])
     assert r.exit_code == 2 and words in r.output, r.output
 
 

@@ -72,7 +72,9 @@ def test_errors_are_one_line(planned, tmp_path):
         (["validate", str(tmp_path / "bad.yaml")], "declares format version 2; this hyperplan reads version 1"),
         (["validate", str(tmp_path / "none.yaml")], "does not exist"),
         (["export", str(folder / "plan.yaml"), "--backend", "caffe", "-o", str(tmp_path / "x.py")], "unknown backend"),
-        (["export", str(folder / "plan.yaml"), "--backend", "torch", "-o", str(folder / "plan.yaml")], "writes a .py"),
+        (["export", str(folder / "plan.yaml"), "--backend", "torch", "-o", str(tmp_path / "x.yaml")], "writes a .py"),
+        (["export", str(folder / "plan.yaml"), "--backend", "onnx", "-o", str(folder / "plan.yaml")],
+         "is an input of this command"),
     ]
     for args, message in cases:
         r = runner.invoke(app, args, terminal_width=300)

@@ -87,9 +87,9 @@ def test_tighter_tpot_means_smaller_decode_batches():
     (["--mode", "infer", "--cluster", "cloudmatrix384", "--prompt-len", "8", "--gen-len", "8", "--batch", "2",
       "--dtype", "fp8"], "lists no fp8 peak"),
     (["--mode", "infer", "--cluster", "dgx-h100", "--prompt-len", "0", "--gen-len", "8", "--batch", "2"],
-     "--prompt-len must be at least 1"),
+     "--prompt-len 0: a prompt's length (tokens) is at least 1"),
     (["--mode", "infer", "--cluster", "dgx-h100", "--prompt-len", "8", "--gen-len", "8", "--tpot-ms", "-1"],
-     "must be a positive number"),
+     "--tpot-ms -1.0: a latency target in milliseconds must be a finite number above 0"),
     (["--mode", "serve", "--cluster", "dgx-h100", "--global-batch", "8", "--seq-len", "8"], "use train or infer"),
     (["--cluster", "dgx-h100", "--seq-len", "8"], "--global-batch is needed to plan training"),
     (["--cluster", "dgx-h100", "--prompt-len", "8"], "add --mode infer"),
@@ -119,7 +119,7 @@ def test_whatif_sweeps_device_counts(tmp_path, monkeypatch):
     assert all(p["decode_tokens_per_s_per_device"] > 0 and p["prefill_tokens_per_s_per_device"] > 0 for p in pts)
     assert pts[0]["scaling_efficiency"] == 1.0
     assert (tmp_path / "s.csv").read_text().startswith("cluster,devices,status,serving")
-    cached = runner.invoke(app, args)
+    cached = runner.invoke(app, [*args, "--force"])  # --force: the CSV of the first run is there
     assert json.loads(cached.stdout) == doc  # the second run reads the cache and prints the same
 
 

@@ -7,6 +7,7 @@ import io
 import json
 import re
 
+import onnx
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
@@ -70,6 +71,18 @@ def test_the_width_is_the_callers_not_the_import_times():
 
 
 def test_help_shows_no_type_after_a_flag_and_keeps_square_brackets():
+    r = runner.invoke(app, ["whatif", "--help"], terminal_width=200)
+    assert r.exit_code == 0
+    assert "<bool>" not in r.output and "hyperplan[plot]" in r.output
     est = runner.invoke(app, ["estimate", "--help"], terminal_width=200)
     assert "[default: 1]" in est.output and "<bool>" not in est.output
 
+
+def test_zoo_export_speaks_binary_units_and_json(tmp_path):
+    out = tmp_path / "gpt.onnx"
+    r = runner.invoke(app, ["zoo", "export", "gpt", "--layers", "1", "-o", str(out)], terminal_width=200)
+    assert r.exit_code == 0 and re.search(r"\d (KiB|MiB)$", r.output.strip()) and " KB" not in r.output, r.output
+    r = runner.invoke(app, ["zoo", "export", "gpt", "--layers", "1", "-o", str(out), "--force", "--json"])
+    got = json.loads(r.stdout)
+    assert got["output"] == str(out) and got["bytes"] == out.stat().st_size
+    assert got["params"] == int({p.key: p.value for p in onnx.load(str(out), load_external_data=False).metadata_props}["hyperplan.params"])

@@ -58,6 +58,30 @@ def write_document(doc: Mapping[str, Any], path: str, protect: tuple[str, ...] =
     write_atomically(path, lambda: dumps(doc, Path(path).suffix), protect, "output")
 
 
+def check_output(out: str | os.PathLike, flag: str, *, protect: tuple[Any, ...] = (), force: bool = False,
+                 noun: str = "output") -> None:
+    """Before any work: `out` is not one of this command's inputs (`protect`: paths, or names that are not
+    files), its folder exists, and it is no existing file unless `force` says to replace it."""
+    target = Path(out)
+    for p in protect:
+        if p is not None and _same_file(p, target):
+            raise InvalidInput(f"{flag} {out} is an input of this command ({p}); write the {noun} elsewhere")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise InvalidInput(f"{flag} {out}: folder {folder} does not exist")
+    if target.is_dir():
+        raise InvalidInput(f"{flag} {out} is a folder; give a file name")
+    if target.exists() and not force:
+        raise InvalidInput(f"{flag} {out} already exists; pass --force to replace it")
+
+
+def _same_file(a: Any, target: Path) -> bool:
+    try:
+        return os.path.exists(a) and target.exists() and os.path.samefile(a, target)
+    except (OSError, TypeError, ValueError):
+        return False
+
+
 def check_suffix(path: str) -> None:
     """A declaration's file name must say its format (checked before planning, so no work is lost)."""
     if Path(path).suffix.lower() not in SUFFIXES:
@@ -69,7 +93,7 @@ def write_atomically(out: str, produce: Callable[[], str | bytes], protect: tupl
     temporary file renamed into place (nothing half-written, nothing the user gave overwritten); returns the bytes."""
     target = Path(out)
     for p in protect:
-        if p and os.path.exists(p) and target.exists() and os.path.samefile(p, target):
+        if p and _same_file(p, target):
             raise InvalidInput(f"-o {out} is an input of this command; write the {noun} elsewhere")
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.exists():

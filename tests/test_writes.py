@@ -1,0 +1,99 @@
+"""Writes: never an input of the same command, never an existing file without --force, always atomic."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import whatif_cmd
+from cli.app import app
+from planner.errors import InvalidInput
+from planner.hypershard.io import check_output, write_atomically
+
+FIXTURES = Path(__file__).parent / "fixtures"
+runner = CliRunner()
+PLAN = ["--cluster", "dgx-h100", "--devices", "2", "--global-batch", "4", "--seq-len", "16"]
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory) -> Path:
+    """A folder with an ONNX model and the declaration planned for it."""
+    folder = tmp_path_factory.mktemp("planned")
+    shutil.copy(FIXTURES / "gpt2.onnx", folder / "gpt2.onnx")
+    r = runner.invoke(app, ["plan", str(folder / "gpt2.onnx"), *PLAN, "-o", str(folder / "plan.yaml")])
+    assert r.exit_code == 0, r.output
+    return folder
+
+
+def test_plan_replaces_its_output_only_with_force(planned, tmp_path):
+    out = tmp_path / "plan.yaml"
+    out.write_text("mine\n")
+    r = runner.invoke(app, ["plan", "gpt", "--layers", "2", *PLAN, "-o", str(out)])
+    assert r.exit_code == 2 and "already exists; pass --force to replace it" in r.output, r.output
+    assert out.read_text() == "mine\n"
+    r = runner.invoke(app, ["plan", "gpt", "--layers", "2", *PLAN, "-o", str(out), "--force"])
+    assert r.exit_code == 0, r.output
+    assert out.read_text().startswith("hypershard:")
+
+
+def test_export_never_replaces_the_model_the_plan_reads(planned):
+    model = planned / "gpt2.onnx"
+    before = model.read_bytes()
+    for extra in ([], ["--force"]):
+        r = runner.invoke(app, ["export", str(planned / "plan.yaml"), "--backend", "onnx", "-o", str(model), *extra])
+        assert r.exit_code == 2 and "is an input of this command" in r.output, r.output
+    assert model.read_bytes() == before
+
+
+def test_export_says_what_it_wrote_as_json(planned, tmp_path):
+    out = tmp_path / "plan.py"
+    r = runner.invoke(app, ["export", str(planned / "plan.yaml"), "--backend", "torch", "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got == {"backend": "torch", "declaration": str(planned / "plan.yaml"), "output": str(out),
+                   "bytes": out.stat().st_size}
+    again = runner.invoke(app, ["export", str(planned / "plan.yaml"), "--backend", "torch", "-o", str(out)])
+    assert again.exit_code == 2 and "--force" in again.output
+
+
+def test_whatif_refuses_an_existing_csv_before_the_sweep(tmp_path, monkeypatch):
+    def no_sweep(*args, **kwargs):
+        raise AssertionError("the sweep ran before the output was checked")
+
+    monkeypatch.setattr(whatif_cmd, "run_sweep", no_sweep)
+    out = tmp_path / "points.csv"
+    out.write_text("keep\n")
+    r = runner.invoke(app, ["whatif", "gpt", "--layers", "2", "--cluster", "dgx-h100", "--devices", "1,2",
+                            "--global-batch", "4", "--seq-len", "16", "--csv", str(out)])
+    assert r.exit_code == 2 and "already exists; pass --force" in r.output, r.output
+    assert out.read_text() == "keep\n"
+
+
+def test_check_output_names_the_problem(tmp_path):
+    (tmp_path / "in.onnx").write_bytes(b"model")
+    with pytest.raises(InvalidInput, match="is an input of this command"):
+        check_output(tmp_path / "in.onnx", "-o", protect=(str(tmp_path / "in.onnx"),), force=True)
+    with pytest.raises(InvalidInput, match="folder .* does not exist"):
+        check_output(tmp_path / "no" / "x.yaml", "-o")
+    with pytest.raises(InvalidInput, match="is a folder"):
+        check_output(tmp_path, "-o", force=True)
+    check_output(tmp_path / "new.yaml", "-o")  # a new file in an existing folder is fine
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_debris(tmp_path):
+    out = tmp_path / "out.csv"
+    out.write_text("old\n")
+
+    def broken() -> str:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises((InvalidInput, OSError)):
+        write_atomically(str(out), broken, (), "CSV")
+    assert out.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv"]
+    write_atomically(str(out), lambda: "new\n", (), "CSV")
+    assert out.read_text() == "new\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.csv"]
