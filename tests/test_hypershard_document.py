@@ -98,7 +98,7 @@ def test_a_hand_edited_declaration_is_scored_as_written(piped, tmp_path):
     assert got["memory_gib"] != piped["estimate"]["memory_gib"]
     report = validate_document(doc)
     failed = {c.name: c.detail for c in report.checks if not c.ok}
-    assert list(failed) == ["estimate"] and "differs from the re-estimate" in failed["estimate"]
+    assert list(failed) == ["estimate"] and "as recorded" in failed["estimate"] and "re-scored" in failed["estimate"]
     assert any("section zero differs" in w for w in report.warnings)
 
 

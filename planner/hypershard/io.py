@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import tempfile
 from importlib import resources
@@ -137,16 +138,61 @@ def read_document(path: str) -> dict[str, Any]:
     return doc
 
 
+class _DuplicateKey(ValueError):
+    """A mapping names one key twice: the second would silently win."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a scalar",
+                                                        key_node.start_mark) from None
+            if key in seen:
+                raise _DuplicateKey(f"key {key!r} appears twice in one mapping (lines {seen[key] + 1} and "
+                                    f"{key_node.start_mark.line + 1}); keep one")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"key {key!r} appears twice in one object; keep one")
+        out[key] = value
+    return out
+
+
+def _json_constant(word: str) -> float:
+    raise _DuplicateKey(f"{word} is not a number JSON allows; give a finite number")
+
+
 def parse(text: str, name: str, *, json_format: bool) -> dict[str, Any]:
+    """The document of `text` (JSON or YAML); InvalidInput naming the file for bad syntax or a repeated key."""
     if json_format:
         try:
-            doc = json.loads(text)
+            doc = json.loads(text, object_pairs_hook=_json_object, parse_constant=_json_constant)
         except json.JSONDecodeError as exc:
             raise InvalidInput(f"{name}: not valid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}); "
                                "fix the syntax") from None
+        except _DuplicateKey as exc:
+            raise InvalidInput(f"{name}: {exc}") from None
+        except RecursionError:
+            raise InvalidInput(f"{name}: nested too deeply to be a declaration") from None
     else:
         try:
-            doc = yaml.safe_load(text)
+            doc = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader that also refuses repeated keys
+        except _DuplicateKey as exc:
+            raise InvalidInput(f"{name}: {exc}") from None
+        except RecursionError:
+            raise InvalidInput(f"{name}: nested too deeply to be a declaration") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -218,6 +264,24 @@ def check_schema(doc: Mapping[str, Any], name: str) -> None:
     if err is not None:
         raise InvalidInput(f"{name}: field '{_field(err.absolute_path)}' {_reason(err)}; "
                            "fix it (the HyperShard schema is planner/hypershard/schema.json)")
+    bad = _non_finite(doc, [])
+    if bad is not None:
+        path, value = bad
+        raise InvalidInput(f"{name}: field '{_field(path)}' is {value}, not a finite number; fix it (every number of "
+                           "a declaration is finite)")
+
+
+def _non_finite(x: Any, path: list[Any]) -> tuple[list[Any], float] | None:
+    """The first NaN or infinity in the document (YAML reads .nan and .inf as floats, which JSON Schema's
+    `number` accepts), with its path."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return path, x
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+    for k, v in items:
+        found = _non_finite(v, path + [k])
+        if found is not None:
+            return found
+    return None
 
 
 def _key_of(doc: Mapping[str, Any], err: Any) -> Any:

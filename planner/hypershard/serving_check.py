@@ -28,7 +28,7 @@ from planner.hypershard.programs import mesh_of, rank_problems, ranks_of
 from planner.hypershard.serving_doc import (ESTIMATE_KEYS, PHASES, WORKLOAD_KEYS, build_serving_document,
                                            serving_graph, tier_name)
 from planner.hypershard.serving_layouts import routed_experts
-from planner.hypershard.validate import Report, entry_problems, model_problems, model_request
+from planner.hypershard.validate import Report, entry_problems, first_difference, model_problems, model_request
 from planner.graph.walk import index_graph
 from planner.inference.phase_cost import Layout
 from planner.inference.rescore import PhaseChoice, score_serving
@@ -112,19 +112,6 @@ def rescore(doc: Mapping[str, Any], request: Request, devices: int | None = None
     workload = {k: w.get(k) for k in WORKLOAD_KEYS}
     return Rescored(plan, serving_report(plan, [], serving, profile, request.model, hw, workload), profile, hw,
                     request)
-
-
-def first_difference(recorded: Any, now: Any, where: str) -> str | None:
-    """The first figure (in sorted key order) that differs, as 'where.key is A as recorded, B re-scored'."""
-    if isinstance(recorded, Mapping) and isinstance(now, Mapping):
-        for key in sorted(set(recorded) | set(now)):
-            if key not in recorded or key not in now:
-                return f"{where}.{key} is {'missing from the file' if key not in recorded else 'not a figure of it'}"
-            found = first_difference(recorded[key], now[key], f"{where}.{key}")
-            if found:
-                return found
-        return None
-    return None if recorded == now else f"{where} is {recorded!r} as recorded, {now!r} re-scored"
 
 
 def validate_serving(doc: Mapping[str, Any], name: str = "declaration", base_dir: str | None = None) -> Report:

@@ -132,7 +132,18 @@ def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_di
     need, have = est["memory_gib"]["peak"], est["hbm_gib"]
     rep.add("memory", [] if est["fits"] else [f"needs {need:.1f} GiB per device and a device has {have:.1f} GiB"],
             f"peak {need:.2f} GiB of {have:.0f} GiB")
-    rep.add("estimate", _estimate_problems(doc.get("estimate"), est),
+    problems = _estimate_problems(doc.get("estimate"), est)
+    if multi and not problems:  # each program's own figures on its group
+        rescored = scored.plan.get("programs") or []
+        for k, prog in enumerate(doc["programs"]):
+            again = rescored[k].get("estimate") if k < len(rescored) else None
+            if prog.get("estimate") and again is not None:
+                found = first_difference(prog["estimate"], {key: v for key, v in again.items() if key != "layouts"},
+                                         f"programs[{k}].estimate")
+                if found:
+                    problems = [found + " (the declaration was edited, or the cost model changed)"]
+                    break
+    rep.add("estimate", problems,
             f"step {est['step_time_s']:.6g} s, peak {need:.6g} GiB: equal to the recorded estimate"
             if doc.get("estimate") else "no recorded estimate to compare; re-estimated")
     return rep
@@ -303,17 +314,35 @@ def entry_problems(entries: Mapping[str, Any], graph: Graph, known: tuple[str, .
     return out
 
 
+def first_difference(recorded: Any, now: Any, where: str) -> str | None:
+    """The first figure (in sorted key order) that differs, as 'where.key is A as recorded, B re-scored'; a
+    boolean is not a number (`fits: 1` is not `fits: true`, `mfu: true` is not 1.0), a list is compared item
+    by item."""
+    if isinstance(recorded, Mapping) and isinstance(now, Mapping):
+        for key in sorted(set(recorded) | set(now), key=str):
+            if key not in recorded or key not in now:
+                return f"{where}.{key} is {'missing from the file' if key not in recorded else 'not a figure of it'}"
+            found = first_difference(recorded[key], now[key], f"{where}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(recorded, list) and isinstance(now, list) and len(recorded) == len(now):
+        for i, (a, b) in enumerate(zip(recorded, now)):
+            found = first_difference(a, b, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    same = isinstance(recorded, bool) == isinstance(now, bool) and recorded == now
+    return None if same else f"{where} is {recorded!r} as recorded, {now!r} re-scored"
+
+
 def _estimate_problems(recorded: Mapping[str, Any] | None, est: Mapping[str, Any]) -> list[str]:
+    """Every recorded figure against the re-estimate (the same inputs give the same figures exactly)."""
     if not recorded:
         return []
-    out = []
-    if recorded.get("step_time_s") != est["step_time_s"]:
-        out.append(f"the recorded step time {recorded.get('step_time_s')} s differs from the re-estimate "
-                   f"{est['step_time_s']} s (the declaration was edited, or the cost model changed): "
-                   "`hyperplan estimate MODEL --plan FILE` scores it as it is")
-    if recorded.get("memory_gib") != est["memory_gib"]:
-        out.append(f"the recorded memory {recorded.get('memory_gib')} differs from the re-estimate {est['memory_gib']}")
-    return out
+    found = first_difference(recorded, {k: v for k, v in est.items() if k != "layouts"}, "estimate")
+    return [found + " (the declaration was edited, or the cost model changed): `hyperplan estimate MODEL --plan "
+            "FILE` scores it as it is"] if found else []
 
 
 def _compare_derived(doc: Mapping[str, Any], vs: list[dict[str, Any]], graphs: list[Graph], scored: Scored,
