@@ -198,6 +198,7 @@ def test_export_names_the_backends_and_refuses_wrong_suffixes(docs, tmp_path):
         export_to_file(docs["gpt"], "onnx", str(tmp_path / "x.py"))
 
 
+@pytest.mark.jax
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
 @pytest.mark.parametrize("which", ["3d", "moe"])
 def test_jax_export_places_arrays_as_declared(docs, tmp_path, which):

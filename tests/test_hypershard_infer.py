@@ -12,7 +12,6 @@ import importlib.util
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import types
@@ -272,6 +271,7 @@ def _module(source: str, name: str) -> types.ModuleType:
     return module
 
 
+@pytest.mark.torch
 def test_torch_export_gives_each_rank_its_experts(planned):
     torch = pytest.importorskip("torch")
     doc = read_document(str(planned["mixtral"][1]))
@@ -296,10 +296,10 @@ def test_torch_export_gives_each_rank_its_experts(planned):
     assert plan.use_program("decode") == "decode" and plan.MESH == [("pp", 1), ("dp", 40), ("tp", 1)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous(folder) -> str:
+    """Where the processes meet: a file, not a TCP port (a free port probed here can be taken by another
+    process on a shared machine before rank 0 binds it)."""
+    return f"file://{folder}/rendezvous"
 
 
 def _tiny_llama(torch):
@@ -356,13 +356,12 @@ def _tiny_llama(torch):
     return Llama()
 
 
-def _tp_worker(rank: int, port: int, path: str, folder: str) -> None:
+def _tp_worker(rank: int, init: str, path: str, folder: str) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     ids = torch.randint(0, TINY["vocab"], (2, 8), generator=torch.Generator().manual_seed(1))
     ref = _tiny_llama(torch)(ids)
     spec = importlib.util.spec_from_file_location("serve_plan", path)
@@ -393,8 +392,8 @@ def test_torch_export_serves_with_tensor_parallelism_on_two_processes(tmp_path):
     assert validate_document(read_document(str(tmp_path / "tiny.yaml"))).ok
     export_to_file(read_document(str(tmp_path / "tiny.yaml")), "torch", str(tmp_path / "tiny.py"))
     ctx = mp.get_context("fork")
-    port = _free_port()
-    procs = [ctx.Process(target=_tp_worker, args=(r, port, str(tmp_path / "tiny.py"), str(tmp_path))) for r in (0, 1)]
+    init = _rendezvous(tmp_path)
+    procs = [ctx.Process(target=_tp_worker, args=(r, init, str(tmp_path / "tiny.py"), str(tmp_path))) for r in (0, 1)]
     for p in procs:
         p.start()
     for p in procs:
@@ -409,6 +408,7 @@ def test_torch_export_serves_with_tensor_parallelism_on_two_processes(tmp_path):
         assert "Shard(dim=1)" in res["o_placements"]
 
 
+@pytest.mark.jax
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
 def test_jax_export_places_each_phase_on_its_own_devices(tmp_path):
     doc = declare_serving_phases("mixtral-8x7b", cluster="dgx-h100", prompt_len=16, gen_len=8,

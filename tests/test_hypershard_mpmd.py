@@ -183,6 +183,7 @@ def test_python_exports_select_the_program_of_a_rank(doc, backend):
     assert "def build_mesh(" in source and "PROGRAM is None" in source
 
 
+@pytest.mark.jax
 @pytest.mark.skipif(sys.modules.get("jax") is None and __import__("importlib").util.find_spec("jax") is None,
                     reason="jax is not installed")
 def test_jax_export_puts_each_program_on_its_own_devices(doc, tmp_path):
@@ -236,15 +237,13 @@ def test_score_document_matches_declare_programs(doc):
         declare_programs("llava-style-7b", overrides=TINY_VLM, programs=[dict(devices=1)] * 3, **WHERE)
 
 
-def _mesh_worker(rank: int, port: int, path: str, out: str) -> None:
+def _mesh_worker(rank: int, init: str, path: str, out: str) -> None:
     import importlib.util
-    import os
 
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=4)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=4)
     spec = importlib.util.spec_from_file_location("plan_mpmd", path)
     plan = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plan)
@@ -263,17 +262,13 @@ def _mesh_worker(rank: int, port: int, path: str, out: str) -> None:
 def test_torch_export_builds_each_programs_mesh_over_its_ranks(doc, tmp_path):
     """Four gloo processes: ranks 0-1 join the encoders' mesh, 2-3 the backbone's; a collective stays inside."""
     pytest.importorskip("torch")
-    import socket
-
     import torch.multiprocessing as mp
 
     path = tmp_path / "plan_torch.py"
     path.write_text(export(doc, "torch"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    init = f"file://{tmp_path}/rendezvous"  # a file, not a probed TCP port another process may take first
     ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_mesh_worker, args=(r, port, str(path), str(tmp_path / "out"))) for r in range(4)]
+    procs = [ctx.Process(target=_mesh_worker, args=(r, init, str(path), str(tmp_path / "out"))) for r in range(4)]
     for p in procs:
         p.start()
     for p in procs:

@@ -17,7 +17,6 @@ import copy
 import importlib.util
 import json
 import os
-import socket
 import traceback
 
 import pytest
@@ -106,12 +105,11 @@ def _loss_fn(logits, target):
                                              target[:, 1:].reshape(-1))
 
 
-def _worker(rank: int, world: int, port: int, folder: str, plans: list) -> None:
+def _worker(rank: int, world: int, init: str, folder: str, plans: list) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     ref_model = _tiny_llama()
     out = ref_model(input_ids=ids, labels=ids)
@@ -156,10 +154,10 @@ def _worker(rank: int, world: int, port: int, folder: str, plans: list) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous(folder) -> str:
+    """Where the processes meet: a file, not a TCP port (a free port probed here can be taken by another
+    process on a shared machine before rank 0 binds it)."""
+    return f"file://{folder}/rendezvous"
 
 
 def _launch(folder, world: int, scenarios: dict) -> list[dict]:
@@ -179,8 +177,8 @@ def _launch(folder, world: int, scenarios: dict) -> list[dict]:
         export_to_file(doc, "torch", str(folder / f"{name}.py"))
         plans.append((name, str(folder / f"{name}.py"), pipelined))
     ctx = mp.get_context("fork")  # the children inherit torch and transformers, already imported
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, str(folder), plans)) for r in range(world)]
+    init = _rendezvous(folder)
+    procs = [ctx.Process(target=_worker, args=(r, world, init, str(folder), plans)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
