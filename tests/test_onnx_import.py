@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -397,3 +398,19 @@ def test_value_rules_match_numpy(dims, data):
     assert np.array_equal(gathered, np.take(x, [0, -1], axis=axis))
     shape = value_rules.evaluate("Shape", {"start": 1}, [None], [x.shape], "int64")
     assert list(shape) == dims[1:]
+
+
+def test_a_constant_no_real_model_has_turns_off_onnx_data_propagation(tmp_path):
+    """A corrupted 2**40 feeding a Reshape made ONNX's data propagation allocate without bound (issue 17's
+    fuzzing); the import runs without it, says so, and still finds every weight."""
+    fixtures = Path(__file__).parent / "fixtures"
+    model = onnx.load(str(fixtures / "gpt2.onnx"))
+    const = next(n for n in model.graph.node if n.op_type == "Constant" and any(a.name == "value_ints"
+                                                                              for a in n.attribute))
+    next(a for a in const.attribute if a.name == "value_ints").ints[0] = 2**40
+    path = tmp_path / "huge.onnx"
+    onnx.save(model, str(path))
+    plain = import_model(fixtures / "gpt2.onnx", batch=2, seq_len=8)
+    graph = import_model(path, batch=2, seq_len=8)
+    assert any("1,099,511,627,776 is no dimension" in n for n in graph.notes)
+    assert graph.params == plain.params and graph.param_count == plain.param_count

@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 import onnx
+import onnx.numpy_helper
 
 from planner.errors import InvalidInput, InvalidModel, UnboundDimension
 from planner.graph import onnx_dims
@@ -187,10 +188,43 @@ def _infer(skel: onnx.ModelProto, bound: Mapping[str, int], notes: list[str]) ->
     return known
 
 
+#: Integer constants between these are no dimension, axis or index of a real model (INT64_MAX-like sentinels of
+#: "to the end" slices lie above, INT32_MAX below): ONNX's data propagation can materialise one as that many
+#: elements in native code (a corrupted 2**40 ate all of a machine's memory), so such a graph is inferred
+#: without it.
+IMPLAUSIBLE_INT = (2**27, 2**62)
+
+
+def _implausible_int(graph: onnx.GraphProto) -> int | None:
+    """The first small integer constant (a Constant node or an initializer of at most 64 values) whose size is
+    in IMPLAUSIBLE_INT and not INT32_MAX/INT32_MIN, or None."""
+    lo, hi = IMPLAUSIBLE_INT
+    tensors = [t for t in graph.initializer if len(t.dims) <= 1 and (not t.dims or t.dims[0] <= 64)]
+    values: list[int] = []
+    for n in graph.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+            for a in n.attribute:
+                values += list(a.ints) if a.name == "value_ints" else [a.i] if a.name == "value_int" else []
+                if a.name == "value" and a.t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+                    tensors.append(a.t)
+    for t in tensors:
+        if t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            try:
+                values += [int(v) for v in onnx.numpy_helper.to_array(t).reshape(-1)[:64]]
+            except Exception:  # noqa: BLE001 - a malformed constant: shape inference reports it
+                continue
+    return next((v for v in values if lo < abs(v) < hi and v not in (2**31 - 1, -(2**31))), None)
+
+
 def _onnx_infer(skel: onnx.ModelProto, notes: list[str]) -> tuple[onnx.ModelProto, bool]:
-    """ONNX shape inference with data propagation; on failure, the model as is and a note."""
+    """ONNX shape inference with data propagation (without it when a constant could make it allocate without
+    bound); on failure, the model as is and a note."""
+    huge = _implausible_int(skel.graph)
+    if huge is not None:
+        notes.append(f"the integer constant {huge:,} is no dimension of a real model; ONNX shape inference ran "
+                     "without data propagation")
     try:
-        return onnx.shape_inference.infer_shapes(skel, data_prop=True), True
+        return onnx.shape_inference.infer_shapes(skel, data_prop=huge is None), True
     except Exception as exc:  # onnx raises several types (InferenceError, ValidationError, RuntimeError)
         reason = str(exc).strip().split("\n")[0][:200]
         notes.append(f"ONNX shape inference failed ({reason}); shapes come from our own rules only")

@@ -158,6 +158,8 @@ def _evaluate(op: str, attrs: Mapping[str, Any], values: Sequence[Value], out_dt
         shape = np.broadcast_shapes(x.shape, tuple(int(d) for d in values[1].reshape(-1)))
         return np.broadcast_to(x, shape).copy() if math.prod(shape) <= MAX_VALUE_NUMEL else None
     if op == "Range":
+        if len(values) < 3 or any(v is None or v.size != 1 for v in values[:3]):
+            return None
         start, limit, delta = (v.reshape(()) for v in values[:3])
         n = max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0)
         return start + delta * np.arange(n, dtype=np.result_type(start, delta)) if n <= MAX_VALUE_NUMEL else None
