@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from planner.bounds import zoo_overrides
 from planner.errors import InvalidInput, InvalidModel
 from planner.graph.ir import Graph
 from planner.model_source import build_weightless, content_file, display_name, kind_of, takes, unknown_message
@@ -59,6 +60,7 @@ def load_graph(
     if dims:
         raise InvalidInput(f"--dim applies to ONNX files, and '{text}' is {what}; "
                            "use --batch, --seq-len or the architecture options instead")
+    zoo_overrides(text, overrides)
     settings = dict(overrides)
     for key, value in (("batch", batch), ("seq_len", seq_len)):
         if value is not None and key not in settings and takes(text, key, value):

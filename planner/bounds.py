@@ -36,6 +36,11 @@ IMPORT_BYTES_PER_TOKEN = 1024
 #: Below this many tokens the model is not read ahead to bound the sequence length (the import is quick).
 PEEK_ABOVE_TOKENS = 1 << 16
 
+#: The most layers a zoo model is built with: its graph holds a call per layer, and the deepest published LLM
+#: has 126 (Llama 3.1 405B, arXiv:2407.21783 table 3); beyond 1,024 an override is a typo (a mutated plan's
+#: 2,000,000,000 layers held 9 GiB before it was stopped).
+MAX_ZOO_LAYERS = 1024
+
 #: The most seconds a search may be given: a day (plans take seconds to minutes).
 MAX_TIME_LIMIT_S = 86400.0
 
@@ -101,6 +106,15 @@ def step_tokens(global_batch: int | None, seq_len: int | None) -> None:
         raise InvalidInput(f"--global-batch {global_batch} x --seq-len {seq_len} = {global_batch * seq_len:,} tokens "
                            f"per step is more than {MAX_TOKENS_PER_STEP:,}, about 70x the largest published "
                            "training batch (DeepSeek-V3: 63M tokens); give a smaller --global-batch")
+
+
+def zoo_overrides(name: str, overrides: Mapping[str, Any]) -> None:
+    """A zoo model's layer counts (`layers`, `vision_layers`, ...) at most MAX_ZOO_LAYERS, before it is built."""
+    for key, value in sorted(overrides.items()):
+        counted = isinstance(value, int) and not isinstance(value, bool)
+        if key.endswith("layers") and counted and value > MAX_ZOO_LAYERS:
+            raise InvalidInput(f"{name} with {key}={value:,}: a zoo model is built with at most {MAX_ZOO_LAYERS:,} "
+                               "layers (the deepest published LLM has 126); give fewer")
 
 
 def time_limit(value: float) -> float:

@@ -143,3 +143,10 @@ def test_flash_tiles_in_closed_form_equal_the_row_by_row_count(q_len, kv_len, ca
     band = -(-window // tile) + 1 if window else cols
     tiles = sum(min(band, r + 1 + cols - rows) if causal else min(band, cols) for r in range(rows))
     assert kept_fraction(q_len, kv_len, causal, window, tile) == min(1.0, tiles / (rows * cols))
+
+
+def test_a_zoo_model_of_two_billion_layers_is_refused_before_it_is_built():
+    from planner.api import load_graph
+
+    with pytest.raises(InvalidInput, match="gpt with layers=2,000,000,000: a zoo model is built with at most 1,024"):
+        load_graph("gpt", batch=1, seq_len=8, overrides={"layers": 2 * 10**9})
