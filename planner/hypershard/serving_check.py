@@ -172,7 +172,8 @@ def validate_serving(doc: Mapping[str, Any], name: str = "declaration", base_dir
     rep.add("pipeline", pipeline, "; ".join(f"{ph} {choice[ph].layout.pp} stage(s)" for ph in index))
     rep.add("layouts", layouts, "; ".join(f"{ph} {len(doc['programs'][k]['layouts']['params'])} entries"
                                           for ph, k in index.items()) + f" for {len(graph.params)} parameters")
-    rep.add("kv_cache", kv, "; ".join(f"{ph}: {doc['programs'][k]['kv_cache']['layout']}" for ph, k in index.items()))
+    rep.add("kv_cache", kv, "; ".join(f"{ph}: {doc['programs'][k]['kv_cache'].get('layout', 'no layout declared')}"
+                                      for ph, k in index.items()))
     rep.estimate = scored.report
     rep.add("memory", _memory_problems(scored.plan), "; ".join(
         f"{ph} {scored.report[ph]['memory_gib']['total']:.2f} of {scored.report[ph]['usable_hbm_gib']:.1f} GiB"
