@@ -97,7 +97,6 @@ def whatif_cmd(
     """
     clusters = parse_clusters(cluster)
     counts = parse_devices(devices)
-    _check_output(csv_file, (".csv",), "--csv")
     _check_output(csv_file, (".csv",), "--csv", (model, *clusters), force)
     bounds.request(model, [load_cluster(c) for c in clusters], devices=max(counts), global_batch=global_batch,
                    seq_len=seq_len, prompt_len=prompt_len, gen_len=gen_len, batch=batch, ttft_ms=ttft_ms,
