@@ -125,6 +125,8 @@ def estimate_cmd(
     dtype: _OptDtype = None,
     stack: opt.Stack = None,
     strict_ops: opt.StrictOps = False,
+    solver: Annotated[str, typer.Option("--solver", help="Solver of the per-op layout integer program: highs or "
+                                        "cpsat (the same optimum).")] = "highs",
     as_json: opt.Json = False,
     overrides: Optional[dict[str, Any]] = None,
     dim: opt.Dim = None,
@@ -176,6 +178,7 @@ def estimate_cmd(
                 recompute=_given(recompute, "none"), full_recompute_layers=_given(full_recompute_layers, 0),
                 sp=bool(sp), zero=_given(zero, 0), schedule=_given(schedule, "1f1b"), offload=parse_offload(offload),
                 overrides=overrides, dims=opt.parse_dims(dim), stack=stack, strict_ops=strict_ops, etp=_given(etp, 0),
+                solver=solver,
             )
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))

@@ -12,7 +12,7 @@ from cli import options as opt
 from cli.arch_options import architecture_options
 from cli import render
 from cli.errors import err_console, guarded
-from cli.estimate_cmd import print_estimate
+from cli.estimate_cmd import parse_offload, parse_stage_tp, print_estimate
 from cost_models import load_cluster
 from planner import bounds
 from planner.api import plan_inference, plan_model
@@ -28,6 +28,8 @@ def register(app: typer.Typer) -> None:
 
 
 _INFER = "Inference (--mode infer)"
+_FIX = "Constraints (fixed; the search chooses the rest)"
+_SOLVER_HELP = "Solver of the per-op layout integer program: highs or cpsat (the same optimum)."
 
 
 @guarded
@@ -57,8 +59,38 @@ def plan_cmd(
                                                      show_default=False)] = None,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV-cache precision: bf16, fp8 or int8.",
                                           rich_help_panel=_INFER)] = "bf16",
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds the search may take; the best plan so "
-                                                                   "far is returned when it runs out.")] = 60.0,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Stop a search that would take longer than "
+                                              "this many seconds: the best plan so far is returned, marked incomplete "
+                                              "with its gap. The search's effort is counted in work, not time, so a "
+                                              "search that ends within it gives the same plan on any machine.")] = 60.0,
+    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel degree.", rich_help_panel=_FIX,
+                                              show_default=False)] = None,
+    pp: Annotated[Optional[int], typer.Option("--pp", help="Pipeline stages.", rich_help_panel=_FIX,
+                                              show_default=False)] = None,
+    cp: Annotated[Optional[int], typer.Option("--cp", help="Context-parallel degree.", rich_help_panel=_FIX,
+                                              show_default=False)] = None,
+    ep: Annotated[Optional[int], typer.Option("--ep", help="Expert-parallel degree.", rich_help_panel=_FIX,
+                                              show_default=False)] = None,
+    etp: Annotated[Optional[int], typer.Option("--etp", help="Expert tensor-parallel degree.", rich_help_panel=_FIX,
+                                               show_default=False)] = None,
+    vpp: Annotated[Optional[int], typer.Option("--vpp", help="Interleaved chunks per stage.", rich_help_panel=_FIX,
+                                               show_default=False)] = None,
+    dp: Annotated[Optional[int], typer.Option("--dp", help="Data-parallel degree.", rich_help_panel=_FIX,
+                                              show_default=False)] = None,
+    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Sequences per micro-batch.",
+                                                       rich_help_panel=_FIX, show_default=False)] = None,
+    recompute: Annotated[Optional[str], typer.Option("--recompute", help="none, selective or full (no per-layer "
+                                                     "mix then).", rich_help_panel=_FIX, show_default=False)] = None,
+    zero: Annotated[Optional[int], typer.Option("--zero", help="ZeRO stage 0-3.", rich_help_panel=_FIX,
+                                                show_default=False)] = None,
+    stage_tp: Annotated[Optional[str], typer.Option("--stage-tp", metavar="TP,TP,...", help="A tensor degree per "
+                                                    "pipeline stage (sets --pp and --tp).", rich_help_panel=_FIX,
+                                                    show_default=False)] = None,
+    offload: Annotated[Optional[list[str]], typer.Option("--offload", metavar="CLASS=FRACTION", help="Fixed offload "
+                                                         "fractions (params, grads, optimizer, activations), e.g. "
+                                                         "--offload optimizer=1; --no-offload: none.",
+                                                         rich_help_panel=_FIX, show_default=False)] = None,
+    solver: Annotated[str, typer.Option("--solver", help=_SOLVER_HELP)] = "highs",
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the HyperShard declaration to a "
                                                   ".yaml or .json file (`hyperplan validate` / `export` read it); "
                                                   "with --mode infer, prefill and decode as two programs.")] = None,
@@ -78,10 +110,18 @@ def plan_cmd(
     overrides: Optional[dict[str, Any]] = None,
     dim: opt.Dim = None,
 ) -> None:
-    """Find the strategy with the best step time that fits in memory, and say why it won.
+    """Find the strategy with the best step time that fits in memory, say why it won and how close to the best of
+    the space it is proven to be.
 
-    It searches the mesh (TP, CP, PP, DP, EP with the tensor axis inside the scale-up domain), the pipeline cut,
-    per-op tensor layouts (an integer program), micro-batch size, recompute and ZeRO level.
+    The space: every TP that divides the devices and each attention's query heads within the scale-up domain (KV
+    heads replicated beyond theirs); every CP that cuts the sequence into 2 x CP equal chunks; every PP up to the
+    layers (unequal layer counts; the balanced cut), DP what is left; for MoE every EP dividing the experts and
+    the ranks MoE folding puts them on, ETP = TP or 1; every micro-batch that divides the batch per replica; every
+    VPP that divides the layers per stage; ZeRO 0-3; recompute none, selective, full or the first k layers of each
+    chunk full; offload fractions per memory class in 5 % steps; per-op tensor layouts (an integer program); and
+    stages of different tensor widths around the best pipelines. Branch and bound over it, with a lower bound on
+    the step time of each region, proves the plan within 1 % of the best of the equal-width space ("optimal within
+    X %"). Constraints (--tp, --pp, ... --offload) fix knobs and the search chooses the rest.
 
     With --mode infer it plans serving instead: prefill and decode on device groups sized by the search (or
     co-located), each with its TP/DP/PP/EP layout, batch and KV-cache offload, under --ttft-ms/--tpot-ms or
@@ -100,6 +140,8 @@ def plan_cmd(
         check_suffix(output)
         check_output(output, "-o", protect=(model, cluster, stack), force=force, noun="declaration")
     if mode == "infer":
+        if any(v is not None for v in (tp, pp, cp, ep, etp, vpp, dp, micro_batch, recompute, zero, stage_tp, offload)):
+            raise InvalidInput("--tp, --pp, ... --offload fix a training plan; with --mode infer drop them")
         _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_ms, tpot_ms, output)
         result = plan_inference(model, cluster=cluster, devices=devices, prompt_len=prompt_len, gen_len=gen_len,
                                 batch=batch, ttft_ms=ttft_ms, tpot_ms=tpot_ms, dtype=dtype, kv_dtype=kv_dtype,
@@ -124,6 +166,12 @@ def plan_cmd(
     if given:
         verb, them = ("describes", "it") if len(given) == 1 else ("describe", "them")
         raise InvalidInput(f"{', '.join(given)} {verb} serving; add --mode infer, or drop {them} to plan training")
+    fixed = {k: v for k, v in dict(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, dp=dp, micro_batch=micro_batch,
+                                   recompute=recompute, zero=zero).items() if v is not None}
+    if stage_tp is not None:
+        fixed["stage_tp"] = parse_stage_tp(stage_tp, pp, tp)
+    if offload:
+        fixed["offload"] = parse_offload(offload)
     if global_batch is None or seq_len is None:
         missing = " and ".join(f for f, v in (("--global-batch", global_batch), ("--seq-len", seq_len)) if v is None)
         raise InvalidInput(f"{missing} {'is' if ' and ' not in missing else 'are'} needed to plan training; "
@@ -138,7 +186,7 @@ def plan_cmd(
         result = plan_model(model, cluster=cluster, devices=devices, global_batch=global_batch, seq_len=seq_len,
                             dtype=dtype, time_limit_s=time_limit, overrides=overrides, dims=opt.parse_dims(dim),
                             progress=progress, memory_gib=memory_gib, offload=not no_offload, mpmd=not no_mpmd,
-                            stack=stack, strict_ops=strict_ops)
+                            stack=stack, strict_ops=strict_ops, constraints=fixed, solver=solver)
     if output:
         request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
                           memory_gib=memory_gib)
@@ -195,8 +243,10 @@ def print_plan(r: dict) -> None:
             (c["summary"], render.seconds(c["step_time_s"]) if c["step_time_s"] else "-", c["why"])
             for c in r["runners_up"]), right=("step",), prose=("why it lost",)))
     sr = r["search"]
-    console.print(f"searched {sr['evaluated']} strategies over {sr['meshes']} meshes"
-                  f"{'' if sr['complete'] else ' (stopped by --time-limit)'}; layout solver gap {sr['layout_solver_gap']:.2%}")
+    bound = f", bound {sr['bound_s']:.4g} s" if sr.get("bound_s") else ""
+    console.print(f"searched {sr['evaluated']} strategies over {sr['meshes']} meshes ({sr.get('nodes', 0)} nodes, "
+                  f"{sr.get('pruned', 0)} regions closed by their bound{bound}): {sr.get('optimal_within', '')}"
+                  f"; layout solver gap {sr['layout_solver_gap']:.2%}")
 
 
 def _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_ms, tpot_ms, output=None) -> None:

@@ -118,6 +118,7 @@ def estimate_model(
     dp: int | None = None,
     stack: str | None = None,
     strict_ops: bool = False,
+    solver: str = "highs",
     **strategy: Any,
 ) -> dict[str, Any]:
     """Score one strategy of a model on a cluster: the dict `hyperplan estimate --json` prints.
@@ -152,7 +153,9 @@ def estimate_model(
     graph = _graph_for_costing(model, seq_len, dims, overrides)
     check_costed(graph, strict_ops)
     structure = discover_blocks(graph)
-    est = estimate(graph, structure, hw, workload, strat)
+    if solver not in ("highs", "cpsat"):
+        raise InvalidInput(f"--solver {solver!r}: use highs or cpsat")
+    est = estimate(graph, structure, hw, workload, strat, solver=solver)
     out = est.to_dict()
     out.update(_describe(model, graph, hw, workload))
     from planner.plan import strategy_dict
@@ -233,13 +236,22 @@ def plan_model(
     mpmd: bool = True,
     stack: str | None = None,
     strict_ops: bool = False,
+    constraints: Mapping[str, Any] | None = None,
+    gap: float | None = None,
+    solver: str = "highs",
+    max_nodes: int | None = None,
 ) -> dict[str, Any]:
     """Search the fastest strategy that fits: the dict `hyperplan plan --json` prints.
 
     `memory_gib` caps the HBM a plan may use per device (default: all of it);
     `offload=False` keeps everything in HBM (HyperOffload off); `mpmd=False` keeps the whole model one
     program (no HyperMPMD device groups for encoders beside the backbone); `strict_ops` refuses a graph with
-    ops that have no FLOP rule.
+    ops that have no FLOP rule. `constraints` fixes knobs of the strategy (tp, pp, cp, ep, etp, vpp, dp,
+    micro_batch, recompute, zero, stage_tp, offload: `planner.search.constraints.Constraints`) and the search
+    chooses the rest (as one program: no MPMD split then). `gap` is how close to the bound the search must
+    prove its plan (default 1 %), `solver` the layout ILP's solver (highs or cpsat); `time_limit_s` stops a
+    search that would take longer (the plan is then marked incomplete); effort is counted in work
+    (`max_nodes`), so the same inputs give the same plan on any machine.
 
     Raises `Infeasible` when nothing fits, saying how much memory the closest
     strategy needs and about how many devices would hold it.
@@ -249,30 +261,40 @@ def plan_model(
     from planner.errors import Infeasible
     from planner.costing.estimate import estimate
     from planner.graph.blocks import discover_blocks
-    from planner.plan import Plan, mesh_axes, plan_to_dict
-    from planner.search.plan_search import search
+    from planner.plan import Plan, mesh_axes, plan_to_dict, search_summary
+    from planner.search.constraints import Constraints
+    from planner.search.plan_search import DEFAULT_GAP, DEFAULT_MAX_NODES, Budget, search
 
+    budget = Budget(time_limit_s, max_nodes or DEFAULT_MAX_NODES)  # one budget for the whole plan
+    if solver not in ("highs", "cpsat"):
+        raise InvalidInput(f"--solver {solver!r}: use highs or cpsat")
+    fixed = user = Constraints.from_mapping(constraints)
+    if not offload:
+        if fixed.offload:
+            raise InvalidInput("--no-offload with --offload fractions: give one or the other")
+        fixed = Constraints.from_mapping({**fixed.given(), "offload": ()})
     workload = make_workload(mode, global_batch, seq_len, dtype, stack)
     hw = with_memory_cap(load_cluster(cluster, devices=devices), memory_gib)
     graph = _graph_for_costing(model, seq_len, dims, overrides)
     check_costed(graph, strict_ops)
     structure = discover_blocks(graph)
-    result = search(graph, structure, hw, workload, time_limit_s=time_limit_s, progress=progress,
-                    allow_offload=offload)
+    result = search(graph, structure, hw, workload, progress=progress, allow_offload=offload, constraints=fixed,
+                    budget=budget, gap=DEFAULT_GAP if gap is None else gap, solver=solver)
     mp = None
-    if mpmd:
+    if mpmd and not user.given() and not budget.out():
         from planner.search.mpmd import plan_mpmd
 
-        mp = plan_mpmd(graph, structure, hw, workload, time_limit_s=time_limit_s, allow_offload=offload,
-                       progress=progress, incumbent_s=result.best.step_s if result.best else None)
+        mp = plan_mpmd(graph, structure, hw, workload, time_limit_s=budget.remaining_s(), allow_offload=offload,
+                       progress=progress, incumbent_s=result.best.step_s if result.best else None, budget=budget)
     if result.best is None and mp is None:
         raise Infeasible(_infeasible_message(model, hw, result))
     out: dict[str, Any]
     if result.best is not None:
-        est = estimate(graph, structure, hw, workload, result.best.strategy)
+        est = estimate(graph, structure, hw, workload, result.best.strategy, solver=solver)
         others = tuple(c for c in result.ranked if c.mesh != result.best.mesh)[:3]
         plan = Plan(result.best.strategy, est, others, result, mesh_axes(hw, result.best.strategy))
         out = plan_to_dict(plan)
+        out["search"]["complete"] = result.complete and not budget.stopped
         out["programs"] = [{"name": "model", "submodels": [s.name for s in structure.submodels],
                             "devices": hw.n_devices, "ranks": [0, hw.n_devices - 1], "strategy": out["strategy"]}]
     if mp is not None:
@@ -294,8 +316,8 @@ def plan_model(
                   "step_time_s": spmd_step, "fits": True, "peak_gib": plan.estimate.memory_bytes["peak"] / 2**30,
                   "why": f"{(spmd_step / overall['step_time_s'] - 1) * 100:.1f}% slower than MPMD"}]
                 if result.best is not None else []),
-                "search": {"evaluated": result.evaluated, "meshes": result.meshes, "complete": result.complete,
-                           "layout_solver_gap": overall["solver_gap"]},
+                "search": {**search_summary(result, overall["step_time_s"]), "layout_solver_gap":
+                           overall["solver_gap"], "complete": result.complete and not budget.stopped},
                 "programs": progs}
             mpmd_info["used"] = True
         else:

@@ -99,10 +99,20 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
              "why": why_slower(c, win_bd, plan.estimate.step_time_s)}
             for c in plan.runners_up
         ],
-        # no wall-clock time here: the same inputs give the same document, byte for byte
-        "search": {"evaluated": plan.search.evaluated, "meshes": plan.search.meshes,
-                   "complete": plan.search.complete, "layout_solver_gap": plan.estimate.solver_gap},
+        "search": {**search_summary(plan.search, plan.estimate.step_time_s),
+                   "layout_solver_gap": plan.estimate.solver_gap},
     })
+
+
+def search_summary(r: SearchResult, step_s: float) -> dict[str, Any]:
+    """How much was searched and how close the plan is to the best of the space: no wall-clock time here, so
+    the same inputs give the same document, byte for byte."""
+    gap = max(0.0, (step_s - r.bound_s) / step_s) if r.bound_s > 0 and step_s > 0 else None
+    return plain({"evaluated": r.evaluated, "meshes": r.meshes, "complete": r.complete, "nodes": r.nodes,
+                  "pruned": r.pruned, "bound_s": r.bound_s, "gap": gap,
+                  "optimal_within": (f"optimal within {100 * gap:.2f} %" if gap is not None else
+                                     "no bound: nothing fits") + ("" if r.complete else
+                                                                  " (search stopped by --time-limit)")})
 
 
 def strategy_dict(s: Strategy) -> dict[str, Any]:

@@ -378,7 +378,8 @@ def sweep_points(model: str | os.PathLike, clusters: Sequence[str], devices: Seq
     def done(j: int, rec: dict[str, Any]) -> None:
         i, task, key = pending[j]
         points[i].update(rec)
-        if use_cache and rec["status"] in ("ok", "infeasible"):  # timeouts and failures depend on the machine
+        # timeouts, failures and plans cut short by --time-limit depend on the machine: never cached
+        if use_cache and rec["status"] in ("ok", "infeasible") and rec.get("search_complete") is not False:
             _cache_write(folder, key, rec)
         finished[0] += 1
         if progress is not None:

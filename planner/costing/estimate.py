@@ -136,17 +136,18 @@ def estimate(
     time_limit_s: float = 10.0,
     param_pins: Mapping[str, int] | None = None,
     facts: GraphFacts | None = None,
+    solver: str = "highs",
 ) -> Estimate:
     """Score one strategy: the numbers `hyperplan estimate` prints (`param_pins`: see `stage_costs`; pass the
     same `facts` to score many strategies of one graph)."""
     check_devices(cluster, strategy)
     m = strategy.micro_batches(workload)
     costs: StageCosts = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
-                                    param_pins=param_pins, facts=facts)
+                                    param_pins=param_pins, facts=facts, solver=solver)
     if not all(fits_memory(cluster, s.memory_bytes, workload.execution) for s in costs.stages):
         # the fastest layouts do not fit: the fastest that do
         costs = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
-                            param_pins=param_pins, memory_constraint=True, facts=facts)
+                            param_pins=param_pins, memory_constraint=True, facts=facts, solver=solver)
     bd, step, offload = step_breakdown(costs, cluster, workload, strategy, m)
 
     peak = cluster.device.peak_flops(workload.dtype)

@@ -79,6 +79,7 @@ def stage_costs(
     facts: GraphFacts | None = None,
     param_pins: Mapping[str, int] | None = None,
     memory_constraint: bool = False,
+    solver: str = "highs",
 ) -> StageCosts:
     """Costs of each pipeline stage; `style` is the tensor-parallel layout space ('megatron' or 'free').
 
@@ -99,7 +100,7 @@ def stage_costs(
     if strategy.stage_tp:
         return _unequal_stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
                                     style=style, facts=facts, param_pins=param_pins,
-                                    memory_constraint=memory_constraint)
+                                    memory_constraint=memory_constraint, solver=solver)
     style = style or ("free" if strategy.layouts == "searched" else "megatron")
     execution = workload.execution
     t, cp, pp = strategy.tp, strategy.cp, strategy.pp
@@ -159,6 +160,8 @@ def stage_costs(
                      strategy.dp, strategy.ep, strategy.micro_batches(workload), cluster.device.hbm_bytes)
     if param_pins:
         ckey += (tuple(sorted(param_pins.items())),)
+    if solver != "highs":
+        ckey += (solver,)
     if t == 1:
         choice = tuple(0 for _ in problem.vars)
     elif ckey in facts.choices:
@@ -181,12 +184,12 @@ def stage_costs(
                                            bs / cp, fp8_inputs)
             problem.memory_budget = execution.usable_hbm_bytes(cluster.device.hbm_bytes)
         try:
-            sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed)
+            sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed, backend=solver)
             if constrain and sol.cost_s >= IMPOSSIBLE_S:  # fitting would need a move no collective makes
                 raise Infeasible("no layout fits")
         except Infeasible:  # no layout fits: the fastest one, reported as over memory
             problem.memory_budget = None
-            sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed)
+            sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed, backend=solver)
         choice, gap = sol.choice, sol.gap
         facts.choices[ckey] = (choice, gap)
 

@@ -150,10 +150,11 @@ class MoeSplitSearch:
 
     def __init__(self, graph: Graph, structure: Structure, cluster: Cluster, workload: Workload, split: MoeSplit,
                  facts: GraphFacts, *, time_limit_s: float = 60.0, allow_offload: bool = True,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, budget=None) -> None:
         self.graph, self.structure, self.cluster, self.workload = graph, structure, cluster, workload
         self.split, self.facts = split, facts
-        self.ps = ProgramSearch(cluster, workload, time_limit_s / (2 * SEARCHED_SPLITS), allow_offload, progress)
+        self.ps = ProgramSearch(cluster, workload, time_limit_s / (2 * SEARCHED_SPLITS), allow_offload, progress,
+                                budget)
         self.attn_facts = self.ps.facts_of(split.attention)
         self.scored: dict[int, SplitScore | None] = {}
         # expert groups too small for their experts' states and one sample per attention device (the least
@@ -236,6 +237,7 @@ def plan_moe_programs(
     allow_offload: bool = True,
     progress: Progress | None = None,
     incumbent_s: float | None = None,
+    budget=None,
 ) -> MpmdResult | None:
     """The best attention | experts plan in training, or None for a dense model (or when no split fits);
     `incumbent_s`: the step to beat, which lets hopeless splits go unsearched (`MoeSplitSearch.best`)."""
@@ -246,7 +248,7 @@ def plan_moe_programs(
     if split is None or split.experts < 1:
         return None
     search = MoeSplitSearch(graph, structure, cluster, workload, split, facts, time_limit_s=time_limit_s,
-                            allow_offload=allow_offload, progress=progress)
+                            allow_offload=allow_offload, progress=progress, budget=budget)
     best = search.best(incumbent_s)
     return None if best is None else _result(split, graph, structure, facts, best, workload, len(search.scored))
 

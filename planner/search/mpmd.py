@@ -39,7 +39,7 @@ from planner.graph.ir import Graph
 from planner.graph.subgraph import boundary_bytes, extract
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.node_work import graph_batch
-from planner.search.plan_search import Candidate, Scorer, search
+from planner.search.plan_search import Budget, Candidate, Scorer, search
 from planner.search.program_groups import group_cluster, group_sizes, group_workload, pipeline_fill_s
 from planner.strategy import Strategy, Workload
 
@@ -106,8 +106,9 @@ class ProgramSearch:
     """The best plan of a program on a group of n devices, searched once per (program, n)."""
 
     def __init__(self, cluster: Cluster, workload: Workload, budget_s: float, allow_offload: bool,
-                 progress: Progress | None) -> None:
+                 progress: Progress | None, budget: Budget | None = None) -> None:
         self.cluster, self.workload, self.budget_s, self.allow_offload = cluster, workload, budget_s, allow_offload
+        self.budget = budget  # the whole plan's (work and time), shared with the single-program search
         self.report = progress or (lambda msg, frac: None)
         self.memo: dict[tuple[str, int], tuple[Candidate, ...]] = {}
         self.facts: dict[str, GraphFacts] = {}
@@ -124,7 +125,8 @@ class ProgramSearch:
             self.report(f"MPMD: {p.name} on {n} devices", 0.5)
             try:
                 r = search(p.graph, p.structure, group_cluster(self.cluster, n), group_workload(self.workload, n),
-                           time_limit_s=self.budget_s, allow_offload=self.allow_offload, facts=self.facts_of(p))
+                           time_limit_s=max(self.budget_s, 1e-3), allow_offload=self.allow_offload,
+                           facts=self.facts_of(p), budget=self.budget)
                 self.memo[key] = r.ranked
             except HyperplanError:
                 self.memo[key] = ()
@@ -140,8 +142,7 @@ class ProgramSearch:
         flight)."""
         wl = group_workload(self.workload, n)
         per_replica = wl.global_batch // c.strategy.dp
-        scorer = Scorer(p.graph, p.structure, group_cluster(self.cluster, n), wl, max(1.0, self.budget_s / 4),
-                         self.facts_of(p))
+        scorer = Scorer(p.graph, p.structure, group_cluster(self.cluster, n), wl, 30.0, self.facts_of(p))
         out = [c]
         for mb in range(1, 9):
             if per_replica % mb:
@@ -166,12 +167,14 @@ def plan_mpmd(
     allow_offload: bool = True,
     progress: Progress | None = None,
     incumbent_s: float | None = None,
+    budget: Budget | None = None,
 ) -> MpmdResult | None:
     """The fastest multi-program plan (encoders | backbone, or attention | experts in MoE layers), or None
-    when the model has neither; `incumbent_s` is the single-program step to beat, if known."""
+    when the model has neither; `incumbent_s` is the single-program step to beat, if known; `budget` is the
+    whole plan's (its searches spend from it)."""
     from planner.search.moe_programs import plan_moe_programs
 
-    kw = dict(time_limit_s=time_limit_s, allow_offload=allow_offload, progress=progress)
+    kw = dict(time_limit_s=time_limit_s, allow_offload=allow_offload, progress=progress, budget=budget)
     results = [r for r in (plan_encoders(graph, structure, cluster, workload, **kw),
                            plan_moe_programs(graph, structure, cluster, workload, incumbent_s=incumbent_s, **kw))
                if r is not None]
@@ -187,6 +190,7 @@ def plan_encoders(
     time_limit_s: float = 60.0,
     allow_offload: bool = True,
     progress: Progress | None = None,
+    budget: Budget | None = None,
 ) -> MpmdResult | None:
     """The best two-program plan (encoders | backbone), or None when the model has no separable encoders."""
     progs = split_programs(graph, structure)
@@ -195,7 +199,7 @@ def plan_encoders(
         return None
     enc, llm = progs
     n = cluster.n_devices
-    ps = ProgramSearch(cluster, workload, time_limit_s / 8, allow_offload, progress)  # about 4 sizes x 2 programs
+    ps = ProgramSearch(cluster, workload, time_limit_s / 8, allow_offload, progress, budget)
 
     ks = balance_points(lambda c: ps.step(enc, c), lambda c: ps.step(llm, n - c), sizes, n)
     options = []

@@ -1,19 +1,22 @@
-"""The outer search: which mesh, pipeline cut, micro-batch, recompute and ZeRO level, around the layout ILP.
+"""The outer search: branch and bound over meshes, schedules and memory policies, around the layout ILP.
 
-Decomposition (as Alpa does, but over a pruned enumeration instead of a
-profile-driven DP): the inner integer program picks per-op layouts on the
-tensor axis once per axis size (tied blocks keep it small, HiGHS proves its
-optimum); the outer loop scores meshes by the analytic step time, keeping
-the ones that fit in memory.
+The space (`grid`) is split into regions, coarse to fine: context degree, then tensor degree (the layout
+integer program is solved once per tensor and context degree), micro-batch, expert degrees, then the
+pipeline and data degrees with the interleaving (a schedule), then the recompute policy; the leaves are
+whole strategies (a ZeRO level, per-layer recompute, offload fractions, the pipeline cut) scored by the
+analytic estimate. Each region gets a lower bound on the step time of every strategy in it
+(`bounds`) from one costing of a representative; regions are opened best bound first, and a region whose
+bound is within `gap` of the best plan found is closed unopened. The search is exact up to `gap`: when
+it ends, no strategy of the space is faster than `bound_s`, and the plan says how far it is from that.
 
-1. every mesh (tp x cp x pp x dp, ep for MoE) that the device count, the
-   scale-up domain (tensor axis inside it), the layers and the batch allow,
-   probed at micro-batch 1 with the cheapest recompute and ZeRO level that fit;
-2. the best meshes again over micro-batch sizes and interleaved stages;
-3. the best few with a balanced pipeline cut (`pipeline.balanced_split`);
-4. the best few pipelines with stages of different widths (`stage_widths`).
-Memory is a hard constraint; among plans that fit, the fastest step wins,
-ties broken by fewer devices on the slow axes, then by order of discovery.
+Effort is counted in work (nodes: costings and scored strategies), never in seconds, so the same inputs
+give the same plan on an idle or a loaded machine; `time_limit_s` only stops a search that would run
+longer (best so far, marked incomplete, with the bound of what was left open). Ties go to fewer devices
+on the slow axes (the lower pipeline degree, then the lower tensor degree), then to the order of the
+regions, which is fixed.
+
+Stages of different tensor widths (`stage_widths`) are tried around the best pipelines after the
+search; they can only lower the step, and the bound covers the equal-width space.
 """
 
 from __future__ import annotations
@@ -21,153 +24,348 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping
+from typing import Any
 
 from cost_models import Cluster
 
-from planner.errors import HyperplanError
-from planner.costing.estimate import fits_memory
-from planner.graph.blocks import Structure
-from planner.graph.moe import routed_experts
-from planner.graph.ir import Graph
-from planner.search.pipeline import balanced_split
 from planner.costing.graph_facts import GraphFacts
-from planner.search.stage_widths import edge_blocks, unequal_stage_strategies
-from planner.costing.stage_costs import DTYPE_WIDTH, StageCosts, even_split, stage_costs
-from planner.costing.step_time import step_breakdown
+from planner.costing.stage_costs import DTYPE_WIDTH
+from planner.errors import HyperplanError, InvalidInput
+from planner.graph.blocks import Structure
+from planner.graph.ir import Graph
+from planner.search import grid
+from planner.search.bounds import LayerTimes, layer_times, mesh_bound_s, pipeline_bound_s
+from planner.search.constraints import NONE, Constraints
+from planner.search.scoring import (Candidate, Progress, Scorer, SearchResult, _key, balanced_cut,
+                                    offload_variants)
+from planner.search.stage_widths import unequal_stage_strategies
 from planner.strategy import Strategy, Workload
 
-Progress = Callable[[str, float], None]
-"""Called with a message and the fraction of the search done."""
+__all__ = ["Budget", "Candidate", "Scorer", "SearchResult", "search", "DEFAULT_GAP", "offload_variants"]
 
-_RECOMPUTE_LADDER = ("none", "selective", "full")
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One scored strategy."""
-
-    strategy: Strategy
-    step_s: float
-    fits: bool
-    peak_bytes: float
-    breakdown_s: Mapping[str, float] = field(default_factory=dict)
-    note: str = ""
-    memory_bytes: Mapping[str, float] = field(default_factory=dict)  # the stage with the highest peak
-
-    @property
-    def mesh(self) -> tuple:
-        """(tp, cp, pp, dp, ep, etp), and the stages' widths when they differ."""
-        s = self.strategy
-        return (s.tp, s.cp, s.pp, s.dp, s.ep, s.expert_tp) + ((s.stage_tp,) if s.stage_tp else ())
+#: Regions whose bound is within this fraction of the best plan are closed unopened.
+DEFAULT_GAP = 0.01
+#: Work allowed to one plan (costings and scored strategies): far above what any zoo model needs.
+DEFAULT_MAX_NODES = 20_000
+_LEVELS = ("cp", "tp", "mb", "ep", "schedule", "policy")
+RECOMPUTES = ("none", "selective", "full")
 
 
-@dataclass(frozen=True, slots=True)
-class SearchResult:
-    best: Candidate | None
-    ranked: tuple[Candidate, ...]  # the best candidate of each mesh, best first
-    closest: Candidate | None  # when nothing fits: the candidate least over memory
-    evaluated: int
-    meshes: int
-    wall_s: float
-    complete: bool  # False when the time limit cut the search short
+class Budget:
+    """One budget for a whole plan (the single-program search and the MPMD searches share it): work in
+    nodes, and a wall-clock limit that only stops a search (then marked incomplete)."""
+
+    def __init__(self, time_limit_s: float = 60.0, max_nodes: int = DEFAULT_MAX_NODES) -> None:
+        if not time_limit_s > 0:
+            raise InvalidInput(f"--time-limit must be positive, got {time_limit_s}")
+        self.time_limit_s, self.max_nodes = float(time_limit_s), int(max_nodes)
+        self.t0 = time.perf_counter()
+        self.nodes = 0
+        self.stopped = False  # the limit cut some search short
+
+    def spend(self, n: int = 1) -> None:
+        self.nodes += n
+
+    def out(self) -> bool:
+        """Whether the work or the time is used up (then the search stops where it is)."""
+        if self.nodes >= self.max_nodes or time.perf_counter() - self.t0 > self.time_limit_s:
+            self.stopped = True
+        return self.stopped
+
+    def remaining_s(self) -> float:
+        return max(0.0, self.time_limit_s - (time.perf_counter() - self.t0))
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@dataclass(order=True, slots=True)
+class _Node:
+    bound_s: float
+    order: tuple
+    level: str = field(compare=False)
+    key: tuple = field(compare=False)  # (cp, tp, mb, ep, etp, pp, dp, vpp, recompute), as far as the level fixes
+    refined: bool = field(compare=False, default=False)
 
 
+class _Search:
+    """The state of one branch and bound (see the module docstring)."""
 
-
-def tensor_axis_limit(cluster: Cluster) -> int:
-    """Largest tensor-parallel degree: inside the scale-up domain (every level but the scale-out one), at most 16."""
-    inner = [lvl.group_size for lvl in cluster.levels[:-1] if lvl.group_size] or [
-        cluster.levels[0].group_size or cluster.n_devices]
-    return max(1, min(16, max(inner), cluster.n_devices))
-
-
-def meshes(graph: Graph, structure: Structure, cluster: Cluster, workload: Workload) -> list[tuple[int, ...]]:
-    """Every (tp, cp, pp, dp, ep, etp) the devices, scale-up domain, layers and batch allow."""
-    n = cluster.n_devices
-    layers = len(structure.layers())
-    tmax = tensor_axis_limit(cluster)
-    out = []
-    experts = routed_experts(graph, structure)
-    for tp in (1, 2, 4, 8, 16):
-        if tp > tmax or n % tp:
-            continue
-        for cp in (1, 2, 4, 8):
-            if cp > 1 and workload.seq_len < 16384:
-                continue
-            if (n // tp) % cp:
-                continue
-            for pp in _divisors(n // (tp * cp)):
-                if pp > max(1, layers):
-                    continue
-                dp = n // (tp * cp * pp)
-                if workload.global_batch % dp:
-                    continue
-                # experts fold onto the stage's tp x cp x dp ranks (Megatron-Core's MoE parallel folding): any ep
-                # dividing the experts and the ranks, its expert-tensor degree tp (the default) or 1 (ep then
-                # spans the tensor ranks too)
-                ranks = tp * cp * dp
-                eps = [e for e in _divisors(experts) if ranks % e == 0] if experts else [1]
-                for ep in eps:
-                    for etp in ((tp, 1) if tp > 1 and experts else (tp,)):
-                        if ranks % (ep * etp) == 0:
-                            out.append((tp, cp, pp, dp, ep, etp))
-    return out
-
-
-def probe_meshes(all_meshes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
-    """The meshes probed first: for MoE, only no expert parallelism and the widest of each expert-tensor degree;
-    the rest come in step 2."""
-    widest: dict[tuple, int] = {}
-    for tp, cp, pp, dp, ep, etp in all_meshes:
-        widest[(tp, cp, pp, dp, etp)] = max(ep, widest.get((tp, cp, pp, dp, etp), 1))
-    return [m for m in all_meshes if m[4] == 1 or m[4] == widest[(m[0], m[1], m[2], m[3], m[5])]]
-
-
-class Scorer:
-    """Scores strategies with shared graph facts; layouts are solved once per tensor-axis size."""
-
-    def __init__(self, graph: Graph, structure: Structure, cluster: Cluster, workload: Workload,
-                 time_limit_s: float, facts: GraphFacts | None = None) -> None:
+    def __init__(self, graph: Graph, structure: Structure, cluster: Cluster, workload: Workload, *,
+                 budget: Budget, layouts: str, allow_offload: bool, facts: GraphFacts | None, constraints: Constraints,
+                 gap: float, solver: str, progress: Progress | None) -> None:
         self.graph, self.structure, self.cluster, self.workload = graph, structure, cluster, workload
-        self.facts = facts or GraphFacts(graph, structure)
-        self.facts.reuse_layouts = True
-        self.count = 0
-        self.time_limit_s = time_limit_s
-        self.memo: dict[Strategy, Candidate] = {}
+        self.budget, self.layouts, self.c, self.gap = budget, layouts, constraints, gap
+        self.report = progress or (lambda msg, frac: None)
+        self.allow_offload = allow_offload and constraints.offload is None
+        self.base_offload = tuple(sorted(constraints.offload or ()))
+        # the layout ILP runs to its proven optimum unless it would take longer than the whole plan may
+        self.scorer = Scorer(graph, structure, cluster, workload, max(30.0, budget.time_limit_s), facts, solver)
+        self.scorer.worth = lambda step_s: not self._closed(step_s)
+        self.shape = grid.model_shape(graph, structure, self.scorer.facts)
+        self.layers = self.shape.layers
+        self.hbm = cluster.device.hbm_bytes
+        self.training = workload.mode == "train"
+        self.meshes = grid.meshes(self.shape, cluster, workload, constraints)
+        self.by_tc: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+        for m in self.meshes:
+            self.by_tc.setdefault((m[1], m[0]), []).append(m)
+        self.heap: list[_Node] = []
+        self.best_by_mesh: dict[tuple, Candidate] = {}
+        self.best: Candidate | None = None
+        self.pruned_bound = math.inf
+        self.pruned = 0
+        self.costings: dict[tuple, Any] = {}  # representative -> its StageCosts (None: it cannot be costed)
+        self.fitted: dict[tuple, dict[int, int]] = {}  # schedule -> ZeRO level -> least recompute that fits
 
-    def score(self, s: Strategy) -> Candidate:
-        if s in self.memo:
-            return self.memo[s]
-        self.memo[s] = c = self._score(s)
+    # -- the work ------------------------------------------------------------------------------------
+    def run(self) -> SearchResult:
+        t0 = time.perf_counter()
+        if not self.meshes:
+            raise _no_mesh(self.cluster, self.workload, self.c)
+        for cp in sorted({m[1] for m in self.meshes}):
+            self._push("cp", (cp,), 0.0)
+        complete = True
+        while self.heap:
+            node = self._next()
+            if self._closed(node.bound_s):
+                break
+            if self.budget.out():
+                complete = False
+                break
+            self.heap.remove(node)
+            self.report(f"{node.level} {node.key}", min(0.95, self.budget.nodes / max(1, len(self.meshes) * 8)))
+            if not node.refined and node.level in ("cp", "tp", "mb", "ep", "policy"):
+                bound = self._refine(node)
+                self._push(node.level, node.key, max(bound, node.bound_s), refined=True)
+            else:
+                self._expand(node)
+        open_bound = min((n.bound_s for n in self.heap), default=math.inf)  # closed, or left by the budget
+        for n in self.heap:
+            if self._closed(n.bound_s):
+                self.pruned += 1
+        if complete:
+            self._stage_widths()
+        ranked = tuple(sorted(self.best_by_mesh.values(), key=lambda c: _key(c, self.hbm)))
+        best = ranked[0] if ranked and ranked[0].fits else None
+        bound = min(best.step_s if best else math.inf, self.pruned_bound, open_bound)
+        return SearchResult(best, ranked, None if best else (ranked[0] if ranked else None), self.scorer.count,
+                            len(self.meshes), time.perf_counter() - t0, complete, self.budget.nodes,
+                            bound if math.isfinite(bound) else 0.0, self.pruned)
+
+    def _next(self) -> _Node:
+        """The region to open: the least bound, or, until a plan that fits is known, the deepest region of
+        least bound (a dive to the first incumbent, which then closes the regions it beats)."""
+        if self.best is None:  # smaller micro-batches first: they are the likelier to fit
+            return min(self.heap, key=lambda n: (-_LEVELS.index(n.level), n.key[2] if len(n.key) > 2 else 0, n))
+        return min(self.heap)
+
+    def _closed(self, bound_s: float) -> bool:
+        return self.best is not None and bound_s >= self.best.step_s * (1.0 - self.gap)
+
+    def _push(self, level: str, key: tuple, bound_s: float, refined: bool = False) -> None:
+        if self._closed(bound_s):
+            self.pruned += 1
+            self.pruned_bound = min(self.pruned_bound, bound_s)
+            return
+        self.heap.append(_Node(bound_s, (_LEVELS.index(level),) + key, level, key, refined))
+
+    def _consider(self, c: Candidate) -> Candidate:
+        self.budget.spend()
+        old = self.best_by_mesh.get(c.mesh)
+        if old is None or _key(c, self.hbm) < _key(old, self.hbm):
+            self.best_by_mesh[c.mesh] = c
+        if c.fits and (self.best is None or _key(c, self.hbm) < _key(self.best, self.hbm)):
+            self.best = c
         return c
 
-    def costs(self, s: Strategy) -> StageCosts:
-        """The stage costs of `s` (not counted as a scored strategy)."""
-        return stage_costs(self.graph, self.structure, self.cluster, self.workload, s, facts=self.facts,
-                           time_limit_s=self.time_limit_s)
-
     def _score(self, s: Strategy) -> Candidate:
-        self.count += 1
-        try:
-            m = s.micro_batches(self.workload)
-            costs = self.costs(s)
-            bd, step, _ = step_breakdown(costs, self.cluster, self.workload, s, m)
-        except HyperplanError as exc:
-            return Candidate(s, math.inf, False, math.inf, note=str(exc))
-        worst = max(costs.stages, key=lambda st: (st.memory_bytes["peak"], -st.index)).memory_bytes
-        fits = all(fits_memory(self.cluster, st.memory_bytes, self.workload.execution) for st in costs.stages)
-        return Candidate(s, step, fits, worst["peak"], bd, memory_bytes=dict(worst))
+        return self._consider(self.scorer.score(s))
+
+    # -- bounds -------------------------------------------------------------------------------------
+    def _times(self, tp: int, cp: int, mb: int, ep: int, etp: int, recompute: str = "none",
+               count_ep: bool = True) -> LayerTimes:
+        """Per-layer unavoidable seconds of one representative (one layer per stage), costed once."""
+        key = (tp, cp, mb, ep, etp, recompute)
+        if key not in self.costings:
+            self.budget.spend()
+            dp = ep * etp  # any data degree the folding allows: it changes no per-layer time
+            s = Strategy(tp=tp, cp=cp, pp=max(1, self.layers), dp=dp, ep=ep, etp=0 if etp == tp else etp,
+                         micro_batch=mb, recompute=recompute, sp=tp > 1, layouts=self.layouts)
+            try:
+                self.costings[key] = self.scorer.costs(s, replace(self.workload, global_batch=dp * mb))
+            except HyperplanError:
+                self.costings[key] = None  # no bound: the strategies will say why
+        costs = self.costings[key]
+        if costs is None:
+            return LayerTimes((0.0,), mb)
+        return layer_times(costs, self.workload.execution, tp > 1, mb, count_ep)
+
+    def _region_meshes(self, key: tuple) -> list[tuple[int, ...]]:
+        """The meshes of a region key (cp, tp, mb, ep, etp, ...)."""
+        cp = key[0]
+        out = [m for (c, t), ms in sorted(self.by_tc.items()) if c == cp and (len(key) < 2 or t == key[1])
+               for m in ms]
+        if len(key) >= 3:
+            out = [m for m in out if (self.workload.global_batch // m[3]) % key[2] == 0]
+        if len(key) >= 5:
+            out = [m for m in out if (m[4], m[5]) == (key[3], key[4])]
+        return out
+
+    def _per_sample(self, tp: int, cp: int, mb: int, region: list[tuple[int, ...]]) -> float:
+        """Least per-sample time over the region's expert degrees: for each etp the widest expert group (the
+        largest expert GEMMs), its exchange left out."""
+        best = math.inf
+        for etp in sorted({m[5] for m in region}):
+            ep = max(m[4] for m in region if m[5] == etp)
+            best = min(best, self._times(tp, cp, mb, ep, etp, count_ep=False).per_sample_s)
+        return best if math.isfinite(best) else 0.0
+
+    def _refine(self, node: _Node) -> float:
+        key, n, B = node.key, self.cluster.n_devices, self.workload.global_batch
+        if not self.training or self.c.stage_tp:
+            return 0.0
+        region = self._region_meshes(key)
+        if not region:
+            return math.inf
+        if node.level == "cp":  # tensor degree 1 at the largest micro-batch; a rank at tp does >= 1/tp of it
+            cp = key[0]
+            mb = max(B // m[3] for m in region)
+            ep = max(m[4] for m in region)
+            return mesh_bound_s(self._per_sample(1, cp, mb, [(1, cp, 1, 1, ep, 1)]), B, cp, n)
+        cp, tp = key[0], key[1]
+        if node.level == "tp":  # the largest micro-batch: no sample costs less
+            # the layouts of this tensor and context degree are solved once, at micro-batch 1 (the scorer
+            # keeps them for every strategy of the degree), so they are solved at that size first
+            self._times(tp, cp, 1, 1, tp)
+            mb = max(B // m[3] for m in region)
+            return mesh_bound_s(self._per_sample(tp, cp, mb, region), B, tp * cp, n)
+        mb = key[2]
+        if node.level == "mb":
+            return mesh_bound_s(self._per_sample(tp, cp, mb, region), B, tp * cp, n)
+        ep, etp = key[3], key[4]
+        if node.level == "ep":
+            return mesh_bound_s(self._times(tp, cp, mb, ep, etp).per_sample_s, B, tp * cp, n)
+        pp, dp, vpp, rc = key[5], key[6], key[7], RECOMPUTES[key[8]]  # policy: the pipeline at this recompute
+        return pipeline_bound_s(self._times(tp, cp, mb, ep, etp, rc), pp, B // (dp * mb), vpp)
+
+    # -- branching ----------------------------------------------------------------------------------
+    def _expand(self, node: _Node) -> None:
+        key, B = node.key, self.workload.global_batch
+        region = self._region_meshes(key)
+        if node.level == "cp":
+            for tp in sorted({m[0] for m in region}):
+                self._push("tp", key + (tp,), node.bound_s)
+        elif node.level == "tp":
+            for mb in sorted({d for m in region for d in grid.micro_batches(B // m[3], self.c)}):
+                self._push("mb", key + (mb,), node.bound_s)
+        elif node.level == "mb":
+            for ep, etp in sorted({(m[4], m[5]) for m in region}):
+                # without experts there is one (ep, etp): its bound is the micro-batch's, already exact
+                self._push("ep", key + (ep, etp), node.bound_s, refined=not self.shape.experts)
+        elif node.level == "ep":
+            self._schedules(node, region)
+        elif node.level == "schedule":
+            for rc in self._recomputes():
+                self._push("policy", key + (RECOMPUTES.index(rc),), node.bound_s)
+        else:
+            self._leaves(node)
+
+    def _schedules(self, node: _Node, region: list[tuple[int, ...]]) -> None:
+        cp, tp, mb, ep, etp = node.key
+        for m in region:
+            pp, dp = m[2], m[3]
+            micro = self.workload.global_batch // (dp * mb)
+            for vpp in grid.vpp_degrees(self.layers, pp, micro, self.c):
+                key = node.key + (pp, dp, vpp)
+                bound = 0.0 if self.c.stage_tp or not self.training else pipeline_bound_s(
+                    self._times(tp, cp, mb, ep, etp), pp, micro, vpp)
+                self._push("schedule", key, max(bound, node.bound_s), refined=True)
+
+    def _recomputes(self) -> list[str]:
+        if not self.training:
+            return ["none"]
+        return [self.c.recompute] if self.c.recompute else ["none", "selective", "full"]
+
+    def _zeros(self, s: Strategy) -> list[int]:
+        zeros = [0, 1, 2, 3] if s.dp * s.cp > 1 and self.training else [0]
+        return [z for z in zeros if self.c.zero is None or z == self.c.zero]
+
+    def _leaves(self, node: _Node) -> None:
+        """Score a schedule's strategies at one recompute policy: every ZeRO level that did not fit with less
+        recompute; where none fits, just enough layers recomputed fully, or just enough offloaded."""
+        cp, tp, mb, ep, etp, pp, dp, vpp, level = node.key
+        rc = RECOMPUTES[level]
+        sched = node.key[:-1]
+        base = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
+                        recompute=rc, sp=tp > 1, layouts=self.layouts, offload=self.base_offload,
+                        stage_tp=self.c.stage_tp or ())
+        fitted = self.fitted.setdefault(sched, {})  # ZeRO level -> the least recompute at which it fits
+        frugal: Candidate | None = None
+        for z in self._zeros(base):
+            if fitted.get(z, len(RECOMPUTES)) < level:
+                continue  # it fits with less recompute, which is faster
+            if self._closed(node.bound_s):
+                self.pruned_bound = min(self.pruned_bound, node.bound_s)
+                break
+            c = self._score(replace(base, zero=z))
+            if c.fits:
+                fitted[z] = min(level, fitted.get(z, level))
+                self._balanced(c, node.bound_s)
+            elif math.isfinite(c.peak_bytes):
+                frugal = c  # the highest ZeRO level tried keeps least
+        if frugal is None or self._closed(node.bound_s):
+            return
+        if rc == "selective" and self.c.recompute is None and pp * vpp <= self.layers:
+            self._fewest_full_layers(frugal.strategy)
+        if self.allow_offload:
+            for variant in offload_variants(frugal, self.hbm):
+                if not self._closed(node.bound_s):
+                    self._score(variant)
+
+    def _balanced(self, c: Candidate, bound_s: float) -> None:
+        """The cut that balances the stages' times, when it differs from the even one."""
+        s = c.strategy
+        if s.pp == 1 or s.vpp > 1 or s.stage_tp or self._closed(bound_s):
+            return
+        split = balanced_cut(self.scorer, s)
+        from planner.costing.pipeline_cut import even_split
+
+        if split and split != even_split(self.layers, s.pp):
+            self._score(replace(s, stage_layers=split))
+
+    def _fewest_full_layers(self, s: Strategy) -> None:
+        """Bisect the number of fully recomputed layers per chunk that makes `s` fit (memory falls with it)."""
+        lo, hi = 0, math.ceil(self.layers / (s.pp * s.vpp))  # lo does not fit; hi is full recompute, its own node
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            c = self._score(replace(s, full_recompute_layers=mid))
+            if c.fits:
+                hi = mid
+                self._balanced(c, 0.0)
+            else:
+                lo = mid
+
+    def _stage_widths(self) -> None:
+        """Stages of different widths for the best few pipelines: heavy stages get more tensor ranks."""
+        if self.c.stage_tp or not self.training:
+            return
+        top = [c for c in sorted(self.best_by_mesh.values(), key=lambda c: _key(c, self.hbm)) if c.fits][:3]
+        limit = grid.tensor_axis_limit(self.cluster)
+        for cand in top:
+            if self.budget.out():
+                return
+            for s in unequal_stage_strategies(self.structure, self.cluster, self.workload, cand.strategy,
+                                              self.scorer.costs, limit, DTYPE_WIDTH.get(self.workload.dtype, 2.0)):
+                if self.c.allows(s) and all(h % t == 0 for h in self.shape.heads for t in s.stage_tp):
+                    self._score(s)
 
 
-def _key(c: Candidate, hbm: float) -> tuple:
-    if c.fits:
-        return (0, c.step_s, c.strategy.pp, c.strategy.tp)
-    return (1, c.peak_bytes - hbm, c.step_s)
+def _no_mesh(cluster: Cluster, workload: Workload, c: Constraints) -> HyperplanError:
+    if c.given():
+        fixed = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in c.given().items())
+        return InvalidInput(f"no mesh of {cluster.n_devices} devices keeps {fixed} with a global batch of "
+                            f"{workload.global_batch}; relax a constraint or change --devices")
+    return HyperplanError(
+        f"no parallel layout of {cluster.n_devices} devices divides the global batch {workload.global_batch}; "
+        "use a batch that is a multiple of the data-parallel degree")
 
 
 def search(
@@ -179,217 +377,20 @@ def search(
     time_limit_s: float = 60.0,
     progress: Progress | None = None,
     layouts: str = "searched",
-    offload: tuple[tuple[str, float], ...] = (),
     allow_offload: bool = True,
     facts: GraphFacts | None = None,
+    constraints: Constraints = NONE,
+    budget: Budget | None = None,
+    gap: float = DEFAULT_GAP,
+    solver: str = "highs",
+    **_: Any,
 ) -> SearchResult:
-    """The fastest strategy that fits, the runners-up per mesh, and how much was searched.
+    """The fastest strategy that fits, the runners-up per mesh, how much work it took and how close to the
+    best of the space it is (see the module docstring).
 
-    Pass `facts` to share graph analysis and solved layouts between searches of one graph
-    (the MPMD split search plans the same sub-model on several group sizes)."""
-    t0 = time.perf_counter()
-    report = progress or (lambda msg, frac: None)
-    scorer = Scorer(graph, structure, cluster, workload, max(1.0, time_limit_s / 4), facts)
-    hbm = cluster.device.hbm_bytes
-    all_meshes = meshes(graph, structure, cluster, workload)
-    if not all_meshes:
-        raise HyperplanError(
-            f"no parallel layout of {cluster.n_devices} devices divides the global batch {workload.global_batch}; "
-            "use a batch that is a multiple of the data-parallel degree"
-        )
-    per_replica = {d: workload.global_batch // d for d in {m[3] for m in all_meshes}}
-    best_by_mesh: dict[tuple, Candidate] = {}
-    complete = True
-
-    def consider(c: Candidate) -> None:
-        old = best_by_mesh.get(c.mesh)
-        if old is None or _key(c, hbm) < _key(old, hbm):
-            best_by_mesh[c.mesh] = c
-
-    def ladder(base: Strategy, with_offload: bool = False, per_layer: bool = False) -> Candidate:
-        """The fastest recompute / ZeRO (/ offload) combination of one strategy that fits, or the least over.
-
-        Without offload, less recompute and a lower ZeRO stage are faster, so the
-        first combination that fits wins. With offload (HyperOffload), a level
-        that does not fit may still fit by moving a fraction of a memory class
-        to the host or pooled tier; whether that beats the next recompute level
-        depends on the tier's link, so both are scored. With `per_layer`, a level
-        that does not fit is also tried with just enough layers of each chunk
-        recomputed fully (recompute chosen per layer).
-        """
-        zeros = (1, 2, 3) if base.dp * base.cp > 1 else (0,)
-        best: Candidate | None = None
-        fitting: list[Candidate] = []
-        last: Candidate | None = None  # the most frugal combination tried at the previous recompute level
-        for rc in _RECOMPUTE_LADDER:
-            if per_layer and rc == "full" and not fitting and last is not None and math.isfinite(last.peak_bytes):
-                mixed = _fewest_full_layers(last.strategy)
-                if mixed is not None:
-                    fitting.append(mixed)
-                    if best is None or _key(mixed, hbm) < _key(best, hbm):
-                        best = mixed
-            last = None
-            for z in zeros:
-                c = scorer.score(replace(base, recompute=rc, zero=z))
-                if best is None or _key(c, hbm) < _key(best, hbm):
-                    best = c
-                last = c
-                if c.fits:
-                    fitting.append(c)
-                    break
-            if fitting and fitting[-1].strategy.recompute == rc:
-                break  # a plain fit at this level: more recompute is only slower
-            if with_offload and last is not None and math.isfinite(last.peak_bytes):
-                for variant in offload_variants(last, hbm):
-                    c = scorer.score(variant)
-                    if best is None or _key(c, hbm) < _key(best, hbm):
-                        best = c
-                    if c.fits:
-                        fitting.append(c)
-        if fitting:
-            return min(fitting, key=lambda c: _key(c, hbm))
-        return best  # type: ignore[return-value]
-
-    def _fewest_full_layers(s: Strategy) -> Candidate | None:
-        """Bisect the number of fully recomputed layers per chunk that makes `s` fit (memory falls with it)."""
-        per_chunk = math.ceil(len(structure.layers()) / (s.pp * s.vpp))
-        lo, hi = 0, per_chunk  # lo does not fit; hi = all layers full, which the ladder tries anyway
-        found = None
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            c = scorer.score(replace(s, full_recompute_layers=mid))
-            if c.fits:
-                hi, found = mid, c
-            else:
-                lo = mid
-        return found
-
-    # 1. probe every mesh at micro-batch 1; within one (tp, cp, ep) family, deeper pipelines stop being
-    #    probed once two in a row fit but are slower than the family's best (more stages only add bubble)
-    probes = probe_meshes(all_meshes)
-    worse: dict[tuple[int, ...], int] = {}
-    family_best: dict[tuple[int, ...], float] = {}
-    for k, (tp, cp, pp, dp, ep, etp) in enumerate(probes):
-        if time.perf_counter() - t0 > time_limit_s * 0.6:
-            complete = False
-            break
-        fam = (tp, cp, ep, etp)
-        if worse.get(fam, 0) >= 2:
-            continue
-        report(f"mesh TP{tp}·CP{cp}·PP{pp}·DP{dp}·EP{ep}", 0.6 * k / len(probes))
-        base = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, micro_batch=1, sp=tp > 1,
-                        layouts=layouts, offload=offload)
-        c = ladder(base)
-        consider(c)
-        if c.fits:
-            if c.step_s > family_best.get(fam, math.inf):
-                worse[fam] = worse.get(fam, 0) + 1
-            else:
-                family_best[fam], worse[fam] = c.step_s, 0
-
-    # 1b. nothing fits: try offload on the probes closest to fitting
-    if allow_offload and not any(c.fits for c in best_by_mesh.values()):
-        for cand in sorted(best_by_mesh.values(), key=lambda c: _key(c, hbm))[:12]:
-            consider(ladder(cand.strategy, with_offload=True))
-
-    # 2. the best meshes over micro-batch sizes, interleaving and offload
-    top = sorted(best_by_mesh.values(), key=lambda c: _key(c, hbm))[:6]
-    for k, cand in enumerate(top):
-        if time.perf_counter() - t0 > time_limit_s * 0.85:
-            complete = False
-            break
-        report(f"micro-batches for {cand.strategy.short()}", 0.6 + 0.25 * k / max(1, len(top)))
-        s = cand.strategy
-        if allow_offload:
-            consider(ladder(s, with_offload=True))
-        consider(ladder(s, per_layer=True))
-        for mb in (2, 4, 8):
-            if per_replica[s.dp] % mb:
-                continue
-            consider(ladder(replace(s, micro_batch=mb), with_offload=allow_offload, per_layer=True))
-        layers = len(structure.layers())
-        if s.pp > 1 and layers >= 2 * s.pp:
-            consider(ladder(replace(s, vpp=2)))
-        for mesh in all_meshes:  # the expert-parallel degrees between the probed ones
-            tp, cp, pp, dp, ep, etp = mesh
-            if (tp, cp, pp, dp, etp) == (s.tp, s.cp, s.pp, s.dp, s.expert_tp) and ep not in (1, s.ep) \
-                    and mesh not in probes:
-                consider(ladder(replace(s, ep=ep)))
-
-    # 3. a balanced pipeline cut for the best few
-    top = sorted(best_by_mesh.values(), key=lambda c: _key(c, hbm))[:3]
-    for cand in top:
-        s = cand.strategy
-        if s.pp == 1 or s.vpp > 1 or not cand.fits:
-            continue
-        report(f"balancing stages of {s.short()}", 0.9)
-        split = _balanced(scorer, s)
-        if split and split != _even(len(structure.layers()), s.pp):
-            consider(scorer.score(replace(s, stage_layers=split)))
-
-    # 4. stages of different widths for the best few pipelines: heavy stages get more tensor ranks
-    top = sorted(best_by_mesh.values(), key=lambda c: _key(c, hbm))[:3]
-    for cand in top:
-        if not cand.fits or time.perf_counter() - t0 > time_limit_s * 0.95:
-            continue
-        report(f"stage widths of {cand.strategy.short()}", 0.95)
-        for s in unequal_stage_strategies(structure, cluster, workload, cand.strategy, scorer.costs,
-                                          tensor_axis_limit(cluster), DTYPE_WIDTH.get(workload.dtype, 2.0)):
-            consider(scorer.score(s))
-
-    ranked = tuple(sorted(best_by_mesh.values(), key=lambda c: _key(c, hbm)))
-    best = ranked[0] if ranked and ranked[0].fits else None
-    closest = None if best else (ranked[0] if ranked else None)
-    report("done", 1.0)
-    return SearchResult(best, ranked, closest, scorer.count, len(all_meshes), time.perf_counter() - t0, complete)
-
-
-_OFFLOAD_STEP = 0.05
-
-
-def offload_variants(c: Candidate, hbm: float) -> list[Strategy]:
-    """Strategies that move just enough of one memory class (or the optimizer and one more) off HBM to fit.
-
-    Fractions are rounded up to 5% steps; activations first (their traffic hides behind compute), then
-    the optimizer states (ZeRO-Offload: the update runs on the host), then parameters.
-    """
-    mem = c.memory_bytes
-    over = mem.get("peak", 0.0) - 0.99 * hbm
-    if over <= 0 or c.strategy.tp == 0:
-        return []
-    base = dict(c.strategy.offload)
-    out: list[Strategy] = []
-
-    def frac(need: float, have: float) -> float | None:
-        if have <= 0:
-            return None
-        f = math.ceil(need / have / _OFFLOAD_STEP) * _OFFLOAD_STEP
-        return min(1.0, round(f, 2)) if need <= have else None
-
-    for cls in ("activations", "optimizer", "params"):
-        f = frac(over, mem.get(cls, 0.0))
-        if f:
-            out.append(replace(c.strategy, offload=tuple(sorted({**base, cls: f}.items()))))
-    rest = over - mem.get("optimizer", 0.0)
-    if rest > 0 and mem.get("optimizer", 0.0) > 0:
-        for cls in ("activations", "params"):
-            f = frac(rest, mem.get(cls, 0.0))
-            if f:
-                out.append(replace(c.strategy, offload=tuple(sorted({**base, "optimizer": 1.0, cls: f}.items()))))
-    return out
-
-
-def _even(n: int, k: int) -> tuple[int, ...]:
-    return even_split(n, k)
-
-
-def _balanced(scorer: Scorer, s: Strategy) -> tuple[int, ...] | None:
-    """Layers per stage that balance the stage times of `s` (embedding and head included)."""
-    costs = scorer.costs(s)
-    first, last = edge_blocks(scorer.structure)
-    stem = sum(costs.block_s.get(name, 0.0) for name in first)
-    head = sum(costs.block_s.get(name, 0.0) for name in last)
-    try:
-        return balanced_split([costs.block_s.get(b.name, 0.0) for b in scorer.structure.layers()], s.pp, stem, head)
-    except ValueError:
-        return None
+    Pass `facts` to share graph analysis and solved layouts between searches of one graph (the MPMD split
+    search plans the same sub-model on several group sizes), and `budget` to share one budget between
+    searches of one plan."""
+    budget = budget or Budget(time_limit_s)
+    return _Search(graph, structure, cluster, workload, budget=budget, layouts=layouts, allow_offload=allow_offload,
+                   facts=facts, constraints=constraints, gap=gap, solver=solver, progress=progress).run()

@@ -1,0 +1,126 @@
+"""Lower bounds on the step time of a region of the strategy space, for branch and bound.
+
+A region fixes some knobs (context degree, then tensor degree, micro-batch, expert degrees, then the
+pipeline and data degrees and the interleaving); its bound must not exceed the estimate of any strategy
+in it. Every bound here is built from one costing of a representative (`stage_costs` with one layer per
+pipeline stage and no recompute) and keeps only what no choice left open can remove:
+
+- per stage and micro-batch, the forward and backward compute (and the recomputed forward, for a region
+  of one recompute policy), the context-parallel ring as exposed
+  (already net of its overlap), and the tensor- and expert-parallel collectives less what their overlap
+  can hide at most (a tensor collective only behind the GEMM it feeds, `tp_*_hidden`; the expert exchange
+  only its `ep_overlap_share`; `cost_models.overlap`): recompute, ZeRO-3's gathers, offload,
+  the point-to-point sends, the data-parallel tail and the optimizer step only add to it;
+- per pipeline: a 1F1B step of stages with those times is (m - 1/v) max_i t_i + sum_i t_i / v
+  (`cost_models.schedule`); over every contiguous cut, the least max_i t_i is the bottleneck of the
+  linear partition (`least_widest_stage`), interleaved chunks are cut evenly as the search cuts them;
+- above the pipeline (any pp and dp with pp x dp fixed), m max_i t_i >= m sum_i t_i / pp: the work of
+  one step over the devices.
+
+Two monotonicities carry a bound from one representative to a whole region (both hold for roofline
+times with efficiency rising with op size and latencies amortised over bytes, the cost model's shape;
+`tests/test_search_bounds.py` checks them against every strategy of small spaces): a sample costs no
+more at the largest micro-batch than at a smaller one, and the work of a rank at tensor degree t is at
+least 1/t of it at t = 1; for routed experts, the widest expert-parallel group runs the largest (most
+efficient) expert GEMMs, so its compute, without the exchange, bounds every narrower one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from planner.costing.execution import Execution
+from planner.costing.stage_costs import StageCosts
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTimes:
+    """Per layer (the first with the embedding, the last with the head), the seconds per micro-batch no
+    choice in the region removes; `count_ep` says whether the expert exchange is part of them."""
+
+    per_layer_s: tuple[float, ...]
+    micro_batch: int
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.per_layer_s)
+
+    @property
+    def per_sample_s(self) -> float:
+        return self.total_s / self.micro_batch
+
+
+def layer_times(costs: StageCosts, execution: Execution, sp: bool, micro_batch: int, count_ep: bool) -> LayerTimes:
+    """The unavoidable seconds of each stage of a costing with one layer per stage (see the module docstring)."""
+    out = []
+    for st in costs.stages:
+        p = st.parts
+        t = p.forward + p.backward + p.recompute + p.cp_fwd + p.cp_bwd
+        # a collective hides at most behind its own GEMM (tp_*_hidden), the expert exchange at most its share
+        t += p.tp_fwd + p.tp_bwd
+        if execution.overlap_tp_comm and sp:
+            t -= p.tp_fwd_hidden + p.tp_bwd_hidden
+        if count_ep:
+            t += (p.ep_fwd + p.ep_bwd) * ((1.0 - execution.ep_overlap_share) if execution.overlap_ep_comm else 1.0)
+        out.append(t)
+    return LayerTimes(tuple(out), micro_batch)
+
+
+def mesh_bound_s(per_sample_s: float, global_batch: int, ranks_per_replica: int, devices: int) -> float:
+    """Any pipeline over any data-parallel degree: the step's samples at `per_sample_s` each (the time of
+    one replica of `ranks_per_replica` = tp x cp x pp ranks... of one stage), spread over every device.
+
+    m max_i t_i >= m sum_i t_i / pp with m = B / (dp mb): B x per-sample x tp x cp / devices."""
+    return global_batch * per_sample_s * ranks_per_replica / devices
+
+
+def pipeline_bound_s(lt: LayerTimes, pp: int, microbatches: int, vpp: int) -> float:
+    """A 1F1B (interleaved when vpp > 1) step of pp stages of these layers, m micro-batches, at the best cut
+    (vpp 1: the exact linear partition) or the even cut of pp x vpp chunks."""
+    per = lt.per_layer_s
+    if pp == 1:
+        return microbatches * lt.total_s
+    if vpp == 1:
+        return (microbatches - 1) * least_widest_stage(per, pp) + lt.total_s
+    from planner.costing.pipeline_cut import even_split
+
+    sizes = even_split(len(per), pp * vpp)
+    widest = _max_stage(per, sizes, pp)
+    return (microbatches - 1.0 / vpp) * widest + lt.total_s / vpp
+
+
+def least_widest_stage(per: Sequence[float], pp: int) -> float:
+    """The least slowest-stage time over every cut of `per` into pp contiguous stages, from below: the
+    bottleneck of the linear partition, bisected on the greedy test (a cap is feasible iff filling each stage
+    up to it takes at most pp stages) to 1e-9 of it; the value returned is never above the exact one."""
+    lo, hi = max(max(per), sum(per) / pp), sum(per)
+    if hi <= 0:
+        return 0.0
+    lo *= 1 - 1e-12  # max(per) and the mean are themselves lower bounds of the answer
+    while hi - lo > 1e-9 * hi:
+        mid = 0.5 * (lo + hi)
+        if _stages_needed(per, mid) <= pp:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def _stages_needed(per: Sequence[float], cap: float) -> int:
+    n, acc = 1, 0.0
+    for x in per:
+        if acc + x > cap:
+            n, acc = n + 1, x
+        else:
+            acc += x
+    return n
+
+
+def _max_stage(per: Sequence[float], chunk_sizes: Sequence[int], pp: int) -> float:
+    stage = [0.0] * pp
+    i = 0
+    for c, n in enumerate(chunk_sizes):
+        stage[c % pp] += sum(per[i:i + n])
+        i += n
+    return max(stage)

@@ -1,0 +1,114 @@
+"""What the user fixes of a plan: the knobs given are taken as they are, the search chooses the rest.
+
+Users start from the layout they run today and ask what to change: `hyperplan plan ... --tp 8 --pp 8` keeps
+those two degrees and searches data and context parallelism, micro-batch, recompute, ZeRO and offload around
+them. With every knob fixed the plan is the estimate of that one strategy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from planner.errors import InvalidInput
+from planner.strategy import OFFLOAD_CLASSES, RECOMPUTE_POLICIES, Strategy
+
+_DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "micro_batch")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Constraints:
+    """Knobs fixed by the user; None means searched. `offload` fixes the fractions moved off HBM per memory
+    class (() = nothing offloaded, like --no-offload); None lets the search choose them."""
+
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
+    vpp: int | None = None
+    dp: int | None = None
+    micro_batch: int | None = None
+    recompute: str | None = None
+    zero: int | None = None
+    stage_tp: tuple[int, ...] | None = None
+    offload: tuple[tuple[str, float], ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in _DEGREES:
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InvalidInput(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+        if self.recompute is not None and self.recompute not in RECOMPUTE_POLICIES:
+            raise InvalidInput(f"--recompute must be one of {', '.join(RECOMPUTE_POLICIES)}, got {self.recompute!r}")
+        if self.zero is not None and self.zero not in (0, 1, 2, 3):
+            raise InvalidInput(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.stage_tp is not None:
+            if len(self.stage_tp) < 2 or min(self.stage_tp) < 1:
+                raise InvalidInput(f"--stage-tp {list(self.stage_tp)}: give a positive tensor degree for each of "
+                                   "two or more pipeline stages")
+            if self.pp is not None and self.pp != len(self.stage_tp):
+                raise InvalidInput(f"--stage-tp gives {len(self.stage_tp)} stages, but --pp is {self.pp}")
+            if self.tp is not None and self.tp != max(self.stage_tp):
+                raise InvalidInput(f"--tp {self.tp} with --stage-tp {list(self.stage_tp)}: tp is then the widest "
+                                   f"stage's degree, {max(self.stage_tp)}")
+            if self.vpp not in (None, 1):
+                raise InvalidInput("stages with different device counts (--stage-tp) need --vpp 1")
+        for cls, frac in self.offload or ():
+            if cls not in OFFLOAD_CLASSES:
+                raise InvalidInput(f"unknown offload class {cls!r}; use one of {', '.join(OFFLOAD_CLASSES)}")
+            if not 0.0 <= frac <= 1.0:
+                raise InvalidInput(f"offload fraction of {cls} must be within 0..1, got {frac}")
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any] | None) -> "Constraints":
+        """From a plan file's `constraints:` section or keyword arguments; unknown keys are refused."""
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InvalidInput(f"unknown constraint {unknown[0]!r}; use any of {', '.join(sorted(known))}")
+        if d.get("stage_tp") is not None:
+            d["stage_tp"] = tuple(int(x) for x in d["stage_tp"])
+            d.setdefault("pp", len(d["stage_tp"]))
+            d.setdefault("tp", max(d["stage_tp"]))
+        if isinstance(d.get("offload"), Mapping):
+            d["offload"] = tuple(sorted((str(k), float(v)) for k, v in d["offload"].items() if float(v) > 0))
+        elif d.get("offload") is not None:
+            d["offload"] = tuple(sorted((str(k), float(v)) for k, v in d["offload"] if float(v) > 0))
+        return cls(**{k: v for k, v in d.items() if v is not None})
+
+    def given(self) -> dict[str, Any]:
+        """The fixed knobs, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def allows_mesh(self, tp: int, cp: int, pp: int, dp: int, ep: int, etp: int) -> bool:
+        """Whether a mesh (etp as a number, never 0) keeps the fixed degrees."""
+        fixed_etp = self.etp
+        return all(want is None or want == have for want, have in
+                   ((self.tp, tp), (self.cp, cp), (self.pp, pp), (self.dp, dp), (self.ep, ep), (fixed_etp, etp)))
+
+    def allows(self, s: Strategy) -> bool:
+        """Whether a whole strategy keeps every fixed knob."""
+        if not self.allows_mesh(s.tp, s.cp, s.pp, s.dp, s.ep, s.expert_tp):
+            return False
+        if self.vpp is not None and s.vpp != self.vpp:
+            return False
+        if self.micro_batch is not None and s.micro_batch != self.micro_batch:
+            return False
+        if self.recompute is not None and (s.recompute != self.recompute or s.full_recompute_layers):
+            return False
+        if self.zero is not None and s.zero != self.zero:
+            return False
+        if self.stage_tp is not None and tuple(s.stage_tp) != self.stage_tp:
+            return False
+        if self.offload is not None and tuple(sorted(s.offload)) != tuple(sorted(self.offload)):
+            return False
+        return True
+
+    @property
+    def offload_searched(self) -> bool:
+        return self.offload is None
+
+
+NONE = Constraints()

@@ -1,0 +1,128 @@
+"""The outer strategy space: which degrees, micro-batches and interleavings a plan may take.
+
+What the space holds (the README's search section and `plan --help` list the same):
+
+- tp: every divisor of the devices within the scale-up domain (every interconnect level but the
+  scale-out one) that divides each attention core's query heads (KV heads are replicated when tp
+  exceeds them) and the sequence (sequence parallelism splits it);
+- cp: every degree that divides the devices left by tp and the sequence into 2 x cp equal chunks (ring
+  attention's load-balanced halves), for models with attention;
+- pp: every stage count up to the number of layers that divides the devices left (stages need not hold
+  equal layer counts); dp is what remains, and must divide the global batch;
+- ep: every divisor of the routed expert count that divides the ranks MoE folding puts experts on
+  (tp x cp x dp of a stage, over etp); etp: tp, or 1 (experts then span the tensor ranks too);
+- micro-batch: every divisor of the sequences per data-parallel replica;
+- vpp: every count of interleaved chunks that divides the layers per stage (the micro-batches per step
+  must then be a multiple of pp, as Megatron-LM's interleaved schedule asks);
+- per strategy: ZeRO 0-3 (0 alone without data or context parallelism), recompute none / selective /
+  full or the first k layers of each chunk full, offload fractions per memory class in 5 % steps,
+  the balanced pipeline cut, and stages of different tensor widths around the best pipelines.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cost_models import Cluster
+
+from planner.graph.blocks import Structure
+from planner.graph.ir import Graph
+from planner.graph.moe import routed_experts
+from planner.search.constraints import Constraints
+from planner.strategy import Workload
+
+
+def divisors(n: int) -> list[int]:
+    """Every positive divisor of n, ascending."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small) | {n // d for d in small})
+
+
+def tensor_axis_limit(cluster: Cluster) -> int:
+    """Largest tensor-parallel degree: the scale-up domain (every level but the scale-out one)."""
+    inner = [lvl.group_size for lvl in cluster.levels[:-1] if lvl.group_size] or [
+        cluster.levels[0].group_size or cluster.n_devices]
+    return max(1, min(max(inner), cluster.n_devices))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What of the model bounds the degrees: layers, query heads per attention core, routed experts."""
+
+    layers: int
+    heads: tuple[int, ...]
+    experts: int
+
+
+def model_shape(graph: Graph, structure: Structure, facts=None) -> ModelShape:
+    from planner.costing.attention import attention_regions
+
+    regions = facts.regions if facts is not None else attention_regions(graph)
+    return ModelShape(len(structure.layers()), tuple(sorted({r.heads for r in regions if r.heads > 0})),
+                      routed_experts(graph, structure))
+
+
+def tp_degrees(shape: ModelShape, cluster: Cluster, workload: Workload, c: Constraints) -> list[int]:
+    n = cluster.n_devices
+    if c.tp is not None:
+        return [c.tp] if n % c.tp == 0 or c.stage_tp else []
+    limit = tensor_axis_limit(cluster)
+    return [t for t in divisors(n) if t <= limit and all(h % t == 0 for h in shape.heads)
+            and (t == 1 or workload.seq_len % t == 0)]
+
+
+def cp_degrees(shape: ModelShape, rest: int, workload: Workload, c: Constraints) -> list[int]:
+    if c.cp is not None:
+        return [c.cp] if rest % c.cp == 0 else []
+    if not shape.heads:
+        return [1]
+    return [d for d in divisors(rest) if d == 1 or workload.seq_len % (2 * d) == 0]
+
+
+def meshes(shape: ModelShape, cluster: Cluster, workload: Workload, c: Constraints) -> list[tuple[int, ...]]:
+    """Every (tp, cp, pp, dp, ep, etp) the devices, scale-up domain, heads, layers and batch allow, and the
+    constraints keep (with --stage-tp, tp is the widest stage and the stages' widths add up per replica)."""
+    n = cluster.n_devices
+    out = []
+    for tp in tp_degrees(shape, cluster, workload, c):
+        width = sum(c.stage_tp) if c.stage_tp else tp  # tensor ranks of one pipeline replica's first cut
+        for cp in cp_degrees(shape, n // tp if not c.stage_tp else n, workload, c):
+            if c.stage_tp:
+                if n % (width * cp):
+                    continue
+                pps = [len(c.stage_tp)]
+                rest = n // (width * cp)
+            else:
+                if (n // tp) % cp:
+                    continue
+                rest = n // (tp * cp)
+                pps = [p for p in divisors(rest) if p <= max(1, shape.layers)]
+            for pp in pps:
+                dp = rest if c.stage_tp else rest // pp
+                if workload.global_batch % dp:
+                    continue
+                ranks = tp * cp * dp
+                etps = sorted({tp, 1}) if shape.experts and tp > 1 else [tp]
+                for etp in etps:
+                    eps = [e for e in divisors(shape.experts) if ranks % (e * etp) == 0] if shape.experts else [1]
+                    for ep in eps:
+                        if c.allows_mesh(tp, cp, pp, dp, ep, etp):
+                            out.append((tp, cp, pp, dp, ep, etp))
+    return out
+
+
+def micro_batches(per_replica: int, c: Constraints) -> list[int]:
+    if c.micro_batch is not None:
+        return [c.micro_batch] if per_replica % c.micro_batch == 0 else []
+    return divisors(per_replica)
+
+
+def vpp_degrees(layers: int, pp: int, m: int, c: Constraints) -> list[int]:
+    """Interleaved chunks per stage: 1, and every v > 1 that divides the layers per stage when the layers
+    divide into pp stages and the micro-batches into whole rounds of pp."""
+    if pp == 1 or c.stage_tp:
+        out = [1]
+    else:
+        out = [1] + ([v for v in divisors(layers // pp) if v > 1] if layers % pp == 0 and m % pp == 0 else [])
+    return [v for v in out if c.vpp is None or v == c.vpp]

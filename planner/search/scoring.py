@@ -1,0 +1,184 @@
+"""Scoring one strategy for the search: the analytic step time, whether it fits, and what it keeps.
+
+A `Scorer` shares the graph analysis and the solved layouts (once per tensor-axis size) between all the
+strategies of one search, so a strategy costs one pass over the tied graph; `offload_variants` names the
+strategies that move just enough of a memory class off HBM to fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping
+
+from cost_models import Cluster
+
+from planner.costing.estimate import fits_memory
+from planner.costing.graph_facts import GraphFacts
+from planner.costing.stage_costs import StageCosts, stage_costs
+from planner.costing.step_time import step_breakdown
+from planner.errors import HyperplanError
+from planner.graph.blocks import Structure
+from planner.graph.ir import Graph
+from planner.strategy import Strategy, Workload
+
+Progress = Callable[[str, float], None]
+"""Called with a message and the fraction of the search done."""
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One scored strategy."""
+
+    strategy: Strategy
+    step_s: float
+    fits: bool
+    peak_bytes: float
+    breakdown_s: Mapping[str, float] = field(default_factory=dict)
+    note: str = ""
+    memory_bytes: Mapping[str, float] = field(default_factory=dict)  # the stage with the highest peak
+
+    @property
+    def mesh(self) -> tuple:
+        """(tp, cp, pp, dp, ep, etp), and the stages' widths when they differ."""
+        s = self.strategy
+        return (s.tp, s.cp, s.pp, s.dp, s.ep, s.expert_tp) + ((s.stage_tp,) if s.stage_tp else ())
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    best: Candidate | None
+    ranked: tuple[Candidate, ...]  # the best candidate of each mesh, best first
+    closest: Candidate | None  # when nothing fits: the candidate least over memory
+    evaluated: int  # strategies scored
+    meshes: int  # meshes in the space
+    wall_s: float
+    complete: bool  # False when --time-limit (or the work budget) cut the search short
+    nodes: int = 0  # work: costings of region representatives and strategies scored
+    bound_s: float = 0.0  # no strategy of the space is faster than this (see `bounds`)
+    pruned: int = 0  # regions closed by their bound
+
+    @property
+    def gap(self) -> float:
+        """How far the best plan may be from the best of the space: (step - bound) / step."""
+        if self.best is None or not math.isfinite(self.best.step_s) or self.best.step_s <= 0:
+            return math.inf
+        return max(0.0, (self.best.step_s - self.bound_s) / self.best.step_s)
+
+
+class Scorer:
+    """Scores strategies with shared graph facts; layouts are solved once per tensor-axis size."""
+
+    def __init__(self, graph: Graph, structure: Structure, cluster: Cluster, workload: Workload,
+                 time_limit_s: float, facts: GraphFacts | None = None, solver: str = "highs") -> None:
+        self.graph, self.structure, self.cluster, self.workload = graph, structure, cluster, workload
+        self.facts = facts or GraphFacts(graph, structure)
+        self.facts.reuse_layouts = True
+        self.count = 0
+        self.time_limit_s = time_limit_s
+        self.solver = solver
+        self.worth: Callable[[float], bool] = lambda step_s: True  # could a plan this fast (or slower) still win?
+        self.memo: dict[Strategy, Candidate] = {}
+
+    def score(self, s: Strategy) -> Candidate:
+        if s in self.memo:
+            return self.memo[s]
+        self.memo[s] = c = self._score(s)
+        return c
+
+    def costs(self, s: Strategy, workload: Workload | None = None, memory_constraint: bool = False) -> StageCosts:
+        """The stage costs of `s` (not counted as a scored strategy); `workload` replaces the search's (a
+        region's representative runs one micro-batch); `memory_constraint` solves the layouts under the
+        integer program's memory rows, for this strategy alone (as `estimate` does when the fastest do not fit)."""
+        wl = workload or self.workload
+        if not memory_constraint:
+            return stage_costs(self.graph, self.structure, self.cluster, wl, s, facts=self.facts,
+                               time_limit_s=self.time_limit_s, solver=self.solver)
+        self.facts.reuse_layouts = False  # the layouts of this strategy alone, under its memory
+        try:
+            return stage_costs(self.graph, self.structure, self.cluster, wl, s, facts=self.facts,
+                               time_limit_s=self.time_limit_s, memory_constraint=True, solver=self.solver)
+        finally:
+            self.facts.reuse_layouts = True
+
+    def _score(self, s: Strategy) -> Candidate:
+        self.count += 1
+        try:
+            m = s.micro_batches(self.workload)
+            costs = self.costs(s)
+            fits = self._fits(costs)
+            usable = self.workload.execution.usable_hbm_bytes(self.cluster.device.hbm_bytes)
+            peak = max(st.memory_bytes["peak"] for st in costs.stages)
+            bd, step, _ = step_breakdown(costs, self.cluster, self.workload, s, m)
+            if not fits and self.workload.mode == "train" and s.tp > 1 and peak <= MEMORY_RETRY * usable \
+                    and self.worth(step):  # slower layouts that fit, as `estimate` picks them, when they could win
+                costs = self.costs(s, memory_constraint=True)
+                fits = self._fits(costs)
+                bd, step, _ = step_breakdown(costs, self.cluster, self.workload, s, m)
+        except HyperplanError as exc:
+            return Candidate(s, math.inf, False, math.inf, note=str(exc))
+        worst = max(costs.stages, key=lambda st: (st.memory_bytes["peak"], -st.index)).memory_bytes
+        return Candidate(s, step, fits, worst["peak"], bd, memory_bytes=dict(worst))
+
+    def _fits(self, costs: StageCosts) -> bool:
+        return all(fits_memory(self.cluster, st.memory_bytes, self.workload.execution) for st in costs.stages)
+
+
+#: A strategy whose fastest layouts are at most this far over memory has its layouts solved again under the
+#: memory rows of the integer program (beyond it no layout saves enough).
+MEMORY_RETRY = 1.25
+
+
+def _key(c: Candidate, hbm: float) -> tuple:
+    if c.fits:
+        return (0, c.step_s, c.strategy.pp, c.strategy.tp)
+    return (1, c.peak_bytes - hbm, c.step_s)
+
+
+_OFFLOAD_STEP = 0.05
+
+
+def offload_variants(c: Candidate, hbm: float) -> list[Strategy]:
+    """Strategies that move just enough of one memory class (or the optimizer and one more) off HBM to fit.
+
+    Fractions are rounded up to 5% steps; activations first (their traffic hides behind compute), then
+    the optimizer states (ZeRO-Offload: the update runs on the host), then parameters.
+    """
+    mem = c.memory_bytes
+    over = mem.get("peak", 0.0) - 0.99 * hbm
+    if over <= 0 or c.strategy.tp == 0:
+        return []
+    base = dict(c.strategy.offload)
+    out: list[Strategy] = []
+
+    def frac(need: float, have: float) -> float | None:
+        if have <= 0:
+            return None
+        f = math.ceil(need / have / _OFFLOAD_STEP) * _OFFLOAD_STEP
+        return min(1.0, round(f, 2)) if need <= have else None
+
+    for cls in ("activations", "optimizer", "params"):
+        f = frac(over, mem.get(cls, 0.0))
+        if f:
+            out.append(replace(c.strategy, offload=tuple(sorted({**base, cls: f}.items()))))
+    rest = over - mem.get("optimizer", 0.0)
+    if rest > 0 and mem.get("optimizer", 0.0) > 0:
+        for cls in ("activations", "params"):
+            f = frac(rest, mem.get(cls, 0.0))
+            if f:
+                out.append(replace(c.strategy, offload=tuple(sorted({**base, "optimizer": 1.0, cls: f}.items()))))
+    return out
+
+
+def balanced_cut(scorer: Scorer, s: Strategy) -> tuple[int, ...] | None:
+    """Layers per stage that balance the stage times of `s` (embedding and head included)."""
+    from planner.search.pipeline import balanced_split
+    from planner.search.stage_widths import edge_blocks
+
+    costs = scorer.costs(s)
+    first, last = edge_blocks(scorer.structure)
+    stem = sum(costs.block_s.get(name, 0.0) for name in first)
+    head = sum(costs.block_s.get(name, 0.0) for name in last)
+    try:
+        return balanced_split([costs.block_s.get(b.name, 0.0) for b in scorer.structure.layers()], s.pp, stem, head)
+    except ValueError:
+        return None
