@@ -186,6 +186,12 @@ def _cache_read(folder: Path, key: str) -> dict[str, Any] | None:
     return data.get("point") if isinstance(data, dict) and data.get("key") == key else None
 
 
+def cacheable(rec: Mapping[str, Any]) -> bool:
+    """Whether a point's record may be served again: timeouts, failures and plans cut short by --time-limit
+    depend on the machine, so they are never cached."""
+    return rec["status"] in ("ok", "infeasible") and rec.get("search_complete") is not False
+
+
 def _cache_write(folder: Path, key: str, point: Mapping[str, Any]) -> None:
     """Atomic write; a cache that cannot be written only costs time, so errors are ignored."""
     try:
@@ -378,8 +384,7 @@ def sweep_points(model: str | os.PathLike, clusters: Sequence[str], devices: Seq
     def done(j: int, rec: dict[str, Any]) -> None:
         i, task, key = pending[j]
         points[i].update(rec)
-        # timeouts, failures and plans cut short by --time-limit depend on the machine: never cached
-        if use_cache and rec["status"] in ("ok", "infeasible") and rec.get("search_complete") is not False:
+        if use_cache and cacheable(rec):
             _cache_write(folder, key, rec)
         finished[0] += 1
         if progress is not None:

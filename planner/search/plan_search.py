@@ -113,6 +113,7 @@ class _Search:
         self.pruned_bound = math.inf
         self.pruned = 0
         self.costings: dict[tuple, Any] = {}  # representative -> its StageCosts (None: it cannot be costed)
+        self.schedules: dict[tuple, float] = {}  # every schedule region seen -> its bound
         self.fitted: dict[tuple, dict[int, int]] = {}  # schedule -> ZeRO level -> least recompute that fits
 
     # -- the work ------------------------------------------------------------------------------------
@@ -143,6 +144,7 @@ class _Search:
                 self.pruned += 1
         if complete:
             self._stage_widths()
+            self._runners_up()
         ranked = tuple(sorted(self.best_by_mesh.values(), key=lambda c: _key(c, self.hbm)))
         best = ranked[0] if ranked and ranked[0].fits else None
         bound = min(best.step_s if best else math.inf, self.pruned_bound, open_bound)
@@ -275,6 +277,7 @@ class _Search:
             micro = self.workload.global_batch // (dp * mb)
             for vpp in grid.vpp_degrees(self.layers, pp, micro, self.c):
                 key = node.key + (pp, dp, vpp)
+                self.schedules.setdefault(key, node.bound_s)
                 bound = 0.0 if self.c.stage_tp or not self.training else pipeline_bound_s(
                     self._times(tp, cp, mb, ep, etp), pp, micro, vpp)
                 self._push("schedule", key, max(bound, node.bound_s), refined=True)
@@ -342,6 +345,27 @@ class _Search:
                 self._balanced(c, 0.0)
             else:
                 lo = mid
+
+    def _runners_up(self, n: int = 3) -> None:
+        """The best plan's policies on the closest other meshes (by bound), when the bound closed them
+        unscored: so the plan can say why they lost."""
+        if self.best is None:
+            return
+        b = self.best.strategy
+        others = sorted((bound, key) for key, bound in self.schedules.items()
+                        if (key[1], key[0], key[5], key[6], key[3], key[4]) not in self.best_by_mesh)
+        seen: set[tuple] = set()
+        for bound, (cp, tp, mb, ep, etp, pp, dp, vpp) in others:
+            mesh = (tp, cp, pp, dp, ep, etp)
+            if len(seen) >= n or self.budget.out():
+                return
+            if mesh in seen:
+                continue
+            seen.add(mesh)
+            s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
+                         recompute=b.recompute, zero=b.zero if dp * cp > 1 else 0, sp=tp > 1, layouts=self.layouts,
+                         offload=b.offload)
+            self._score(s)
 
     def _stage_widths(self) -> None:
         """Stages of different widths for the best few pipelines: heavy stages get more tensor ranks."""

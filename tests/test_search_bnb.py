@@ -1,0 +1,165 @@
+"""The branch-and-bound search: nothing in the space beats it, its bound holds, constraints hold, it is
+deterministic under load, and both layout solvers agree."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cost_models import load_cluster
+from planner.api import _graph_for_costing, estimate_model, make_workload, plan_model
+from planner.costing.estimate import estimate
+from planner.costing.graph_facts import GraphFacts
+from planner.errors import InvalidInput
+from planner.graph.blocks import discover_blocks
+from planner.search import grid
+from planner.search.constraints import NONE, Constraints
+from planner.strategy import Strategy
+
+ROOT = Path(__file__).resolve().parents[1]
+DENSE_A = ("gpt", dict(layers=4, hidden=512, heads=8, vocab=8000))
+DENSE_B = ("llama3-8b", dict(layers=4, hidden=512, heads=8, kv_heads=2, vocab=8000))
+MOE = ("mixtral-8x7b", dict(layers=2, hidden=512, heads=8, kv_heads=2, vocab=8000))
+
+
+def _every_strategy(model, over, cluster, devices, batch, seq):
+    """Every combination of the searched knobs (even cut, no offload) scored by `estimate`."""
+    graph = _graph_for_costing(model, seq, None, over)
+    st = discover_blocks(graph)
+    hw = load_cluster(cluster, devices=devices)
+    wl = make_workload("train", batch, seq, "bf16", None)
+    facts = GraphFacts(graph, st)
+    shape = grid.model_shape(graph, st, facts)
+    out = []
+    for tp, cp, pp, dp, ep, etp in grid.meshes(shape, hw, wl, NONE):
+        for mb in grid.micro_batches(batch // dp, NONE):
+            m = batch // (dp * mb)
+            for vpp in grid.vpp_degrees(shape.layers, pp, m, NONE):
+                zeros = (0, 1, 2, 3) if dp * cp > 1 else (0,)
+                for z, rc in itertools.product(zeros, ("none", "selective", "full")):
+                    s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp,
+                                 micro_batch=mb, recompute=rc, zero=z, sp=tp > 1, layouts="searched")
+                    out.append((s, estimate(graph, st, hw, wl, s, facts=facts)))
+    return out
+
+
+@pytest.mark.parametrize("model,over,devices,batch,seq,hbm", [
+    (*DENSE_A, 8, 16, 1024, None),
+    (*DENSE_B, 16, 16, 2048, 1.0),
+    (*MOE, 8, 8, 1024, None),
+])
+def test_nothing_in_the_space_beats_the_plan_and_the_bound_holds(model, over, devices, batch, seq, hbm):
+    plan = plan_model(model, cluster="dgx-h100", devices=devices, global_batch=batch, seq_len=seq, overrides=over,
+                      offload=False, mpmd=False, gap=0.0, memory_gib=hbm)
+    hw_cap = plan["estimate"]["hbm_gib"]
+    every = _every_strategy(model, over, "dgx-h100", devices, batch, seq)
+    fitting = [e.step_time_s for s, e in every if e.memory_bytes["peak"] / 2**30 <= hw_cap]
+    assert fitting
+    step = plan["estimate"]["step_time_s"]
+    assert step <= min(fitting) * (1 + 1e-6)
+    bound = plan["search"]["bound_s"]
+    assert 0 < bound <= min(e.step_time_s for _, e in every) * (1 + 1e-9)  # below every strategy, fitting or not
+    assert plan["search"]["complete"] and plan["search"]["gap"] <= 1e-9 + (step - bound) / step
+
+
+def test_a_fully_fixed_plan_is_the_estimate_of_it():
+    model, over = DENSE_A
+    fixed = dict(tp=2, pp=2, cp=1, ep=1, vpp=1, dp=2, micro_batch=2, recompute="selective", zero=1)
+    kw = dict(cluster="dgx-h100", devices=8, global_batch=16, seq_len=1024, overrides=over)
+    plan = plan_model(model, constraints=fixed, offload=False, **kw)
+    s = plan["strategy"]
+    assert {k: s[k] for k in fixed} == fixed
+    again = estimate_model(model, tp=s["tp"], pp=s["pp"], dp=s["dp"], cp=s["cp"], ep=s["ep"], vpp=s["vpp"],
+                           micro_batch=s["micro_batch"], recompute=s["recompute"], sp=s["sp"], zero=s["zero"],
+                           stage_layers=tuple(s["stage_layers"]), layouts=s["layouts"], **kw)
+    assert again["step_time_s"] == plan["estimate"]["step_time_s"]
+
+
+def test_constraints_are_kept_and_the_rest_searched():
+    model, over = DENSE_B
+    kw = dict(cluster="dgx-h100", devices=16, global_batch=32, seq_len=1024, overrides=over, mpmd=False)
+    free = plan_model(model, **kw)
+    tied = plan_model(model, constraints={"tp": 4, "zero": 3}, **kw)
+    assert tied["strategy"]["tp"] == 4 and tied["strategy"]["zero"] == 3
+    assert tied["estimate"]["step_time_s"] >= free["estimate"]["step_time_s"] * (1 - free["search"]["gap"] - 1e-9)
+    with pytest.raises(InvalidInput, match="keeps --tp 3"):
+        plan_model(model, constraints={"tp": 3}, **kw)
+    with pytest.raises(InvalidInput, match="unknown constraint"):
+        plan_model(model, constraints={"tpp": 2}, **kw)
+
+
+def test_the_space_holds_every_divisor():
+    hw = load_cluster("cloudmatrix384", devices=384)
+    wl = make_workload("train", 1536, 4096, "bf16", None)
+    shape = grid.ModelShape(layers=61, heads=(128,), experts=256)
+    tps = grid.tp_degrees(shape, hw, wl, NONE)
+    assert tps == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert 128 in grid.cp_degrees(shape, 384, wl, NONE)
+    eps = {m[4] for m in grid.meshes(shape, hw, wl, Constraints(tp=8, cp=1))}
+    assert eps == {1, 2, 4, 8, 16, 32, 64, 128, 256}
+    assert grid.micro_batches(24, NONE) == [1, 2, 3, 4, 6, 8, 12, 24]
+    assert grid.vpp_degrees(48, 4, 8, NONE) == [1, 2, 3, 4, 6, 12]
+
+
+def test_both_layout_solvers_reach_the_same_objective():
+    model, over = DENSE_A
+    kw = dict(cluster="dgx-h100", devices=8, global_batch=16, seq_len=1024, overrides=over)
+    a = estimate_model(model, tp=4, dp=2, sp=True, layouts="searched", solver="highs", **kw)
+    b = estimate_model(model, tp=4, dp=2, sp=True, layouts="searched", solver="cpsat", **kw)
+    assert b["step_time_s"] == pytest.approx(a["step_time_s"], rel=1e-6)
+    pa = plan_model(model, constraints={"tp": 4}, solver="highs", mpmd=False, **kw)
+    pb = plan_model(model, constraints={"tp": 4}, solver="cpsat", mpmd=False, **kw)
+    assert pb["estimate"]["step_time_s"] == pytest.approx(pa["estimate"]["step_time_s"], rel=1e-6)
+
+
+def test_a_time_limit_only_stops_and_is_validated():
+    model, over = DENSE_B
+    kw = dict(cluster="dgx-h100", devices=16, global_batch=32, seq_len=1024, overrides=over, mpmd=False)
+    with pytest.raises(InvalidInput, match="--time-limit must be positive"):
+        plan_model(model, time_limit_s=0, **kw)
+    cut = plan_model(model, max_nodes=12, **kw)  # the work budget runs out: best so far, marked incomplete
+    assert not cut["search"]["complete"] and "stopped" in cut["search"]["optimal_within"]
+    full = plan_model(model, **kw)
+    assert full["search"]["complete"]
+    assert cut["search"]["bound_s"] <= full["estimate"]["step_time_s"] * (1 + 1e-9)
+
+
+def test_an_incomplete_plan_is_never_cached():
+    from planner.whatif import cacheable
+
+    assert cacheable({"status": "ok", "search_complete": True})
+    assert cacheable({"status": "infeasible", "search_complete": None})
+    assert not cacheable({"status": "ok", "search_complete": False})
+    assert not cacheable({"status": "timeout", "search_complete": None})
+
+
+_HOG = "import time\nt = time.time() + {secs}\nwhile time.time() < t: pass\n"
+
+
+def _plan_file(path: Path, hog: bool) -> bytes:
+    args = [sys.executable, "-c", 'import sys; from cli.app import main; sys.argv[0]="hyperplan"; main()', "plan",
+            "llama3-8b", "--layers", "4", "--hidden", "1024", "--heads", "8", "--kv-heads", "2", "--vocab",
+            "8000", "--cluster", "dgx-h100", "--devices", "16", "--global-batch", "32", "--seq-len", "1024",
+            "-o", str(path)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    hogs = [subprocess.Popen([sys.executable, "-c", _HOG.format(secs=60)]) for _ in range(2 if hog else 0)]
+    try:
+        subprocess.run(args, env=env, check=True, capture_output=True, timeout=300)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    return path.read_bytes()
+
+
+def test_the_same_plan_file_idle_and_with_both_cores_busy(tmp_path):
+    idle = _plan_file(tmp_path / "idle.yaml", hog=False)
+    busy = _plan_file(tmp_path / "busy.yaml", hog=True)
+    assert idle == busy
