@@ -32,7 +32,8 @@ from planner.costing.recompute import recompute_marks
 from planner.errors import Infeasible, InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
-from planner.search.intra_op import IMPOSSIBLE_S, build_skeleton, detach, price
+from planner.search.intra_op import IMPOSSIBLE_S, detach
+from planner.search.skeleton import build_skeleton, price
 from planner.search.solve import solve_intra_op
 from planner.search.space import REPLICATED
 from planner.strategy import Strategy, Workload
