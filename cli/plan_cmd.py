@@ -18,7 +18,8 @@ from planner import bounds
 from planner.api import plan_inference, plan_model
 from planner.errors import InvalidInput
 from planner.hypershard import Request, declare_plan, declare_serving, write_document
-from planner.hypershard.io import check_output, check_suffix
+from planner.hypershard.io import check_output, check_suffix, read_constraints
+from planner.search.constraints import merge as merge_constraints
 
 console = render.LiveConsole(highlight=False, soft_wrap=False)
 
@@ -90,6 +91,10 @@ def plan_cmd(
                                                          "fractions (params, grads, optimizer, activations), e.g. "
                                                          "--offload optimizer=1; --no-offload: none.",
                                                          rich_help_panel=_FIX, show_default=False)] = None,
+    constraints_file: Annotated[Optional[str], typer.Option(
+        "--constraints", metavar="FILE", help="Fix the knobs of a plan file's constraints: section (a declaration "
+        "`plan -o` wrote with constraints, or a .yaml/.json holding that section, e.g. constraints: {tp: 8, pp: 4}); "
+        "the flags above add to it.", rich_help_panel=_FIX, show_default=False)] = None,
     solver: Annotated[str, typer.Option("--solver", help=_SOLVER_HELP)] = "highs",
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the HyperShard declaration to a "
                                                   ".yaml or .json file (`hyperplan validate` / `export` read it); "
@@ -121,7 +126,8 @@ def plan_cmd(
     chunk full; offload fractions per memory class in 5 % steps; per-op tensor layouts (an integer program); and
     stages of different tensor widths around the best pipelines. Branch and bound over it, with a lower bound on
     the step time of each region, proves the plan within 1 % of the best of the equal-width space ("optimal within
-    X %"). Constraints (--tp, --pp, ... --offload) fix knobs and the search chooses the rest.
+    X %"). Constraints (--tp, --pp, ... --offload, or a plan file's constraints: section with --constraints FILE)
+    fix knobs and the search chooses the rest.
 
     With --mode infer it plans serving instead: prefill and decode on device groups sized by the search (or
     co-located), each with its TP/DP/PP/EP layout, batch and KV-cache offload, under --ttft-ms/--tpot-ms or
@@ -140,8 +146,10 @@ def plan_cmd(
         check_suffix(output)
         check_output(output, "-o", protect=(model, cluster, stack), force=force, noun="declaration")
     if mode == "infer":
-        if any(v is not None for v in (tp, pp, cp, ep, etp, vpp, dp, micro_batch, recompute, zero, stage_tp, offload)):
-            raise InvalidInput("--tp, --pp, ... --offload fix a training plan; with --mode infer drop them")
+        if any(v is not None for v in (tp, pp, cp, ep, etp, vpp, dp, micro_batch, recompute, zero, stage_tp, offload,
+                                       constraints_file)):
+            raise InvalidInput("--tp, --pp, ... --offload and --constraints fix a training plan; with --mode infer "
+                               "drop them")
         _check_infer_flags(global_batch, seq_len, prompt_len, gen_len, batch, ttft_ms, tpot_ms, output)
         result = plan_inference(model, cluster=cluster, devices=devices, prompt_len=prompt_len, gen_len=gen_len,
                                 batch=batch, ttft_ms=ttft_ms, tpot_ms=tpot_ms, dtype=dtype, kv_dtype=kv_dtype,
@@ -172,6 +180,8 @@ def plan_cmd(
         fixed["stage_tp"] = parse_stage_tp(stage_tp, pp, tp)
     if offload:
         fixed["offload"] = parse_offload(offload)
+    if constraints_file is not None:
+        fixed = merge_constraints(read_constraints(constraints_file), fixed, constraints_file)
     if global_batch is None or seq_len is None:
         missing = " and ".join(f for f, v in (("--global-batch", global_batch), ("--seq-len", seq_len)) if v is None)
         raise InvalidInput(f"{missing} {'is' if ' and ' not in missing else 'are'} needed to plan training; "

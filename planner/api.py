@@ -324,6 +324,8 @@ def plan_model(
             mpmd_info["used"] = False
         out["mpmd"] = mpmd_info
     out.update(_describe(model, graph, hw, workload))
+    if user.given():
+        out["constraints"] = user.as_section()
     return out
 
 

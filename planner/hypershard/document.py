@@ -268,6 +268,8 @@ def _figures(estimate: Mapping[str, Any]) -> dict[str, Any]:
 def _tail(doc: dict[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
     if "search" in plan:
         doc["search"] = dict(plan["search"])
+    if plan.get("constraints"):
+        doc["constraints"] = dict(plan["constraints"])
     if plan.get("runners_up"):
         doc["runners_up"] = [{"summary": r["summary"], "step_time_s": r["step_time_s"], "why": r["why"]}
                              for r in plan["runners_up"]]

@@ -174,6 +174,27 @@ def _json_constant(word: str) -> float:
     raise _DuplicateKey(f"{word} is not a number JSON allows; give a finite number")
 
 
+def read_constraints(path: str) -> dict[str, Any]:
+    """The `constraints:` section of a plan file: a declaration `plan -o` wrote (it records the knobs that were
+    fixed), or a file holding that one section; InvalidInput naming the file when there is none."""
+    p = Path(path)
+    if p.suffix.lower() not in SUFFIXES:
+        raise InvalidInput(f"--constraints {path}: a plan file is a .yaml, .yml or .json file")
+    if not p.is_file():
+        raise InvalidInput(f"--constraints: file '{path}' does not exist; check the path")
+    try:
+        doc = parse(p.read_text(encoding="utf-8"), p.name, json_format=p.suffix.lower() == ".json")
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{path}: not a UTF-8 text file; give a YAML or JSON plan file") from None
+    if "hypershard" in doc:
+        check_schema(doc, p.name)
+    section = doc.get("constraints")
+    if not isinstance(section, Mapping):
+        raise InvalidInput(f"{p.name} has no constraints: section; write one like `constraints: {{tp: 8, pp: 4}}` "
+                           "(the keys of --tp ... --offload, with underscores: micro_batch, stage_tp)")
+    return dict(section)
+
+
 def parse(text: str, name: str, *, json_format: bool) -> dict[str, Any]:
     """The document of `text` (JSON or YAML); InvalidInput naming the file for bad syntax or a repeated key."""
     if json_format:

@@ -110,5 +110,34 @@ class Constraints:
     def offload_searched(self) -> bool:
         return self.offload is None
 
+    def as_section(self) -> dict[str, Any]:
+        """The fixed knobs as a plan file's `constraints:` section writes them (lists and mappings)."""
+        out = self.given()
+        if "stage_tp" in out:
+            out["stage_tp"] = list(out["stage_tp"])
+        if "offload" in out:
+            out["offload"] = dict(out["offload"])
+        return out
+
+
+def merge(from_file: Mapping[str, Any], flags: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """A plan file's constraints with the command line's: both keep their knobs; one both fix differently is
+    refused, naming the file."""
+    a, b = Constraints.from_mapping(from_file).given(), Constraints.from_mapping(flags).given()
+    for k in sorted(set(a) & set(b)):
+        if a[k] != b[k]:
+            flag = f"--{k.replace('_', '-')}"
+            raise InvalidInput(f"{flag} {_show(b[k])} disagrees with {source}'s constraints ({k}: {_show(a[k])}); "
+                               f"drop {flag} or edit the file")
+    return {**a, **b}
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, tuple) and v and isinstance(v[0], tuple):
+        return ",".join(f"{k}={f:g}" for k, f in v) or "none"
+    if isinstance(v, tuple):
+        return ",".join(str(x) for x in v)
+    return str(v)
+
 
 NONE = Constraints()
