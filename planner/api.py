@@ -258,7 +258,7 @@ def plan_model(
     """
     from cost_models import load_cluster
 
-    from planner.errors import Infeasible
+    from planner.errors import Infeasible, SolverTimeout
     from planner.costing.estimate import estimate
     from planner.graph.blocks import discover_blocks
     from planner.plan import Plan, mesh_axes, plan_to_dict, search_summary
@@ -287,14 +287,16 @@ def plan_model(
         mp = plan_mpmd(graph, structure, hw, workload, time_limit_s=budget.remaining_s(), allow_offload=offload,
                        progress=progress, incumbent_s=result.best.step_s if result.best else None, budget=budget)
     if result.best is None and mp is None:
+        if budget.stopped:  # not proven infeasible: stopped first (never cached as an answer by whatif)
+            raise SolverTimeout(f"the search stopped by {budget.stopped_by} after {budget.nodes} nodes, before any "
+                                "strategy that fits was found; raise --time-limit")
         raise Infeasible(_infeasible_message(model, hw, result))
     out: dict[str, Any]
     if result.best is not None:
         est = estimate(graph, structure, hw, workload, result.best.strategy, solver=solver)
         others = tuple(c for c in result.ranked if c.mesh != result.best.mesh)[:3]
-        plan = Plan(result.best.strategy, est, others, result, mesh_axes(hw, result.best.strategy))
+        plan = Plan(result.best.strategy, est, others, result, mesh_axes(hw, result.best.strategy), budget.stopped_by)
         out = plan_to_dict(plan)
-        out["search"]["complete"] = result.complete and not budget.stopped
         out["programs"] = [{"name": "model", "submodels": [s.name for s in structure.submodels],
                             "devices": hw.n_devices, "ranks": [0, hw.n_devices - 1], "strategy": out["strategy"]}]
     if mp is not None:
@@ -316,8 +318,8 @@ def plan_model(
                   "step_time_s": spmd_step, "fits": True, "peak_gib": plan.estimate.memory_bytes["peak"] / 2**30,
                   "why": f"{(spmd_step / overall['step_time_s'] - 1) * 100:.1f}% slower than MPMD"}]
                 if result.best is not None else []),
-                "search": {**search_summary(result, overall["step_time_s"]), "layout_solver_gap":
-                           overall["solver_gap"], "complete": result.complete and not budget.stopped},
+                "search": {**search_summary(result, overall["step_time_s"], budget.stopped_by), "layout_solver_gap":
+                           overall["solver_gap"]},
                 "programs": progs}
             mpmd_info["used"] = True
         else:

@@ -27,6 +27,7 @@ class Plan:
     runners_up: tuple[Candidate, ...]
     search: SearchResult
     mesh: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+    stopped_by: str = ""  # what cut the plan's search short (the time limit or the work budget), if anything
 
 
 def mesh_axes(cluster: Cluster, s: Strategy) -> tuple[dict[str, Any], ...]:
@@ -99,20 +100,23 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
              "why": why_slower(c, win_bd, plan.estimate.step_time_s)}
             for c in plan.runners_up
         ],
-        "search": {**search_summary(plan.search, plan.estimate.step_time_s),
+        "search": {**search_summary(plan.search, plan.estimate.step_time_s, plan.stopped_by),
                    "layout_solver_gap": plan.estimate.solver_gap},
     })
 
 
-def search_summary(r: SearchResult, step_s: float) -> dict[str, Any]:
+def search_summary(r: SearchResult, step_s: float, stopped_by: str = "") -> dict[str, Any]:
     """How much was searched and how close the plan is to the best of the space: no wall-clock time here, so
-    the same inputs give the same document, byte for byte."""
+    the same inputs give the same document, byte for byte. `stopped_by` names what cut the plan's search
+    short (the time limit, or the work budget), if anything did."""
     gap = max(0.0, (step_s - r.bound_s) / step_s) if r.bound_s > 0 and step_s > 0 else None
-    return plain({"evaluated": r.evaluated, "meshes": r.meshes, "complete": r.complete, "nodes": r.nodes,
+    complete = r.complete and not stopped_by
+    return plain({"evaluated": r.evaluated, "meshes": r.meshes, "complete": complete, "nodes": r.nodes,
                   "pruned": r.pruned, "bound_s": r.bound_s, "gap": gap,
                   "optimal_within": (f"optimal within {100 * gap:.2f} %" if gap is not None else
-                                     "no bound: nothing fits") + ("" if r.complete else
-                                                                  " (search stopped by --time-limit)")})
+                                     "no bound: nothing fits") + ("" if complete else
+                                                                  f" (search stopped by {stopped_by or '--time-limit'};"
+                                                                  " best so far)")})
 
 
 def strategy_dict(s: Strategy) -> dict[str, Any]:

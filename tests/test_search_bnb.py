@@ -17,7 +17,7 @@ from cost_models import load_cluster
 from planner.api import _graph_for_costing, estimate_model, make_workload, plan_model
 from planner.costing.estimate import estimate
 from planner.costing.graph_facts import GraphFacts
-from planner.errors import InvalidInput
+from planner.errors import InvalidInput, SolverTimeout
 from planner.graph.blocks import discover_blocks
 from planner.search import grid
 from planner.search.constraints import NONE, Constraints
@@ -124,11 +124,14 @@ def test_a_time_limit_only_stops_and_is_validated():
     kw = dict(cluster="dgx-h100", devices=16, global_batch=32, seq_len=1024, overrides=over, mpmd=False)
     with pytest.raises(InvalidInput, match="--time-limit must be positive"):
         plan_model(model, time_limit_s=0, **kw)
-    cut = plan_model(model, max_nodes=12, **kw)  # the work budget runs out: best so far, marked incomplete
-    assert not cut["search"]["complete"] and "stopped" in cut["search"]["optimal_within"]
     full = plan_model(model, **kw)
-    assert full["search"]["complete"]
+    assert full["search"]["complete"] and "stopped" not in full["search"]["optimal_within"]
+    cut = plan_model(model, max_nodes=full["search"]["nodes"] - 1, **kw)  # best so far, marked incomplete
+    assert not cut["search"]["complete"] and "stopped by its work budget" in cut["search"]["optimal_within"]
     assert cut["search"]["bound_s"] <= full["estimate"]["step_time_s"] * (1 + 1e-9)
+    assert cut["estimate"]["step_time_s"] >= full["estimate"]["step_time_s"] * (1 - full["search"]["gap"] - 1e-9)
+    with pytest.raises(SolverTimeout, match="before any strategy that fits"):  # not "infeasible": never cached
+        plan_model(model, max_nodes=1, **kw)
 
 
 def test_an_incomplete_plan_is_never_cached():

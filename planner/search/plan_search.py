@@ -62,14 +62,17 @@ class Budget:
         self.t0 = time.perf_counter()
         self.nodes = 0
         self.stopped = False  # the limit cut some search short
+        self.stopped_by = ""  # what cut it: "--time-limit", or the work budget
 
     def spend(self, n: int = 1) -> None:
         self.nodes += n
 
     def out(self) -> bool:
         """Whether the work or the time is used up (then the search stops where it is)."""
-        if self.nodes >= self.max_nodes or time.perf_counter() - self.t0 > self.time_limit_s:
-            self.stopped = True
+        if not self.stopped and self.nodes >= self.max_nodes:
+            self.stopped, self.stopped_by = True, f"its work budget of {self.max_nodes} nodes"
+        elif not self.stopped and time.perf_counter() - self.t0 > self.time_limit_s:
+            self.stopped, self.stopped_by = True, "--time-limit"
         return self.stopped
 
     def remaining_s(self) -> float:
