@@ -126,8 +126,9 @@ def plan_cmd(
     chunk full; offload fractions per memory class in 5 % steps; per-op tensor layouts (an integer program); and
     stages of different tensor widths around the best pipelines. Branch and bound over it, with a lower bound on
     the step time of each region, proves the plan within 1 % of the best of the equal-width space ("optimal within
-    X %"). Constraints (--tp, --pp, ... --offload, or a plan file's constraints: section with --constraints FILE)
-    fix knobs and the search chooses the rest.
+    X %"), unless --time-limit stops it first (then the plan is marked incomplete with the gap it reached).
+    Constraints (--tp, --pp, ... --offload, or a plan file's constraints: section with --constraints FILE) fix
+    knobs and the search chooses the rest.
 
     With --mode infer it plans serving instead: prefill and decode on device groups sized by the search (or
     co-located), each with its TP/DP/PP/EP layout, batch and KV-cache offload, under --ttft-ms/--tpot-ms or
