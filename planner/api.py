@@ -227,7 +227,7 @@ def plan_model(
     devices: int | None = None,
     dtype: str = "bf16",
     mode: str = "train",
-    time_limit_s: float = 60.0,
+    time_limit_s: float | None = None,
     overrides: Mapping[str, Any] | None = None,
     dims: Mapping[str, int] | None = None,
     progress: Any = None,
@@ -250,8 +250,8 @@ def plan_model(
     micro_batch, recompute, zero, stage_tp, offload: `planner.search.constraints.Constraints`) and the search
     chooses the rest (as one program: no MPMD split then). `gap` is how close to the bound the search must
     prove its plan (default 1 %), `solver` the layout ILP's solver (highs or cpsat); `time_limit_s` stops a
-    search that would take longer (the plan is then marked incomplete); effort is counted in work
-    (`max_nodes`), so the same inputs give the same plan on any machine.
+    search that would take longer (the plan is then marked incomplete; None, the default: no limit but the
+    work); effort is counted in work (`max_nodes`), so the same inputs give the same plan on any machine.
 
     Raises `Infeasible` when nothing fits, saying how much memory the closest
     strategy needs and about how many devices would hold it.
@@ -284,7 +284,7 @@ def plan_model(
     if mpmd and not user.given() and not budget.out():
         from planner.search.mpmd import plan_mpmd
 
-        mp = plan_mpmd(graph, structure, hw, workload, time_limit_s=budget.remaining_s(), allow_offload=offload,
+        mp = plan_mpmd(graph, structure, hw, workload, allow_offload=offload,
                        progress=progress, incumbent_s=result.best.step_s if result.best else None, budget=budget)
     if result.best is None and mp is None:
         if budget.stopped:  # not proven infeasible: stopped first (never cached as an answer by whatif)

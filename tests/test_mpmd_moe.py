@@ -71,7 +71,7 @@ def split_search(dsv3):
     g, st, facts, split = dsv3
     cm = load_cluster("cloudmatrix384", devices=16)
     wl = Workload(global_batch=64, seq_len=SEQ)
-    return MoeSplitSearch(g, st, cm, wl, split, facts, time_limit_s=10), cm, wl
+    return MoeSplitSearch(g, st, cm, wl, split, facts), cm, wl
 
 
 def test_traffic_per_step_is_every_token_to_its_experts_and_back_forward_and_backward(split_search, dsv3):
@@ -107,7 +107,7 @@ def test_a_dense_model_has_no_expert_programs():
 @pytest.mark.slow
 def test_attention_beside_experts_is_never_slower_than_the_plain_plan():
     out = plan_model("deepseek-v3", cluster="cloudmatrix384", devices=16, global_batch=64, seq_len=SEQ,
-                     overrides=SMALL_DSV3, time_limit_s=10)
+                     overrides=SMALL_DSV3)
     mp = out["mpmd"]
     plain = mp["spmd_step_time_s"]
     assert out["estimate"]["step_time_s"] == pytest.approx(min(plain, mp["step_time_s"]))
@@ -123,6 +123,6 @@ def test_splits_predicted_well_behind_the_single_program_plan_go_unsearched(dsv3
     g, st, facts, split = dsv3
     cm = load_cluster("cloudmatrix384", devices=16)
     wl = Workload(global_batch=64, seq_len=SEQ)
-    hopeless = MoeSplitSearch(g, st, cm, wl, split, facts, time_limit_s=10)
+    hopeless = MoeSplitSearch(g, st, cm, wl, split, facts)
     assert hopeless.best(incumbent_s=1e-9) is not None and len(hopeless.scored) == 1
     # without an incumbent the same search goes on to the predicted splits (test_the_chosen_split_... scores them)

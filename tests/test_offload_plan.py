@@ -37,8 +37,8 @@ def _pcie_host(cluster):
 def test_a_faster_host_link_gets_more_offloaded(llama20):
     g, st = llama20
     pooled = load_cluster("cloudmatrix384", devices=16)
-    fast = search(g, st, pooled, W, time_limit_s=60)
-    slow = search(g, st, _pcie_host(pooled), W, time_limit_s=60)
+    fast = search(g, st, pooled, W)
+    slow = search(g, st, _pcie_host(pooled), W)
     assert fast.best and slow.best
     assert _offloaded_gib(fast.best) > _offloaded_gib(slow.best)
     # and the offload pays: the pooled tier's plan is at least as fast as the PCIe one
@@ -48,7 +48,7 @@ def test_a_faster_host_link_gets_more_offloaded(llama20):
 def test_no_offload_reproduces_the_plain_search(llama20):
     g, st = llama20
     pcie = _pcie_host(load_cluster("cloudmatrix384", devices=16))
-    plain = search(g, st, pcie, W, time_limit_s=60, allow_offload=False)
+    plain = search(g, st, pcie, W, allow_offload=False)
     assert plain.best is not None and not any(f for _, f in plain.best.strategy.offload)
     assert _offloaded_gib(plain.best) == 0
 

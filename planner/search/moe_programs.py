@@ -48,7 +48,7 @@ from planner.graph.subgraph import extract
 from planner.costing.graph_facts import GraphFacts
 from planner.search.moe_split import (EXPERT_TAG, ExpertGroup, MoeSplit, expert_flops, expert_group, split_moe)
 from planner.search.mpmd import MpmdResult, Program, ProgramPlan, ProgramSearch
-from planner.search.plan_search import Candidate
+from planner.search.plan_search import Budget, Candidate
 from planner.search.program_groups import group_cluster, group_unit, group_workload
 from planner.costing.stage_costs import DTYPE_WIDTH, stage_costs
 from planner.strategy import Strategy, Workload
@@ -149,12 +149,11 @@ class MoeSplitSearch:
     """Scores attention | experts splits of one model on one cluster; each split's attention searched once."""
 
     def __init__(self, graph: Graph, structure: Structure, cluster: Cluster, workload: Workload, split: MoeSplit,
-                 facts: GraphFacts, *, time_limit_s: float = 60.0, allow_offload: bool = True,
+                 facts: GraphFacts, *, time_limit_s: float | None = None, allow_offload: bool = True,
                  progress: Progress | None = None, budget=None) -> None:
         self.graph, self.structure, self.cluster, self.workload = graph, structure, cluster, workload
         self.split, self.facts = split, facts
-        self.ps = ProgramSearch(cluster, workload, time_limit_s / (2 * SEARCHED_SPLITS), allow_offload, progress,
-                                budget)
+        self.ps = ProgramSearch(cluster, workload, allow_offload, progress, budget or Budget(time_limit_s))
         self.attn_facts = self.ps.facts_of(split.attention)
         self.scored: dict[int, SplitScore | None] = {}
         # expert groups too small for their experts' states and one sample per attention device (the least
@@ -233,7 +232,7 @@ def plan_moe_programs(
     cluster: Cluster,
     workload: Workload,
     *,
-    time_limit_s: float = 60.0,
+    time_limit_s: float | None = None,
     allow_offload: bool = True,
     progress: Progress | None = None,
     incumbent_s: float | None = None,

@@ -105,10 +105,10 @@ def split_programs(graph: Graph, structure: Structure) -> list[Program]:
 class ProgramSearch:
     """The best plan of a program on a group of n devices, searched once per (program, n)."""
 
-    def __init__(self, cluster: Cluster, workload: Workload, budget_s: float, allow_offload: bool,
-                 progress: Progress | None, budget: Budget | None = None) -> None:
-        self.cluster, self.workload, self.budget_s, self.allow_offload = cluster, workload, budget_s, allow_offload
-        self.budget = budget  # the whole plan's (work and time), shared with the single-program search
+    def __init__(self, cluster: Cluster, workload: Workload, allow_offload: bool, progress: Progress | None,
+                 budget: Budget) -> None:
+        self.cluster, self.workload, self.allow_offload = cluster, workload, allow_offload
+        self.budget = budget  # the whole plan's (work and time), shared by every program's search
         self.report = progress or (lambda msg, frac: None)
         self.memo: dict[tuple[str, int], tuple[Candidate, ...]] = {}
         self.facts: dict[str, GraphFacts] = {}
@@ -125,8 +125,7 @@ class ProgramSearch:
             self.report(f"MPMD: {p.name} on {n} devices", 0.5)
             try:
                 r = search(p.graph, p.structure, group_cluster(self.cluster, n), group_workload(self.workload, n),
-                           time_limit_s=max(self.budget_s, 1e-3), allow_offload=self.allow_offload,
-                           facts=self.facts_of(p), budget=self.budget)
+                           allow_offload=self.allow_offload, facts=self.facts_of(p), budget=self.budget)
                 self.memo[key] = r.ranked
             except HyperplanError:
                 self.memo[key] = ()
@@ -163,7 +162,7 @@ def plan_mpmd(
     cluster: Cluster,
     workload: Workload,
     *,
-    time_limit_s: float = 60.0,
+    time_limit_s: float | None = None,
     allow_offload: bool = True,
     progress: Progress | None = None,
     incumbent_s: float | None = None,
@@ -174,7 +173,7 @@ def plan_mpmd(
     whole plan's (its searches spend from it)."""
     from planner.search.moe_programs import plan_moe_programs
 
-    kw = dict(time_limit_s=time_limit_s, allow_offload=allow_offload, progress=progress, budget=budget)
+    kw = dict(allow_offload=allow_offload, progress=progress, budget=budget or Budget(time_limit_s))
     results = [r for r in (plan_encoders(graph, structure, cluster, workload, **kw),
                            plan_moe_programs(graph, structure, cluster, workload, incumbent_s=incumbent_s, **kw))
                if r is not None]
@@ -187,19 +186,20 @@ def plan_encoders(
     cluster: Cluster,
     workload: Workload,
     *,
-    time_limit_s: float = 60.0,
+    time_limit_s: float | None = None,
     allow_offload: bool = True,
     progress: Progress | None = None,
     budget: Budget | None = None,
 ) -> MpmdResult | None:
-    """The best two-program plan (encoders | backbone), or None when the model has no separable encoders."""
+    """The best two-program plan (encoders | backbone), or None when the model has no separable encoders;
+    `budget` (or one of `time_limit_s`) is shared by every program's search."""
     progs = split_programs(graph, structure)
     sizes = group_sizes(cluster)
     if len(progs) != 2 or not sizes:
         return None
     enc, llm = progs
     n = cluster.n_devices
-    ps = ProgramSearch(cluster, workload, time_limit_s / 8, allow_offload, progress, budget)
+    ps = ProgramSearch(cluster, workload, allow_offload, progress, budget or Budget(time_limit_s))
 
     ks = balance_points(lambda c: ps.step(enc, c), lambda c: ps.step(llm, n - c), sizes, n)
     options = []

@@ -47,18 +47,23 @@ __all__ = ["Budget", "Candidate", "Scorer", "SearchResult", "search", "DEFAULT_G
 DEFAULT_GAP = 0.01
 #: Work allowed to one plan (costings and scored strategies): far above what any zoo model needs.
 DEFAULT_MAX_NODES = 20_000
+#: The layout ILP's own stop (HiGHS proves the zoo's layer problems optimal within seconds; a layout solved
+#: short of its optimum says so in the plan's `layout_solver_gap`).
+_ILP_LIMIT_S = 3600.0
 _LEVELS = ("cp", "tp", "mb", "ep", "schedule", "policy")
 RECOMPUTES = ("none", "selective", "full")
 
 
 class Budget:
     """One budget for a whole plan (the single-program search and the MPMD searches share it): work in
-    nodes, and a wall-clock limit that only stops a search (then marked incomplete)."""
+    nodes, and a wall-clock limit that only stops a search (then marked incomplete); None: no limit but
+    the work, so the plan cannot depend on the machine's load."""
 
-    def __init__(self, time_limit_s: float = 60.0, max_nodes: int = DEFAULT_MAX_NODES) -> None:
-        if not time_limit_s > 0:
+    def __init__(self, time_limit_s: float | None = None, max_nodes: int = DEFAULT_MAX_NODES) -> None:
+        if time_limit_s is not None and not time_limit_s > 0:
             raise InvalidInput(f"--time-limit must be positive, got {time_limit_s}")
-        self.time_limit_s, self.max_nodes = float(time_limit_s), int(max_nodes)
+        self.time_limit_s = math.inf if time_limit_s is None else float(time_limit_s)
+        self.max_nodes = int(max_nodes)
         self.t0 = time.perf_counter()
         self.nodes = 0
         self.stopped = False  # the limit cut some search short
@@ -74,9 +79,6 @@ class Budget:
         elif not self.stopped and time.perf_counter() - self.t0 > self.time_limit_s:
             self.stopped, self.stopped_by = True, "--time-limit"
         return self.stopped
-
-    def remaining_s(self) -> float:
-        return max(0.0, self.time_limit_s - (time.perf_counter() - self.t0))
 
 
 @dataclass(order=True, slots=True)
@@ -100,7 +102,8 @@ class _Search:
         self.allow_offload = allow_offload and constraints.offload is None
         self.base_offload = tuple(sorted(constraints.offload or ()))
         # the layout ILP runs to its proven optimum unless it would take longer than the whole plan may
-        self.scorer = Scorer(graph, structure, cluster, workload, max(30.0, budget.time_limit_s), facts, solver)
+        self.scorer = Scorer(graph, structure, cluster, workload, min(max(30.0, budget.time_limit_s), _ILP_LIMIT_S),
+                             facts, solver)
         self.scorer.worth = lambda step_s: not self._closed(step_s)
         self.shape = grid.model_shape(graph, structure, self.scorer.facts)
         self.layers = self.shape.layers
@@ -401,7 +404,7 @@ def search(
     cluster: Cluster,
     workload: Workload,
     *,
-    time_limit_s: float = 60.0,
+    time_limit_s: float | None = None,
     progress: Progress | None = None,
     layouts: str = "searched",
     allow_offload: bool = True,
