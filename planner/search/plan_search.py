@@ -35,50 +35,23 @@ from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.search import grid
 from planner.search.bounds import LayerTimes, layer_times, mesh_bound_s, pipeline_bound_s
+from planner.search.budget import DEFAULT_MAX_NODES, Budget
 from planner.search.constraints import NONE, Constraints
 from planner.search.scoring import (Candidate, Progress, Scorer, SearchResult, _key, balanced_cut,
                                     offload_variants)
 from planner.search.stage_widths import unequal_stage_strategies
 from planner.strategy import Strategy, Workload
 
-__all__ = ["Budget", "Candidate", "Scorer", "SearchResult", "search", "DEFAULT_GAP", "offload_variants"]
+__all__ = ["Budget", "Candidate", "Scorer", "SearchResult", "search", "DEFAULT_GAP", "DEFAULT_MAX_NODES",
+           "offload_variants"]
 
 #: Regions whose bound is within this fraction of the best plan are closed unopened.
 DEFAULT_GAP = 0.01
-#: Work allowed to one plan (costings and scored strategies): far above what any zoo model needs.
-DEFAULT_MAX_NODES = 20_000
 #: The layout ILP's own stop (HiGHS proves the zoo's layer problems optimal within seconds; a layout solved
 #: short of its optimum says so in the plan's `layout_solver_gap`).
 _ILP_LIMIT_S = 3600.0
 _LEVELS = ("cp", "tp", "mb", "ep", "schedule", "policy")
 RECOMPUTES = ("none", "selective", "full")
-
-
-class Budget:
-    """One budget for a whole plan (the single-program search and the MPMD searches share it): work in
-    nodes, and a wall-clock limit that only stops a search (then marked incomplete); None: no limit but
-    the work, so the plan cannot depend on the machine's load."""
-
-    def __init__(self, time_limit_s: float | None = None, max_nodes: int = DEFAULT_MAX_NODES) -> None:
-        if time_limit_s is not None and not time_limit_s > 0:
-            raise InvalidInput(f"--time-limit must be positive, got {time_limit_s}")
-        self.time_limit_s = math.inf if time_limit_s is None else float(time_limit_s)
-        self.max_nodes = int(max_nodes)
-        self.t0 = time.perf_counter()
-        self.nodes = 0
-        self.stopped = False  # the limit cut some search short
-        self.stopped_by = ""  # what cut it: "--time-limit", or the work budget
-
-    def spend(self, n: int = 1) -> None:
-        self.nodes += n
-
-    def out(self) -> bool:
-        """Whether the work or the time is used up (then the search stops where it is)."""
-        if not self.stopped and self.nodes >= self.max_nodes:
-            self.stopped, self.stopped_by = True, f"its work budget of {self.max_nodes} nodes"
-        elif not self.stopped and time.perf_counter() - self.t0 > self.time_limit_s:
-            self.stopped, self.stopped_by = True, "--time-limit"
-        return self.stopped
 
 
 @dataclass(order=True, slots=True)
