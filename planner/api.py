@@ -227,7 +227,7 @@ def plan_model(
     devices: int | None = None,
     dtype: str = "bf16",
     mode: str = "train",
-    time_limit_s: float | None = None,
+    time_limit_s: float | None = 60.0,
     overrides: Mapping[str, Any] | None = None,
     dims: Mapping[str, int] | None = None,
     progress: Any = None,
@@ -250,15 +250,14 @@ def plan_model(
     micro_batch, recompute, zero, stage_tp, offload: `planner.search.constraints.Constraints`) and the search
     chooses the rest (as one program: no MPMD split then). `gap` is how close to the bound the search must
     prove its plan (default 1 %), `solver` the layout ILP's solver (highs or cpsat); `time_limit_s` stops a
-    search that would take longer (the plan is then marked incomplete; None, the default: no limit but the
-    work); effort is counted in work (`max_nodes`), so the same inputs give the same plan on any machine.
+    search that would take longer (the plan is then marked incomplete; None: no limit but the work); effort is counted in work (`max_nodes`), so the same inputs give the same plan on any machine.
 
     Raises `Infeasible` when nothing fits, saying how much memory the closest
     strategy needs and about how many devices would hold it.
     """
     from cost_models import load_cluster
 
-    from planner.errors import Infeasible, SolverTimeout
+    from planner.errors import Infeasible
     from planner.costing.estimate import estimate
     from planner.graph.blocks import discover_blocks
     from planner.plan import Plan, mesh_axes, plan_to_dict, search_summary
@@ -287,10 +286,11 @@ def plan_model(
         mp = plan_mpmd(graph, structure, hw, workload, allow_offload=offload,
                        progress=progress, incumbent_s=result.best.step_s if result.best else None, budget=budget)
     if result.best is None and mp is None:
-        if budget.stopped:  # not proven infeasible: stopped first (never cached as an answer by whatif)
-            raise SolverTimeout(f"the search stopped by {budget.stopped_by} after {budget.nodes} nodes, before any "
-                                "strategy that fits was found; raise --time-limit")
-        raise Infeasible(_infeasible_message(model, hw, result))
+        exc = Infeasible(_infeasible_message(model, hw, result) + (
+            f" (not proven: the search stopped by {budget.stopped_by} after {budget.nodes} nodes before any strategy "
+            "fit; raise --time-limit to search on)" if budget.stopped else ""))
+        exc.complete = not budget.stopped  # whatif caches only a proven infeasible
+        raise exc
     out: dict[str, Any]
     if result.best is not None:
         est = estimate(graph, structure, hw, workload, result.best.strategy, solver=solver)

@@ -39,6 +39,7 @@ class Infeasible(HyperplanError):
     """No strategy fits the request (usually memory); the message says by how much."""
 
     exit_code = 3
+    complete = True  # False: the search stopped before it proved that nothing fits (never cached as an answer)
 
 
 class SolverTimeout(HyperplanError):

@@ -17,7 +17,7 @@ from cost_models import load_cluster
 from planner.api import _graph_for_costing, estimate_model, make_workload, plan_model
 from planner.costing.estimate import estimate
 from planner.costing.graph_facts import GraphFacts
-from planner.errors import InvalidInput, SolverTimeout
+from planner.errors import Infeasible, InvalidInput
 from planner.graph.blocks import discover_blocks
 from planner.search import grid
 from planner.search.constraints import NONE, Constraints
@@ -130,8 +130,9 @@ def test_a_time_limit_only_stops_and_is_validated():
     assert not cut["search"]["complete"] and "stopped by its work budget" in cut["search"]["optimal_within"]
     assert cut["search"]["bound_s"] <= full["estimate"]["step_time_s"] * (1 + 1e-9)
     assert cut["estimate"]["step_time_s"] >= full["estimate"]["step_time_s"] * (1 - full["search"]["gap"] - 1e-9)
-    with pytest.raises(SolverTimeout, match="before any strategy that fits"):  # not "infeasible": never cached
+    with pytest.raises(Infeasible, match="not proven: the search stopped by its work budget") as stopped:
         plan_model(model, max_nodes=1, **kw)
+    assert stopped.value.complete is False  # so whatif never caches it
 
 
 def test_an_incomplete_plan_is_never_cached():
@@ -141,6 +142,7 @@ def test_an_incomplete_plan_is_never_cached():
     assert cacheable({"status": "infeasible", "search_complete": None})
     assert not cacheable({"status": "ok", "search_complete": False})
     assert not cacheable({"status": "timeout", "search_complete": None})
+    assert not cacheable({"status": "infeasible", "search_complete": False})  # stopped before anything fit
 
 
 _HOG = "while True: pass\n"  # busy until killed: no clock in the test
