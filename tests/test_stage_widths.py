@@ -151,19 +151,17 @@ def test_one_memory_row_per_stage_matches_each_stages_memory(small, monkeypatch)
 
 
 @pytest.mark.slow
-def test_the_planner_gives_stages_different_widths_where_equal_ones_cannot_split_the_devices():
-    """24 H100s and a batch of 4: equal stages need a pipeline depth of 3 (or 6); 4 + 8 tensor ranks per replica
-    let two stages of unequal widths run two replicas instead. Under torchtitan, whose tensor-parallel
-    collectives are not overlapped, the two replicas win (under today's Megatron-Core, which hides them behind
-    the GEMMs, TP8 x PP3 wins by under 1%)."""
+def test_the_planner_weighs_stages_of_different_widths_where_equal_ones_cannot_split_the_devices():
+    """24 H100s and a batch of 4: equal stages need a pipeline depth of 3 (or 6); unequal tensor widths per stage
+    let two stages run more replicas. The planner tries them around its best pipelines and ranks them with the
+    rest: searched over the whole space (context parallelism at 8192 tokens), TP2·CP4·PP3 beats them here, and
+    an unequal-width plan is among the runners-up, slower, with its stages' devices adding up."""
     r = plan_model("llama3-8b", cluster="dgx-h100", devices=24, global_batch=4, seq_len=8192, mpmd=False,
                    stack="torchtitan")
-    s = r["strategy"]
-    assert len(set(s["stage_tp"])) > 1
-    assert sum(s["stage_tp"]) * s["dp"] * s["cp"] == 24
-    uniform = [c for c in r["runners_up"] if not c["strategy"]["stage_tp"]]
-    assert uniform and all(c["step_time_s"] > r["estimate"]["step_time_s"] for c in uniform)
-    gain = uniform[0]["step_time_s"] / r["estimate"]["step_time_s"] - 1
-    print(f"unequal stages {s['summary']}: {gain:.1%} faster than {uniform[0]['summary']}")
-    assert gain > 0
-    assert [st["devices"] for st in r["estimate"]["stages"]] == [w * s["dp"] for w in s["stage_tp"]]
+    unequal = [c for c in r["runners_up"] if len(set(c["strategy"]["stage_tp"])) > 1]
+    assert unequal, [c["summary"] for c in r["runners_up"]]
+    for c in unequal:
+        st = c["strategy"]
+        assert sum(st["stage_tp"]) * st["dp"] * st["cp"] == 24
+        assert c["step_time_s"] >= r["estimate"]["step_time_s"]
+    print(f"best {r['strategy']['summary']}; unequal stages {unequal[0]['summary']} {unequal[0]['why']}")

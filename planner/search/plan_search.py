@@ -328,7 +328,7 @@ class _Search:
     def _runners_up(self, n: int = 3) -> None:
         """The best plan's policies on the closest other meshes (by bound), when the bound closed them
         unscored: so the plan can say why they lost."""
-        if self.best is None:
+        if self.best is None or self.c.stage_tp:  # fixed stage widths: no other mesh keeps them
             return
         b = self.best.strategy
         others = sorted((bound, key) for key, bound in self.schedules.items()
