@@ -120,27 +120,6 @@ def test_hyper_parallel_plan_gives_every_parameter_its_alias_layout(docs, monkey
     assert moe.MESH == [("pp", 1), ("dp", 1), ("ep", 4), ("cp", 1), ("tp", 2)]
 
 
-def test_mindspore_plan_builds_layouts_over_one_stage(docs, monkeypatch):
-    class Layout:
-        def __init__(self, matrix, names):
-            self.matrix, self.names = matrix, names
-
-        def __call__(self, *aliases):
-            return (self.names, aliases)
-
-    _fake_modules(monkeypatch, {
-        "mindspore.parallel": {"Layout": Layout, "shard": None},
-        "mindspore.parallel.auto_parallel": {"AutoParallel": None},
-        "mindspore.parallel.nn": {"Pipeline": None},
-    })
-    m = _load(export(docs["3d"], "mindspore"), "ms_plan")
-    m.LAYOUT = Layout((2, 1, 2), ("dp", "cp", "tp"))
-    plan = m.parameter_plan(_Named(["model.layers.2.self_attn.o_proj.weight", "lm_head.weight"]))
-    assert plan == {"model.layers.2.self_attn.o_proj.weight": (("dp", "cp", "tp"), ("None", "tp")),
-                    "lm_head.weight": (("dp", "cp", "tp"), ("tp", "None"))}
-    assert m.CHUNKS[1]["layers"] == ["model.layers.2", "model.layers.3"] and m.ZERO["stage"] == 3
-
-
 def test_torch_plan_carries_the_declaration(docs):
     source = export(docs["3d"], "torch")
     for needle in ("init_device_mesh", "parallelize_module", "ColwiseParallel", "RowwiseParallel", "fully_shard",

@@ -4,8 +4,10 @@ MindSpore's `Layout(device_matrix, alias_name)` is the declaration's
 notation (axes slowest first, "None" for a whole dim, a tuple for a dim
 split over several axes). The device matrix of one pipeline stage excludes
 pp; stages are `pipeline_stage` marks on cells and `AutoParallel.pipeline`.
-`mindspore.parallel.shard` takes the parameter plan and the input layouts,
-and sharding propagation fills in the other ops. ZeRO maps to
+The Cell method `net.shard(in_strategy, parameter_plan=...)` takes the
+input layouts and the parameter plan and keeps the Cell (the function
+`mindspore.parallel.shard` would return a function in its place), and
+sharding propagation fills in the other ops. ZeRO maps to
 `AutoParallel.hsdp` (optimizer_level 1-3), recompute to `Cell.recompute`.
 Expert parallelism is an extra alias: the data axis is factored into
 ("dp", "ep") as in the JAX exporter. Several programs (HyperMPMD) are
@@ -69,7 +71,7 @@ def parallelize(net, net_with_loss=None):
     stage_matrix = tuple(n for a, n in DEVICE_MATRIX if a != "pp")
     global LAYOUT
     LAYOUT = Layout(stage_matrix, tuple(a for a, _ in DEVICE_MATRIX if a != "pp"))
-    net = shard(net, in_strategy=tuple(layout(INPUTS[k]["dims"]) for k in INPUTS), parameter_plan=parameter_plan(net))
+    net.shard(in_strategy=tuple(layout(INPUTS[k]["dims"]) for k in INPUTS), parameter_plan=parameter_plan(net))
     mark_stages(net)
     apply_recompute(net)
     top = net_with_loss if net_with_loss is not None else net
@@ -109,10 +111,10 @@ def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
 def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
     use = ("    use_program(get_rank())   # several programs: each a net of its own, launched on its ranks\n"
            if common.grouped(doc) else "")
-    lines = ['"""' + common.header(doc, "MindSpore static-graph plan (Layout, shard, pipeline)") +
+    lines = ['"""' + common.header(doc, "MindSpore static-graph plan (Layout, Cell.shard, pipeline)") +
              f"\n\nUse (graph mode, launched with msrun):\n\n{use}    net = parallelize(net, net_with_loss)\n\"\"\"", "",
              "from __future__ import annotations", "", "import fnmatch", "",
-             "from mindspore.parallel import Layout, shard", "from mindspore.parallel.auto_parallel import AutoParallel",
+             "from mindspore.parallel import Layout", "from mindspore.parallel.auto_parallel import AutoParallel",
              "from mindspore.parallel.nn import Pipeline", ""]
     return common.assemble(lines, doc, _data, _BODY,
                            extra=("LAYOUT = None  # set by parallelize(): the Layout over one stage's device matrix",))

@@ -17,7 +17,7 @@ out; training's FSDP, recompute and pipeline schedules do not apply.
 - hyper-parallel: `DeviceMesh` over the phase's ranks and `shard_module`
   with a `ShardingPlan` in alias form.
 - mindspore: a `Layout` over one stage's device matrix per parameter,
-  `shard`, and `pipeline_stage` marks per layer.
+  `Cell.shard`, and `pipeline_stage` marks per layer.
 JAX, hyper-parallel and MindSpore split arrays evenly: a phase whose ep
 does not divide its experts is refused for them with one sentence.
 """
@@ -125,10 +125,11 @@ def mark_stages(net):
                     cell.pipeline_stage = spec["stage"]
 
 
-def parallelize(net):
-    """Shard `net`'s parameters as the bound phase declares (sharding propagation fills in the ops) and mark its
-    pipeline stages; launch each phase's net on its own ranks (msrun)."""
-    net = shard(net, parameter_plan=parameter_plan(net))
+def parallelize(net, input_dims=(("dp", None),)):
+    """Shard `net` as the bound phase declares with the Cell method `net.shard` (sharding propagation fills in the
+    ops) and mark its pipeline stages; launch each phase's net on its own ranks (msrun). `input_dims`: per-dim axes
+    of each positional input (default: token ids [batch, sequence], batch over dp)."""
+    net.shard(in_strategy=tuple(layout(dims) for dims in input_dims), parameter_plan=parameter_plan(net))
     if dict(MESH)["pp"] > 1:
         mark_stages(net)
     return net
@@ -183,9 +184,9 @@ def render_hyper_parallel(doc: Mapping[str, Any]) -> str:
 
 def render_mindspore(doc: Mapping[str, Any]) -> str:
     sc.uneven_experts(doc, "mindspore")
-    head = ['"""' + sc.header(doc, "MindSpore serving plan (Layout, shard)") + "\n\nUse (graph mode, each phase's "
+    head = ['"""' + sc.header(doc, "MindSpore serving plan (Layout, Cell.shard)") + "\n\nUse (graph mode, each phase's "
             f"net launched on its ranks with msrun):\n\n{_USE}    net = parallelize(net)\n\"\"\"", "",
-            "from __future__ import annotations", "", "import fnmatch", "", "from mindspore.parallel import Layout, shard",
+            "from __future__ import annotations", "", "import fnmatch", "", "from mindspore.parallel import Layout",
             "", f"EP_AXES = {EP_AXES!r}", ""]
     return sc.assemble(head, doc, _data, _join(_SPECS, _MINDSPORE))
 
