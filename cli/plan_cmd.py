@@ -60,6 +60,10 @@ def plan_cmd(
                                                      show_default=False)] = None,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV-cache precision: bf16, fp8 or int8.",
                                           rich_help_panel=_INFER)] = "bf16",
+    uneven_experts: Annotated[bool, typer.Option("--uneven-experts", help="Let a MoE phase spread its routed "
+                                                 "experts over any stage width, in uneven ranges (as vLLM and "
+                                                 "SGLang can); only the torch and onnx exports write those.",
+                                                 rich_help_panel=_INFER)] = False,
     time_limit: Annotated[float, typer.Option("--time-limit", help="Stop a search that would take longer than "
                                               "this many seconds: the best plan so far is returned, marked incomplete "
                                               "with its gap. The search's effort is counted in work, not time, so a "
@@ -155,7 +159,7 @@ def plan_cmd(
         result = plan_inference(model, cluster=cluster, devices=devices, prompt_len=prompt_len, gen_len=gen_len,
                                 batch=batch, ttft_ms=ttft_ms, tpot_ms=tpot_ms, dtype=dtype, kv_dtype=kv_dtype,
                                 overrides=overrides, dims=opt.parse_dims(dim), memory_gib=memory_gib,
-                                offload=not no_offload, disaggregate=not no_mpmd)
+                                offload=not no_offload, disaggregate=not no_mpmd, even_experts=not uneven_experts)
         if output:
             request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
                               memory_gib=memory_gib)

@@ -38,6 +38,7 @@ def test_published_throughput_within_tolerance(row_id):
 def test_the_search_finds_at_least_the_published_layout():
     row = ROWS["sglang-decode-h100"]
     profile = load_profile(row["model"])
-    serving = Serving(prompt_len=row["context"], gen_len=1, batch=row["batch"], precision=Precision(dtype="fp8"))
+    serving = Serving(prompt_len=row["context"], gen_len=1, batch=row["batch"], precision=Precision(dtype="fp8"),
+                      even_experts=False)  # EP72 over 256 experts: SGLang's redundant experts, uneven for the planner
     found = best_phase(profile, load_cluster(row["cluster"]), serving, "decode", row["devices"])
     assert found.tokens_per_s_per_device >= 0.99 * estimate_row(row, CLUSTERS)["estimate"]

@@ -92,7 +92,8 @@ def test_the_chosen_split_is_the_fastest_and_most_balanced_of_all(split_search):
     best = search.best()
     every = {c: search.score(c) for c in search.sizes}
     fitting = {c: sc for c, sc in every.items() if sc is not None}
-    assert best is not None and len(fitting) >= 4
+    assert search.sizes == [c for c in search.sizes if 256 % c == 0]  # groups split the 256 experts evenly
+    assert best is not None and len(fitting) >= 2
     assert best.step_s == pytest.approx(min(sc.step_s for sc in fitting.values()))
     assert math.isfinite(best.imbalance) and best.imbalance < 1.5  # the groups' times nearly meet
 

@@ -24,6 +24,7 @@ from planner.costing.graph_facts import GraphFacts
 from planner.errors import InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
+from planner.graph.moe import expert_counts
 from planner.costing.stage_costs import StageCosts, stage_costs
 from planner.strategy import Strategy, Workload
 from planner.costing.step_time import step_breakdown
@@ -126,6 +127,22 @@ def check_devices(cluster: Cluster, strategy: Strategy) -> None:
                            f"pass --devices {s.devices} or change the degrees")
 
 
+def check_experts(graph: Graph, structure: Structure, strategy: Strategy, facts: GraphFacts | None = None) -> None:
+    """InvalidInput unless ep divides the routed experts of every MoE layer: each expert-parallel rank holds the
+    same whole number of experts, as every backend splits them (and ep needs routed experts at all)."""
+    ep = strategy.ep
+    if ep == 1:
+        return
+    counts = sorted({f.experts for f in facts.moe.values()}) if facts else expert_counts(graph, structure)
+    if not counts:
+        raise InvalidInput(f"--ep {ep} spreads routed experts, and this model has none; use --ep 1")
+    odd = [e for e in counts if e % ep]
+    if odd:
+        fits = [d for d in range(1, counts[0] + 1) if all(e % d == 0 for e in counts)]
+        raise InvalidInput(f"--ep {ep} does not divide the {odd[0]} routed experts of a MoE layer, so its ranks "
+                           f"would hold unequal shares; use an ep that divides them ({', '.join(map(str, fits))})")
+
+
 def estimate(
     graph: Graph,
     structure: Structure,
@@ -141,6 +158,7 @@ def estimate(
     """Score one strategy: the numbers `hyperplan estimate` prints (`param_pins`: see `stage_costs`; pass the
     same `facts` to score many strategies of one graph)."""
     check_devices(cluster, strategy)
+    check_experts(graph, structure, strategy, facts)
     m = strategy.micro_batches(workload)
     costs: StageCosts = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
                                     param_pins=param_pins, facts=facts, solver=solver)
@@ -180,4 +198,4 @@ def estimate(
     )
 
 
-__all__ = ["Estimate", "StageEstimate", "check_devices", "estimate"]
+__all__ = ["Estimate", "StageEstimate", "check_devices", "check_experts", "estimate"]

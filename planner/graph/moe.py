@@ -124,10 +124,15 @@ def routed_region(graph: Graph, index: GraphIndex, nodes: frozenset[int], moe: M
     return frozenset((down & up) | out | moe.expert_nodes)
 
 
-def routed_experts(graph: Graph, structure, index: GraphIndex | None = None) -> int:
-    """The most routed experts any layer of the graph has (0 for a dense model), found from the routers."""
+def expert_counts(graph: Graph, structure, index: GraphIndex | None = None) -> list[int]:
+    """The distinct routed-expert counts of the graph's MoE layers, ascending ([] for a dense model)."""
     from planner.graph.walk import index_graph
 
     index = index or index_graph(graph)
     found = [moe_facts(graph, index, frozenset(b.nodes)) for b in structure.blocks if b.is_layer and b.nodes]
-    return max((f.experts for f in found if f is not None), default=0)
+    return sorted({f.experts for f in found if f is not None})
+
+
+def routed_experts(graph: Graph, structure, index: GraphIndex | None = None) -> int:
+    """The most routed experts any layer of the graph has (0 for a dense model), found from the routers."""
+    return max(expert_counts(graph, structure, index), default=0)

@@ -20,7 +20,7 @@ from cost_models import Cluster
 from planner.errors import Infeasible
 from planner.inference.phase_cost import StepModel
 from planner.inference.profile import Profile
-from planner.inference.search import PhasePlan, Serving, best_phase, layouts, phase_plan
+from planner.inference.search import PhasePlan, Serving, best_phase, layouts, phase_plan, profile_expert_counts
 from planner.search.program_groups import group_sizes
 from planner.units import gib, seconds
 
@@ -96,7 +96,7 @@ def _co_located(profile: Profile, cluster: Cluster, serving: Serving, n: int) ->
     """Both phases on all devices with one layout; decode's target tightened by the share of time it gets."""
     best = None
     hw = cluster.scaled(n)
-    for lay in layouts(profile, hw, n):
+    for lay in layouts(profile, hw, n, serving.even_experts):
         pre = best_phase(profile, cluster, serving, "prefill", n, only=lay)
         if pre is None:
             continue
@@ -120,7 +120,13 @@ def _co_located(profile: Profile, cluster: Cluster, serving: Serving, n: int) ->
 
 def _why_not(profile: Profile, cluster: Cluster, serving: Serving) -> str:
     n = cluster.n_devices
-    lay = max(layouts(profile, cluster, n), key=lambda l: (l.tp * l.pp, l.tp))
+    candidates = layouts(profile, cluster, n, serving.even_experts)
+    if not candidates:
+        experts = profile_expert_counts(profile)[0]
+        return (f"no layout of {profile.name} on {n} devices splits its {experts} routed experts evenly: a pipeline "
+                "stage's tp x dp devices must divide them, with pp 1, 2, 4 or 8; pick a device count that is such a "
+                "stage times pp, or allow uneven expert ranges (--uneven-experts)")
+    lay = max(candidates, key=lambda l: (l.tp * l.pp, l.tp))
     p = phase_plan(StepModel(profile, cluster, lay, serving.precision), serving, "decode", serving.batch or 1)
     need = p.memory_bytes["total"] / GIB
     have = p.step.usable_bytes / GIB

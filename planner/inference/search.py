@@ -40,6 +40,10 @@ class Serving:
     ttft_s: float | None = None
     tpot_s: float | None = None
     offload: bool = True
+    #: a MoE stage's tp x dp devices (its ep) divide the routed experts, as every backend splits them; False
+    #: lets ep be any stage width, experts held in uneven ranges (numpy.array_split), as vLLM or SGLang with
+    #: redundant experts run them, which torch and ONNX exports write and the even-splitting backends refuse
+    even_experts: bool = True
 
     def __post_init__(self) -> None:
         for flag, v in (("--prompt-len", self.prompt_len), ("--gen-len", self.gen_len)):
@@ -76,9 +80,17 @@ class PhasePlan:
     memory_bytes: Mapping[str, float]  # on the fullest device at the longest context (what must fit)
 
 
-def layouts(profile: Profile, cluster: Cluster, n: int) -> list[Layout]:
-    """Candidate layouts of `n` devices: tp a power of two within one innermost group, pp up to 8."""
+def profile_expert_counts(profile: Profile) -> list[int]:
+    """The distinct routed-expert counts of the model's MoE layers ([] for a dense model)."""
+    return sorted({p.experts.experts for p in profile.parts if p.experts})
+
+
+def layouts(profile: Profile, cluster: Cluster, n: int, even_experts: bool = True) -> list[Layout]:
+    """Candidate layouts of `n` devices: tp a power of two within one innermost group, pp up to 8; with
+    `even_experts`, for a MoE model only stages whose tp x dp devices divide the routed experts (ep is the
+    whole stage; see `Serving.even_experts`)."""
     inner = cluster.group_size(0)
+    experts = profile_expert_counts(profile) if even_experts else []
     out = []
     tp = 1
     while tp <= min(n, inner):
@@ -86,6 +98,8 @@ def layouts(profile: Profile, cluster: Cluster, n: int) -> list[Layout]:
             for pp in (1, 2, 4, 8):
                 if (n // tp) % pp == 0 and pp <= len(profile.layers):
                     dp = n // (tp * pp)
+                    if any(e % (tp * dp) for e in experts):
+                        continue
                     out.append(Layout(tp=tp, dp=dp, pp=pp, ep=tp * dp if profile.is_moe else 1))
         tp *= 2
     return out
@@ -97,7 +111,7 @@ def best_phase(profile: Profile, cluster: Cluster, serving: Serving, phase: Phas
     hw = group_cluster(cluster, n)
     best: PhasePlan | None = None
     offloads = (0.0,) + (OFFLOAD_FRACTIONS if phase == "decode" and serving.offload and hw.memory_tiers else ())
-    for lay in [only] if only else layouts(profile, hw, n):
+    for lay in [only] if only else layouts(profile, hw, n, serving.even_experts):
         model = StepModel(profile, hw, lay, serving.precision)
         for f in offloads:
             plan, memory_bound = _best_batch(model, serving, phase, f)

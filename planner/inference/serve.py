@@ -53,7 +53,8 @@ def profile_seq(model: str | os.PathLike) -> int | None:
 
 
 def serving_options(*, prompt_len: int, gen_len: int, batch: int | None, ttft_ms: float | None,
-                    tpot_ms: float | None, dtype: str, kv_dtype: str, offload: bool) -> Serving:
+                    tpot_ms: float | None, dtype: str, kv_dtype: str, offload: bool,
+                    even_experts: bool = True) -> Serving:
     """Check the user's serving options and bundle them (one clear sentence for each mistake)."""
     if batch is not None and (ttft_ms is not None or tpot_ms is not None):
         raise InvalidInput("give either --batch or the latency targets (--ttft-ms, --tpot-ms), not both: a fixed "
@@ -63,7 +64,7 @@ def serving_options(*, prompt_len: int, gen_len: int, batch: int | None, ttft_ms
     prec = Precision(dtype=dtype, kv_bytes=DTYPE_WIDTH[kv_dtype])
     return Serving(prompt_len=prompt_len, gen_len=gen_len, precision=prec, batch=batch,
                    ttft_s=None if ttft_ms is None else ttft_ms / 1e3,
-                   tpot_s=None if tpot_ms is None else tpot_ms / 1e3, offload=offload)
+                   tpot_s=None if tpot_ms is None else tpot_ms / 1e3, offload=offload, even_experts=even_experts)
 
 
 def plan_inference(
@@ -83,14 +84,17 @@ def plan_inference(
     memory_gib: float | None = None,
     offload: bool = True,
     disaggregate: bool = True,
+    even_experts: bool = True,
 ) -> dict[str, Any]:
     """Plan prefill and decode of `model` on `cluster`: the dict `hyperplan plan --mode infer --json` prints.
 
     `batch` (sequences per data-parallel replica per step) or the targets `ttft_ms`/`tpot_ms` set the batches;
-    `offload=False` keeps the KV cache in HBM; `disaggregate=False` co-locates prefill and decode.
+    `offload=False` keeps the KV cache in HBM; `disaggregate=False` co-locates prefill and decode;
+    `even_experts=False` lets a MoE phase spread its experts over any stage width (`Serving.even_experts`).
     """
     serving = serving_options(prompt_len=prompt_len, gen_len=gen_len, batch=batch, ttft_ms=ttft_ms,
-                              tpot_ms=tpot_ms, dtype=dtype, kv_dtype=kv_dtype, offload=offload)
+                              tpot_ms=tpot_ms, dtype=dtype, kv_dtype=kv_dtype, offload=offload,
+                              even_experts=even_experts)
     hw = serving_cluster(cluster, devices, memory_gib, dtype)
     profile = load_profile(model, dims, overrides)
     plan, others = plan_serving(profile, hw, serving, disaggregate=disaggregate)

@@ -139,10 +139,11 @@ def score_split(split: MoeSplit, facts: GraphFacts, attn_facts: GraphFacts, clus
 
 
 def expert_group_sizes(cluster: Cluster, experts: int) -> list[int]:
-    """Expert-group sizes: whole groups of the fabric (`group_unit`), at most one per expert or whole replicas
-    of the experts, leaving at least one unit for attention."""
+    """Expert-group sizes: whole groups of the fabric (`group_unit`) that hold an equal whole share of the
+    experts each (a divisor of them) or whole replicas of them (a multiple), leaving at least one unit for
+    attention: the expert program's ep then divides the experts, as every backend splits them."""
     n, unit = cluster.n_devices, group_unit(cluster)
-    return [c for c in range(unit, n, unit) if (c <= experts or c % experts == 0) and (n - c) % unit == 0]
+    return [c for c in range(unit, n, unit) if (experts % c == 0 or c % experts == 0) and (n - c) % unit == 0]
 
 
 class MoeSplitSearch:
@@ -274,7 +275,7 @@ def _result(split: MoeSplit, graph: Graph, structure: Structure, facts: GraphFac
 
 def expert_strategy(split: MoeSplit, devices: int, micro_batch: int = 1) -> Strategy:
     """The expert group as a strategy: expert-parallel over the experts it holds, data-parallel over replicas."""
-    holders = min(devices, split.experts)  # experts spread over every device (unevenly when it does not divide)
+    holders = min(devices, split.experts)  # experts spread over every device (the group sizes divide them evenly)
     return Strategy(dp=devices, ep=holders, zero=1 if devices > split.experts else 0, micro_batch=micro_batch)
 
 
