@@ -4,7 +4,8 @@ the CPU, gives the single-process loss and gradients.
 Scenarios (one process group, one fork, so torch and transformers are imported once): tensor parallel,
 tensor + sequence parallel, FSDP2 ZeRO-3 with full recompute, HSDP ZeRO-0 with selective recompute,
 FSDP2 ZeRO-2 with the first layer fully recomputed and the other selectively, 1F1B pipeline x tensor
-parallel and 1F1B pipeline x FSDP; and on 3 processes, 1F1B pipelines whose two stages differ in width
+parallel, the same with sequence parallelism (the sequence-split stream crosses the stage boundary as each
+rank's slice) and 1F1B pipeline x FSDP; and on 3 processes, 1F1B pipelines whose two stages differ in width
 (1 + 2 and 2 + 1 tensor ranks), each stage on its own mesh. Each declaration goes through a file and
 `validate` before it is exported. The tensor-parallel ones are hand-edited to Megatron's layouts: at hidden
 64 the planner keeps most weights whole (splitting them does not pay), and hand-edited files are
@@ -40,6 +41,7 @@ SCENARIOS = {
     "hsdp_zero0_selective": (dict(zero=0, recompute="selective"), False, False),
     "fsdp_first_layer_full": (dict(zero=2, recompute="selective", full_recompute_layers=1), False, False),
     "pp_tp": (dict(pp=2, tp=2), True, True),
+    "pp_tp_sp": (dict(pp=2, tp=2, sp=True), True, True),
     "pp_fsdp": (dict(pp=2, zero=1), False, True),
 }
 #: stages of different widths, on WIDTH_WORLD processes (widest stage on the first ranks)
@@ -230,7 +232,7 @@ def test_fsdp_shards_by_the_zero_stage_and_wraps_layers_for_recompute(runs):
         assert "CheckpointWrapper" in row["layer0"]
 
 
-@pytest.mark.parametrize("name", ["pp_tp", "pp_fsdp"])
+@pytest.mark.parametrize("name", ["pp_tp", "pp_tp_sp", "pp_fsdp"])
 def test_pipeline_stages_match_the_single_process_run(runs, name):
     rows = _ok(runs, name)
     last = [row for row in rows if row["last"]]

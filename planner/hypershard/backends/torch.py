@@ -235,15 +235,25 @@ def context_parallel_context(mesh, buffers, seq_dims):
 
 
 class _Chunk(nn.Module):
-    """One pipeline chunk of a Hugging Face *ForCausalLM: token ids in on the first, hidden states after."""
+    """One pipeline chunk of a Hugging Face *ForCausalLM: token ids in on the first, hidden states after.
 
-    def __init__(self, model, first):
+    What crosses a stage boundary is a plain tensor (torch's pipelining sends tensors, not DTensors): under
+    sequence parallelism (`seq_mesh`, the tp mesh) each rank sends its own sequence slice of the stream and
+    the next stage's rank of the same tp coordinate takes it back as that slice of a DTensor split by
+    sequence; a pending sum is reduced before it leaves, and a replicated DTensor goes as its whole."""
+
+    def __init__(self, model, first, seq_mesh=None):
         super().__init__()
-        self.model, self.first = model, first
+        self.model, self.first, self.seq_mesh = model, first, seq_mesh
 
     def forward(self, x):
+        if not self.first and self.seq_mesh is not None:
+            x = DTensor.from_local(x, self.seq_mesh, [Shard(1)], run_check=False)
         out = self.model(input_ids=x) if self.first else self.model(inputs_embeds=x)
-        return out.logits if hasattr(out, "logits") else out[0]
+        out = out.logits if hasattr(out, "logits") else out[0]
+        if isinstance(out, DTensor):
+            out = out.full_tensor() if any(p.is_partial() for p in out.placements) else out.to_local()
+        return out
 
 
 class _Skip(nn.Module):
@@ -288,7 +298,8 @@ def pipeline_schedule(model, mesh, device, loss_fn):
     stages = []
     for c in range(mesh["pp"].get_local_rank(), len(CHUNKS), pp):
         inner = parallelize(chunk_model(model, c), mesh)
-        stages.append(PipelineStage(_Chunk(inner, c == 0), c, len(CHUNKS), device, group=mesh["pp"].get_group()))
+        seq = mesh["tp"] if SEQUENCE_PARALLEL else None
+        stages.append(PipelineStage(_Chunk(inner, c == 0, seq), c, len(CHUNKS), device, group=mesh["pp"].get_group()))
     if len(stages) > 1:
         return stages, ScheduleInterleaved1F1B(stages, n_microbatches=MICRO_BATCHES, loss_fn=loss_fn)
     kind = ScheduleGPipe if SCHEDULE == "gpipe" else Schedule1F1B
@@ -357,7 +368,7 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
              "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper",
              "from torch.distributed.device_mesh import " + ("DeviceMesh" if multi else "init_device_mesh"),
              "from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard",
-             "from torch.distributed.tensor import Replicate, Shard",
+             "from torch.distributed.tensor import DTensor, Replicate, Shard",
              "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,",
              "                                               SequenceParallel, parallelize_module)",
              "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts", ""]
