@@ -55,6 +55,7 @@ def test_serving_layouts_of_a_moe_model_split_its_experts_evenly():
     assert {(lay.tp, lay.dp, lay.pp) for lay in layouts(load_profile("llama3-8b"), cm, 40)} >= {(1, 40, 1)}
 
 
+@pytest.mark.slow
 def test_the_readme_serving_plan_spreads_experts_evenly():
     r = plan_inference("deepseek-v3", cluster="cloudmatrix384", prompt_len=4096, gen_len=1024, ttft_ms=2000,
                        tpot_ms=50, dtype="int8")

@@ -24,6 +24,8 @@ import pytest
 from planner.hypershard import declare
 from planner.hypershard.backends import export
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(layers=2, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=128)
 
