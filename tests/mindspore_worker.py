@@ -1,10 +1,11 @@
 """One msrun worker of tests/test_mindspore_export.py: apply an exported MindSpore plan to a real `nn.Cell` on CPU.
 
-Run as `msrun ... python mindspore_worker.py PLAN.py SHAPES.json OUT_DIR`: it joins the CPU collective group
+Run as `msrun ... python mindspore_worker.py PLAN.py SHAPES.json OUT_DIR [PHASE]`: it joins the CPU collective group
 (mccl), loads the generated plan module, builds a Cell whose parameters carry the declaration's names and the
 shapes in SHAPES.json, calls the plan's `parallelize`, and writes what MindSpore recorded (each parameter's
 layout, the cell's input layouts, the pipeline marks, the AutoParallel configuration) to OUT_DIR/rank_N.json.
-Then it tries one step (the loss) and records how MindSpore answered.
+Then it tries one step (the loss) and records how MindSpore answered. With PHASE, the plan is a serving one:
+it binds that phase (`use_program`) and `parallelize(net)` shards the net for forward only.
 """
 
 from __future__ import annotations
@@ -71,10 +72,12 @@ def recorded(net: nn.Cell, parallel: nn.Cell) -> dict:
     stages = {name: getattr(cell, "pipeline_stage") for name, cell in net.cells_and_names()
               if name and hasattr(cell, "pipeline_stage")}  # unset until a plan marks the cell
     inputs = [{k: list(v) if isinstance(v, tuple) else v for k, v in s.items()} for s in net._in_strategy]
-    return {"rank": get_rank(), "group_size": get_group_size(), "params": params, "inputs": inputs,
-            "stages": stages, "parallel_mode": parallel._parallel_mode, "pipeline_stages": parallel._pipeline_stages,
-            "pipeline_scheduler": parallel._pipeline_scheduler,
-            "optimizer_level": parallel._optimizer_level if parallel._enable_parallel_optimizer else None}
+    out = {"rank": get_rank(), "group_size": get_group_size(), "params": params, "inputs": inputs, "stages": stages}
+    if hasattr(parallel, "_parallel_mode"):  # training: the AutoParallel cell
+        out |= {"parallel_mode": parallel._parallel_mode, "pipeline_stages": parallel._pipeline_stages,
+                "pipeline_scheduler": parallel._pipeline_scheduler,
+                "optimizer_level": parallel._optimizer_level if parallel._enable_parallel_optimizer else None}
+    return out
 
 
 def one_step(parallel: nn.Cell, hidden: int) -> dict:
@@ -86,7 +89,7 @@ def one_step(parallel: nn.Cell, hidden: int) -> dict:
         return {"error": str(err).strip().splitlines()[0]}
 
 
-def main(plan_path: str, shapes_path: str, out_dir: str) -> None:
+def main(plan_path: str, shapes_path: str, out_dir: str, phase: str | None = None) -> None:
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     init()
     spec = importlib.util.spec_from_file_location("plan", plan_path)
@@ -94,13 +97,17 @@ def main(plan_path: str, shapes_path: str, out_dir: str) -> None:
     spec.loader.exec_module(plan)
     shapes = json.loads(open(shapes_path).read())
     net = build(shapes)
-    parallel = plan.parallelize(net, nn.WithLossCell(net, nn.MSELoss()))
-    out = recorded(net, parallel)
-    out["step"] = one_step(parallel, next(s[0] for s in shapes.values() if len(s) == 2 and s[0] == s[1]))
+    if phase is None:
+        parallel = plan.parallelize(net, nn.WithLossCell(net, nn.MSELoss()))
+        out = recorded(net, parallel)
+        out["step"] = one_step(parallel, next(s[0] for s in shapes.values() if len(s) == 2 and s[0] == s[1]))
+    else:
+        plan.use_program(phase)
+        out = recorded(net, plan.parallelize(net))
     with open(f"{out_dir}/rank_{get_rank()}.json", "w") as f:
         json.dump(out, f, indent=1, sort_keys=True)
     print("written", get_rank(), flush=True)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

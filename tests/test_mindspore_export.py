@@ -1,6 +1,7 @@
 """The MindSpore export applied to a real MindSpore (from pip) on CPU: two msrun workers joined over MindSpore's
 CPU collectives (mccl) load the generated plan, call its `parallelize` on a real `nn.Cell` whose parameters carry
-the declaration's names, and report what MindSpore recorded (tests/mindspore_worker.py).
+the declaration's names, and report what MindSpore recorded (tests/mindspore_worker.py); a training plan (tp
+with SP; pp with ZeRO-1) and a serving one (the decode phase of a tp 2 plan).
 
 What MindSpore 2.10 cannot do on CPU is compile a semi-auto-parallel graph ("currently only support Ascend/GPU
 backend"), and its simulation (MS_SIMULATION_LEVEL) is refused on CPU too: so no sharded step runs here, and the
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from planner.hypershard import declare
+from planner.hypershard.serving_doc import declare_serving_phases
 from planner.hypershard.backends import export
 
 pytestmark = pytest.mark.slow
@@ -59,8 +61,8 @@ def shapes(cfg: dict) -> dict[str, list[int]]:
     return out | {"model.norm.weight": [h], "lm_head.weight": [v, h]}
 
 
-def run_workers(doc: dict, tmp_path: Path, env: dict[str, str]) -> list[dict]:
-    """Two msrun workers on CPU applying `doc`'s exported plan; each one's report."""
+def run_workers(doc: dict, tmp_path: Path, env: dict[str, str], phase: str | None = None) -> list[dict]:
+    """Two msrun workers on CPU applying `doc`'s exported plan (a serving one: its `phase`); each one's report."""
     (tmp_path / "plan.py").write_text(export(doc, "mindspore"))
     (tmp_path / "shapes.json").write_text(json.dumps(shapes(TINY)))
     with socket.socket() as s:
@@ -69,7 +71,7 @@ def run_workers(doc: dict, tmp_path: Path, env: dict[str, str]) -> list[dict]:
     cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run", "--worker_num=2", "--local_worker_num=2",
            f"--master_port={port}", f"--log_dir={tmp_path / 'log'}", "--join=True", "--cluster_time_out=120",
            str(ROOT / "tests" / "mindspore_worker.py"), str(tmp_path / "plan.py"), str(tmp_path / "shapes.json"),
-           str(tmp_path)]
+           str(tmp_path)] + ([phase] if phase else [])
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
     reports = sorted(tmp_path.glob("rank_*.json"))
     if len(reports) != 2:
@@ -112,3 +114,18 @@ def test_pipeline_plan_marks_stages_and_configures_zero_on_a_real_cell(mindspore
     step = r["step"]
     assert "loss" not in step, "MindSpore now runs semi-auto parallel on CPU: compare this loss with one process"
     assert "only support Ascend/GPU backend" in step["error"], step
+
+
+def test_serving_plan_shards_a_real_cell_for_its_phase(mindspore_env, tmp_path):
+    """A co-located tp 2 serving plan: `parallelize(net)` of the decode phase lays out every parameter over the
+    stage's (dp, tp) device matrix and the token ids by batch over dp."""
+    doc = declare_serving_phases("llama3-8b", cluster="dgx-h100", prompt_len=8, gen_len=4, overrides=TINY,
+                                 prefill=dict(tp=2, batch=2), decode=dict(tp=2, batch=2), mode="co-located")
+    reports = run_workers(doc, tmp_path, mindspore_env, phase="decode")
+    params = reports[0]["params"]
+    assert set(params) == set(shapes(TINY)) and reports[1]["params"] == params
+    assert all(e["device_matrix"] == [1, 2] and e["alias_name"] == ["dp", "tp"] for e in params.values())
+    assert params["model.layers.0.self_attn.q_proj.weight"]["tensor_map"] == [0, -1]  # column-parallel
+    assert params["model.layers.1.mlp.down_proj.weight"]["tensor_map"] == [-1, 0]  # row-parallel
+    assert reports[0]["inputs"] == [{"alias_name": ["dp", "tp"], "device_matrix": [1, 2],
+                                     "interleaved_parallel": False, "tensor_map": [1, -1]}]
