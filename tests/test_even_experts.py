@@ -35,7 +35,7 @@ def test_a_declared_ep_that_does_not_divide_the_experts_is_one_sentence(ep, devi
 def test_an_ep_that_divides_the_experts_is_declared_and_ep_on_a_dense_model_is_refused():
     doc = declare("mixtral-8x7b", overrides=MOE, ep=2, devices=8, **COMMON)
     assert [a["size"] for a in doc["meshes"][0]["aliases"] if a["name"] == "ep"] == [2]
-    with pytest.raises(InvalidInput, match="--ep 2 spreads routed experts, and this model has none; use --ep 1"):
+    with pytest.raises(InvalidInput, match="--ep 2: the model has no routed experts"):
         declare("llama3-8b", overrides=DENSE, ep=2, devices=8, **COMMON)
 
 

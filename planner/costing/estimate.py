@@ -131,11 +131,13 @@ def check_experts(graph: Graph, structure: Structure, strategy: Strategy, facts:
     """InvalidInput unless ep divides the routed experts of every MoE layer: each expert-parallel rank holds the
     same whole number of experts, as every backend splits them (and ep needs routed experts at all)."""
     ep = strategy.ep
-    if ep == 1:
+    if ep == 1 and strategy.expert_tp == strategy.tp:
         return
     counts = sorted({f.experts for f in facts.moe.values()}) if facts else expert_counts(graph, structure)
     if not counts:
-        raise InvalidInput(f"--ep {ep} spreads routed experts, and this model has none; use --ep 1")
+        flag = f"--ep {ep}" if ep > 1 else f"--etp {strategy.etp}"
+        raise InvalidInput(f"{flag}: the model has no routed experts (no MoE layer was found), so there is nothing "
+                           "to split over an expert-parallel group; drop it")
     odd = [e for e in counts if e % ep]
     if odd:
         fits = [d for d in range(1, counts[0] + 1) if all(e % d == 0 for e in counts)]

@@ -94,10 +94,6 @@ def stage_costs(
     the dim split over tp, or REPLICATED), as a hand-edited declaration asks; the solver chooses the rest.
     """
     facts = facts or GraphFacts(graph, structure)
-    if not facts.moe and (strategy.ep > 1 or strategy.expert_tp != strategy.tp):
-        flag = f"--ep {strategy.ep}" if strategy.ep > 1 else f"--etp {strategy.etp}"
-        raise InvalidInput(f"{flag}: the model has no routed experts (no MoE layer was found), so there is nothing "
-                           "to split over an expert-parallel group; drop it")
     if strategy.stage_tp:
         return _unequal_stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
                                     style=style, facts=facts, param_pins=param_pins,
