@@ -15,7 +15,7 @@ from planner.api import load_graph
 from planner.errors import InvalidInput
 from planner.inference.serve import profile_seq
 from planner.model_source import display_name, kind_of
-from planner.whatif import _identity
+from planner.whatif import identity
 
 runner = CliRunner()
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
@@ -66,8 +66,8 @@ def test_kinds_and_names_of_model_arguments(tiny):
     assert kind_of("llama3-8b") == "zoo" and kind_of("no-such") == "unknown"
     assert display_name(tiny) == display_name(tiny / "config.json") == "tiny-qwen3"
     assert profile_seq(tiny) is None  # built at the serving profile's own length, as a zoo model
-    model_id, _ = _identity(str(tiny), "dgx-h100")
-    assert set(model_id) == {"hf_config_sha256"} and _identity(str(tiny / "config.json"), "dgx-h100")[0] == model_id
+    model_id, _ = identity(str(tiny), "dgx-h100")
+    assert set(model_id) == {"hf_config_sha256"} and identity(str(tiny / "config.json"), "dgx-h100")[0] == model_id
 
 
 @pytest.mark.parametrize(

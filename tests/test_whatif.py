@@ -202,9 +202,9 @@ def test_cache_key_follows_the_inputs(tmp_path):
     assert len(keys) == 3 and whatif.point_key(dict(reversed(base.items()))) == whatif.point_key(base)
     model = tmp_path / "m.onnx"
     model.write_bytes(b"one")
-    first, _ = whatif._identity(model, "dgx-h100")
+    first, _ = whatif.identity(model, "dgx-h100")
     model.write_bytes(b"two")
-    assert whatif._identity(model, "dgx-h100")[0] != first  # a file is known by its content
+    assert whatif.identity(model, "dgx-h100")[0] != first  # a file is known by its content
 
 
 # -- the command ----------------------------------------------------------------------------------
