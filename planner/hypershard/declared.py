@@ -1,10 +1,8 @@
 """What a declaration asks for, read back: the model, cluster, workload, strategies and layouts; and its score.
 
-The strategy is read from the sections a user edits (mesh axis sizes, the
-pipeline's layer lists and each stage's tp, micro-batch, schedule, ZeRO stage, recompute
-policy, offload fractions, sequence parallelism), and the parameter
-layouts are pinned as declared (`pins`), so a hand-edited file is scored
-as written. Scoring takes the same path as `plan_model` — the same graph,
+The strategy is read from the sections a user edits (mesh axis sizes, the pipeline's layer lists and each
+stage's tp, micro-batch, schedule, ZeRO stage, recompute policy, offload fractions, sequence parallelism),
+and the parameter layouts are pinned as declared (`pins`), so a hand-edited file is scored as written. Scoring takes the same path as `plan_model` — the same graph,
 cluster and `estimate` call, per program and combined as
 `mpmd.score_groups` does when there are several — so an unedited
 declaration scores to the very numbers it records.
