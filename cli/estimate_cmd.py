@@ -157,6 +157,8 @@ def estimate_cmd(
                                "--plan")
         from planner.hypershard.declared import estimate_declared
 
+        if seq_len is not None:  # a longer sequence than the file's is bounded as without --plan
+            _bound_declared_sequence(plan, model, seq_len, cluster, devices, overrides, opt.parse_dims(dim))
         with render.progress(f"estimating {model} with {plan} ..."):
             result = estimate_declared(plan, model, cluster=cluster, devices=devices, global_batch=global_batch,
                                        seq_len=seq_len, dtype=dtype, overrides=overrides, dims=opt.parse_dims(dim))
@@ -184,6 +186,22 @@ def estimate_cmd(
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     print_result(result)
+
+
+def _bound_declared_sequence(plan, model, seq_len, cluster, devices, overrides, dims) -> None:
+    """`bounds.sequence` on the cluster and model the declaration would be scored on (its own unless given)."""
+    import os
+
+    from planner.hypershard.declared import is_serving, request_on
+    from planner.hypershard.io import read_document
+
+    doc = read_document(plan)
+    if is_serving(doc):
+        return  # refused with its own sentence: a serving declaration takes no --seq-len
+    req = request_on(doc, model, base_dir=os.path.dirname(os.path.abspath(plan)), cluster=cluster,
+                     overrides=overrides, dims=dims)
+    hw = load_cluster(req.cluster, devices=devices or doc["cluster"]["devices"])
+    bounds.sequence("--seq-len", seq_len, model, hw, overrides=req.overrides)
 
 
 def _given(value, default):
@@ -227,6 +245,8 @@ def print_estimate(r: dict) -> None:
     console.print(render.kv_table("", head))
     for note in r.get("assumptions", ()):
         console.print(f"assumption: {note}", markup=False)
+    for note in r.get("warnings", ()):
+        console.print(f"warning: {note}", markup=False, style="yellow")
     console.print(memory_table(mem))
 
     total = r["step_time_s"]

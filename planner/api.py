@@ -158,6 +158,7 @@ def estimate_model(
     est = estimate(graph, structure, hw, workload, strat, solver=solver)
     out = est.to_dict()
     out.update(_describe(model, graph, hw, workload))
+    out["warnings"] = scale_warnings(est.step_time_s, est.microbatches, workload.mode)
     from planner.plan import strategy_dict
 
     out["strategy"] = strategy_dict(strat)
@@ -198,6 +199,21 @@ def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any) ->
                      "dtype": workload.dtype, "stack": workload.execution.origin or workload.execution.name},
         "assumptions": assumptions(hw, workload) + ([uncosted_note(graph)] if graph.uncosted()["ops"] else []),
     }
+
+
+#: A training step longer than this is outside anything published (the longest shipped run, Qwen3-235B at 128K
+#: tokens, takes 248 s): the figures hold, but the job is most likely not the one meant.
+LONG_STEP_S = 3600.0
+
+
+def scale_warnings(step_time_s: float, microbatches: int, mode: str) -> list[str]:
+    """What in an estimate's scale suggests the job was mistyped (a step of hours), in one sentence each."""
+    from planner.units import seconds
+
+    if mode != "train" or step_time_s <= LONG_STEP_S:
+        return []
+    return [f"one step takes {seconds(step_time_s)} ({microbatches:,} micro-batches per replica), far beyond the "
+            "seconds to minutes of published training steps: --global-batch counts sequences per step"]
 
 
 def assumptions(hw: Any, workload: Any) -> list[str]:
@@ -326,6 +342,8 @@ def plan_model(
             mpmd_info["used"] = False
         out["mpmd"] = mpmd_info
     out.update(_describe(model, graph, hw, workload))
+    out["warnings"] = scale_warnings(out["estimate"]["step_time_s"], out["estimate"].get("microbatches", 1),
+                                     workload.mode)
     if user.given():
         out["constraints"] = user.as_section()
     return out

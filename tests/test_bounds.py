@@ -150,3 +150,27 @@ def test_a_zoo_model_of_two_billion_layers_is_refused_before_it_is_built():
 
     with pytest.raises(InvalidInput, match="gpt with layers=2,000,000,000: a zoo model is built with at most 1,024"):
         load_graph("gpt", batch=1, seq_len=8, overrides={"layers": 2 * 10**9})
+
+
+def test_a_declarations_sequence_is_bounded_like_a_given_one(tmp_path, monkeypatch):
+    plan = tmp_path / "p.yaml"
+    r = runner.invoke(app, ["plan", "llama3-8b", *SMALL, *TRAIN, "--tp", "2", "--pp", "1", "--dp", "4",
+                            "--micro-batch", "1", "--recompute", "none", "--zero", "1", "--no-offload", "-o", str(plan)])
+    assert r.exit_code == 0, r.output
+    import planner.hypershard.declared as declared
+
+    monkeypatch.setattr(declared, "estimate_declared", _no_work)
+    r = runner.invoke(app, ["estimate", "llama3-8b", *SMALL, "--plan", str(plan), "--seq-len", "1000000000"])
+    assert r.exit_code == 2 and "--seq-len 1,000,000,000: one sequence needs at least" in r.output, r.output
+
+
+def test_a_step_of_hours_is_flagged_and_a_step_of_seconds_is_not():
+    args = ["estimate", "llama3-8b", "--cluster", "dgx-h100", "--devices", "8", "--seq-len", "4096", "--dp", "8",
+            "--zero", "1", "--json"]
+    # 2**18 sequences of 4,096 tokens of an 8B model: 6 x 8e9 x 1.07e9 = 5.2e19 FLOP, 6.4e18 per device: 1.8 h
+    # even at the H100's whole 989 TFLOP/s
+    long = json.loads(runner.invoke(app, [*args, "--global-batch", str(8 * 2**15)]).stdout)
+    assert long["step_time_s"] > 3600
+    assert long["warnings"] and "--global-batch counts sequences per step" in long["warnings"][0]
+    short = json.loads(runner.invoke(app, [*args, "--global-batch", "64"]).stdout)
+    assert short["step_time_s"] < 60 and short["warnings"] == []
