@@ -5,7 +5,9 @@ Scenarios (one process group, one fork, so torch and transformers are imported o
 tensor + sequence parallel, FSDP2 ZeRO-3 with full recompute, HSDP ZeRO-0 with selective recompute,
 FSDP2 ZeRO-2 with the first layer fully recomputed and the other selectively, 1F1B pipeline x tensor
 parallel, the same with sequence parallelism (the sequence-split stream crosses the stage boundary as each
-rank's slice) and 1F1B pipeline x FSDP; and on 3 processes, 1F1B pipelines whose two stages differ in width
+rank's slice), the same with one micro-batch for two stages (torch's 1F1B refuses it; run in GPipe's order, which
+1F1B is then), 1F1B pipeline x FSDP, and FSDP2 with its parameters in host memory (no pinned memory on a host
+without a GPU); and on 3 processes, 1F1B pipelines whose two stages differ in width
 (1 + 2 and 2 + 1 tensor ranks), each stage on its own mesh. Each declaration goes through a file and
 `validate` before it is exported. The tensor-parallel ones are hand-edited to Megatron's layouts: at hidden
 64 the planner keeps most weights whole (splitting them does not pay), and hand-edited files are
@@ -43,6 +45,8 @@ SCENARIOS = {
     "pp_tp": (dict(pp=2, tp=2), True, True),
     "pp_tp_sp": (dict(pp=2, tp=2, sp=True), True, True),
     "pp_fsdp": (dict(pp=2, zero=1), False, True),
+    "pp_tp_one_microbatch": (dict(pp=2, tp=2, micro_batch=BATCH), True, True),  # fewer micro-batches than stages
+    "fsdp_offload": (dict(zero=3, offload=(("params", 1.0),)), False, False),  # host memory, nothing pinned
 }
 #: stages of different widths, on WIDTH_WORLD processes (widest stage on the first ranks)
 WIDTH_WORLD = 3
@@ -211,7 +215,8 @@ def _ok(runs: list[dict], name: str) -> list[dict]:
     return rows
 
 
-@pytest.mark.parametrize("name", ["tp", "tp_sp", "fsdp_zero3_full", "hsdp_zero0_selective", "fsdp_first_layer_full"])
+@pytest.mark.parametrize("name", ["tp", "tp_sp", "fsdp_zero3_full", "hsdp_zero0_selective", "fsdp_first_layer_full",
+                                  "fsdp_offload"])
 def test_loss_and_gradients_match_the_single_process_run(runs, name):
     for r, row in zip(runs, _ok(runs, name)):
         assert row["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
@@ -232,7 +237,7 @@ def test_fsdp_shards_by_the_zero_stage_and_wraps_layers_for_recompute(runs):
         assert "CheckpointWrapper" in row["layer0"]
 
 
-@pytest.mark.parametrize("name", ["pp_tp", "pp_tp_sp", "pp_fsdp"])
+@pytest.mark.parametrize("name", ["pp_tp", "pp_tp_sp", "pp_fsdp", "pp_tp_one_microbatch"])
 def test_pipeline_stages_match_the_single_process_run(runs, name):
     rows = _ok(runs, name)
     last = [row for row in rows if row["last"]]

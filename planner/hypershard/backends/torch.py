@@ -203,7 +203,8 @@ def apply_fsdp(model, mesh):
     if PARAM_DTYPE:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, PARAM_DTYPE), reduce_dtype=torch.float32)
     if any(OFFLOAD[k] > 0 for k in ("params", "grads", "optimizer")):
-        kwargs["offload_policy"] = CPUOffloadPolicy()  # torch offloads all of them, not a fraction
+        # torch offloads all of them, not a fraction; pinned host memory only where there is a GPU to pin for
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for _, layer in _layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -302,8 +303,11 @@ def pipeline_schedule(model, mesh, device, loss_fn):
         stages.append(PipelineStage(_Chunk(inner, c == 0, seq), c, len(CHUNKS), device, group=mesh["pp"].get_group()))
     if len(stages) > 1:
         return stages, ScheduleInterleaved1F1B(stages, n_microbatches=MICRO_BATCHES, loss_fn=loss_fn)
-    kind = ScheduleGPipe if SCHEDULE == "gpipe" else Schedule1F1B
-    return stages, kind(stages[0], n_microbatches=MICRO_BATCHES, loss_fn=loss_fn)
+    # 1F1B with fewer micro-batches than stages runs every forward before the first backward (its warm-up is
+    # min(stages - stage - 1, micro-batches)): GPipe's order, which torch's Schedule1F1B refuses to run
+    gpipe = SCHEDULE == "gpipe" or MICRO_BATCHES < pp
+    return stages, (ScheduleGPipe if gpipe else Schedule1F1B)(stages[0], n_microbatches=MICRO_BATCHES,
+                                                              loss_fn=loss_fn)
 
 '''
 
