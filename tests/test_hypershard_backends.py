@@ -41,6 +41,8 @@ def docs():
         "interleaved": declare("llama3-8b", overrides=TINY, pp=2, vpp=2, dp=4, recompute="selective", **common),
         "moe": declare("mixtral-8x7b", overrides=MOE, tp=2, ep=4, zero=1, **common),
         "gpt": declare("gpt", overrides=dict(layers=2, hidden=64, heads=4, vocab=128), dp=8, **common),
+        "fsdp": megatron(declare("llama3-8b", overrides=TINY, tp=2, dp=4, recompute="full", zero=3, micro_batch=2,
+                                 **common)),
     }
 
 
@@ -51,10 +53,14 @@ def _load(source: str, name: str) -> types.ModuleType:
 
 
 @pytest.mark.parametrize("backend", ["hyper-parallel", "mindspore", "torch", "jax"])
-@pytest.mark.parametrize("which", ["3d", "interleaved", "moe", "gpt"])
+@pytest.mark.parametrize("which", ["3d", "interleaved", "moe", "gpt", "fsdp"])
 def test_every_generated_python_file_compiles(docs, backend, which):
     if backend == "torch" and which == "moe":
         with pytest.raises(InvalidInput, match="no generic expert-parallel style"):
+            export(docs[which], backend)
+        return
+    if backend == "jax" and which in ("3d", "interleaved"):  # equal pipeline stages on one mesh: no JAX runtime
+        with pytest.raises(InvalidInput, match="no pipeline runtime for 2 equal stages"):
             export(docs[which], backend)
         return
     source = export(docs[which], backend)
@@ -179,7 +185,7 @@ def test_export_names_the_backends_and_refuses_wrong_suffixes(docs, tmp_path):
 
 @pytest.mark.jax
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
-@pytest.mark.parametrize("which", ["3d", "moe"])
+@pytest.mark.parametrize("which", ["fsdp", "moe"])
 def test_jax_export_places_arrays_as_declared(docs, tmp_path, which):
     doc = docs[which]
     path = tmp_path / "plan_jax.py"
@@ -208,8 +214,12 @@ def test_jax_export_places_arrays_as_declared(docs, tmp_path, which):
     assert got["devices"] == list(range(8))  # device k is rank k of the declaration
     q = dict((d, idx) for d, idx in got["shards"]["model.layers.0.self_attn.q_proj.weight"])
     for rank in range(8):
-        t = coords(doc, rank)["tp"]
-        assert q[rank][0] == [32 * t, 32 * t + 32] and q[rank][1] == [0, None]
+        c = coords(doc, rank)
+        assert q[rank][0] == [32 * c["tp"], 32 * c["tp"] + 32]
+        if which == "fsdp":  # ZeRO-3: each tp row block split again over the 4 data-parallel ranks
+            assert q[rank][1] == [16 * c["dp"], 16 * c["dp"] + 16]
+        else:
+            assert q[rank][1] == [0, None]
     if which == "moe":
         e = dict((d, idx) for d, idx in got["shards"]["model.layers.0.mlp.experts.gate_up_proj"])
         for rank in range(8):

@@ -12,6 +12,16 @@ disjoint slices of the devices: `use_program(name)` binds one, and
 are such slices too: a Mesh per stage (`main/stage0`, ...), each with its
 own tp, the layer-stack boundary moved between them by `jax.device_put`
 to the next stage's sharding.
+
+What a training step needs beyond the layouts is applied, not only listed:
+ZeRO-3 shards each parameter over the data axis too (on its first whole
+dim that divides; GSPMD then gathers it where it is used, as FSDP does),
+ZeRO-1/2 shard the optimizer states that way (`optimizer_spec`; ZeRO-2's
+gradients too, as the step's output sharding), the declared recompute is
+`remat(layer_fn)` (jax.checkpoint with the policy of the declaration) and
+the micro-batches are `micro_batches(batch)`. Pipelines of equal stages
+(one mesh with a pp axis) and host offload have no JAX equivalent here
+and are refused before anything is written.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from typing import Any, Mapping
 
 from planner.errors import InvalidInput
 from planner.hypershard.backends import common
+from planner.hypershard.programs import views
 
 SUFFIX = ".py"
 
@@ -50,9 +61,49 @@ def _axis(spec):
     return axes[0] if len(axes) == 1 else axes
 
 
-def partition_spec(name):
-    """The PartitionSpec of parameter `name`."""
-    return P(*(_axis(spec) for spec in layout_of(name)["dims"]))
+def _declared(name):
+    return [_axis(spec) for spec in layout_of(name)["dims"]]
+
+
+def _over_data(dims, shape):
+    """`dims` with the data axes added on the first whole dim of `shape` they divide (ZeRO's sharding)."""
+    used = {a for spec in dims if spec is not None for a in ((spec,) if isinstance(spec, str) else spec)}
+    data = tuple(a for a, _ in MESH if a in ("dp", "ep") and a not in used)  # experts split over ep keep it
+    size = int(np.prod([dict(MESH)[a] for a in data]))
+    if size == 1 or shape is None:
+        return dims
+    for d, (spec, n) in enumerate(zip(dims, shape)):
+        if spec is None and n % size == 0:
+            return dims[:d] + [data[0] if len(data) == 1 else data] + dims[d + 1:]
+    return dims  # no whole dim divides: kept replicated over dp (a norm weight of odd length)
+
+
+def partition_spec(name, shape=None):
+    """The PartitionSpec of parameter `name`; under ZeRO-3 (given its shape) also split over the data axis."""
+    dims = _declared(name)
+    return P(*(_over_data(dims, shape) if ZERO_STAGE >= 3 else dims))
+
+
+def optimizer_spec(name, shape):
+    """The PartitionSpec of the optimizer states (Adam's m and v) of parameter `name`: split over the data axis
+    from ZeRO-1 on."""
+    dims = _declared(name)
+    return P(*(_over_data(dims, shape) if ZERO_STAGE >= 1 else dims))
+
+
+def remat(layer_fn):
+    """`layer_fn` (one layer's forward) with the declared recompute: full saves nothing, selective saves the
+    matmul outputs and recomputes the rest (the attention core), none is `layer_fn` itself."""
+    if RECOMPUTE == "none":
+        return layer_fn
+    policy = (jax.checkpoint_policies.nothing_saveable if RECOMPUTE == "full"
+              else jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    return jax.checkpoint(layer_fn, policy=policy)
+
+
+def micro_batches(batch):
+    """A replica's batch (leading dim) as MICRO_BATCHES micro-batches of MICRO_BATCH_SIZE: [m, size, ...]."""
+    return batch.reshape((MICRO_BATCHES, MICRO_BATCH_SIZE) + batch.shape[1:])
 
 
 def activation_spec(key):
@@ -62,12 +113,14 @@ def activation_spec(key):
 
 def shardings(mesh, names):
     """{parameter name: NamedSharding} for the given flat parameter names."""
-    return {name: NamedSharding(mesh, partition_spec(name)) for name in names}
+    return {name: NamedSharding(mesh, partition_spec(name, shape)) for name, shape in names.items()} \
+        if isinstance(names, dict) else {name: NamedSharding(mesh, partition_spec(name)) for name in names}
 
 
 def shard_params(params, mesh):
-    """Place a flat {name: array} dict of parameters as declared."""
-    return {name: jax.device_put(value, NamedSharding(mesh, partition_spec(name))) for name, value in params.items()}
+    """Place a flat {name: array} dict of parameters as declared (ZeRO-3: also over the data axis)."""
+    return {name: jax.device_put(value, NamedSharding(mesh, partition_spec(name, value.shape)))
+            for name, value in params.items()}
 '''
 
 
@@ -103,10 +156,30 @@ def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
          "model inputs and layer-stack inputs"),
         ("STAGES", common.stage_layers(doc), "layers per pipeline stage (pp axis)"),
         ("MICRO_BATCH_SIZE", doc["programs"][0]["micro_batch_size"], None),
+        ("MICRO_BATCHES", doc["programs"][0].get("micro_batches", 1), "per step and replica"),
+        ("ZERO_STAGE", doc["zero"]["stage"], "3: parameters split over dp too; 1-2: optimizer states"),
+        ("RECOMPUTE", doc["recompute"]["policy"], "none, selective or full: what remat() applies"),
     ] + common.stage_data(doc)
 
 
+def unexpressed(doc: Mapping[str, Any]) -> str | None:
+    """The one plan feature this backend cannot apply (None: it applies them all), said before writing."""
+    sizes = common.axis_sizes(doc)
+    if sizes.get("pp", 1) > 1 and not common.grouped(doc):
+        return (f"the jax backend has no pipeline runtime for {sizes['pp']} equal stages on one mesh (its arrays "
+                "would sit replicated over pp); plan with --pp 1 or --backend jax, or export with --backend torch")
+    moved = [k for k, v in doc.get("offload", {}).items() if v > 0]
+    if moved:
+        return (f"the jax backend does not offload to host memory ({', '.join(moved)} offloaded in this plan); "
+                "plan with --no-offload or --backend jax, or export with --backend torch")
+    return None
+
+
 def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
+    for v in views(doc):  # each program of a HyperMPMD plan (the plan itself otherwise)
+        why = unexpressed(v)
+        if why:
+            raise InvalidInput(why)
     multi = common.grouped(doc)
     use = ("    use_program(\"NAME\")   # several programs or stage widths: one at a time, each on its own devices\n"
            if multi else "")
