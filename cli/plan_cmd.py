@@ -16,9 +16,10 @@ from cli.estimate_cmd import parse_offload, parse_stage_tp, print_estimate
 from cost_models import load_cluster
 from planner import bounds
 from planner.api import plan_inference, plan_model
-from planner.errors import InvalidInput
+from planner.errors import Infeasible, InvalidInput
 from planner.hypershard import Request, declare_plan, declare_serving, write_document
 from planner.hypershard.io import check_output, check_suffix, read_constraints
+from planner.hypershard.backends import export, plan_limits
 from planner.search.constraints import merge as merge_constraints
 
 console = render.LiveConsole(highlight=False, soft_wrap=False)
@@ -100,6 +101,10 @@ def plan_cmd(
         "`plan -o` wrote with constraints, or a .yaml/.json holding that section, e.g. constraints: {tp: 8, pp: 4}); "
         "the flags above add to it.", rich_help_panel=_FIX, show_default=False)] = None,
     solver: Annotated[str, typer.Option("--solver", help=_SOLVER_HELP)] = "highs",
+    backend: Annotated[Optional[str], typer.Option(
+        "--backend", help="Search only what this export backend runs (torch: no expert parallelism; jax: no "
+        "pipeline, no offload; the others: everything), and check the plan exports to it.", rich_help_panel=_FIX,
+        show_default=False)] = None,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the HyperShard declaration to a "
                                                   ".yaml or .json file (`hyperplan validate` / `export` read it); "
                                                   "with --mode infer, prefill and decode as two programs.")] = None,
@@ -160,9 +165,11 @@ def plan_cmd(
                                 batch=batch, ttft_ms=ttft_ms, tpot_ms=tpot_ms, dtype=dtype, kv_dtype=kv_dtype,
                                 overrides=overrides, dims=opt.parse_dims(dim), memory_gib=memory_gib,
                                 offload=not no_offload, disaggregate=not no_mpmd, even_experts=not uneven_experts)
+        request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
+                          memory_gib=memory_gib)
+        if backend is not None:
+            _check_exports(declare_serving(result, request, offload=not no_offload, disaggregate=not no_mpmd), backend)
         if output:
-            request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
-                              memory_gib=memory_gib)
             write_document(declare_serving(result, request, offload=not no_offload, disaggregate=not no_mpmd),
                            output, protect=(model, cluster, stack))
         if as_json:
@@ -187,6 +194,9 @@ def plan_cmd(
         fixed["offload"] = parse_offload(offload)
     if constraints_file is not None:
         fixed = merge_constraints(read_constraints(constraints_file), fixed, constraints_file)
+    if backend is not None:
+        fixed = merge_constraints(plan_limits(backend), fixed, f"--backend {backend}",
+                                  "export with another backend")
     if global_batch is None or seq_len is None:
         missing = " and ".join(f for f, v in (("--global-batch", global_batch), ("--seq-len", seq_len)) if v is None)
         raise InvalidInput(f"{missing} {'is' if ' and ' not in missing else 'are'} needed to plan training; "
@@ -202,9 +212,11 @@ def plan_cmd(
                             dtype=dtype, time_limit_s=time_limit, overrides=overrides, dims=opt.parse_dims(dim),
                             progress=progress, memory_gib=memory_gib, offload=not no_offload, mpmd=not no_mpmd,
                             stack=stack, strict_ops=strict_ops, constraints=fixed, solver=solver)
+    request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
+                      memory_gib=memory_gib)
+    if backend is not None:
+        _check_exports(declare_plan(result, request), backend)
     if output:
-        request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
-                          memory_gib=memory_gib)
         write_document(declare_plan(result, request), output, protect=(model, cluster, stack))
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
@@ -212,6 +224,14 @@ def plan_cmd(
     print_plan(result)
     if output:
         console.print(f"HyperShard declaration written to {output}")
+
+
+def _check_exports(doc: dict, backend: str) -> None:
+    """Infeasible when the plan found within --backend's limits still uses what that backend refuses."""
+    try:
+        export(doc, backend)
+    except InvalidInput as exc:
+        raise Infeasible(f"the best plan within --backend {backend}'s limits does not export to it: {exc}") from None
 
 
 def print_plan(r: dict) -> None:

@@ -120,15 +120,16 @@ class Constraints:
         return out
 
 
-def merge(from_file: Mapping[str, Any], flags: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """A plan file's constraints with the command line's: both keep their knobs; one both fix differently is
-    refused, naming the file."""
+def merge(from_file: Mapping[str, Any], flags: Mapping[str, Any], source: str,
+          remedy: str = "edit the file") -> dict[str, Any]:
+    """A plan file's (or a backend's) constraints with the command line's: both keep their knobs; one both fix
+    differently is refused, naming the source."""
     a, b = Constraints.from_mapping(from_file).given(), Constraints.from_mapping(flags).given()
     for k in sorted(set(a) & set(b)):
         if a[k] != b[k]:
             flag = f"--{k.replace('_', '-')}"
             raise InvalidInput(f"{flag} {_show(b[k])} disagrees with {source}'s constraints ({k}: {_show(a[k])}); "
-                               f"drop {flag} or edit the file")
+                               f"drop {flag} or {remedy}")
     return {**a, **b}
 
 

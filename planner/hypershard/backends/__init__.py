@@ -26,6 +26,20 @@ BACKENDS: dict[str, str] = {
 }
 
 
+#: The knobs `plan --backend NAME` fixes so that the search stays within what the backend runs (the keys of
+#: `planner.search.constraints`); what they cannot say the exporter still refuses, in one sentence, before writing.
+PLAN_LIMITS: dict[str, dict[str, Any]] = {
+    "torch": {"ep": 1},  # no generic expert-parallel style in torch (see backends/torch.py)
+    "jax": {"pp": 1, "offload": ()},  # no pipeline runtime on one mesh, no host offload (see backends/jax.py)
+}
+
+
+def plan_limits(backend: str) -> dict[str, Any]:
+    """The constraints `plan --backend NAME` adds (InvalidInput for an unknown backend)."""
+    _module(backend)
+    return dict(PLAN_LIMITS.get(backend, {}))
+
+
 def _module(backend: str) -> Any:
     if backend not in BACKENDS:
         raise InvalidInput(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
@@ -61,4 +75,4 @@ def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: 
     return write_atomically(out, lambda: export(doc, backend, base_dir=base_dir), protect, "export")
 
 
-__all__ = ["BACKENDS", "export", "export_to_file", "suffix"]
+__all__ = ["BACKENDS", "PLAN_LIMITS", "export", "export_to_file", "plan_limits", "suffix"]

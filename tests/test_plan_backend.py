@@ -1,0 +1,52 @@
+"""`plan --backend NAME` searches only what that backend runs, and says so when a fixed knob disagrees.
+
+Each case is one where the unrestricted search picks what the backend cannot run (expert parallelism for
+torch; host offload for jax), so the restriction is seen to change the plan, and the restricted plan exports.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.app import app
+
+runner = CliRunner()
+
+
+def _plan(*args: str) -> dict:
+    r = runner.invoke(app, ["plan", *args, "--time-limit", "120", "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("backend, args, unrestricted, restricted", [
+    ("torch", ["mixtral-8x7b", "--layers", "2", "--cluster", "dgx-h100", "--devices", "32", "--global-batch", "32",
+               "--seq-len", "4096", "--memory-gib", "20"],
+     lambda s: s["ep"] > 1, lambda s: s["ep"] == 1),
+    ("jax", ["llama3-8b", "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64", "--seq-len", "4096"],
+     lambda s: any(f > 0 for f in s["offload"].values()),
+     lambda s: s["pp"] == 1 and not any(f > 0 for f in s["offload"].values())),
+])
+def test_the_backend_limits_the_search_and_its_plan_exports(tmp_path, backend, args, unrestricted, restricted):
+    free = _plan(*args)
+    assert unrestricted(free["strategy"]), free["strategy"]["summary"]
+    out = tmp_path / "p.yaml"
+    kept = _plan(*args, "--backend", backend, "-o", str(out))
+    assert restricted(kept["strategy"]), kept["strategy"]["summary"]
+    assert kept["estimate"]["step_time_s"] >= free["estimate"]["step_time_s"]  # a smaller space cannot do better
+    r = runner.invoke(app, ["export", str(out), "--backend", backend, "-o", str(tmp_path / "p.py")])
+    assert r.exit_code == 0, r.output
+
+
+def test_a_fixed_knob_against_the_backend_is_refused_in_one_sentence():
+    r = runner.invoke(app, ["plan", "llama3-8b", "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64",
+                            "--seq-len", "4096", "--backend", "torch", "--ep", "2"])
+    assert r.exit_code == 2
+    assert "--ep 2 disagrees with --backend torch's constraints (ep: 1); drop --ep or export with another backend" \
+        in r.output
+    r = runner.invoke(app, ["plan", "llama3-8b", "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64",
+                            "--seq-len", "4096", "--backend", "tf"])
+    assert r.exit_code == 2 and "unknown backend 'tf'" in r.output
