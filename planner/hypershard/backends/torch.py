@@ -257,6 +257,14 @@ class _Chunk(nn.Module):
         return out
 
 
+class _Absent(nn.Module):
+    """Stands for the first chunk's embeddings in a later chunk, which takes hidden states: a model that still
+    looks them up (GPT-2 adds its position embedding to given inputs_embeds) adds nothing."""
+
+    def forward(self, *args, **kwargs):
+        return torch.zeros(())
+
+
 class _Skip(nn.Module):
     """Stands for a layer of another chunk: passes the hidden states through (names and indices stay)."""
 
@@ -265,7 +273,7 @@ class _Skip(nn.Module):
 
 
 def chunk_model(model, chunk):
-    """A copy of `model` with only this chunk's layers; other chunks' embedding goes (None), their head too
+    """A copy of `model` with only this chunk's layers; other chunks' embeddings go (`_Absent`), their head too
     (Identity), so parameter names stay those of the declaration."""
     model = copy.deepcopy(model)
     layers = [n for c in CHUNKS for n in c["layers"]]
@@ -277,7 +285,7 @@ def chunk_model(model, chunk):
         for path in spec["blocks"]:
             if any(n.startswith(path + ".") for n in layers) or not _has_params(model, path):
                 continue
-            _replace(model, path, None if c == 0 else nn.Identity())
+            _replace(model, path, _Absent() if c == 0 else nn.Identity())
     return model
 
 
