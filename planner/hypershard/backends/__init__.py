@@ -72,6 +72,9 @@ def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: 
     target = Path(out)
     if target.suffix.lower() != want:
         raise InvalidInput(f"-o {out}: the {backend} backend writes a {want} file; name it like plan{want}")
+    checked = getattr(_module(backend), "check_target", None)
+    if checked is not None:
+        checked(doc, base_dir, out)
     return write_atomically(out, lambda: export(doc, backend, base_dir=base_dir), protect, "export")
 
 

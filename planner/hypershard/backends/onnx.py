@@ -6,8 +6,8 @@ and a `ShardingSpecProto` for each parameter it reads and each layer
 boundary it receives. A spec lists, per shard (row-major over the sharded
 dims, as in the ONNX sharding formalism), the group of devices of the
 node's stage that hold it; groups are keys into `index_to_device_group_map`.
-A file model keeps its external-data references (write the output beside
-them); a zoo model is rebuilt weightless at the declared micro-batch.
+A file model keeps its external-data references (written into the model's
+folder, `onnx_external`); a zoo model is rebuilt weightless at the declared micro-batch.
 Several programs (HyperMPMD) give one configuration per program, named
 `hyperplan/<program>`, whose devices are named by their global ranks; each
 node carries its program's configuration, stages and specs over that
@@ -21,9 +21,10 @@ over the stage's own mesh. The result passes `onnx.checker.check_model`.
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any, Mapping
 
-from planner.hypershard.backends import common
+from planner.hypershard.backends import common, onnx_external
 from planner.hypershard.declared import split_as_declared, graph_of, request_of, workload_of
 from planner.hypershard.layouts import dim_axes
 from planner.hypershard.patterns import expand
@@ -90,8 +91,6 @@ def _shapes(model: Any) -> dict[str, list[int | None]]:
 
 
 def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> bytes:
-    import onnx
-
     model = _proto(doc, base_dir)
     graph, structure = graph_of(doc, base_dir)  # as the planner sees it: blocks, tensor names
     shapes = _shapes(model)
@@ -107,8 +106,21 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> bytes:
             _annotate(model, g.view, graph if p is None else p.graph, structure if p is None else p.structure,
                       f"{CONFIG}/{g.name}", g.first, members, shapes, named=True)
     model.ir_version = max(model.ir_version, MIN_IR)
-    onnx.checker.check_model(model)
+    onnx_external.check(model, model_dir(doc, base_dir))
     return model.SerializeToString()
+
+
+def model_dir(doc: Mapping[str, Any], base_dir: str | None) -> str | None:
+    """The folder of a file model (where its external data lives); None for a zoo model."""
+    if doc["model"]["source"] != "file":
+        return None
+    return os.path.dirname(os.path.abspath(request_of(doc, base_dir).model))
+
+
+def check_target(doc: Mapping[str, Any], base_dir: str | None, out: str) -> None:
+    """Before writing: a file model with external weights is annotated into its own folder only."""
+    if doc["model"]["source"] == "file":
+        onnx_external.check_target(request_of(doc, base_dir).model, out)
 
 
 def _annotate(model: Any, doc: Mapping[str, Any], graph: Any, structure: Any, config: str, first: int,

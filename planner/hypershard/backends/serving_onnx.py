@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from planner.errors import InvalidInput
-from planner.hypershard.backends.onnx import CONFIG, MIN_IR, _annotate, _shapes
+from planner.hypershard.backends import onnx_external
+from planner.hypershard.backends.onnx import CONFIG, MIN_IR, _annotate, _shapes, model_dir
 from planner.hypershard.backends.serving_common import phase_programs
 from planner.hypershard.declared import request_of
 from planner.hypershard.serving_doc import serving_graph
@@ -46,8 +46,6 @@ def _view(prog: Mapping[str, Any], mesh: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> bytes:
-    import onnx
-
     model, graph, structure = _proto_and_graph(doc, base_dir)
     shapes = _shapes(model)
     for prog, mesh in phase_programs(doc):
@@ -55,9 +53,5 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> bytes:
         _annotate(model, _view(prog, mesh), graph, structure, f"{CONFIG}/{prog['name']}", first, None, shapes,
                   named=True)
     model.ir_version = max(model.ir_version, MIN_IR)
-    try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
-        raise InvalidInput(f"the annotated model fails onnx.checker ({str(exc).splitlines()[0]}); re-plan, or "
-                           "check the declaration's layouts against the model") from None
+    onnx_external.check(model, model_dir(doc, base_dir))
     return model.SerializeToString()

@@ -1,0 +1,48 @@
+"""The ONNX export of a model whose weights are external data: from any directory, into the model's folder only.
+
+ONNX reads external data relative to the model file and refuses locations outside its folder, so the annotated
+model (which keeps the original references rather than copying the weights) is checked and written there.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import onnx
+from typer.testing import CliRunner
+
+from cli.app import app
+
+FIXTURES = Path(__file__).parent / "fixtures"
+runner = CliRunner()
+
+
+def test_a_model_with_external_weights_exports_from_elsewhere_into_its_own_folder(tmp_path, monkeypatch):
+    home = tmp_path / "model"
+    home.mkdir()
+    for name in ("llama_gqa_external.onnx", "llama_gqa_external.onnx.data"):
+        shutil.copy(FIXTURES / name, home / name)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # neither the model's folder nor the repository
+    r = runner.invoke(app, ["plan", str(home / "llama_gqa_external.onnx"), "--cluster", "dgx-a100", "--devices", "4",
+                            "--global-batch", "4", "--seq-len", "64", "--tp", "2", "-o", "plan.yaml"])
+    assert r.exit_code == 0, r.output
+
+    r = runner.invoke(app, ["export", "plan.yaml", "--backend", "onnx", "-o", "annotated.onnx"])
+    assert r.exit_code == 2
+    assert "keeps its weights in llama_gqa_external.onnx.data, which ONNX reads only from the model's own folder" \
+        in r.output and not (work / "annotated.onnx").exists()
+
+    out = home / "annotated.onnx"
+    r = runner.invoke(app, ["export", "plan.yaml", "--backend", "onnx", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in home.iterdir()) == ["annotated.onnx", "llama_gqa_external.onnx",
+                                                      "llama_gqa_external.onnx.data"]  # no check file left behind
+    onnx.checker.check_model(str(out))
+    model = onnx.load(str(out))  # the weights read back through the kept references
+    original = onnx.load(str(home / "llama_gqa_external.onnx"))
+    assert {t.name: t.raw_data for t in model.graph.initializer} == \
+        {t.name: t.raw_data for t in original.graph.initializer}
+    assert any(len(n.device_configurations) for n in model.graph.node)  # annotated
