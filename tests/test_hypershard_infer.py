@@ -267,10 +267,12 @@ def test_every_python_export_compiles(planned, name, backend):
     assert f"serving {doc['model']['name']}" in source
 
 
-@pytest.mark.parametrize("backend", ["jax", "hyper-parallel", "mindspore"])
+@pytest.mark.parametrize("backend", ["jax", "hyper-parallel", "mindspore", "onnx"])
 def test_an_uneven_expert_split_is_refused_where_arrays_split_evenly(uneven, backend):
-    with pytest.raises(InvalidInput, match=f"the {backend} backend splits arrays evenly, and prefill spreads 8 "
-                                           "experts over ep 12 "):
+    words = ("the onnx backend splits a dim into equal shards only, and model.layers.0.mlp.experts.gate_up_proj "
+             "splits 8 over 12" if backend == "onnx" else
+             f"the {backend} backend splits arrays evenly, and prefill spreads 8 experts over ep 12 ")
+    with pytest.raises(InvalidInput, match=words):
         export(uneven, backend)
     compile(export(uneven, "torch"), "uneven_torch.py", "exec")
 
@@ -453,27 +455,30 @@ def test_jax_export_places_each_phase_on_its_own_devices(tmp_path):
         assert [e[first + c][0] for c in range(4)] == [[c, c + 1] for c in range(4)]
 
 
-def test_onnx_export_annotates_every_node_for_both_phases(uneven, tmp_path):
-    doc = uneven
+def test_onnx_export_annotates_every_node_for_both_phases(tmp_path):
+    doc = declare_serving_phases("mixtral-8x7b", cluster="cloudmatrix384", devices=32, prompt_len=4096,
+                                 gen_len=1024, prefill=dict(dp=8, pp=2, batch=10), decode=dict(dp=8, pp=2, batch=156))
     export_to_file(doc, "onnx", str(tmp_path / "serve.onnx"))
     model = onnx.load(str(tmp_path / "serve.onnx"), load_external_data=False)
     onnx.checker.check_model(model)
     k = doc["programs"][0]["ranks"]["count"]
     assert [(c.name, list(c.device)) for c in model.configuration] == [
-        ("hyperplan/prefill", [str(r) for r in range(k)]), ("hyperplan/decode", [str(r) for r in range(k, 64)])]
+        ("hyperplan/prefill", [str(r) for r in range(k)]), ("hyperplan/decode", [str(r) for r in range(k, 32)])]
     specs = {}
     for node in model.graph.node:
         for dc in node.device_configurations:
             for s in dc.sharding_spec:
                 specs.setdefault((dc.configuration_id, s.tensor_name), (dc.pipeline_stage, s))
     pp, ep = (doc["programs"][0]["estimate"]["strategy"][k] for k in ("pp", "ep"))
+    assert (pp, ep) == (2, 8)
     stage, spec = specs[("hyperplan/prefill", "model.layers.31.mlp.experts.gate_up_proj")]
-    segments = [(x.dim_value, x.num_shards) for x in spec.sharded_dim[0].simple_sharding]
-    sizes = [len(c) for c in np.array_split(np.arange(8), ep)]  # uneven ranges, as numpy.array_split cuts them
-    want = [(size * n, n) for size, n in ((k, len(list(g))) for k, g in itertools.groupby(sizes))]
-    assert stage == pp - 1 and segments == want
+    assert stage == pp - 1 and [(x.dim_value, x.num_shards) for x in spec.sharded_dim[0].simple_sharding] == [(8, 8)]
     groups = {e.key: list(e.value) for e in spec.index_to_device_group_map}
     held = [groups.get(d, [d]) for d in spec.device]
     assert held == [[(pp - 1) * ep + c] for c in range(ep)]  # the last stage's ranks, one ep coordinate each
-    _, spec = specs[("hyperplan/decode", "model.layers.0.mlp.experts.gate_up_proj")]
-    assert [(x.dim_value, x.num_shards) for x in spec.sharded_dim[0].simple_sharding] == [(8, 8), (0, 32)]
+    stage, spec = specs[("hyperplan/decode", "model.layers.0.mlp.experts.gate_up_proj")]
+    groups = {e.key: list(e.value) for e in spec.index_to_device_group_map}
+    held = [groups.get(d, [d]) for d in spec.device]
+    assert stage == 0 and [(x.dim_value, x.num_shards) for x in spec.sharded_dim[0].simple_sharding] == [(8, 8)]
+    names = list(model.configuration[1].device)  # decode's devices, named by global rank
+    assert [[names[i] for i in g] for g in held] == [[str(k + c)] for c in range(ep)]  # its first stage, after prefill

@@ -24,6 +24,7 @@ import itertools
 import os
 from typing import Any, Mapping
 
+from planner.errors import InvalidInput
 from planner.hypershard.backends import common, onnx_external
 from planner.hypershard.declared import split_as_declared, graph_of, request_of, workload_of
 from planner.hypershard.layouts import dim_axes
@@ -68,12 +69,12 @@ def _spec(onnx_mod: Any, tensor: str, dims: list[Any], shape: list[int | None], 
     for (d, axes), k in zip(sharded, counts):
         sd = spec.sharded_dim.add(axis=d)
         size = shape[d] if shape and d < len(shape) and shape[d] is not None else None
-        if size is not None and size % k and "ep" in dim_axes(axes):
-            # experts over ep unevenly (numpy.array_split): the first size mod k shards one longer, as two segments
-            base, extra = divmod(size, k)
-            sd.simple_sharding.add(num_shards=extra, dim_value=extra * (base + 1))
-            sd.simple_sharding.add(num_shards=k - extra, dim_value=(k - extra) * base)
-            continue
+        if size is not None and size % k:
+            # the spec divides N blocks into M equal shards; several simple_shardings on one axis mean fused axes
+            # (onnx.proto, ShardedDimProto), so an uneven split has no encoding
+            raise InvalidInput(f"the onnx backend splits a dim into equal shards only, and {tensor} splits "
+                               f"{size} over {k} ({' x '.join(dim_axes(axes))}); export with --backend torch, which "
+                               "places uneven ranges, or plan a degree that divides it")
         simple = sd.simple_sharding.add(num_shards=k)
         if size is not None:
             simple.dim_value = size

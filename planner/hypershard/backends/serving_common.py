@@ -85,7 +85,7 @@ def uneven_experts(doc: Mapping[str, Any], backend: str) -> None:
         if ex and ep > 1 and ex["count"] % ep:
             raise InvalidInput(f"the {backend} backend splits arrays evenly, and {prog['phase']} spreads "
                                f"{ex['count']} experts over ep {ep} (ranges of {ex['count'] // ep} and "
-                               f"{ex['count'] // ep + 1}); export with --backend torch or onnx, which place uneven "
+                               f"{ex['count'] // ep + 1}); export with --backend torch, which places uneven "
                                "ranges, or give that phase a tp x dp (its ep) that divides them")
 
 

@@ -5,8 +5,8 @@ Every node runs in both phases, so it carries two IR v11
 `hyperplan/decode`, each with the node's pipeline stage in that phase and
 a `ShardingSpecProto` per parameter it reads, over that phase's devices
 (named by their global ranks; co-located phases name the same ranks).
-Routed experts split over ep unevenly (numpy.array_split) are two
-segments of simple shardings. The annotation itself is the training
+Routed experts split over ep unevenly are refused (the spec has equal
+shards only; `onnx._spec`). The annotation itself is the training
 exporter's (`onnx._annotate`), given each phase as a one-program view.
 The result passes `onnx.checker.check_model`.
 """
