@@ -13,7 +13,7 @@ from collections import defaultdict
 import numpy as np
 
 from planner.costing.activations import attention_core, layer_inputs, requires_grad, saved_tensors, view_roots
-from planner.costing.attention import AttentionRegion, attention_regions
+from planner.costing.attention import AttentionRegion, attention_regions, kept_fraction
 from planner.costing.fusion import fused_act_bytes, recomputed_in_fused_backward
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
@@ -94,6 +94,14 @@ class GraphFacts:
         #: reads the stored weight in that layout, so they cost nothing
         self.weight_view = np.array([bool(n.outputs) and all(not o or o in self.index.weight_of for o in n.outputs)
                                      and not self.weight_matmul[i] for i, n in enumerate(graph.nodes)], dtype=bool)
+
+    def model_flops_per_sample(self) -> float:
+        """Forward FLOPs one sample needs: every op's, attention's over the (query, key) pairs its mask keeps
+        (causal: s(s+1)/2 of s^2, a sliding window its band), the FLOPs a step does whatever kernel runs it,
+        so that MFU cannot pass 100 % on long causal sequences (the graph writes every pair)."""
+        masked = sum(r.flops * (1.0 - kept_fraction(r.q_len, r.q_len, r.causal, r.window, tile=1))
+                     for r in self.regions)
+        return (float(self.work.flops.sum()) - masked) / self.work.batch
 
     def is_expert(self, param: str) -> bool:
         """Whether `param` is a routed expert's weight (split over the expert-parallel group)."""

@@ -262,7 +262,7 @@ def stage_costs(
         stages.append(StageCost(s, tuple(n for n in names if structure.block(n).is_layer), parts, fwd, bwd,
                                 dense, expert, mem, boundary, held, gather, t, fp8_params if timer.fp8 else 0.0))
     block_s = {name: p.total() for name, p in parts_of_block.items()}
-    return StageCosts(tuple(stages), float(facts.work.flops.sum()) / facts.work.batch,
+    return StageCosts(tuple(stages), facts.model_flops_per_sample(),
                       layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block), block_params,
                       param_layout)
 
