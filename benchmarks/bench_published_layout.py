@@ -52,13 +52,14 @@ def main() -> int:
             pub = estimate_model("deepseek-v3", stack=stack, **JOB, **PUBLISHED)
             got = plan_model("deepseek-v3", stack=stack, time_limit_s=600, **JOB)
             wall = time.perf_counter() - t0
-            est = got["estimate"]
-            chosen = got["mpmd"]["label"] if got["mpmd"].get("used") else got["strategy"]["summary"]
+            est, mp = got["estimate"], got.get("mpmd") or {}  # no mpmd entry when no HyperMPMD split was tried
+            chosen = mp["label"] if mp.get("used") else got["strategy"]["summary"]
             print(f"\nstack: {label}")
             print(f"  published {pub['strategy']['summary']}: {pub['step_time_s']:.2f} s")
             print(f"  plan      {chosen}: {est['step_time_s']:.2f} s "
-                  f"({pub['step_time_s'] / est['step_time_s'] - 1:+.1%} faster by the model; {wall:.0f} s)")
-            for prog in got["mpmd"].get("programs", []) if got["mpmd"].get("used") else ():
+                  f"({pub['step_time_s'] / est['step_time_s'] - 1:+.1%} faster by the model; {wall:.0f} s; "
+                  f"{got['search']['optimal_within']})")
+            for prog in mp.get("programs", []) if mp.get("used") else ():
                 print(f"    {prog['name']} on {prog['devices']}: {prog['summary']} ({prog['step_time_s']:.2f} s)")
             for r in got["runners_up"][:4]:
                 print(f"  runner-up {r['summary']}: {r['step_time_s']:.2f} s ({r['why']})")
