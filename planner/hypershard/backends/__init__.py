@@ -2,8 +2,11 @@
 
 Each module has `SUFFIX` (the output file's extension) and
 `render(doc, base_dir=...)`, returning Python source (str) or an ONNX
-model (bytes). Modules are imported on use: none of the frameworks is
-needed to export, only to run what is exported.
+model (bytes). Launch backends (`LAUNCH`: Megatron-LM arguments, torchtitan
+TOML, DeepSpeed JSON, MindFormers YAML for training; vLLM and SGLang command
+lines for serving) render text and also give `config(doc, base_dir=...)`, what
+they write as data (what `export --json` prints). Modules are imported on use:
+none of the frameworks is needed to export, only to run what is exported.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ BACKENDS: dict[str, str] = {
     "torch": "torch",
     "jax": "jax",
     "onnx": "onnx",
+    "megatron": "megatron",
 }
+#: Backends that write a framework's own launch configuration (text: printed when no -o is given).
+LAUNCH: tuple[str, ...] = ("megatron",)
 
 
 def _module(backend: str) -> Any:
@@ -40,6 +46,8 @@ def export(doc: Mapping[str, Any], backend: str, *, base_dir: str | None = None)
     """The exported artefact: Python source, or a serialized ONNX model (of a serving declaration: a mesh, the
     layouts and the experts per phase program, see `serving_py` and `serving_onnx`)."""
     module = _module(backend)
+    if backend in LAUNCH:
+        return module.render(doc, base_dir=base_dir)
     if is_serving(doc):
         if backend == "onnx":
             from planner.hypershard.backends import serving_onnx
@@ -49,6 +57,14 @@ def export(doc: Mapping[str, Any], backend: str, *, base_dir: str | None = None)
 
         return RENDER[backend](doc)
     return module.render(doc, base_dir=base_dir)
+
+
+def launch_config(doc: Mapping[str, Any], backend: str, *, base_dir: str | None = None) -> Any:
+    """What a launch backend writes, as JSON-able data (InvalidInput for a backend that is not one)."""
+    if backend not in LAUNCH:
+        raise InvalidInput(f"the {backend} backend writes a file, not a launch config; give -o FILE (launch "
+                           f"configs: {', '.join(LAUNCH)})")
+    return _module(backend).config(doc, base_dir=base_dir)
 
 
 def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: str | None = None,
@@ -61,4 +77,4 @@ def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: 
     return write_atomically(out, lambda: export(doc, backend, base_dir=base_dir), protect, "export")
 
 
-__all__ = ["BACKENDS", "export", "export_to_file", "suffix"]
+__all__ = ["BACKENDS", "LAUNCH", "export", "export_to_file", "launch_config", "suffix"]

@@ -1,0 +1,205 @@
+"""Pin the launch-config names hyperplan writes to the frameworks' own sources (a developer tool, not a test).
+
+    python benchmarks/launch_sources.py megatron  [--git DIR]   # tests/data/megatron_arguments.json
+    python benchmarks/launch_sources.py check     [--git DIR]   # benchmarks/megatron_parser_check.json
+    python benchmarks/launch_sources.py torchtitan [--git DIR]  # tests/data/torchtitan_source.json
+    python benchmarks/launch_sources.py mindformers [--git DIR] # tests/data/mindformers_config.json
+
+`megatron` builds Megatron-LM's real argument parser (`add_megatron_arguments` of
+megatron/training/arguments.py at tag core_v0.16.1, the release of the megatron-core
+wheel installed from PyPI) from a Megatron-LM git directory, and records every flag
+with its dest, type, nargs and choices. Nothing of Megatron-LM is copied into the
+repository: the file is read from the git directory into a temporary folder and
+imported from there. `check` goes further, outside any test: it exports plans to
+megatron arguments, adds a model's own arguments (from the zoo preset's published
+shape) and runs Megatron-LM's parse_args, validate_args (WORLD_SIZE set to the plan's
+devices; get_device_arch_version, which needs a GPU, answered as Hopper, 9) and
+core_transformer_config_from_args, recording the degrees Megatron-LM derives.
+`torchtitan` and `mindformers` record the field names our exports use, read from
+their sources at the commits named in each file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+MIRROR = Path("/work/.mirror")
+MEGATRON_TAG = "core_v0.16.1"
+TORCHTITAN_TAG = "v0.2.2"
+
+
+def git(gitdir: Path, *args: str) -> str:
+    return subprocess.run(["git", "--git-dir", str(gitdir), *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def extract(gitdir: Path, ref: str, paths: list[str], into: Path) -> None:
+    archive = subprocess.run(["git", "--git-dir", str(gitdir), "archive", ref, *paths], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+
+
+def megatron_arguments(tree: Path):
+    """Megatron-LM's megatron.training.arguments module, imported from `tree` without running the package's
+    __init__ (which imports the whole trainer); megatron.core is the installed wheel."""
+    sys.path.insert(0, str(tree))
+    pkg = types.ModuleType("megatron.training")
+    pkg.__path__ = [str(tree / "megatron" / "training")]
+    sys.modules["megatron.training"] = pkg
+    import megatron.training.global_vars as gv
+
+    for name in ("get_args", "get_timers", "get_adlr_autoresume", "get_signal_handler", "get_tokenizer",
+                 "get_tensorboard_writer", "get_wandb_writer", "get_one_logger"):
+        setattr(pkg, name, getattr(gv, name))
+    from megatron.training import arguments
+
+    return arguments
+
+
+def flag_table(parser: argparse.ArgumentParser) -> dict[str, dict]:
+    """Per flag: whether it takes a value, and (when given) its dest (when not the flag's own name), type, nargs
+    and choices."""
+    out = {}
+    for action in parser._actions:
+        for flag in action.option_strings:
+            entry = {"value": action.nargs != 0}
+            if action.dest != flag.lstrip("-").replace("-", "_"):
+                entry["dest"] = action.dest
+            if action.type is not None:
+                entry["type"] = getattr(action.type, "__name__", str(action.type))
+            if action.nargs not in (None, 0):
+                entry["nargs"] = action.nargs
+            if action.choices:
+                entry["choices"] = [str(getattr(c, "name", c)) for c in action.choices]
+            out[flag] = entry
+    return dict(sorted(out.items()))
+
+
+def dump(obj: dict, table: str) -> str:
+    """JSON with one line per entry of `table` (a reviewable diff when a pinned source moves)."""
+    head = {k: v for k, v in obj.items() if k != table}
+    rows = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in obj[table].items())
+    return json.dumps(head, indent=1)[:-2] + f',\n "{table}": {{\n{rows}\n }}\n}}\n'
+
+
+def with_megatron(gitdir: Path, work):
+    with tempfile.TemporaryDirectory() as tmp:
+        extract(gitdir, MEGATRON_TAG, ["megatron/training", "megatron/legacy"], Path(tmp))
+        commit = git(gitdir, "rev-parse", f"{MEGATRON_TAG}^{{commit}}").strip()
+        return work(megatron_arguments(Path(tmp)), commit)
+
+
+def cmd_megatron(gitdir: Path) -> None:
+    def work(arguments, commit):
+        parser = arguments.add_megatron_arguments(argparse.ArgumentParser())
+        import megatron.core
+
+        return {"source": f"NVIDIA/Megatron-LM@{commit} ({MEGATRON_TAG}) megatron/training/arguments.py, "
+                          "add_megatron_arguments",
+                "read_with": f"megatron-core {megatron.core.__version__} (PyPI)",
+                "renames": {"decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
+                            "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage",
+                            "fp8_param_gather": "fp8_param"},
+                "renames_source": "core_transformer_config_from_args (same file): the args it copies under "
+                                  "another TransformerConfig field name",
+                "flags": flag_table(parser)}
+
+    out = with_megatron(gitdir, work)
+    (DATA / "megatron_arguments.json").write_text(dump(out, "flags"))
+    print(f"{len(out['flags'])} flags -> tests/data/megatron_arguments.json")
+
+
+def model_words(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq: int,
+                experts: int = 0, top_k: int = 0) -> list[str]:
+    """A Llama-family model's own Megatron-LM arguments (what MODEL_ARGS holds in Megatron-LM's examples)."""
+    words = ["--num-layers", layers, "--hidden-size", hidden, "--ffn-hidden-size", ffn, "--num-attention-heads", heads,
+             "--group-query-attention", "--num-query-groups", kv_heads, "--max-position-embeddings", seq, "--swiglu",
+             "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--no-rope-fusion",
+             "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--tokenizer-type", "NullTokenizer",
+             "--vocab-size", vocab]
+    if experts:
+        words += ["--num-experts", experts, "--moe-router-topk", top_k]
+    return [str(w) for w in words]
+
+
+def declarations(files: list[str]) -> list[tuple[str, dict, list[str]]]:
+    """(name, declaration, model words): the tests' launch plans, and any declaration files of zoo models given."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT))
+    from launch_plans import PLANS, plan, shape
+
+    from models_zoo.presets import BY_NAME
+
+    out = []
+    for name in PLANS:
+        m = shape(name)
+        out.append((name, plan(name), model_words(m["num_layers"], m["hidden_size"], m["num_attention_heads"],
+                                                  m["num_query_groups"], m["ffn_hidden_size"], 128,
+                                                  plan(name)["workload"]["seq_len"], m.get("num_moe_experts", 0),
+                                                  m.get("moe_router_topk", 0))))
+    for f in files:
+        doc = yaml.safe_load(Path(f).read_text())
+        c = BY_NAME[doc["model"]["zoo"]].config
+        out.append((Path(f).name, doc, model_words(c.layers, c.hidden, c.heads, c.kv_heads, c.ffn, c.vocab,
+                                        doc["workload"]["seq_len"], getattr(c, "experts", 0), getattr(c, "top_k", 0))))
+    return out
+
+
+def cmd_check(gitdir: Path, files: list[str]) -> None:
+    """Megatron-LM's own parse_args, validate_args and core_transformer_config_from_args on our exports."""
+    from planner.hypershard.backends import launch_config
+    from planner.hypershard import strategy_of
+
+    def work(arguments, commit):
+        arguments.get_device_arch_version = lambda: 9  # no GPU here: answer as Hopper, which validate_args asks
+        rows = []
+        for name, doc, model in declarations(files):
+            cfg = launch_config(doc, "megatron")
+            s = strategy_of(doc)
+            os.environ.update(WORLD_SIZE=str(doc["cluster"]["devices"]), RANK="0")
+            os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+            os.environ.update(cfg["env"])
+            sys.argv = ["pretrain_gpt.py", *model, *cfg["args"]]
+            args = arguments.parse_args()
+            arguments.validate_args(args, {})
+            tc = arguments.core_transformer_config_from_args(args)
+            got = dict(tp=tc.tensor_model_parallel_size, pp=tc.pipeline_model_parallel_size,
+                       vpp=tc.virtual_pipeline_model_parallel_size or 1, cp=tc.context_parallel_size,
+                       dp=args.data_parallel_size, ep=tc.expert_model_parallel_size,
+                       etp=tc.expert_tensor_parallel_size)
+            want = dict(tp=s.tp, pp=s.pp, vpp=s.vpp, cp=s.cp, dp=s.dp, ep=s.ep, etp=s.expert_tp)
+            rows.append({"plan": name, "args": cfg["args"], "megatron": got, "equal": got == want})
+            print(f"{name}: {'ok' if got == want else 'DIFFERENT'} {got}", file=sys.stderr)
+        return {"source": f"NVIDIA/Megatron-LM@{commit} ({MEGATRON_TAG}): parse_args, validate_args and "
+                          "core_transformer_config_from_args of megatron/training/arguments.py, with megatron-core "
+                          "from PyPI; get_device_arch_version answered 9 (no GPU)", "runs": rows}
+
+    out = with_megatron(gitdir, work)
+    (ROOT / "benchmarks" / "megatron_parser_check.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{sum(r['equal'] for r in out['runs'])}/{len(out['runs'])} equal -> benchmarks/megatron_parser_check.json")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["megatron", "check", "torchtitan", "mindformers"])
+    ap.add_argument("--git", type=Path, help="the project's git directory (default: the mirror under /work)")
+    ap.add_argument("files", nargs="*", help="check: declarations of zoo models to export and check too")
+    a = ap.parse_args()
+    default = {"megatron": "NVIDIA+Megatron-LM", "check": "NVIDIA+Megatron-LM", "torchtitan": "pytorch+torchtitan",
+               "mindformers": "mindspore-ai+mindformers"}[a.what]
+    gitdir = a.git or MIRROR / default / "repo"
+    if a.what == "check":
+        cmd_check(gitdir, a.files)
+    else:
+        globals()[f"cmd_{a.what}"](gitdir)

@@ -1,0 +1,57 @@
+"""Training declarations the launch-config tests export: small models, every feature a launch config carries.
+
+Each is `declare`d (scored, not searched), so building them takes seconds. Shapes come from the zoo presets
+with TINY/MOE overrides; `shape` gives the model arguments a framework needs beside the exported ones.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from planner.hypershard import declare
+
+TINY = dict(layers=8, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=128)
+MOE = dict(layers=4, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=64, experts=8, top_k=2)
+COMMON = dict(cluster="dgx-h100", devices=8, global_batch=16, seq_len=32)
+
+#: name -> (model, overrides, strategy)
+PLANS = {
+    "3d": ("llama3-8b", TINY, dict(tp=2, pp=2, dp=2, sp=True, recompute="full", zero=1)),
+    "interleaved": ("llama3-8b", TINY, dict(pp=2, vpp=2, dp=4, recompute="selective")),
+    "fsdp": ("llama3-8b", TINY, dict(tp=2, dp=4, sp=True, zero=3, full_recompute_layers=2)),
+    "zero2": ("llama3-8b", TINY, dict(dp=8, zero=2)),
+    "first_last": ("llama3-8b", TINY, dict(pp=4, dp=2, stage_layers=(1, 3, 3, 1))),
+    "layout": ("llama3-8b", TINY, dict(pp=2, vpp=2, dp=4, stage_layers=(1, 3, 3, 1))),
+    "cp": ("llama3-8b", TINY, dict(tp=2, cp=2, dp=2, sp=True)),
+    "moe": ("mixtral-8x7b", MOE, dict(tp=2, ep=4, zero=1, sp=True)),
+    "moe_etp1": ("mixtral-8x7b", MOE, dict(tp=2, ep=8, etp=1, zero=1, sp=True)),
+    "offload": ("llama3-8b", TINY, dict(dp=8, zero=1, offload=(("optimizer", 0.5),))),
+    "fp8": ("llama3-8b", TINY, dict(tp=2, dp=4, sp=True, zero=1)),
+}
+#: plans each launch config must refuse, with a word of the sentence it refuses them by
+REFUSED = {
+    "widths": ("llama3-8b", TINY, dict(tp=2, pp=2, dp=2, stage_tp=(1, 2), devices=6)),
+    "gpipe": ("llama3-8b", TINY, dict(pp=2, dp=4, schedule="gpipe")),
+    "activations": ("llama3-8b", TINY, dict(dp=8, offload=(("activations", 0.4),))),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def plan(name: str) -> dict:
+    """The declaration of one of PLANS or REFUSED (made once per test process)."""
+    model, overrides, strategy = {**PLANS, **REFUSED}[name]
+    strategy = dict(strategy)
+    dtype = "fp8" if name == "fp8" else "bf16"
+    kw = dict(COMMON, devices=strategy.pop("devices", COMMON["devices"])) if "devices" in strategy else COMMON
+    return declare(model, overrides=overrides, dtype=dtype, **kw, **strategy)
+
+
+def shape(name: str) -> dict:
+    """The model's shape as Megatron-Core's TransformerConfig names it (what MODEL_ARGS would give)."""
+    model, overrides, _ = {**PLANS, **REFUSED}[name]
+    out = dict(num_layers=overrides["layers"], hidden_size=overrides["hidden"],
+               num_attention_heads=overrides["heads"], num_query_groups=overrides["kv_heads"],
+               ffn_hidden_size=overrides["ffn"], add_bias_linear=False, gated_linear_unit=True)  # Llama: SwiGLU, no biases
+    if "experts" in overrides:
+        out.update(num_moe_experts=overrides["experts"], moe_router_topk=overrides["top_k"])
+    return out
