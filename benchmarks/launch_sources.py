@@ -118,6 +118,33 @@ def cmd_megatron(gitdir: Path) -> None:
     print(f"{len(out['flags'])} flags -> tests/data/megatron_arguments.json")
 
 
+def cmd_torchtitan(gitdir: Path) -> None:
+    """torchtitan's module names of its LLMs' pipeline chunks, read at v0.2.2: the attributes each model defines,
+    and what its own generate_llm_fqn_per_model_part (run from the source read, pure Python) gives for equal
+    splits, with the embedding and output counted as no layer."""
+    import ast
+    import re
+
+    commit = git(gitdir, "rev-parse", f"{TORCHTITAN_TAG}^{{commit}}").strip()
+    models = {}
+    for name in ("llama3", "llama4", "deepseek_v3", "qwen3", "gpt_oss"):
+        text = git(gitdir, "show", f"{TORCHTITAN_TAG}:torchtitan/models/{name}/model/model.py")
+        models[name] = sorted(set(re.findall(r"self\.(tok_embeddings|layers|norm|output) = ", text)))
+    src = git(gitdir, "show", f"{TORCHTITAN_TAG}:torchtitan/distributed/pipeline_parallel.py")
+    fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)
+              and n.name == "generate_llm_fqn_per_model_part")
+    scope: dict = {"math": __import__("math")}
+    exec(compile(ast.Module([fn], []), "pipeline_parallel.py", "exec"), scope)
+    split = scope["generate_llm_fqn_per_model_part"]
+    examples = {f"{n} parts, {layers} layers": split(n, layers, input_weight=0, output_weight=0)
+                for n, layers in ((2, 8), (4, 8), (4, 16))}
+    out = {"source": f"pytorch/torchtitan@{commit} ({TORCHTITAN_TAG}) torchtitan/models/*/model/model.py and "
+                     "torchtitan/distributed/pipeline_parallel.py generate_llm_fqn_per_model_part",
+           "model_modules": models, "equal_splits": examples}
+    (DATA / "torchtitan_source.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{len(models)} models, {len(examples)} splits -> tests/data/torchtitan_source.json")
+
+
 def model_words(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq: int,
                 experts: int = 0, top_k: int = 0) -> list[str]:
     """A Llama-family model's own Megatron-LM arguments (what MODEL_ARGS holds in Megatron-LM's examples)."""

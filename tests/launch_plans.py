@@ -14,7 +14,7 @@ TINY = dict(layers=8, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=128)
 MOE = dict(layers=4, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=64, experts=8, top_k=2)
 COMMON = dict(cluster="dgx-h100", devices=8, global_batch=16, seq_len=32)
 
-#: name -> (model, overrides, strategy)
+#: name -> (model, overrides, strategy and, optionally, stack, dtype, devices)
 PLANS = {
     "3d": ("llama3-8b", TINY, dict(tp=2, pp=2, dp=2, sp=True, recompute="full", zero=1)),
     "interleaved": ("llama3-8b", TINY, dict(pp=2, vpp=2, dp=4, recompute="selective")),
@@ -26,29 +26,53 @@ PLANS = {
     "moe": ("mixtral-8x7b", MOE, dict(tp=2, ep=4, zero=1, sp=True)),
     "moe_etp1": ("mixtral-8x7b", MOE, dict(tp=2, ep=8, etp=1, zero=1, sp=True)),
     "offload": ("llama3-8b", TINY, dict(dp=8, zero=1, offload=(("optimizer", 0.5),))),
-    "fp8": ("llama3-8b", TINY, dict(tp=2, dp=4, sp=True, zero=1)),
-}
-#: plans each launch config must refuse, with a word of the sentence it refuses them by
-REFUSED = {
+    "fp8": ("llama3-8b", TINY, dict(tp=2, dp=4, sp=True, zero=1, dtype="fp8")),
+    # planned for the torchtitan stack (its selective recompute, FSDP2)
+    "tt_3d": ("llama3-8b", TINY, dict(tp=2, pp=2, dp=2, sp=True, recompute="full", zero=1, stack="torchtitan")),
+    "tt_interleaved": ("llama3-8b", TINY, dict(pp=2, vpp=2, dp=4, zero=3, recompute="selective", stack="torchtitan")),
+    "tt_layout": ("llama3-8b", TINY, dict(pp=2, vpp=2, dp=4, zero=2, stage_layers=(1, 3, 3, 1), stack="torchtitan")),
+    "tt_gpipe": ("llama3-8b", TINY, dict(pp=2, dp=4, zero=1, schedule="gpipe", stack="torchtitan")),
+    "tt_cp": ("llama3-8b", TINY, dict(tp=2, cp=2, dp=2, sp=True, zero=1, stack="torchtitan")),
+    "tt_moe": ("mixtral-8x7b", MOE, dict(tp=2, ep=4, zero=1, sp=True, stack="torchtitan")),
+    "tt_fp8": ("llama3-8b", TINY, dict(tp=2, dp=4, sp=True, zero=3, dtype="fp8", stack="torchtitan")),
+    "tt_offload": ("llama3-8b", TINY, dict(dp=8, zero=3, offload=(("grads", 1.0), ("optimizer", 1.0), ("params", 1.0)),
+                                          stack="torchtitan")),
+    # what some formats cannot say
     "widths": ("llama3-8b", TINY, dict(tp=2, pp=2, dp=2, stage_tp=(1, 2), devices=6)),
     "gpipe": ("llama3-8b", TINY, dict(pp=2, dp=4, schedule="gpipe")),
     "activations": ("llama3-8b", TINY, dict(dp=8, offload=(("activations", 0.4),))),
+}
+#: the plans each launch backend writes
+WRITES = {
+    "megatron": ["3d", "interleaved", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "offload",
+                 "fp8", "tt_3d", "tt_layout", "tt_cp", "tt_moe", "tt_fp8"],
+    "torchtitan": ["tt_3d", "tt_interleaved", "tt_layout", "tt_gpipe", "tt_cp", "tt_moe", "tt_fp8", "tt_offload",
+                   "3d", "zero2", "moe", "moe_etp1", "fp8"],
+}
+#: backend -> plan -> words of the one sentence it refuses the plan by
+REFUSES = {
+    "megatron": {"widths": "pipeline stages of different tensor widths (TP 1+2)", "gpipe": "GPipe schedule",
+                 "activations": "activations offload (40%)", "tt_interleaved": "selective recompute as the torchtitan",
+                 "tt_offload": "params offload (100%)", "tt_gpipe": "GPipe schedule"},
+    "torchtitan": {"widths": "pipeline stages of different tensor widths", "interleaved": "unsharded data parallelism",
+                   "first_last": "unsharded data parallelism beside TP, PP or CP",
+                   "fsdp": "full recompute of the first 2 layers", "offload": "optimizer offload (50%)",
+                   "activations": "activations offload (40%)"},
 }
 
 
 @functools.lru_cache(maxsize=None)
 def plan(name: str) -> dict:
-    """The declaration of one of PLANS or REFUSED (made once per test process)."""
-    model, overrides, strategy = {**PLANS, **REFUSED}[name]
+    """The declaration of one of PLANS (made once per test process)."""
+    model, overrides, strategy = PLANS[name]
     strategy = dict(strategy)
-    dtype = "fp8" if name == "fp8" else "bf16"
-    kw = dict(COMMON, devices=strategy.pop("devices", COMMON["devices"])) if "devices" in strategy else COMMON
-    return declare(model, overrides=overrides, dtype=dtype, **kw, **strategy)
+    common = dict(COMMON, devices=strategy.pop("devices", COMMON["devices"]))
+    return declare(model, overrides=overrides, **common, **strategy)
 
 
 def shape(name: str) -> dict:
     """The model's shape as Megatron-Core's TransformerConfig names it (what MODEL_ARGS would give)."""
-    model, overrides, _ = {**PLANS, **REFUSED}[name]
+    model, overrides, _ = PLANS[name]
     out = dict(num_layers=overrides["layers"], hidden_size=overrides["hidden"],
                num_attention_heads=overrides["heads"], num_query_groups=overrides["kv_heads"],
                ffn_hidden_size=overrides["ffn"], add_bias_linear=False, gated_linear_unit=True)  # Llama: SwiGLU, no biases

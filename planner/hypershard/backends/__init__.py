@@ -27,9 +27,10 @@ BACKENDS: dict[str, str] = {
     "jax": "jax",
     "onnx": "onnx",
     "megatron": "megatron",
+    "torchtitan": "torchtitan",
 }
 #: Backends that write a framework's own launch configuration (text: printed when no -o is given).
-LAUNCH: tuple[str, ...] = ("megatron",)
+LAUNCH: tuple[str, ...] = ("megatron", "torchtitan")
 
 
 def _module(backend: str) -> Any:

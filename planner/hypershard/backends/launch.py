@@ -152,9 +152,31 @@ def common_problems(t: Training, schedules: str) -> list[Problem]:
     if t.s.stage_tp:
         out.append((f"pipeline stages of different tensor widths (TP {'+'.join(map(str, t.s.stage_tp))})",
                     "plan with --tp N (one width for every stage)"))
-    if t.s.pp > 1 and t.s.schedule == "gpipe" and "gpipe" not in schedules:
+    if t.s.pp > 1 and t.s.schedule == "gpipe" and "gpipe" not in schedules.lower():
         out.append((f"GPipe schedule (it runs {schedules})", "set programs[0].schedule to 1f1b"))
     return out
+
+
+def ends_in_place(doc: Mapping[str, Any]) -> bool:
+    """The token embedding is on the first pipeline chunk and the output layer on the last, where Megatron-LM,
+    torchtitan and MindFormers put them."""
+    where: dict[str, int] = {}
+    for st in doc["programs"][0]["stages"]:
+        for ch in st["chunks"]:
+            for name in ch.get("blocks", []):
+                where[name] = ch["chunk"]
+    last = max(where.values(), default=0)
+    params = doc["layouts"]["params"]
+    embed = [n.rsplit(".", 1)[0] for n, e in params.items() if e.get("op") == "embedding"]
+    head = [n.rsplit(".", 1)[0] for n, e in params.items() if e.get("model_output")]
+    return all(where.get(b, 0) == 0 for b in embed) and all(where.get(b, last) == last for b in head)
+
+
+def ends_problem(t: Training, doc: Mapping[str, Any]) -> list[Problem]:
+    if t.s.pp > 1 and not ends_in_place(doc):
+        return [("embedding or output layer on another pipeline chunk than the first or last",
+                 "move them to programs[0].stages' first and last chunks")]
+    return []
 
 
 def layout_notes(t: Training, framework: str) -> list[str]:

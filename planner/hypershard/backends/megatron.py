@@ -67,29 +67,12 @@ def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem
     elif t.dtype == "fp8" and _fp8_params(t) and t.offload("optimizer") and FP8_RECIPES[ex.fp8_recipe] != "delayed":
         out.append((f"FP8 weights with optimizer offload under the {ex.fp8_recipe} recipe (Megatron-LM offloads them "
                     "only with --fp8-recipe delayed)", "plan with --no-offload or a stack with fp8_params = false"))
-    if s.pp > 1 and not _ends_in_place(doc):
-        out.append(("embedding or output layer on another pipeline chunk than the first or last",
-                    "move them to programs[0].stages' first and last chunks"))
-    return out
+    return out + launch.ends_problem(t, doc)
 
 
 def _fp8_params(t: launch.Training) -> bool:
     """FP8 weights (the stack's fp8_params): --fp8-param-gather, which needs sharded optimizer states."""
     return t.execution.fp8_params and t.s.zero > 0 and t.s.dp * t.s.cp > 1
-
-
-def _ends_in_place(doc: Mapping[str, Any]) -> bool:
-    """The token embedding is on the first chunk and the output layer on the last, where Megatron-LM puts them."""
-    where: dict[str, int] = {}
-    for st in doc["programs"][0]["stages"]:
-        for ch in st["chunks"]:
-            for name in ch.get("blocks", []):
-                where[name] = ch["chunk"]
-    last = max(where.values(), default=0)
-    params = doc["layouts"]["params"]
-    embed = [n.rsplit(".", 1)[0] for n, e in params.items() if e.get("op") == "embedding"]
-    head = [n.rsplit(".", 1)[0] for n, e in params.items() if e.get("model_output")]
-    return all(where.get(b, 0) == 0 for b in embed) and all(where.get(b, last) == last for b in head)
 
 
 def _pipeline(t: launch.Training) -> list[tuple[str, Any]]:
