@@ -192,7 +192,7 @@ def cmd_check(gitdir: Path, files: list[str]) -> None:
         arguments.get_device_arch_version = lambda: 9  # no GPU here: answer as Hopper, which validate_args asks
         rows = []
         for name, doc, model in declarations(files):
-            cfg = launch_config(doc, "megatron")
+            cfg = launch_config(doc, "megatron")["config"]
             s = strategy_of(doc)
             os.environ.update(WORLD_SIZE=str(doc["cluster"]["devices"]), RANK="0")
             os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)

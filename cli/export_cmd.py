@@ -63,7 +63,7 @@ def export_cmd(
                                f"printed without -o: {', '.join(LAUNCH)})")
         if as_json:
             typer.echo(json.dumps({"backend": backend, "declaration": file,
-                                   "config": launch_config(doc, backend, base_dir=base_dir)}, indent=2))
+                                   **launch_config(doc, backend, base_dir=base_dir)}, indent=2))
         else:
             typer.echo(export(doc, backend, base_dir=base_dir), nl=False)
         return

@@ -37,6 +37,12 @@ PLANS = {
     "tt_fp8": ("llama3-8b", TINY, dict(tp=2, dp=4, sp=True, zero=3, dtype="fp8", stack="torchtitan")),
     "tt_offload": ("llama3-8b", TINY, dict(dp=8, zero=3, offload=(("grads", 1.0), ("optimizer", 1.0), ("params", 1.0)),
                                           stack="torchtitan")),
+    # for DeepSpeed: ZeRO-Offload, ZeRO-Infinity-style fractions, AutoTP, AutoEP
+    "ds_offload3": ("llama3-8b", TINY, dict(dp=8, zero=3, recompute="full",
+                                            offload=(("optimizer", 0.5), ("params", 1.0), ("activations", 1.0)))),
+    "ds_offload1": ("llama3-8b", TINY, dict(dp=8, zero=1, offload=(("grads", 1.0), ("optimizer", 1.0)))),
+    "ds_tp": ("llama3-8b", TINY, dict(tp=2, dp=4, zero=1)),
+    "ds_moe": ("mixtral-8x7b", MOE, dict(dp=8, ep=8, zero=2)),
     # what some formats cannot say
     "widths": ("llama3-8b", TINY, dict(tp=2, pp=2, dp=2, stage_tp=(1, 2), devices=6)),
     "gpipe": ("llama3-8b", TINY, dict(pp=2, dp=4, schedule="gpipe")),
@@ -46,11 +52,15 @@ PLANS = {
 WRITES = {
     "megatron": ["3d", "interleaved", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "offload",
                  "fp8", "tt_3d", "tt_layout", "tt_cp", "tt_moe", "tt_fp8"],
+    "deepspeed": ["zero2", "ds_offload3", "ds_offload1", "ds_tp", "ds_moe", "tt_offload"],
     "torchtitan": ["tt_3d", "tt_interleaved", "tt_layout", "tt_gpipe", "tt_cp", "tt_moe", "tt_fp8", "tt_offload",
                    "3d", "zero2", "moe", "moe_etp1", "fp8"],
 }
 #: backend -> plan -> words of the one sentence it refuses the plan by
 REFUSES = {
+    "deepspeed": {"3d": "2 pipeline stages", "cp": "context parallelism 2", "moe": "sequence parallelism beside tensor",
+                  "fsdp": "selective or per-layer recompute", "fp8": "FP8 GEMMs", "offload": "optimizer offload (50%)",
+                  "activations": "activations offload (40%)"},
     "megatron": {"widths": "pipeline stages of different tensor widths (TP 1+2)", "gpipe": "GPipe schedule",
                  "activations": "activations offload (40%)", "tt_interleaved": "selective recompute as the torchtitan",
                  "tt_offload": "params offload (100%)", "tt_gpipe": "GPipe schedule"},

@@ -80,7 +80,7 @@ def core_configs(ns: argparse.Namespace, given: set[str], name: str, monkeypatch
 def test_megatron_core_configs_take_the_plans_degrees(name, monkeypatch):
     pytest.importorskip("megatron.core")
     doc = plan(name)
-    words = launch_config(doc, "megatron")["args"]
+    words = launch_config(doc, "megatron")["config"]["args"]
     ns, given = parse(words)
     tc, ddp, opt, args = core_configs(ns, given, name, monkeypatch)
     s = strategy_of(doc)
@@ -116,7 +116,7 @@ def test_megatron_core_configs_take_the_plans_degrees(name, monkeypatch):
 @pytest.mark.parametrize("name", WRITES["megatron"])
 def test_every_flag_is_one_of_megatron_lms_and_the_line_holds_them(name):
     doc = plan(name)
-    cfg = launch_config(doc, "megatron")
+    cfg = launch_config(doc, "megatron")["config"]
     parse(cfg["args"])  # every flag pinned, every value of its type and choices
     text = export(doc, "megatron")
     command = text[text.index("torchrun"):].replace("\\\n", " ")

@@ -4,8 +4,8 @@ Each module has `SUFFIX` (the output file's extension) and
 `render(doc, base_dir=...)`, returning Python source (str) or an ONNX
 model (bytes). Launch backends (`LAUNCH`: Megatron-LM arguments, torchtitan
 TOML, DeepSpeed JSON, MindFormers YAML for training; vLLM and SGLang command
-lines for serving) render text and also give `config(doc, base_dir=...)`, what
-they write as data (what `export --json` prints). Modules are imported on use:
+lines for serving) render text and also give `written(doc, base_dir=...)`:
+what they write as data, with notes (what `export --json` prints). Modules are imported on use:
 none of the frameworks is needed to export, only to run what is exported.
 """
 
@@ -28,9 +28,10 @@ BACKENDS: dict[str, str] = {
     "onnx": "onnx",
     "megatron": "megatron",
     "torchtitan": "torchtitan",
+    "deepspeed": "deepspeed",
 }
 #: Backends that write a framework's own launch configuration (text: printed when no -o is given).
-LAUNCH: tuple[str, ...] = ("megatron", "torchtitan")
+LAUNCH: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed")
 
 
 def _module(backend: str) -> Any:
@@ -61,11 +62,13 @@ def export(doc: Mapping[str, Any], backend: str, *, base_dir: str | None = None)
 
 
 def launch_config(doc: Mapping[str, Any], backend: str, *, base_dir: str | None = None) -> Any:
-    """What a launch backend writes, as JSON-able data (InvalidInput for a backend that is not one)."""
+    """What a launch backend writes, as JSON-able data: {"config": ..., "notes": [...]} (InvalidInput for a
+    backend that is not one)."""
     if backend not in LAUNCH:
         raise InvalidInput(f"the {backend} backend writes a file, not a launch config; give -o FILE (launch "
                            f"configs: {', '.join(LAUNCH)})")
-    return _module(backend).config(doc, base_dir=base_dir)
+    w = _module(backend).written(doc, base_dir=base_dir)
+    return {"config": w.config, "notes": list(w.notes)}
 
 
 def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: str | None = None,

@@ -132,7 +132,7 @@ def _precision(t: launch.Training) -> list[tuple[str, Any]]:
     return out
 
 
-def arguments(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Written:
+def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Written:
     """The Megatron-LM arguments of a training declaration, as (flag, value) pairs (None: a switch), with the
     environment validate_args asks for and notes (InvalidInput, one sentence, for what it cannot express)."""
     t = launch.training(doc, "megatron", base_dir)
@@ -179,16 +179,11 @@ def argv(args: list[tuple[str, Any]]) -> list[str]:
     return out
 
 
-def config(doc: Mapping[str, Any], base_dir: str | None = None) -> dict[str, Any]:
-    w = arguments(doc, base_dir)
-    return dict(w.config, notes=list(w.notes))
-
-
 def render(doc: Mapping[str, Any], base_dir: str | None = None) -> str:
     """A shell snippet: the header, the environment, and one torchrun command line with the arguments after the
     user's own (MODEL_ARGS, DATA_ARGS: model, tokenizer, data and optimizer arguments, as in Megatron-LM's
     examples/)."""
-    w = arguments(doc, base_dir)
+    w = written(doc, base_dir)
     t = launch.training(doc, "megatron", base_dir)
     node = launch.node_size(doc, base_dir)
     lines = [f"# {line}" for line in launch.header(t, "Megatron-LM / NeMo / MindSpeed-LLM arguments")]

@@ -82,7 +82,7 @@ def _fqns(t: launch.Training) -> list[list[str]]:
     return out
 
 
-def job(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Written:
+def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Written:
     """The job file's sections as data (InvalidInput, one sentence, for what torchtitan cannot run)."""
     t = launch.training(doc, "torchtitan", base_dir)
     launch.refuse("torchtitan", _problems(t, doc))
@@ -121,11 +121,6 @@ def job(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Written:
     return launch.Written(config=sections, notes=tuple(notes))
 
 
-def config(doc: Mapping[str, Any], base_dir: str | None = None) -> dict[str, Any]:
-    w = job(doc, base_dir)
-    return dict(w.config, notes=list(w.notes))
-
-
 def _value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -136,7 +131,7 @@ def _value(v: Any) -> str:
 
 def render(doc: Mapping[str, Any], base_dir: str | None = None) -> str:
     """The TOML: a header, then the sections (merge them into a job file of your model, data and optimizer)."""
-    w = job(doc, base_dir)
+    w = written(doc, base_dir)
     t = launch.training(doc, "torchtitan", base_dir)
     lines = [f"# {line}" for line in launch.header(t, "torchtitan job sections")]
     lines.append(f"# Fields of {SOURCE}: add [model] name/flavor, [optimizer], [training] dataset/steps of your own, "
