@@ -145,6 +145,51 @@ def cmd_torchtitan(gitdir: Path) -> None:
     print(f"{len(models)} models, {len(examples)} splits -> tests/data/torchtitan_source.json")
 
 
+def cmd_mindformers(gitdir: Path) -> None:
+    """MindFormers' YAML sections as its config template checks them (class attributes of the Config classes in
+    mindformers/tools/register/template.py; each section says whether it refuses unknown keys), the model_config
+    keys its Megatron-Core-style models map (COMMON_CONFIG_MAPPING of parallel_core/transformer_config_utils.py),
+    and the MindSpore parallel-context keys the `parallel` section passes on (mindspore 2.10, installed)."""
+    import ast
+    import importlib.util
+
+    commit = git(gitdir, "rev-parse", "HEAD").strip()
+    tree = ast.parse(git(gitdir, "show", "HEAD:mindformers/tools/register/template.py"))
+    sections = {}
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        attrs = {t.id: n.value for n in cls.body if isinstance(n, ast.Assign) for t in n.targets
+                 if isinstance(t, ast.Name)}
+        if "_name" in attrs and isinstance(attrs["_name"], ast.Constant) and attrs["_name"].value:
+            strict = attrs.get("_raise_error_for_unexpected_key")
+            sections[attrs["_name"].value] = {
+                "keys": sorted(k for k in attrs if not k.startswith("_")),
+                "refuses_unknown_keys": True if strict is None else bool(ast.literal_eval(strict))}
+    mapping = ast.parse(git(gitdir, "show", "HEAD:mindformers/parallel_core/transformer_config_utils.py"))
+    keys = []
+    for node in ast.walk(mapping):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "COMMON_CONFIG_MAPPING" for t in node.targets):
+            for k, v in zip(node.value.keys, node.value.values):
+                names = ast.literal_eval(k)
+                target = v.value if isinstance(v, ast.Constant) else ast.literal_eval(v.elts[0])
+                for name in (names,) if isinstance(names, str) else names:
+                    keys.append([name, target])
+    ms = Path(importlib.util.find_spec("mindspore").submodule_search_locations[0]) / "parallel" / "_auto_parallel_context.py"
+    ms_tree = ast.parse(ms.read_text())
+    ms_keys = {}
+    for cls in (n for n in ms_tree.body if isinstance(n, ast.ClassDef)
+                and n.name in ("_ParallelOptimizerConfig", "_PipelineConfig", "_PipelineScheduler")):
+        ms_keys[cls.name] = sorted(ast.literal_eval(n.value) for n in cls.body if isinstance(n, ast.Assign))
+    import importlib.metadata
+
+    out = {"source": f"mindspore-ai/mindformers@{commit} mindformers/tools/register/template.py and "
+                     "mindformers/parallel_core/transformer_config_utils.py (COMMON_CONFIG_MAPPING)",
+           "sections": sections, "model_config_mapping": keys,
+           "mindspore_source": f"mindspore {importlib.metadata.version('mindspore')} (PyPI) "
+                               "mindspore/parallel/_auto_parallel_context.py", "mindspore": ms_keys}
+    (DATA / "mindformers_config.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{len(sections)} sections, {len(keys)} model_config keys -> tests/data/mindformers_config.json")
+
+
 def model_words(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq: int,
                 experts: int = 0, top_k: int = 0) -> list[str]:
     """A Llama-family model's own Megatron-LM arguments (what MODEL_ARGS holds in Megatron-LM's examples)."""

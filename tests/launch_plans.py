@@ -52,12 +52,18 @@ PLANS = {
 WRITES = {
     "megatron": ["3d", "interleaved", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "offload",
                  "fp8", "tt_3d", "tt_layout", "tt_cp", "tt_moe", "tt_fp8"],
+    "mindformers": ["3d", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "tt_gpipe", "tt_layout",
+                    "ds_tp", "ds_moe"],
     "deepspeed": ["zero2", "ds_offload3", "ds_offload1", "ds_tp", "ds_moe", "tt_offload"],
     "torchtitan": ["tt_3d", "tt_interleaved", "tt_layout", "tt_gpipe", "tt_cp", "tt_moe", "tt_fp8", "tt_offload",
                    "3d", "zero2", "moe", "moe_etp1", "fp8"],
 }
 #: backend -> plan -> words of the one sentence it refuses the plan by
 REFUSES = {
+    "mindformers": {"interleaved": "selective recompute (the megatron-core stack's: core_attn",
+                    "tt_interleaved": "selective recompute (the torchtitan stack's: every other matmul",
+                    "fp8": "FP8 GEMMs", "offload": "optimizer offload (50%)", "activations": "activations offload (40%)",
+                    "widths": "pipeline stages of different tensor widths"},
     "deepspeed": {"3d": "2 pipeline stages", "cp": "context parallelism 2", "moe": "sequence parallelism beside tensor",
                   "fsdp": "selective or per-layer recompute", "fp8": "FP8 GEMMs", "offload": "optimizer offload (50%)",
                   "activations": "activations offload (40%)"},

@@ -29,9 +29,10 @@ BACKENDS: dict[str, str] = {
     "megatron": "megatron",
     "torchtitan": "torchtitan",
     "deepspeed": "deepspeed",
+    "mindformers": "mindformers",
 }
 #: Backends that write a framework's own launch configuration (text: printed when no -o is given).
-LAUNCH: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed")
+LAUNCH: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "mindformers")
 
 
 def _module(backend: str) -> Any:
