@@ -6,7 +6,9 @@ with TINY/MOE overrides; `shape` gives the model arguments a framework needs bes
 
 from __future__ import annotations
 
+import argparse
 import functools
+from typing import Any
 
 from planner.hypershard import declare
 
@@ -95,3 +97,52 @@ def shape(name: str) -> dict:
     if "experts" in overrides:
         out.update(num_moe_experts=overrides["experts"], moe_router_topk=overrides["top_k"])
     return out
+
+
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def parse_pinned(words: list[str], pinned: dict[str, Any]) -> tuple[argparse.Namespace, set[str]]:
+    """`words` (flags and values) parsed by a parser of the pinned flags they use, each declared with the type,
+    nargs and choices the framework's own parser gives it (pinned["flags"]); also the dests they set. A flag the
+    pinned file does not hold fails the test."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    for flag in dict.fromkeys(w for w in words if w.startswith("--")):
+        assert flag in pinned["flags"], f"{flag} is not a flag of {pinned['source']}"
+        spec = pinned["flags"][flag]
+        dest = spec.get("dest", flag[2:].replace("-", "_"))
+        if not spec["value"]:
+            parser.add_argument(flag, dest=dest, action="store_true", default=None)
+            continue
+        kw: dict[str, Any] = {"dest": dest, "type": _TYPES[spec["type"]] if "type" in spec else None}
+        for key in ("nargs", "choices"):
+            if key in spec:
+                kw[key] = spec[key]
+        parser.add_argument(flag, **kw)
+    ns = parser.parse_args(words)
+    return ns, {k for k, v in vars(ns).items() if v is not None}
+
+
+#: serving declarations: name -> declare_serving_phases keywords (tiny models on 8 H100s)
+SERVING = {
+    "moe_disagg": dict(model="mixtral-8x7b", overrides=dict(TINY, experts=4, top_k=2),
+                       prefill=dict(tp=2, dp=2, batch=1), decode=dict(dp=4, batch=2)),
+    "moe_uneven": dict(model="mixtral-8x7b", overrides=dict(TINY, experts=4, top_k=2),
+                       prefill=dict(dp=3, batch=1), decode=dict(dp=5, batch=2)),
+    "dense_colocated": dict(model="llama3-8b", overrides=TINY, mode="co-located",
+                            prefill=dict(tp=2, dp=4, batch=2), decode=dict(tp=2, dp=4, batch=8)),
+    "dense_pp": dict(model="llama3-8b", overrides=TINY, prefill=dict(tp=2, pp=2, batch=1),
+                     decode=dict(tp=2, dp=2, batch=4), kv_dtype="fp8"),
+    "kv_offload": dict(model="llama3-8b", overrides=TINY, prefill=dict(tp=2, batch=1),
+                       decode=dict(tp=2, dp=3, batch=4, kv_offload=0.5)),
+    "kv_int8": dict(model="llama3-8b", overrides=TINY, prefill=dict(tp=2, batch=1), decode=dict(tp=2, batch=4),
+                    kv_dtype="int8"),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def serving(name: str) -> dict:
+    from planner.hypershard import declare_serving_phases
+
+    kw = dict(SERVING[name])
+    return declare_serving_phases(kw.pop("model"), cluster="dgx-h100", prompt_len=16, gen_len=8, **kw)

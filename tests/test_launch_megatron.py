@@ -12,35 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from launch_plans import REFUSES, WRITES, plan, shape
+from launch_plans import REFUSES, WRITES, parse_pinned, plan, shape
 from planner.errors import InvalidInput
 from planner.hypershard import strategy_of
 from planner.hypershard.backends import export, launch_config
 
 PINNED = json.loads((Path(__file__).parent / "data" / "megatron_arguments.json").read_text())
-_TYPES = {"int": int, "float": float, "str": str}
 
 
 def parse(words: list[str]) -> tuple[argparse.Namespace, set[str]]:
-    """The words parsed by a parser of the pinned flags they use (type, nargs and choices as Megatron-LM's own
-    parser declares them); also the dests they set."""
-    parser = argparse.ArgumentParser(exit_on_error=False)
-    used = [w for w in words if w.startswith("--")]
-    for flag in used:
-        assert flag in PINNED["flags"], f"{flag} is not a flag of {PINNED['source']}"
-        spec = PINNED["flags"][flag]
-        dest = spec.get("dest", flag[2:].replace("-", "_"))
-        if not spec["value"]:
-            parser.add_argument(flag, dest=dest, action="store_true", default=None)
-            continue
-        kw = {"dest": dest, "type": _TYPES[spec["type"]] if "type" in spec else None}
-        if "nargs" in spec:
-            kw["nargs"] = spec["nargs"]
-        if "choices" in spec:
-            kw["choices"] = spec["choices"]
-        parser.add_argument(flag, **kw)
-    ns = parser.parse_args(words)
-    return ns, {k for k, v in vars(ns).items() if v is not None}
+    return parse_pinned(words, PINNED)
 
 
 def core_configs(ns: argparse.Namespace, given: set[str], name: str, monkeypatch):

@@ -30,9 +30,11 @@ BACKENDS: dict[str, str] = {
     "torchtitan": "torchtitan",
     "deepspeed": "deepspeed",
     "mindformers": "mindformers",
+    "vllm": "vllm",
+    "sglang": "sglang",
 }
 #: Backends that write a framework's own launch configuration (text: printed when no -o is given).
-LAUNCH: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "mindformers")
+LAUNCH: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "mindformers", "vllm", "sglang")
 
 
 def _module(backend: str) -> Any:
