@@ -58,8 +58,8 @@ def _problems(t: launch.Training) -> list[launch.Problem]:
         allowed["grads"] = "whole"
     if s.recompute == "full":
         allowed["activations"] = "whole"  # cpu_checkpointing: the checkpoints on the host
-    out += launch.offload_problems(t, allowed, "plan with --no-offload, or --zero 3 --offload optimizer=F (a "
-                                               "fraction) or params=1 / optimizer=1 (all of them)")
+    out += launch.offload_problems(t, allowed, (("params", "grads", "optimizer"), "--zero 3 with --offload "
+                                                "optimizer=F (a fraction) or params=1 (all of them)"))
     return out
 
 

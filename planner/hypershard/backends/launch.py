@@ -134,15 +134,17 @@ def refuse(backend: str, problems: list[Problem]) -> None:
     raise InvalidInput(f"the {backend} backend cannot express this plan's {listed}; {'; '.join(fixes)}")
 
 
-def offload_problems(t: Training, allowed: Mapping[str, str], fix: str) -> list[Problem]:
+def offload_problems(t: Training, allowed: Mapping[str, str], hint: tuple[tuple[str, ...], str] = ((), "")
+                     ) -> list[Problem]:
     """The offloaded memory classes a format cannot say: every class with a fraction above 0 whose entry in
-    `allowed` is missing, or is "whole" while the fraction is below 1."""
-    out = []
-    for cls, frac in t.s.offload:
-        rule = allowed.get(cls)
-        if frac > 0 and (rule is None or (rule == "whole" and frac < 1.0)):
-            out.append((f"{cls} offload ({frac:.0%})", fix))
-    return out
+    `allowed` is missing, or is "whole" while the fraction is below 1. The fix is --no-offload, and `hint`'s text
+    too when a refused class is one of its classes (what the format can offload instead)."""
+    refused = [(cls, frac) for cls, frac in t.s.offload
+               if frac > 0 and (allowed.get(cls) is None or (allowed[cls] == "whole" and frac < 1.0))]
+    fix = "plan with --no-offload"
+    if hint[1] and any(cls in hint[0] for cls, _ in refused):
+        fix += f", or {hint[1]}"
+    return [(f"{cls} offload ({frac:.0%})", fix) for cls, frac in refused]
 
 
 def common_problems(t: Training, schedules: str) -> list[Problem]:

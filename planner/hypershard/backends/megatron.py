@@ -52,9 +52,9 @@ _SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem]:
     s, ex = t.s, t.execution
     out = launch.common_problems(t, "1F1B and interleaved 1F1B")
-    out += launch.offload_problems(t, {"optimizer": "fraction"} if s.zero == 1 else {},
-                                   "plan with --no-offload, or --zero 1 --offload optimizer=F (Megatron-LM offloads "
-                                   "a fraction of the distributed optimizer's states)")
+    out += launch.offload_problems(t, {"optimizer": "fraction"} if s.zero == 1 else {}, (
+        ("params", "grads", "optimizer"), "--zero 1 --offload optimizer=F (Megatron-LM offloads a fraction of the "
+                                          "distributed optimizer's states)"))
     if s.recompute == "selective" and s.full_recompute_layers:
         out.append((f"full recompute of the first {s.full_recompute_layers} layers of each chunk beside selective "
                     "recompute of the rest (one --recompute-granularity)",

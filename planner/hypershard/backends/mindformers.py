@@ -54,8 +54,8 @@ def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem
                     "MindSpore ops by pattern)", "plan with --recompute full or none"))
     if t.dtype == "fp8":
         out.append(("FP8 GEMMs", "plan with --dtype bf16"))
-    out += launch.offload_problems(t, {"activations": "whole"}, "plan with --no-offload (MindFormers swaps the "
-                                                                "activations of whole layers only)")
+    out += launch.offload_problems(t, {"activations": "whole"}, (("activations",), "--offload activations=1 "
+                                                                   "(MindFormers swaps whole layers' activations)"))
     return out + launch.ends_problem(t, doc)
 
 

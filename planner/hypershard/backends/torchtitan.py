@@ -64,9 +64,9 @@ def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem
     if t.dtype == "fp8" and ex.fp8_recipe not in FP8_RECIPES:
         out.append((f"FP8 recipe {ex.fp8_recipe!r}", "plan with --stack torchtitan (float8 tensorwise)"))
     together = s.zero and all(t.offload(c) == 1.0 for c in ("params", "grads", "optimizer"))
-    out += launch.offload_problems(t, dict.fromkeys(("params", "grads", "optimizer"), "whole") if together else {},
-                                   "plan with --no-offload, or --offload params=1 --offload grads=1 --offload "
-                                   "optimizer=1 (FSDP2 offloads the three together)")
+    out += launch.offload_problems(t, dict.fromkeys(("params", "grads", "optimizer"), "whole") if together else {}, (
+        ("params", "grads", "optimizer"), "--offload params=1 --offload grads=1 --offload optimizer=1 (FSDP2 "
+                                          "offloads the three together)"))
     return out + launch.ends_problem(t, doc)
 
 
