@@ -209,12 +209,12 @@ def declarations(files: list[str]) -> list[tuple[str, dict, list[str]]]:
 
     sys.path.insert(0, str(ROOT / "tests"))
     sys.path.insert(0, str(ROOT))
-    from launch_plans import PLANS, plan, shape
+    from launch_plans import WRITES, plan, shape
 
     from models_zoo.presets import BY_NAME
 
     out = []
-    for name in PLANS:
+    for name in WRITES["megatron"]:
         m = shape(name)
         out.append((name, plan(name), model_words(m["num_layers"], m["hidden_size"], m["num_attention_heads"],
                                                   m["num_query_groups"], m["ffn_hidden_size"], 128,

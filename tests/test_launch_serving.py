@@ -99,6 +99,17 @@ def test_what_the_engines_cannot_serve_is_refused_in_one_sentence(backend, name,
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("backend", ["megatron", "torchtitan", "deepspeed", "mindformers"])
+def test_a_plan_of_several_programs_is_refused_by_every_training_launch_config(backend):
+    import copy
+
+    doc = copy.deepcopy(plan("zero2"))
+    doc["programs"].append(dict(doc["programs"][0], name="vision"))
+    with pytest.raises(InvalidInput, match=f"the {backend} backend cannot express a plan of 2 programs") as err:
+        export(doc, backend)
+    assert "\n" not in str(err.value)
+
+
 def test_training_and_serving_declarations_go_to_their_own_backends():
     with pytest.raises(InvalidInput, match="declaration is of a training plan; export it with --backend megatron"):
         export(plan("zero2"), "vllm")

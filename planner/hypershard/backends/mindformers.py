@@ -9,8 +9,8 @@ pipeline_config keys are MindSpore 2.10's):
 
 - parallel_config: data_parallel, model_parallel, context_parallel,
   expert_parallel, pipeline_stage, micro_batch_num (with a pipeline),
-  use_seq_parallel, vocab_emb_dp (False when the declaration splits the
-  embedding by vocabulary over tp);
+  use_seq_parallel, vocab_emb_dp (True only when the declaration keeps the
+  embedding whole over tp; else MindFormers splits it by vocabulary);
 - model.model_config: seq_length, compute_dtype, and for a pipeline of unequal
   chunks `offset` (MindFormers' LayerSetting gives chunk (i, j) num_layers //
   (pp x vpp) + offset[i][j] layers: written per chunk, interleave-major as
@@ -83,7 +83,7 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     s, notes = t.s, launch.layout_notes(t, "MindFormers")
     pc: dict[str, Any] = {"data_parallel": s.dp, "model_parallel": s.tp, "context_parallel": s.cp,
                           "pipeline_stage": s.pp, "micro_batch_num": t.micro_batches if s.pp > 1 else 1,
-                          "use_seq_parallel": s.sp, "vocab_emb_dp": t.embedding != "vocab"}
+                          "use_seq_parallel": s.sp, "vocab_emb_dp": t.embedding == "whole"}
     if t.moe:
         pc["expert_parallel"] = s.ep
     if s.cp > 1:
