@@ -1,10 +1,11 @@
-"""`hyperplan export FILE --backend NAME -o OUT`: turn a HyperShard declaration into code or an annotated model."""
+"""`hyperplan export FILE --backend NAME [-o OUT]`: turn a HyperShard declaration into code, an annotated model or a
+framework's own launch configuration (printed when no -o is given)."""
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -12,7 +13,8 @@ from rich.markup import escape
 from cli import options as opt
 from cli import render
 from cli.errors import guarded
-from planner.hypershard.backends import BACKENDS, export_to_file
+from planner.errors import InvalidInput
+from planner.hypershard.backends import BACKENDS, LAUNCH, export, export_to_file, launch_config, suffix
 from planner.hypershard.io import check_output, read_document
 
 console = render.LiveConsole(highlight=False, soft_wrap=False)
@@ -26,10 +28,13 @@ def register(app: typer.Typer) -> None:
 def export_cmd(
     file: Annotated[str, typer.Argument(help="A HyperShard declaration (.yaml, .yml or .json).", show_default=False)],
     backend: Annotated[str, typer.Option("--backend", help=f"Target: {', '.join(BACKENDS)}.", show_default=False)],
-    output: Annotated[str, typer.Option("-o", "--output", help="File to write (.py; .onnx for the onnx backend).",
-                                        show_default=False)],
+    output: Annotated[Optional[str], typer.Option(
+        "-o", "--output", help="File to write (.py; .onnx for onnx; .sh for megatron, vllm and sglang, .toml for "
+        "torchtitan, .json for deepspeed, .yaml for mindformers). Launch configs are printed when it is not given.",
+        show_default=False)] = None,
     force: opt.Force = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print what was written as one JSON object.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print what was written as one JSON object (a launch config "
+                                          "without -o: the config itself, as data).")] = False,
 ) -> None:
     """Write what an execution framework needs to apply the plan.
 
@@ -39,11 +44,29 @@ def export_cmd(
     tensor-parallel layouts and expert placement per phase program (prefill, decode); jax, mindspore and
     hyper-parallel refuse a phase whose expert-parallel degree does not divide its experts.
 
+    Launch configs are the files users run: megatron gives Megatron-LM / NeMo / MindSpeed-LLM arguments (a torchrun
+    line), torchtitan a job TOML, deepspeed a ds_config JSON, mindformers a MindFormers YAML; a serving declaration
+    gives vllm or sglang command lines (two, prefill and decode, when the phases are disaggregated). Each says in one
+    sentence what of the plan its format cannot express, before writing anything.
+
     Example: hyperplan export plan.yaml --backend torch -o parallelize_plan.py
+
+    Example: hyperplan export plan.yaml --backend megatron
     """
     doc = read_document(file)
     base_dir = os.path.dirname(os.path.abspath(file))
     inputs = (file, *declared_inputs(doc, base_dir))
+    if output is None:
+        if backend not in LAUNCH:
+            suffix(backend)  # an unknown backend is named as such
+            raise InvalidInput(f"the {backend} backend writes a file: give -o FILE (launch configs, which are "
+                               f"printed without -o: {', '.join(LAUNCH)})")
+        if as_json:
+            typer.echo(json.dumps({"backend": backend, "declaration": file,
+                                   **launch_config(doc, backend, base_dir=base_dir)}, indent=2))
+        else:
+            typer.echo(export(doc, backend, base_dir=base_dir), nl=False)
+        return
     check_output(output, "-o", protect=inputs, force=force, noun=f"{backend} export")
     with render.progress(f"exporting {file} to {backend} ..."):
         size = export_to_file(doc, backend, output, base_dir=base_dir, protect=inputs)

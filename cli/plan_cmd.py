@@ -19,7 +19,7 @@ from planner.api import plan_inference, plan_model
 from planner.errors import Infeasible, InvalidInput
 from planner.hypershard import Request, declare_plan, declare_serving, write_document
 from planner.hypershard.io import check_output, check_suffix, read_constraints
-from planner.hypershard.backends import export, plan_limits
+from planner.hypershard.backends import LAUNCH, export, plan_limits
 from planner.search.constraints import merge as merge_constraints
 
 console = render.LiveConsole(highlight=False, soft_wrap=False)
@@ -103,7 +103,8 @@ def plan_cmd(
     solver: Annotated[str, typer.Option("--solver", help=_SOLVER_HELP)] = "highs",
     backend: Annotated[Optional[str], typer.Option(
         "--backend", help="Search only what this export backend runs (torch: no expert parallelism; jax: no "
-        "pipeline, no offload; the others: everything), and check the plan exports to it.", rich_help_panel=_FIX,
+        "pipeline, no offload; megatron, torchtitan, mindformers, deepspeed: no offload, one program, and "
+        "deepspeed no pipeline or context parallelism), and check the plan exports to it.", rich_help_panel=_FIX,
         show_default=False)] = None,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the HyperShard declaration to a "
                                                   ".yaml or .json file (`hyperplan validate` / `export` read it); "
@@ -197,6 +198,7 @@ def plan_cmd(
     if backend is not None:
         fixed = merge_constraints(plan_limits(backend), fixed, f"--backend {backend}",
                                   "export with another backend")
+        no_mpmd = no_mpmd or backend in LAUNCH  # a launch config starts one program
     if global_batch is None or seq_len is None:
         missing = " and ".join(f for f, v in (("--global-batch", global_batch), ("--seq-len", seq_len)) if v is None)
         raise InvalidInput(f"{missing} {'is' if ' and ' not in missing else 'are'} needed to plan training; "

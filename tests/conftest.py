@@ -52,7 +52,7 @@ def _private_cache(monkeypatch, tmp_path_factory):
 
 # -- CI cannot go green by skipping ------------------------------------------------------------------
 #: Tests marked with these need an optional extra (torch, jax) or data CI ships; CI installs them all.
-STRICT_MARKS = ("torch", "jax", "calibration")
+STRICT_MARKS = ("torch", "jax", "calibration", "launch")
 
 #: Where .ci/run asks for the record of marked tests and skips (it fails CI when the file is missing, lists a
 #: skip, or counts no test of a mark: a hook that did not run cannot pass for one that found nothing).

@@ -176,7 +176,8 @@ def test_onnx_export_of_a_file_model_keeps_its_names(fixtures_dir, tmp_path):
 
 
 def test_export_names_the_backends_and_refuses_wrong_suffixes(docs, tmp_path):
-    assert list(BACKENDS) == ["hyper-parallel", "mindspore", "torch", "jax", "onnx"]
+    assert list(BACKENDS) == ["hyper-parallel", "mindspore", "torch", "jax", "onnx", "megatron", "torchtitan",
+                              "deepspeed", "mindformers", "vllm", "sglang"]
     with pytest.raises(InvalidInput, match="unknown backend 'tensorflow'; use one of hyper-parallel"):
         export(docs["gpt"], "tensorflow")
     with pytest.raises(InvalidInput, match="writes a .onnx file"):

@@ -8,7 +8,8 @@
     serving_*  serving plans (workload mode infer): prefill and decode programs, their layouts, read back and checked
     io         read/write by extension, schema check with one-sentence errors
     validate   schema, model tensors, cluster size, memory fit, re-estimate
-    backends/  one exporter per execution framework (hyper-parallel, mindspore, torch, jax, onnx)
+    backends/  one exporter per execution framework (hyper-parallel, mindspore, torch, jax, onnx) and per launch
+               config (megatron, torchtitan, deepspeed, mindformers; vllm, sglang for serving)
 
 Vocabulary: "axis" is a device-mesh axis (tp, cp, dp, pp, ep); "dim" is a tensor dimension.
 """

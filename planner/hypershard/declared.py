@@ -281,13 +281,14 @@ def graph_of(doc: Mapping[str, Any], base_dir: str | None = None) -> tuple[Graph
 
 def declare(model: str, *, cluster: str, global_batch: int, seq_len: int, devices: int, dtype: str = "bf16",
             mode: str = "train", overrides: Mapping[str, Any] | None = None, dims: Mapping[str, int] | None = None,
-            memory_gib: float | None = None, **strategy: Any) -> dict[str, Any]:
+            memory_gib: float | None = None, stack: str | None = None, **strategy: Any) -> dict[str, Any]:
     """Score one given strategy and declare it: the document `plan -o` writes, for a strategy you chose
-    (`stage_tp=(4, 8)` with tp=8, pp=2 gives stages of different widths)."""
+    (`stage_tp=(4, 8)` with tp=8, pp=2 gives stages of different widths), run by `stack` (default: the default)."""
     _default_dp(strategy, devices)
     request = Request(model=model, cluster=cluster, overrides=dict(overrides or {}), dims=dict(dims or {}),
                       memory_gib=memory_gib)
-    wl = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # type: ignore[arg-type]
+    wl = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
+                  execution=load_execution(stack))
     sc = score(request, wl, Strategy(**strategy), devices)
     return build_document(sc.plan, sc.graph, sc.structure, request)
 

@@ -2,8 +2,11 @@
 
 Each module has `SUFFIX` (the output file's extension) and
 `render(doc, base_dir=...)`, returning Python source (str) or an ONNX
-model (bytes). Modules are imported on use: none of the frameworks is
-needed to export, only to run what is exported.
+model (bytes). Launch backends (`LAUNCH`: Megatron-LM arguments, torchtitan
+TOML, DeepSpeed JSON, MindFormers YAML for training; vLLM and SGLang command
+lines for serving) render text and also give `written(doc, base_dir=...)`:
+what they write as data, with notes (what `export --json` prints). Modules are imported on use:
+none of the frameworks is needed to export, only to run what is exported.
 """
 
 from __future__ import annotations
@@ -23,7 +26,15 @@ BACKENDS: dict[str, str] = {
     "torch": "torch",
     "jax": "jax",
     "onnx": "onnx",
+    "megatron": "megatron",
+    "torchtitan": "torchtitan",
+    "deepspeed": "deepspeed",
+    "mindformers": "mindformers",
+    "vllm": "vllm",
+    "sglang": "sglang",
 }
+#: Backends that write a framework's own launch configuration (text: printed when no -o is given).
+LAUNCH: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "mindformers", "vllm", "sglang")
 
 
 #: The knobs `plan --backend NAME` fixes so that the search stays within what the backend runs (the keys of
@@ -31,6 +42,11 @@ BACKENDS: dict[str, str] = {
 PLAN_LIMITS: dict[str, dict[str, Any]] = {
     "torch": {"ep": 1},  # no generic expert-parallel style in torch (see backends/torch.py)
     "jax": {"pp": 1, "offload": ()},  # no pipeline runtime on one mesh, no host offload (see backends/jax.py)
+    # the launch formats take no fractions of memory classes off HBM (their exporters list the rest they refuse)
+    "megatron": {"offload": ()},
+    "torchtitan": {"offload": ()},
+    "mindformers": {"offload": ()},
+    "deepspeed": {"pp": 1, "cp": 1, "offload": ()},  # ZeRO configs have no pipeline or context parallelism
 }
 
 
@@ -54,6 +70,8 @@ def export(doc: Mapping[str, Any], backend: str, *, base_dir: str | None = None)
     """The exported artefact: Python source, or a serialized ONNX model (of a serving declaration: a mesh, the
     layouts and the experts per phase program, see `serving_py` and `serving_onnx`)."""
     module = _module(backend)
+    if backend in LAUNCH:
+        return module.render(doc, base_dir=base_dir)
     if is_serving(doc):
         if backend == "onnx":
             from planner.hypershard.backends import serving_onnx
@@ -63,6 +81,16 @@ def export(doc: Mapping[str, Any], backend: str, *, base_dir: str | None = None)
 
         return RENDER[backend](doc)
     return module.render(doc, base_dir=base_dir)
+
+
+def launch_config(doc: Mapping[str, Any], backend: str, *, base_dir: str | None = None) -> Any:
+    """What a launch backend writes, as JSON-able data: {"config": ..., "notes": [...]} (InvalidInput for a
+    backend that is not one)."""
+    if backend not in LAUNCH:
+        raise InvalidInput(f"the {backend} backend writes a file, not a launch config; give -o FILE (launch "
+                           f"configs: {', '.join(LAUNCH)})")
+    w = _module(backend).written(doc, base_dir=base_dir)
+    return {"config": w.config, "notes": list(w.notes)}
 
 
 def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: str | None = None,
@@ -78,4 +106,4 @@ def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: 
     return write_atomically(out, lambda: export(doc, backend, base_dir=base_dir), protect, "export")
 
 
-__all__ = ["BACKENDS", "PLAN_LIMITS", "export", "export_to_file", "plan_limits", "suffix"]
+__all__ = ["BACKENDS", "LAUNCH", "PLAN_LIMITS", "export", "export_to_file", "launch_config", "plan_limits", "suffix"]

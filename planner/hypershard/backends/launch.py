@@ -1,0 +1,219 @@
+"""What a training launch configuration reads from a declaration, and how it says what it cannot write.
+
+Launch configs (Megatron-LM arguments, a torchtitan job file, a DeepSpeed
+JSON, a MindFormers YAML) carry a plan's degrees and policies, not its
+per-tensor layouts: each framework lays tensors out its own way
+(Megatron-LM's column- and row-parallel linears, a vocabulary-split
+embedding). So a backend reads the strategy back as the declaration states
+it (`Training`), refuses in one sentence what its format cannot say before
+anything is written (`refuse`), and notes where the declared layouts are not
+what the framework will run (`layout_notes`). Serving declarations go to the
+vllm and sglang backends (`serving_launch`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from planner.costing.execution import Execution, load_execution
+from planner.errors import InvalidInput
+from planner.hypershard.declared import chunk_layers, strategy_of
+from planner.hypershard.layouts import dim_axes
+from planner.hypershard.programs import is_multi, is_serving
+from planner.strategy import Strategy
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What a launch backend writes, as data (`config`, JSON-able), and what the user should know of it."""
+
+    config: Any
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Training:
+    """One training program's plan as launch configs read it (`training` builds it from a declaration)."""
+
+    model: str
+    params: int
+    cluster: str
+    devices: int
+    s: Strategy
+    global_batch: int
+    seq_len: int
+    dtype: str  # the workload's compute dtype: bf16, fp16, fp8 (GEMMs in FP8 by the stack's recipe) or fp32
+    micro_batches: int  # per pipeline per step
+    chunks: tuple[int, ...]  # decoder layers per pipeline chunk, chunk order (chunk c runs on stage c mod pp)
+    moe: bool  # routed experts are declared (an ep alias on the mesh)
+    execution: Execution  # the stack the plan was scored with: overlaps, FP8 recipe, what selective recompute is
+    embedding: str  # how the token embedding is split over tp: "vocab", "hidden" or "whole"
+    step_s: float | None
+    peak_gib: float | None
+
+    @property
+    def layers(self) -> int:
+        return sum(self.chunks)
+
+    @property
+    def equal_chunks(self) -> bool:
+        return len(set(self.chunks)) <= 1
+
+    def offload(self, cls: str) -> float:
+        return self.s.offload_fraction(cls)
+
+
+def training(doc: Mapping[str, Any], backend: str, base_dir: str | None = None) -> Training:
+    """The plan of a one-program training declaration (InvalidInput, one sentence, for a serving or HyperMPMD
+    one)."""
+    if is_serving(doc):
+        raise InvalidInput(f"the {backend} backend writes a training launch config, and this declaration is of a "
+                           "serving plan; export it with --backend vllm or sglang")
+    if is_multi(doc):
+        names = ", ".join(p["name"] for p in doc["programs"])
+        raise InvalidInput(f"the {backend} backend cannot express a plan of {len(doc['programs'])} programs on "
+                           f"their own device groups (HyperMPMD: {names}); one launch config runs one program, so "
+                           "plan with --no-mpmd, or export with --backend torch")
+    s = strategy_of(doc)
+    chunks = chunk_layers(doc)
+    est = doc.get("estimate") or {}
+    mesh = doc["meshes"][0]
+    return Training(
+        model=doc["model"]["name"], params=doc["model"]["params"], cluster=doc["cluster"]["name"],
+        devices=doc["cluster"]["devices"], s=s, global_batch=doc["workload"]["global_batch"],
+        seq_len=doc["workload"]["seq_len"], dtype=doc["workload"]["dtype"],
+        micro_batches=s.micro_batches(_workload(doc)),
+        chunks=tuple(len(chunks[c]) for c in sorted(chunks)),
+        moe=any(a["name"] == "ep" for a in mesh.get("aliases", [])),
+        execution=_stack(doc, base_dir), embedding=embedding_split(doc),
+        step_s=est.get("step_time_s"), peak_gib=(est.get("memory_gib") or {}).get("peak"),
+    )
+
+
+def _workload(doc: Mapping[str, Any]) -> Any:
+    from planner.hypershard.declared import workload_of
+
+    return workload_of(doc)
+
+
+def _stack(doc: Mapping[str, Any], base_dir: str | None) -> Execution:
+    """The declaration's stack: a preset by name, or its file (tried beside the declaration when relative)."""
+    name = doc["workload"].get("stack")
+    if name and base_dir and not os.path.isabs(name) and not os.path.exists(name):
+        near = os.path.join(base_dir, name)
+        name = near if os.path.exists(near) else name
+    return load_execution(name)
+
+
+def embedding_split(doc: Mapping[str, Any]) -> str:
+    """How the declaration splits its token embedding over tp: "vocab" (dim 0), "hidden" (dim 1) or "whole"."""
+    for entry in doc["layouts"]["params"].values():
+        if entry.get("op") == "embedding":
+            dims = entry["dims"]
+            for k, name in ((0, "vocab"), (1, "hidden")):
+                if len(dims) > k and "tp" in dim_axes(dims[k]):
+                    return name
+            return "whole"
+    return "whole"
+
+
+#: A plan feature a format cannot express, and what to do about it.
+Problem = tuple[str, str]
+
+
+def refuse(backend: str, problems: list[Problem]) -> None:
+    """Raise InvalidInput naming, in one sentence, every plan feature the backend's format cannot express and
+    what to do (each fix once)."""
+    if not problems:
+        return
+    what = [p[0] for p in problems]
+    fixes = list(dict.fromkeys(p[1] for p in problems))
+    listed = what[0] if len(what) == 1 else ", ".join(what[:-1]) + " and " + what[-1]
+    raise InvalidInput(f"the {backend} backend cannot express this plan's {listed}; {'; '.join(fixes)}")
+
+
+def offload_problems(t: Training, allowed: Mapping[str, str], hint: tuple[tuple[str, ...], str] = ((), "")
+                     ) -> list[Problem]:
+    """The offloaded memory classes a format cannot say: every class with a fraction above 0 whose entry in
+    `allowed` is missing, or is "whole" while the fraction is below 1. The fix is --no-offload, and `hint`'s text
+    too when a refused class is one of its classes (what the format can offload instead)."""
+    refused = [(cls, frac) for cls, frac in t.s.offload
+               if frac > 0 and (allowed.get(cls) is None or (allowed[cls] == "whole" and frac < 1.0))]
+    fix = "plan with --no-offload"
+    if hint[1] and any(cls in hint[0] for cls, _ in refused):
+        fix += f", or {hint[1]}"
+    return [(f"{cls} offload ({frac:.0%})", fix) for cls, frac in refused]
+
+
+def common_problems(t: Training, schedules: str) -> list[Problem]:
+    """What no training launch config here expresses: stages of different tensor widths; and, for a format
+    whose pipeline runs only `schedules`, a GPipe schedule."""
+    out = []
+    if t.s.stage_tp:
+        out.append((f"pipeline stages of different tensor widths (TP {'+'.join(map(str, t.s.stage_tp))})",
+                    "plan with --tp N (one width for every stage)"))
+    if t.s.pp > 1 and t.s.schedule == "gpipe" and "gpipe" not in schedules.lower():
+        out.append((f"GPipe schedule (it runs {schedules})", "set programs[0].schedule to 1f1b"))
+    return out
+
+
+def ends_in_place(doc: Mapping[str, Any]) -> bool:
+    """The token embedding is on the first pipeline chunk and the output layer on the last, where Megatron-LM,
+    torchtitan and MindFormers put them."""
+    where: dict[str, int] = {}
+    for st in doc["programs"][0]["stages"]:
+        for ch in st["chunks"]:
+            for name in ch.get("blocks", []):
+                where[name] = ch["chunk"]
+    last = max(where.values(), default=0)
+    params = doc["layouts"]["params"]
+    embed = [n.rsplit(".", 1)[0] for n, e in params.items() if e.get("op") == "embedding"]
+    head = [n.rsplit(".", 1)[0] for n, e in params.items() if e.get("model_output")]
+    return all(where.get(b, 0) == 0 for b in embed) and all(where.get(b, last) == last for b in head)
+
+
+def ends_problem(t: Training, doc: Mapping[str, Any]) -> list[Problem]:
+    if t.s.pp > 1 and not ends_in_place(doc):
+        return [("embedding or output layer on another pipeline chunk than the first or last",
+                 "move them to programs[0].stages' first and last chunks")]
+    return []
+
+
+def layout_notes(t: Training, framework: str) -> list[str]:
+    """Where the declared tensor layouts are not what `framework`'s tensor parallelism runs (its own layouts,
+    Megatron-LM's: a vocabulary-split embedding); the estimate scored the declared ones."""
+    if t.s.tp > 1 and t.embedding == "hidden":
+        return [f"the declaration splits the token embedding over tp on its hidden dim; {framework} splits it by "
+                "vocabulary (its own layout), so that one all-gather becomes an all-reduce: the estimate scored "
+                "the declared layout"]
+    return []
+
+
+def header(t: Training, what: str) -> list[str]:
+    """The lines opening a generated launch config (without comment marks): what, for which plan, and figures."""
+    lines = [f"{what} for {t.model} ({t.params:,} parameters) on {t.devices} devices of {t.cluster}.",
+             f"Strategy: {t.s.short()}; global batch {t.global_batch} x {t.seq_len} tokens, {t.dtype}; planned for "
+             f"the {t.execution.name} stack."]
+    if t.step_s is not None and t.peak_gib is not None:
+        lines.append(f"Estimated step {t.step_s:.4g} s, peak {t.peak_gib:.2f} GiB per device (hyperplan's "
+                     "analytic estimate).")
+    lines.append("Generated by `hyperplan export` from a HyperShard declaration; regenerate rather than edit.")
+    return lines
+
+
+def node_size(doc: Mapping[str, Any], base_dir: str | None = None) -> int | None:
+    """Devices per node of the declaration's cluster (its first interconnect level), or None when the cluster
+    cannot be loaded here."""
+    from cost_models import SpecError, load_cluster
+
+    spec = doc["cluster"]["spec"]
+    if base_dir and not os.path.isabs(spec) and not os.path.exists(spec) and os.path.exists(os.path.join(base_dir, spec)):
+        spec = os.path.join(base_dir, spec)
+    try:
+        hw = load_cluster(spec, devices=doc["cluster"]["devices"])
+    except (SpecError, InvalidInput, OSError):
+        return None
+    size = hw.levels[0].group_size if hw.levels else None
+    return min(size, hw.n_devices) if size else None

@@ -1,0 +1,209 @@
+"""Exporter to Megatron-LM command-line arguments (NeMo and MindSpeed-LLM take the same): a torchrun line.
+
+The flags are those of Megatron-LM's own parser at core_v0.16.1
+(megatron/training/arguments.py, commit 55ac708; tests/data/megatron_arguments.json
+pins each one with its type and choices), the release the megatron-core wheel on
+PyPI matches:
+
+- degrees: --tensor-model-parallel-size, --pipeline-model-parallel-size,
+  --context-parallel-size, --expert-model-parallel-size and
+  --expert-tensor-parallel-size (MoE folding: experts on etp x ep x edp over a
+  stage's tp x cp x dp ranks, as the declaration folds them), --sequence-parallel;
+- the pipeline: interleaved chunks by --num-layers-per-virtual-pipeline-stage
+  when chunks are equal; unequal ones by --decoder-first/last-pipeline-num-layers
+  when only the first and last stage differ, else by
+  --pipeline-model-parallel-layout ("Et*20|t*20|...L", chunk c = the c-th
+  entry, on stage c mod pp, as Megatron flattens it);
+- recompute: full = --recompute-granularity full --recompute-method uniform
+  --recompute-num-layers 1 (every layer), the first k layers of each chunk =
+  method block with k (Megatron's block method counts per model chunk),
+  selective = granularity selective with the stack's --recompute-modules;
+- ZeRO-1 = --use-distributed-optimizer; ZeRO-2/3 = Megatron-FSDP
+  (--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads /
+  optim_grads_params, which asks --ckpt-format fsdp_dtensor);
+- the stack's overlaps (--overlap-grad-reduce, --overlap-param-gather,
+  --tp-comm-overlap with SP, --overlap-moe-expert-parallel-comm), its MoE
+  dispatcher, FP8 (--fp8-format, --fp8-recipe, --fp8-param-gather), bf16/fp16;
+- optimizer offload: --optimizer-cpu-offload --optimizer-offload-fraction f
+  (with --use-precision-aware-optimizer, which validate_args asks for).
+
+Megatron-LM cannot run: stages of different tensor widths, a GPipe schedule,
+offloaded parameters, gradients or a fraction of activations, selective
+recompute beside full recompute of some layers, another stack's selective set.
+Those are refused in one sentence before anything is written.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Mapping
+
+from planner.hypershard.backends import launch
+
+SUFFIX = ".sh"
+#: Where the flag names come from (tests/data/megatron_arguments.json pins them).
+SOURCE = "NVIDIA/Megatron-LM core_v0.16.1 (55ac7082) megatron/training/arguments.py"
+#: The stack's FP8 recipe -> Megatron-LM's --fp8-recipe (per-tensor current scaling is its "tensorwise").
+FP8_RECIPES = {"delayed": "delayed", "current": "tensorwise", "tensorwise": "tensorwise", "mxfp8": "mxfp8",
+               "blockwise": "blockwise"}
+_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem]:
+    s, ex = t.s, t.execution
+    out = launch.common_problems(t, "1F1B and interleaved 1F1B")
+    out += launch.offload_problems(t, {"optimizer": "fraction"} if s.zero == 1 else {}, (
+        ("params", "grads", "optimizer"), "--zero 1 --offload optimizer=F (Megatron-LM offloads a fraction of the "
+                                          "distributed optimizer's states)"))
+    if s.recompute == "selective" and s.full_recompute_layers:
+        out.append((f"full recompute of the first {s.full_recompute_layers} layers of each chunk beside selective "
+                    "recompute of the rest (one --recompute-granularity)",
+                    "plan with --recompute full, selective or none"))
+    if s.recompute == "selective" and ex.selective != "modules":
+        out.append((f"selective recompute as the {ex.name} stack defines it ({ex.selective})",
+                    "plan with --stack megatron-core"))
+    if t.dtype == "fp8" and ex.fp8_recipe not in FP8_RECIPES:
+        out.append((f"FP8 recipe {ex.fp8_recipe!r}", f"use a stack whose fp8_recipe is one of {', '.join(FP8_RECIPES)}"))
+    elif t.dtype == "fp8" and _fp8_params(t) and t.offload("optimizer") and FP8_RECIPES[ex.fp8_recipe] != "delayed":
+        out.append((f"FP8 weights with optimizer offload under the {ex.fp8_recipe} recipe (Megatron-LM offloads them "
+                    "only with --fp8-recipe delayed)", "plan with --no-offload or a stack with fp8_params = false"))
+    return out + launch.ends_problem(t, doc)
+
+
+def _fp8_params(t: launch.Training) -> bool:
+    """FP8 weights (the stack's fp8_params): --fp8-param-gather, which needs sharded optimizer states."""
+    return t.execution.fp8_params and t.s.zero > 0 and t.s.dp * t.s.cp > 1
+
+
+def _pipeline(t: launch.Training) -> list[tuple[str, Any]]:
+    s, chunks = t.s, t.chunks
+    if s.pp == 1:
+        return []
+    if t.equal_chunks:
+        return [("--num-layers-per-virtual-pipeline-stage", chunks[0])] if s.vpp > 1 else []
+    middle = chunks[1:-1]
+    if s.vpp == 1 and len(set(middle)) <= 1:
+        return [("--decoder-first-pipeline-num-layers", chunks[0]), ("--decoder-last-pipeline-num-layers", chunks[-1])]
+    parts = [("t*%d" % n) if n > 1 else "t" * n for n in chunks]
+    parts[0], parts[-1] = "E" + parts[0], parts[-1] + "L"
+    return [("--pipeline-model-parallel-layout", "|".join(parts))]
+
+
+def _recompute(t: launch.Training) -> list[tuple[str, Any]]:
+    s = t.s
+    if s.recompute == "full":
+        return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
+    if s.full_recompute_layers:
+        return [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                ("--recompute-num-layers", s.full_recompute_layers)]
+    if s.recompute == "selective":
+        return [("--recompute-granularity", "selective"), ("--recompute-modules", list(t.execution.recompute_modules))]
+    return []
+
+
+def _optimizer(t: launch.Training) -> list[tuple[str, Any]]:
+    s, ex, out = t.s, t.execution, []
+    sharded = s.zero and s.dp * s.cp > 1
+    if sharded and s.zero == 1:
+        out.append(("--use-distributed-optimizer", None))
+    elif sharded:
+        out += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", _SHARDING[s.zero]),
+                ("--ckpt-format", "fsdp_dtensor")]
+    if ex.overlap_grad_reduce and s.dp * s.cp > 1:
+        out.append(("--overlap-grad-reduce", None))
+        if ex.overlap_param_gather and sharded:
+            out.append(("--overlap-param-gather", None))
+    frac = t.offload("optimizer")
+    if frac > 0:
+        out += [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", frac),
+                ("--use-precision-aware-optimizer", None)]
+    return out
+
+
+def _precision(t: launch.Training) -> list[tuple[str, Any]]:
+    s, ex = t.s, t.execution
+    out: list[tuple[str, Any]] = [("--fp16", None)] if t.dtype == "fp16" else [("--bf16", None)] if t.dtype in (
+        "bf16", "fp8") else []
+    if t.dtype == "fp8":
+        recipe = FP8_RECIPES[ex.fp8_recipe]
+        out += [("--fp8-format", "e4m3" if recipe in ("mxfp8", "blockwise") else "hybrid"), ("--fp8-recipe", recipe)]
+        if _fp8_params(t):
+            out.append(("--fp8-param-gather", None))
+    return out
+
+
+def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Written:
+    """The Megatron-LM arguments of a training declaration, as (flag, value) pairs (None: a switch), with the
+    environment validate_args asks for and notes (InvalidInput, one sentence, for what it cannot express)."""
+    t = launch.training(doc, "megatron", base_dir)
+    launch.refuse("megatron", _problems(t, doc))
+    s, ex = t.s, t.execution
+    args: list[tuple[str, Any]] = [("--tensor-model-parallel-size", s.tp), ("--pipeline-model-parallel-size", s.pp)]
+    args += _pipeline(t)
+    if s.cp > 1:
+        args.append(("--context-parallel-size", s.cp))
+    if t.moe:
+        args += [("--expert-model-parallel-size", s.ep), ("--expert-tensor-parallel-size", s.expert_tp)]
+        if s.ep > 1:
+            args.append(("--moe-token-dispatcher-type", "flex" if ex.moe_dispatcher == "deepep" else "alltoall"))
+            if ex.moe_dispatcher == "deepep":
+                args.append(("--moe-flex-dispatcher-backend", "deepep"))
+            if ex.overlap_ep_comm:
+                args.append(("--overlap-moe-expert-parallel-comm", None))
+    if s.sp:
+        args.append(("--sequence-parallel", None))
+        if ex.overlap_tp_comm:
+            args.append(("--tp-comm-overlap", None))
+    args += _recompute(t)
+    args += [("--micro-batch-size", s.micro_batch), ("--global-batch-size", t.global_batch),
+             ("--seq-length", t.seq_len)]
+    args += _optimizer(t) + _precision(t)
+    fsdp = s.zero >= 2 and s.dp * s.cp > 1
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (s.tp > 1 or s.cp > 1) and not fsdp else {}
+    notes = launch.layout_notes(t, "Megatron-LM")
+    if ex.fp8_params and t.dtype == "fp8" and not _fp8_params(t):
+        notes.append("the stack keeps FP8 weights, which Megatron-LM's --fp8-param-gather does only with a "
+                     "distributed optimizer or Megatron-FSDP (this plan has neither)")
+    return launch.Written(config={"env": env, "args": argv(args), "layers": t.layers}, notes=tuple(notes))
+
+
+def argv(args: list[tuple[str, Any]]) -> list[str]:
+    """(flag, value) pairs as command-line words: a switch alone, a list as several words."""
+    out: list[str] = []
+    for flag, value in args:
+        out.append(flag)
+        if isinstance(value, list):
+            out += [str(v) for v in value]
+        elif value is not None:
+            out.append(str(value))
+    return out
+
+
+def render(doc: Mapping[str, Any], base_dir: str | None = None) -> str:
+    """A shell snippet: the header, the environment, and one torchrun command line with the arguments after the
+    user's own (MODEL_ARGS, DATA_ARGS: model, tokenizer, data and optimizer arguments, as in Megatron-LM's
+    examples/)."""
+    w = written(doc, base_dir)
+    t = launch.training(doc, "megatron", base_dir)
+    node = launch.node_size(doc, base_dir)
+    lines = [f"# {line}" for line in launch.header(t, "Megatron-LM / NeMo / MindSpeed-LLM arguments")]
+    lines.append(f"# Flags of {SOURCE}; for a model of {w.config['layers']} decoder layers. MODEL_ARGS and DATA_ARGS "
+                 "are yours (model shape, tokenizer, data, optimizer).")
+    lines += [f"# Note: {n}." for n in w.notes]
+    lines += [f"export {k}={shlex.quote(v)}  # validate_args asks for it with TP or CP (before Blackwell)"
+              for k, v in w.config["env"].items()]
+    if node and t.devices % node == 0:
+        launcher = f"torchrun --nnodes {t.devices // node} --nproc-per-node {node}"
+    else:
+        lines.append(f"# {t.devices} devices in all: set --nnodes and --nproc-per-node to your nodes")
+        launcher = "torchrun"
+    words, body, i = w.config["args"], [], 0
+    while i < len(words):
+        j = i + 1
+        while j < len(words) and not words[j].startswith("--"):
+            j += 1
+        body.append("    " + " ".join(shlex.quote(x) for x in words[i:j]))
+        i = j
+    lines.append(f'{launcher} pretrain_gpt.py "${{MODEL_ARGS[@]}}" "${{DATA_ARGS[@]}}" \\')
+    lines += [b + " \\" for b in body[:-1]] + body[-1:]
+    return "\n".join(lines) + "\n"

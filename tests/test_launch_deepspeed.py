@@ -1,0 +1,86 @@
+"""The deepspeed export: DeepSpeed's own config classes (deepspeed 0.19.8 from PyPI) read the ds_config: DeepSpeedConfig
+with the plan's data-parallel size (its batch assertion: train_batch = micro x accumulation x ranks), its ZeRO
+stage and offload models, AutoTP's size and AutoEP's validation for the plan's devices."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from launch_plans import REFUSES, WRITES, plan
+from planner.errors import InvalidInput
+from planner.hypershard import strategy_of
+from planner.hypershard.backends import export, launch_config
+
+#: Runs DeepSpeedConfig in a process of its own: it asks torch.distributed for the world, so this process makes a
+#: one-rank gloo group, and the data-parallel size comes from an mpu (DeepSpeed's hook for Megatron-style groups).
+_READ = r'''
+import json, os, sys
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+import deepspeed
+from deepspeed.runtime.config import DeepSpeedConfig
+from deepspeed.module_inject.auto_ep_config import validate_autoep_config
+deepspeed.init_distributed(dist_backend="gloo")
+out = []
+for case in json.loads(sys.stdin.read()):
+    class Mpu:
+        def get_data_parallel_world_size(self):
+            return case["dp"]
+    c = DeepSpeedConfig(case["config"], mpu=Mpu())
+    z = c.zero_config
+    ep = c.expert_parallel_config
+    if ep.enabled:
+        validate_autoep_config(ep, case["devices"], 1, max(c.tensor_parallel_config.autotp_size, 1), 1,
+                               zero_stage=c.zero_optimization_stage)
+    out.append(dict(batch=[c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps],
+                    stage=int(c.zero_optimization_stage), bf16=c.bfloat16_config.enabled,
+                    offload_optimizer=None if z.offload_optimizer is None else [str(getattr(z.offload_optimizer.device, "value", z.offload_optimizer.device)),
+                                                                                z.offload_optimizer.ratio],
+                    offload_param=None if z.offload_param is None else str(getattr(z.offload_param.device, "value", z.offload_param.device)),
+                    cpu_checkpointing=c.activation_checkpointing_config.cpu_checkpointing,
+                    autotp=c.tensor_parallel_config.autotp_size, autoep=ep.autoep_size if ep.enabled else 1))
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.launch
+def test_deepspeeds_config_reads_the_plans():
+    pytest.importorskip("deepspeed")
+    import socket
+
+    docs = [plan(n) for n in WRITES["deepspeed"]]
+    cases = []
+    for doc in docs:
+        s = strategy_of(doc)
+        cases.append({"config": launch_config(doc, "deepspeed")["config"], "dp": s.dp, "devices": s.devices})
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run = subprocess.run([sys.executable, "-c", _READ, str(port)], input=json.dumps(cases), capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for doc, got in zip(docs, json.loads(run.stdout.strip().splitlines()[-1])):
+        s = strategy_of(doc)
+        micro = doc["programs"][0]["micro_batches"]
+        assert got["batch"] == [doc["workload"]["global_batch"], s.micro_batch, micro]
+        assert got["stage"] == s.zero and got["bf16"] == (doc["workload"]["dtype"] == "bf16")
+        opt = s.offload_fraction("optimizer")
+        assert got["offload_optimizer"] == (["cpu", opt] if opt else None)
+        assert got["offload_param"] == ("cpu" if s.offload_fraction("params") else None)
+        assert got["cpu_checkpointing"] == (s.offload_fraction("activations") == 1.0)
+        assert (got["autotp"] or 1, got["autoep"]) == (s.tp, s.ep)
+
+
+@pytest.mark.parametrize("name, words", list(REFUSES["deepspeed"].items()))
+def test_what_deepspeed_cannot_run_is_refused_in_one_sentence(name, words):
+    with pytest.raises(InvalidInput, match="the deepspeed backend cannot express this plan's") as err:
+        export(plan(name), "deepspeed")
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_file_is_the_config():
+    doc = plan("ds_offload3")
+    assert json.loads(export(doc, "deepspeed")) == launch_config(doc, "deepspeed")["config"]

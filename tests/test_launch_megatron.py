@@ -1,0 +1,113 @@
+"""The megatron export: every flag is one of Megatron-LM's own (pinned from its parser at core_v0.16.1), every value
+parses as that parser types it, and megatron-core's real config classes built from the arguments the way
+Megatron-LM builds them construct (their __post_init__ validates) with the plan's degrees."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from launch_plans import REFUSES, WRITES, parse_pinned, plan, shape
+from planner.errors import InvalidInput
+from planner.hypershard import strategy_of
+from planner.hypershard.backends import export, launch_config
+
+PINNED = json.loads((Path(__file__).parent / "data" / "megatron_arguments.json").read_text())
+
+
+def parse(words: list[str]) -> tuple[argparse.Namespace, set[str]]:
+    return parse_pinned(words, PINNED)
+
+
+def core_configs(ns: argparse.Namespace, given: set[str], name: str, monkeypatch):
+    """megatron-core's TransformerConfig, DistributedDataParallelConfig and OptimizerConfig from parsed
+    arguments as Megatron-LM makes them: every arg whose name is a field is copied (core_transformer_config_from_args,
+    get_model, config_from_args), under the renames the pinned file records; validate_args' derivations that the
+    configs read are redone here (the virtual pipeline size, pipeline_dtype = params_dtype)."""
+    torch = pytest.importorskip("torch")
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    args = {PINNED["renames"].get(k, k): getattr(ns, k) for k in given}
+    model = shape(name)
+    pp = args.get("pipeline_model_parallel_size", 1)
+    vpp = None
+    if "pipeline_model_parallel_layout" in args:
+        vpp = args["pipeline_model_parallel_layout"].count("|") // pp + 1 or None
+    elif "num_layers_per_virtual_pipeline_stage" in args:
+        vpp = model["num_layers"] // pp // args.pop("num_layers_per_virtual_pipeline_stage")
+    args["virtual_pipeline_model_parallel_size"] = vpp if vpp and vpp > 1 else None
+    dtype = torch.float16 if args.get("fp16") else torch.bfloat16 if args.get("bf16") else torch.float32
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    tc = TransformerConfig(**model, params_dtype=dtype, pipeline_dtype=dtype,
+                           **{k: v for k, v in args.items() if k in fields})
+    ddp = DistributedDataParallelConfig(**{k: v for k, v in args.items()
+                                           if k in {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}})
+    # --use-precision-aware-optimizer asks Transformer Engine's version (a CUDA package, not installed here); that
+    # one answer is given (TE 2.1), every check of the config still runs
+    monkeypatch.setattr("megatron.core.optimizer.optimizer_config.is_te_min_version", lambda *a, **k: True)
+    opt = OptimizerConfig(**{k: v for k, v in args.items() if k in {f.name for f in dataclasses.fields(OptimizerConfig)}})
+    return tc, ddp, opt, args
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("name", WRITES["megatron"])
+def test_megatron_core_configs_take_the_plans_degrees(name, monkeypatch):
+    pytest.importorskip("megatron.core")
+    doc = plan(name)
+    words = launch_config(doc, "megatron")["config"]["args"]
+    ns, given = parse(words)
+    tc, ddp, opt, args = core_configs(ns, given, name, monkeypatch)
+    s = strategy_of(doc)
+    assert (tc.tensor_model_parallel_size, tc.pipeline_model_parallel_size, tc.context_parallel_size) == (s.tp, s.pp, s.cp)
+    assert (tc.virtual_pipeline_model_parallel_size or 1) == s.vpp
+    assert tc.sequence_parallel == s.sp
+    if "moe" in name:
+        assert (tc.expert_model_parallel_size, tc.expert_tensor_parallel_size) == (s.ep, s.expert_tp)
+    world = doc["cluster"]["devices"]
+    dp = world // (s.tp * s.pp * s.cp)  # Megatron-LM's data-parallel size (initialize_model_parallel)
+    assert dp == s.dp and args["global_batch_size"] % (args["micro_batch_size"] * dp) == 0
+    assert args["global_batch_size"] // (args["micro_batch_size"] * dp) == doc["programs"][0]["micro_batches"]
+    sharded = ddp.use_distributed_optimizer or ddp.use_megatron_fsdp
+    assert bool(sharded) == (s.zero > 0)
+    if ddp.use_megatron_fsdp:
+        assert ddp.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}[s.zero]
+    if s.recompute == "full" or s.full_recompute_layers:
+        assert tc.recompute_granularity == "full"
+        assert (tc.recompute_method, tc.recompute_num_layers) == (
+            ("uniform", 1) if s.recompute == "full" else ("block", s.full_recompute_layers))
+    elif s.recompute == "selective":  # the megatron-core stack's modules
+        assert tc.recompute_granularity == "selective" and tc.recompute_modules == ["core_attn"]
+    assert opt.optimizer_offload_fraction == (s.offload_fraction("optimizer") or opt.optimizer_offload_fraction)
+    chunks = [len(c["layers"]) for st in doc["programs"][0]["stages"] for c in st["chunks"]]
+    if name == "layout":  # the layout's chunks, as Megatron-Core reads them, are the plan's
+        layout = tc.pipeline_model_parallel_layout
+        assert sorted(len([x for x in layout.layout[r][v] if x.name == "decoder"])
+                      for r in range(s.pp) for v in range(s.vpp)) == sorted(chunks)
+    if name == "first_last":
+        assert (tc.num_layers_in_first_pipeline_stage, tc.num_layers_in_last_pipeline_stage) == (1, 1)
+
+
+@pytest.mark.parametrize("name", WRITES["megatron"])
+def test_every_flag_is_one_of_megatron_lms_and_the_line_holds_them(name):
+    doc = plan(name)
+    cfg = launch_config(doc, "megatron")["config"]
+    parse(cfg["args"])  # every flag pinned, every value of its type and choices
+    text = export(doc, "megatron")
+    command = text[text.index("torchrun"):].replace("\\\n", " ")
+    words = shlex.split(command)
+    assert words[words.index("pretrain_gpt.py") + 3:] == cfg["args"]  # after the user's MODEL_ARGS, DATA_ARGS
+    assert all(line.startswith(("#", "export ", "torchrun", "    ")) for line in text.splitlines())
+
+
+@pytest.mark.parametrize("name, words", list(REFUSES["megatron"].items()))
+def test_what_megatron_cannot_run_is_refused_in_one_sentence(name, words):
+    with pytest.raises(InvalidInput, match="the megatron backend cannot express this plan's") as err:
+        export(plan(name), "megatron")
+    assert words in str(err.value) and "\n" not in str(err.value)
