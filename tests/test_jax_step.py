@@ -1,9 +1,10 @@
 """The JAX export used for a real training step: ZeRO-3 shardings, the declared recompute and micro-batches.
 
 A tiny Llama declaration (tp 2 x dp 4, ZeRO-3, full recompute, two micro-batches per replica) is exported;
-on 8 host devices a jitted step places the parameters with `shard_params`, runs each layer under `remat`,
-accumulates the gradient over `micro_batches`, and keeps Adam's first moment under `optimizer_spec`. Its loss
-and gradients equal those of the same step on one device without any of it, and the arrays really are
+on 8 host devices a jitted step places the parameters with `shard_params` and the batch's rows over dp with
+`activation_spec`, runs each layer under `remat`, accumulates the gradient over `micro_batches`, and keeps
+Adam's first moment under `optimizer_spec`. Its loss and gradients equal those of the whole batch on one
+device, and the arrays really are
 split as the plan says (each device holds 1/8 of a ZeRO-3 tensor-parallel weight).
 """
 
@@ -38,7 +39,7 @@ for i in range(2):
     names[f"model.layers.{i}.self_attn.q_proj.weight"] = (64, 64)
     names[f"model.layers.{i}.self_attn.o_proj.weight"] = (64, 64)
 params = {n: (0.1 * rng.standard_normal(s)).astype(np.float32) for n, s in names.items()}
-ids = rng.integers(0, 128, (4, 8))  # one data-parallel replica's 4 sequences
+ids = rng.integers(0, 128, (16, 8))  # the global batch: 4 data-parallel replicas of 4 sequences
 
 def layer(q, o, x):
     return x + jnp.tanh(x @ q.T) @ o.T
@@ -56,9 +57,11 @@ def step(p, batch, wrap, split):
     losses = [loss_of(p, mb, wrap) for mb in parts]
     return sum(losses) / len(parts), jax.tree_util.tree_map(lambda *g: sum(g) / len(parts), *grads)
 
-ref_loss, ref_grads = jax.jit(lambda p, b: step(p, b, lambda f: f, lambda b: [b[:2], b[2:]]))(params, ids)
+ref_loss, ref_grads = jax.jit(lambda p, b: (loss_of(p, b, lambda f: f), jax.grad(loss_of)(p, b, lambda f: f)))(
+    params, ids)  # the whole batch at once, on one device
 mesh = m.build_mesh()
 placed = m.shard_params(params, mesh)
+ids = jax.device_put(ids, NamedSharding(mesh, m.activation_spec("input_ids")))  # rows over dp
 adam_m = {n: NamedSharding(mesh, m.optimizer_spec(n, s)) for n, s in names.items()}
 fn = jax.jit(lambda p, b: step(p, b, m.remat, lambda b: list(m.micro_batches(b))),
              out_shardings=(None, adam_m))
@@ -69,6 +72,7 @@ print(json.dumps({
     "grad_err": max(float(jnp.max(jnp.abs(grads[n] - ref_grads[n]))) for n in names),
     "q_shard": list(q.addressable_shards[0].data.shape), "m_shard": list(grads["lm_head.weight"].addressable_shards[0].data.shape),
     "micro": [m.MICRO_BATCHES, m.MICRO_BATCH_SIZE], "recompute": m.RECOMPUTE,
+    "ids_shard": list(ids.addressable_shards[0].data.shape),
 }))
 '''
 
@@ -87,7 +91,7 @@ def test_a_jitted_step_with_the_exported_zero3_recompute_and_micro_batches_match
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout)
-    assert got["micro"] == [2, 2] and got["recompute"] == "full"
+    assert got["micro"] == [2, 2] and got["recompute"] == "full" and got["ids_shard"] == [4, 8]  # 4 rows per replica
     assert got["loss"] == pytest.approx(got["ref_loss"], rel=1e-5) and got["grad_err"] < 1e-5
     assert got["q_shard"] == [32, 16]  # rows over tp 2, then columns over dp 4: ZeRO-3
     assert got["m_shard"] == [64, 16]  # lm_head's rows over tp, its first moment's columns over dp (ZeRO >= 1)

@@ -102,8 +102,12 @@ def remat(layer_fn):
 
 
 def micro_batches(batch):
-    """A replica's batch (leading dim) as MICRO_BATCHES micro-batches of MICRO_BATCH_SIZE: [m, size, ...]."""
-    return batch.reshape((MICRO_BATCHES, MICRO_BATCH_SIZE) + batch.shape[1:])
+    """A batch (leading dim: one replica's, or every replica's in order as activation_spec splits it over dp)
+    as MICRO_BATCHES micro-batches, [m, replicas x MICRO_BATCH_SIZE, ...]: micro-batch k takes the k-th
+    MICRO_BATCH_SIZE rows of each replica's share, so no row leaves its replica."""
+    replicas = batch.shape[0] // (MICRO_BATCHES * MICRO_BATCH_SIZE)
+    shaped = batch.reshape((replicas, MICRO_BATCHES, MICRO_BATCH_SIZE) + batch.shape[1:]).swapaxes(0, 1)
+    return shaped.reshape((MICRO_BATCHES, replicas * MICRO_BATCH_SIZE) + batch.shape[1:])
 
 
 def activation_spec(key):
