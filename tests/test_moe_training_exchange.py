@@ -1,0 +1,86 @@
+"""MoE training as Megatron-Core runs it: which exchanges a layer pays, and what its recompute modules rerun.
+
+Hand-computed physics on small cases: the flex (DeepEP / HybridEP) dispatcher with expert-tensor ranks crosses
+the fabric once per destination node and forwards the expert-tensor copies inside the node; the all-to-all
+dispatcher all-gathers the tokens over the expert-tensor group on top; recompute module `mlp` is a dense
+layer's MLP, `moe` a MoE layer's whole forward with its dispatch and combine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from cost_models import load_cluster, place_group
+from cost_models.collectives import all_gather_s, reduce_scatter_s
+from planner.api import load_graph
+from planner.costing.block_costs import Parts
+from planner.costing.exchange import add_expert_exchange
+from planner.costing.execution import load_execution
+from planner.costing.graph_facts import GraphFacts
+from planner.costing.recompute import module_nodes
+from planner.graph.blocks import discover_blocks
+from planner.graph.moe import MoeFacts
+from planner.strategy import Strategy
+
+TOKENS, TOP_K, EXPERTS, HIDDEN = 4096, 8, 64, 4096
+
+
+def _exchange(dispatcher: str, etp: int, policy: str = "none", modules: tuple[str, ...] = ("core_attn",)) -> Parts:
+    """ep_fwd / ep_bwd of one MoE layer of 4096 tokens on 16 DGX H100s (2 nodes): tp 2, ep x etp = 16."""
+    cluster = load_cluster("dgx-h100", devices=16)
+    facts = SimpleNamespace(moe={"l": MoeFacts(experts=EXPERTS, top_k=TOP_K, params=frozenset(),
+                                               router_params=frozenset(), expert_nodes=frozenset(),
+                                               tokens=TOKENS, hidden=HIDDEN)})
+    strategy = Strategy(tp=2, dp=8, ep=16 // etp, etp=etp)
+    ex = dataclasses.replace(load_execution("megatron-core"), moe_dispatcher=dispatcher, recompute_modules=modules)
+    parts = {"l": Parts()}
+    add_expert_exchange(facts, cluster, strategy, ex, 2.0, 1.0, {"l": policy}, parts)
+    return parts["l"]
+
+
+def _crossing(span, volume: float) -> float:
+    return span.level.latency_s + volume / span.effective_bandwidth(volume)
+
+
+def test_flex_dispatch_sends_a_token_once_per_node_and_forwards_its_expert_tensor_copies_inside():
+    cluster = load_cluster("dgx-h100", devices=16)
+    nvlink, ib = place_group(cluster, 16)
+    tokens = TOKENS / 2  # the rank's sequence shard (tp 2, sequence parallel)
+    nodes = 2 * (1 - 0.5**TOP_K)  # distinct nodes a token's 8 experts are on, of 2
+    ep_ranks = 8 * (1 - (7 / 8) ** TOP_K)  # distinct expert ranks of 8, each with its 2 expert-tensor ranks
+    remote = nodes * 0.5
+    inside = ep_ranks * 2 * 15 / 16 - remote  # copies forwarded over NVLink, the self copy left out
+    one_way = max(_crossing(ib, tokens * remote * HIDDEN * 2), _crossing(nvlink, tokens * inside * HIDDEN * 2))
+    flex = _exchange("deepep", etp=2)
+    assert flex.ep_fwd == pytest.approx(2 * one_way, rel=1e-9)  # dispatch and combine, no expert-tensor gather
+    assert flex.ep_bwd == pytest.approx(flex.ep_fwd, rel=1e-9)
+
+
+def test_the_all_to_all_dispatcher_gathers_over_the_expert_tensor_group_on_top_of_its_exchange():
+    a2a = _exchange("alltoall", etp=2)
+    etp = place_group(load_cluster("dgx-h100", devices=16), 2)
+    pairs = TOKENS / 2 * TOP_K * HIDDEN * 2 * 2
+    gathers = all_gather_s(pairs, etp) + reduce_scatter_s(pairs, etp)
+    assert a2a.ep_fwd > gathers > 0
+    assert _exchange("deepep", etp=2).ep_fwd < a2a.ep_fwd
+
+
+@pytest.mark.parametrize("policy, modules, again", [("selective", ("moe",), True), ("selective", ("moe_act",), False),
+                                                     ("full", ("core_attn",), True), ("none", ("moe",), False)])
+def test_a_recomputed_moe_layer_runs_its_dispatch_and_combine_again(policy, modules, again):
+    p = _exchange("deepep", etp=1, policy=policy, modules=modules)
+    assert p.ep_bwd == pytest.approx(p.ep_fwd * (2.0 if again else 1.0), rel=1e-12)
+
+
+def test_recompute_module_mlp_is_a_dense_layers_mlp_and_moe_a_moe_layers_block():
+    g = load_graph("deepseek-v3", batch=1, seq_len=64, overrides=dict(layers=2, dense_layers=1))
+    st = discover_blocks(g)
+    facts = GraphFacts(g, st)
+    dense, moe = (st.block(f"model.layers.{i}") for i in range(2))
+    assert moe.name in facts.moe and dense.name not in facts.moe
+    assert module_nodes(facts, dense, "mlp", True) and not module_nodes(facts, dense, "moe", True)
+    assert not module_nodes(facts, moe, "mlp", True)  # Megatron-Core: "mlp" recomputes no MoE layer
+    assert facts.moe[moe.name].expert_nodes <= module_nodes(facts, moe, "moe", True)
