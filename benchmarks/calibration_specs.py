@@ -156,8 +156,10 @@ SPECS |= _table([
             notes=[_MOE_BAL, "HybridEP (flex) dispatch without all-to-all overlap, as the recipe sets "
                    "(Megatron-Bridge perf_recipes/qwen/h100/qwen3_moe.py)"]),
     _bridge("mb2604-qwen3-235b-a22b-256xh100-fp8", "qwen3-235b-a22b", "dgx-h100", 256, 4096, 8192,
-            {"tp": 2, "pp": 8, "vpp": 4, "dp": 16, "ep": 32, "etp": 1}, execution={"overlap_ep_comm": True},
-            notes=[_MOE_BAL, "expert all-to-all overlapped (overlap_moe_expert_parallel_comm in the recipe)"]),
+            {"tp": 2, "pp": 8, "vpp": 4, "dp": 16, "ep": 32, "etp": 1},
+            execution={"overlap_ep_comm": True, "overlap_tp_comm": False},
+            notes=[_MOE_BAL, "expert all-to-all overlapped and TP communication not (overlap_moe_expert_parallel_comm "
+                   "True, tp_comm_overlap False in the recipe: perf_recipes/qwen/h100/qwen3_moe.py)"]),
     _bridge("mb2604-gpt-oss-120b-64xh100-bf16", "gpt-oss-120b", "dgx-h100", 64, 4096, 1280,
             {"pp": 4, "dp": 16, "ep": 8, "etp": 1, "recompute": "selective"}, dtype="bf16",
             execution={"recompute_modules": ["layernorm", "moe_act"]},
