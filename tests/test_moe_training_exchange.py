@@ -84,3 +84,14 @@ def test_recompute_module_mlp_is_a_dense_layers_mlp_and_moe_a_moe_layers_block()
     assert module_nodes(facts, dense, "mlp", True) and not module_nodes(facts, dense, "moe", True)
     assert not module_nodes(facts, moe, "mlp", True)  # Megatron-Core: "mlp" recomputes no MoE layer
     assert facts.moe[moe.name].expert_nodes <= module_nodes(facts, moe, "moe", True)
+
+
+def test_the_all_to_all_dispatcher_regroups_its_received_tokens_by_local_expert():
+    """Two HBM passes (read and write) of the rank's routed pairs forward, two backward; none with one expert
+    per rank or with the flex dispatcher, whose tokens arrive laid out by expert."""
+    cluster = load_cluster("dgx-h100", devices=16)
+    pairs = TOKENS / 2 * TOP_K * HIDDEN * 2 * 2  # the rank's tokens x top-k x hidden bytes, gathered over etp 2
+    one = 2 * pairs / (cluster.device.hbm_bytes_per_s * cluster.memory_efficiency(2 * pairs))
+    a2a = _exchange("alltoall", etp=2)
+    assert a2a.forward == pytest.approx(2 * one, rel=1e-9) and a2a.backward == pytest.approx(2 * one, rel=1e-9)
+    assert _exchange("deepep", etp=2).forward == 0.0

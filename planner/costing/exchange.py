@@ -24,13 +24,16 @@ expert-tensor rank of its experts' ranks (MoEFlexTokenDispatcher, whose
 routing map is replicated across the expert-tensor group), so those copies
 share the crossing of the outer level and are forwarded inside the node by
 the same kernel. Backward runs the transposed exchanges; a recomputed MoE
-layer runs its forward exchanges again (`reruns_exchange`).
+layer runs its forward exchanges again (`reruns_exchange`). The all-to-all
+dispatcher also regroups what it receives by local expert and back
+(`sort_chunks_s`), memory-bound passes charged to the layer's compute.
 """
 
 from __future__ import annotations
 
 from cost_models import Cluster, place_group
 from cost_models.collectives import all_gather_s, reduce_scatter_s
+from cost_models.compute import op_time_s
 from cost_models.expert_dispatch import contiguous_groups, exchange_s, expected_groups, limited_groups
 
 from planner.costing.block_costs import Parts
@@ -100,8 +103,23 @@ def add_expert_exchange(facts, cluster: Cluster, strategy: Strategy, execution: 
             pairs = tokens * f.top_k * token_bytes * etp  # the expert-tensor group's routed tokens, gathered
             fwd += all_gather_s(pairs, etp_spans) + reduce_scatter_s(pairs, etp_spans)
         p = block_parts[name]
+        again = reruns_exchange(policy.get(name, "none"), execution)
         p.ep_fwd += fwd
-        p.ep_bwd += fwd * (2.0 if reruns_exchange(policy.get(name, "none"), execution) else 1.0)
+        p.ep_bwd += fwd * (2.0 if again else 1.0)
+        if not hierarchical and ep > 1 and f.experts > ep:  # received chunks regrouped by local expert, and back
+            regroup = 2.0 * sort_chunks_s(cluster, tokens * f.top_k * max(etp, 1) * token_bytes)
+            p.forward += regroup
+            p.backward += regroup
+            p.recompute += regroup if again else 0.0
+
+
+def sort_chunks_s(cluster: Cluster, nbytes: float) -> float:
+    """One regrouping of `nbytes` of received tokens (read and written once): the all-to-all dispatcher's
+    sort_chunks_by_idxs, which puts the chunks that arrived from each expert-parallel rank in the order of the
+    local experts after the dispatch, and back before the combine, whenever a rank holds more than one expert
+    (Megatron-LM token_dispatcher.py, MoEAlltoAllTokenDispatcher.dispatch_postprocess and combine_preprocess;
+    the flex dispatchers receive tokens already laid out by expert). Backward runs the inverse permutations."""
+    return op_time_s(cluster, 0.0, 2.0 * nbytes, "elementwise") if nbytes > 0 else 0.0
 
 
 def reruns_exchange(policy: str, execution: Execution) -> bool:
@@ -128,4 +146,4 @@ def destinations(top_k: int, experts: int, ep: int, spans, execution: Execution,
     return None, ranks
 
 
-__all__ = ["add_context_exchange", "add_expert_exchange", "destinations", "reruns_exchange"]
+__all__ = ["add_context_exchange", "add_expert_exchange", "destinations", "reruns_exchange", "sort_chunks_s"]
