@@ -4,7 +4,10 @@ Context parallelism (ring attention: Liu et al. 2023; Megatron-Core's
 p2p context parallelism): each rank keeps 1/cp of the sequence and the K
 and V of every other rank pass it once, forward; backward they pass again
 and their gradients travel back (about an all-gather and a reduce-scatter
-of the whole K and V). With the stack's overlap the exchange runs beside
+of the whole K and V). K and V travel as stored, at their own (GQA) head
+count, before the kernel broadcasts them to the query heads (Transformer
+Engine context_parallel.py, AttnFuncWithCPAndKVP2P, sends the kv chunks of
+num_gqa_groups heads). With the stack's overlap the exchange runs beside
 the attention kernel it feeds and only what outlasts the kernel shows.
 
 Mixture of experts (Megatron-Core's MoE parallel folding, Liu et al. 2025;
@@ -57,7 +60,8 @@ def add_context_exchange(facts, structure: Structure, cluster: Cluster, strategy
         cores = []  # (K and V tensors, forward window, backward window)
         if flash:
             for r in {facts.region_of[i].anchor: facts.region_of[i] for i in blk.nodes if i in facts.region_of}.values():
-                cores.append(((r.k, r.v), timer.forward(r.anchor, t), timer.backward(r.anchor, t)))
+                kv = (facts.roots.get(r.k, r.k), facts.roots.get(r.v, r.v))  # as stored: GQA's heads not repeated
+                cores.append((kv, timer.forward(r.anchor, t), timer.backward(r.anchor, t)))
         else:
             kv, fwd, bwd = [], 0.0, 0.0
             for i in blk.nodes:

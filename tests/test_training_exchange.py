@@ -1,9 +1,10 @@
-"""MoE training as Megatron-Core runs it: which exchanges a layer pays, and what its recompute modules rerun.
+"""Traffic beside the tensor axis in training, as Megatron-Core runs it: expert dispatch, what recompute reruns, CP.
 
 Hand-computed physics on small cases: the flex (DeepEP / HybridEP) dispatcher with expert-tensor ranks crosses
 the fabric once per destination node and forwards the expert-tensor copies inside the node; the all-to-all
-dispatcher all-gathers the tokens over the expert-tensor group on top; recompute module `mlp` is a dense
-layer's MLP, `moe` a MoE layer's whole forward with its dispatch and combine.
+dispatcher all-gathers the tokens over the expert-tensor group on top, and regroups them by local expert;
+recompute module `mlp` is a dense layer's MLP, `moe` a MoE layer's whole forward with its dispatch and combine;
+the context-parallel ring moves K and V at their own (GQA) head count.
 """
 
 from __future__ import annotations
@@ -95,3 +96,27 @@ def test_the_all_to_all_dispatcher_regroups_its_received_tokens_by_local_expert(
     a2a = _exchange("alltoall", etp=2)
     assert a2a.forward == pytest.approx(2 * one, rel=1e-9) and a2a.backward == pytest.approx(2 * one, rel=1e-9)
     assert _exchange("deepep", etp=2).forward == 0.0
+
+
+def test_the_context_parallel_ring_moves_k_and_v_at_their_own_head_count():
+    """Llama-3 8B's 8 KV heads of 128 (not its 32 query heads): what each rank passes around the ring."""
+    from planner.costing.exchange import add_context_exchange
+
+    seq, cp = 1024, 2
+    g = load_graph("llama3-8b", batch=1, seq_len=seq, overrides=dict(layers=1))
+    st = discover_blocks(g)
+    facts = GraphFacts(g, st)
+    cluster = load_cluster("dgx-h100", devices=16)
+    strategy = Strategy(tp=8, cp=cp, dp=1)
+    ex = dataclasses.replace(load_execution("megatron-core"), overlap_cp_comm=False)
+    timer = SimpleNamespace(forward=lambda i, k: 0.0, backward=lambda i, k: 0.0)
+    parts = {b.name: Parts() for b in st.blocks}
+    layer = next(b for b in st.blocks if b.is_layer)
+    width = g.tensors[g.params[0]].nbytes / g.tensors[g.params[0]].numel
+    add_context_exchange(facts, st, cluster, strategy, ex, timer, lambda x: g.tensors[x].nbytes / cp,
+                         SimpleNamespace(get=lambda x, d=-1: -1), {}, parts)
+    kv_bytes = 2 * (seq / cp) * 8 * 128 * width  # K and V of this rank's half of the sequence, 8 heads of 128
+    spans = place_group(cluster, cp, stride=8)
+    assert parts[layer.name].cp_fwd == pytest.approx(all_gather_s(kv_bytes * cp, spans), rel=1e-9)
+    assert parts[layer.name].cp_bwd == pytest.approx(
+        all_gather_s(kv_bytes * cp, spans) + reduce_scatter_s(kv_bytes * cp, spans), rel=1e-9)
