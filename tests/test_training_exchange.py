@@ -120,3 +120,28 @@ def test_the_context_parallel_ring_moves_k_and_v_at_their_own_head_count():
     assert parts[layer.name].cp_fwd == pytest.approx(all_gather_s(kv_bytes * cp, spans), rel=1e-9)
     assert parts[layer.name].cp_bwd == pytest.approx(
         all_gather_s(kv_bytes * cp, spans) + reduce_scatter_s(kv_bytes * cp, spans), rel=1e-9)
+
+
+def test_fp8_sequence_parallel_all_gathers_move_one_byte_per_element(monkeypatch):
+    """With FP8 GEMMs the stack quantizes a layer's input before its sequence-parallel all-gather (TE's
+    gather_along_first_dim with the input quantizer, torchao's Float8 TP plans): every tensor-axis all-gather
+    moves half the bytes it moves in 16 bits; reduce-scatters are unchanged."""
+    import planner.costing.stage_costs as sc
+    from planner.strategy import Workload
+
+    g = load_graph("llama3-8b", batch=1, seq_len=512, overrides=dict(layers=1, hidden=512, heads=8, kv_heads=2,
+                                                                     ffn=1024, vocab=1024))
+    st = discover_blocks(g)
+    cluster = load_cluster("dgx-h100", devices=8)
+    moved: dict[bool, list] = {}
+    for flag in (False, True):
+        ex = dataclasses.replace(load_execution("megatron-core"), fp8_tp_all_gather=flag)
+        seen: list = []
+        monkeypatch.setattr(sc, "all_gather_s", lambda n, spans, seen=seen: seen.append(("ag", n)) or 0.0)
+        monkeypatch.setattr(sc, "reduce_scatter_s", lambda n, spans, seen=seen: seen.append(("rs", n)) or 0.0)
+        sc.stage_costs(g, st, cluster, Workload(global_batch=8, seq_len=512, dtype="fp8", execution=ex),
+                       Strategy(tp=8, sp=True, micro_batch=1), facts=GraphFacts(g, st))
+        moved[flag] = sorted(seen)
+    gathers = {flag: [n for k, n in moved[flag] if k == "ag"] for flag in moved}
+    assert gathers[False] and gathers[True] == pytest.approx([n / 2 for n in gathers[False]])
+    assert [n for k, n in moved[True] if k == "rs"] == [n for k, n in moved[False] if k == "rs"]
