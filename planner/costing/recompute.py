@@ -12,10 +12,9 @@ Policies per layer (`Strategy.layer_policy`):
     Modules are found by the graph's module scopes (`module_nodes`):
     core_attn (the attention core; with a flash kernel that drops only its
     log-sum-exp), mlp (a dense layer's MLP block: Megatron-Core's
-    TransformerLayer recomputes no MoE layer for it) and moe (a MoE layer's
-    block), moe_act (the experts'
-    activation), layernorm (the layer's norms), mla_up_proj (MLA's up
-    projections) and shared_experts. layernorm, moe_act and mla_up_proj
+    TransformerLayer recomputes no MoE layer for it), moe (a MoE layer's
+    block), moe_act (the experts' activation), layernorm (the layer's
+    norms), mla_up_proj (MLA's up projections) and shared_experts. layernorm, moe_act and mla_up_proj
     are checkpointed without their outputs (Megatron-Core's
     CheckpointWithoutOutput: transformer_layer.py, moe/experts.py,
     multi_latent_attention.py): what later ops save of those outputs is
