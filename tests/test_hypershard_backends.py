@@ -3,7 +3,6 @@ the sharding annotations and passes onnx.checker; the JAX export places real arr
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import subprocess
@@ -17,19 +16,10 @@ from planner.errors import InvalidInput
 from planner.hypershard import declare, strategy_of
 from planner.hypershard.backends import BACKENDS, export, export_to_file
 from planner.hypershard.backends.common import coords
+from tests.layout_edits import megatron
 
 TINY = dict(layers=4, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=128)
 MOE = dict(layers=2, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=64, experts=4, top_k=2)
-
-
-def megatron(doc: dict) -> dict:
-    doc = copy.deepcopy(doc)
-    for name, entry in doc["layouts"]["params"].items():
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            entry.update(dims=[None, "tp"], output_partial=["tp"])
-        elif entry["op"] in ("linear", "embedding"):
-            entry["dims"] = ["tp", None]
-    return doc
 
 
 @pytest.fixture(scope="module")
