@@ -16,7 +16,6 @@ first-class.
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import os
@@ -30,6 +29,8 @@ pytest.importorskip("transformers")
 from planner.hypershard import declare, read_document, write_document  # noqa: E402
 from planner.hypershard.backends import export_to_file  # noqa: E402
 from planner.hypershard.validate import validate_document  # noqa: E402
+from tests.forked import run_forked  # noqa: E402
+from tests.layout_edits import megatron  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -54,23 +55,6 @@ WIDTH_SCENARIOS = {
     "pp_widths_1_2": (dict(tp=2, pp=2, stage_tp=(1, 2)), True, True),
     "pp_widths_2_1": (dict(tp=2, pp=2, stage_tp=(2, 1)), True, True),
 }
-
-
-def megatron(doc: dict) -> dict:
-    """Megatron-LM's layouts, as a user would write them: column-parallel in, row-parallel out, vocab split.
-
-    The estimate scores declared layouts, so the figures recorded for the planner's own layouts no longer
-    hold: the edit drops them, and `validate` re-estimates the file as written."""
-    doc = copy.deepcopy(doc)
-    doc.pop("estimate", None)
-    for name, entry in doc["layouts"]["params"].items():
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            entry.update(dims=[None, "tp"], output_partial=["tp"])
-        elif entry["op"] in ("linear", "embedding"):
-            entry["dims"] = ["tp", None]
-            if entry["op"] == "embedding":
-                entry["output_partial"] = ["tp"]
-    return doc
 
 
 def _tiny_llama():
@@ -168,8 +152,6 @@ def _rendezvous(folder) -> str:
 
 def _launch(folder, world: int, scenarios: dict) -> list[dict]:
     """Declare, write, validate and export each scenario, then run them all in one group of `world` processes."""
-    import torch.multiprocessing as mp
-
     plans = []
     for name, (strategy, edit, pipelined) in scenarios.items():
         doc = declare("llama3-8b", cluster="dgx-a100", devices=world, global_batch=BATCH, seq_len=SEQ, dtype="fp32",
@@ -182,18 +164,9 @@ def _launch(folder, world: int, scenarios: dict) -> list[dict]:
         assert report.ok, [c for c in report.checks if not c.ok]
         export_to_file(doc, "torch", str(folder / f"{name}.py"))
         plans.append((name, str(folder / f"{name}.py"), pipelined))
-    ctx = mp.get_context("fork")  # the children inherit torch and transformers, already imported
-    init = _rendezvous(folder)
-    procs = [ctx.Process(target=_worker, args=(r, world, init, str(folder), plans)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=180)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-    assert [p.exitcode for p in procs] == [0] * world, "a worker process failed or timed out"
+    init = _rendezvous(folder)  # the forked children inherit torch and transformers, already imported
+    codes = run_forked(_worker, [(r, world, init, str(folder), plans) for r in range(world)], 180)
+    assert codes == [0] * world, "a worker process failed or timed out"
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world)]
 
 

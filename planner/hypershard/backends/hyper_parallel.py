@@ -1,162 +1,120 @@
-"""Exporter to MindSpore hyper-parallel: `init_device_mesh`, `shard_module` with a `ShardingPlan`,
-`fully_shard` with an offload policy, checkpoint and swap wrappers, `PipelineStage` and a schedule.
+"""Exporter to mindspore-ai/hyper-parallel on its torch platform (HYPER_PARALLEL_PLATFORM=torch).
 
-hyper-parallel takes layouts in the declaration's own alias form (per
-tensor dim an axis name, a tuple of names, or "None"), so the plan is the
-declared table resolved over the model's parameter names. Recompute and
-swap follow hyper-parallel's checkpoint policies: `checkpoint_wrapper` for
-a recomputed layer (with a policy keeping matmul outputs for selective
-recompute), `swap_wrapper` for the share of layers whose activations go to
-host memory. ZeRO-3 reshards after forward; ZeRO-1/2 keep parameters
-gathered between forward and backward; host offload is a CPUOffloadPolicy.
-Several programs (HyperMPMD): `use_program(rank)` binds the plan of the
-rank's program, whose `DeviceMesh` spans only its own ranks. Pipeline
-stages of different widths (an open item of hyper-parallel's roadmap) are
-entries of their own: each stage's DeviceMesh and ShardingPlan over its
-ranks, and `stage_peers` pairing the ranks that hand activations across;
-`pipeline()` refuses them, since its PipelineStage assumes equal stages.
+The generated file applies the plan with hyper-parallel's own API, every
+name of which is pinned from its source (tests/data/hyper_parallel_api.json):
+`init_device_mesh`, `shard_module` with a `ShardingPlan` of Placements for
+the split parameters and the model inputs (key "input"), `checkpoint_wrapper`
+(with a policy keeping matmul outputs for selective recompute) and the torch
+platform's `swap_wrapper` per layer, `fully_shard` per layer and root over
+the data-parallel ranks (ZeRO-3 reshards after forward, ZeRO-1/2 do not,
+ZeRO-0 is HSDP over one shard rank; host offload its `CPUOffloadPolicy`),
+and a `PipelineStage` per chunk with `Schedule1F1B` or
+`ScheduleInterleaved1F1B`. What the generated code relies on in the real
+source is listed in `hyper_parallel_src`. Several programs (HyperMPMD): one
+file, `use_program(rank)` binds the rank's program, and every rank makes
+every program's mesh.
+
+Refused before anything is written, each in one sentence: pipeline stages
+of different widths (PipelineStage places world / stages ranks on each
+stage), a tensor dim split over mesh axes in another order than the mesh's
+(Placements cannot say it), and experts with data-parallel replicas (dp >
+ep: the experts are left out of fully_shard, so their replicas would drift).
+An embedding split over its vocabulary is applied whole and listed in the
+file (`KEPT_WHOLE`): hyper-parallel's Embedding rule looks ids up in the
+local rows only, and the planner's own plans split embeddings that way.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from planner.errors import InvalidInput
 from planner.hypershard.backends import common
+from planner.hypershard.backends.hyper_parallel_src import (BODY_SRC, IMPORTS, MESH_SRC, MULTI_MESH_SRC,
+                                                            PLACEMENTS_SRC, PROGRAM_MESHES_SRC)
 from planner.hypershard.backends.jax import _mesh
+from planner.hypershard.backends.module_src import CHUNKS_SRC, LAYERS_SRC, chunks
+from planner.hypershard.declared import view_strategy
+from planner.hypershard.layouts import dim_axes
+from planner.hypershard.programs import rank_label, views
 
 SUFFIX = ".py"
 
-_MESH = r'''
-def build_mesh(device_type="npu"):
-    """The world mesh, slowest axis first (rank = sum of coordinate x stride, tp fastest)."""
-    return init_device_mesh(device_type=device_type, mesh_shape=tuple(n for _, n in MESH),
-                            mesh_dim_names=tuple(a for a, _ in MESH))
-'''
-
-_MULTI_MESH = r'''
-def build_mesh(device_type="npu"):
-    """The mesh of this rank's program (call use_program first): its ranks, slowest axis first."""
-    if PROGRAM is None:
-        raise RuntimeError("call use_program(rank) before build_mesh()")
-    ranks = np.arange(PROGRAM["first_rank"], PROGRAM["first_rank"] + PROGRAM["ranks"])
-    return DeviceMesh(device_type, ranks.reshape(tuple(n for _, n in MESH)), mesh_dim_names=tuple(a for a, _ in MESH))
-'''
-
-_BODY = common.ALIAS_SRC + r'''
-
-def sharding_plan(model):
-    """The ShardingPlan: every parameter's declared layout as alias tuples, inputs split as declared."""
-    plan = {name: tuple(_alias(s) for s in layout_of(name)["dims"]) for name, _ in model.named_parameters()}
-    inputs = {key: tuple(_alias(s) for s in spec["dims"]) for key, spec in INPUTS.items()}
-    return ShardingPlan(plan=plan, input_plan=inputs or None)
-
-
-def _matches(path, pattern):
-    return path.count(".") == pattern.count(".") and fnmatch.fnmatchcase(path, pattern)
-
-
-def _replace(model, path, new):
-    parent, _, leaf = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, new)
-
-
-def _keep_matmuls(ctx, op, *args, **kwargs):
-    name = str(op)
-    return CheckpointPolicy.MUST_SAVE if ("mm" in name or "matmul" in name) else CheckpointPolicy.MUST_RECOMPUTE
-
-
-def _rule_of(path):
-    """A layer's recompute rule: its exact entry, else the glob (of the same depth) that matches it."""
-    for rule in RECOMPUTE:
-        if rule["match"] == path:
-            return rule
-    return next((r for r in RECOMPUTE if any(c in r["match"] for c in "*?[") and _matches(path, r["match"])), None)
-
-
-def _layers(model):
-    return [(p, m) for p, m in model.named_modules() if p and _rule_of(p) is not None]
-
-
-def apply_memory_policies(model):
-    """Recompute (checkpoint_wrapper) and swap (swap_wrapper) per layer, as its rule says."""
-    layers = _layers(model)
-    for k, (path, module) in enumerate(layers):
-        rule = _rule_of(path)
-        if rule["default"] == "recompute":
-            module = checkpoint_wrapper(module)
-        elif rule.get("ops", {}).get("core_attention") == "recompute":
-            module = checkpoint_wrapper(module, policy_fn=_keep_matmuls)
-        if k < round(rule.get("swap_fraction", 0.0) * len(layers)):
-            module = swap_wrapper(module)
-        _replace(model, path, module)
-
-
-def parallelize(model, mesh):
-    """shard_module, then recompute and swap wrappers, then fully_shard on each layer and the root."""
-    model = shard_module(model, mesh, sharding_plan(model))
-    apply_memory_policies(model)
-    sizes = dict(MESH)
-    data_axes = tuple(a for a in ("dp", "ep", "cp") if sizes.get(a, 1) > 1)
-    if data_axes:
-        kwargs = {"mesh": mesh[data_axes[0] if len(data_axes) == 1 else data_axes],
-                  "reshard_after_forward": ZERO["stage"] == 3}
-        if any(OFFLOAD[k] > 0 for k in ("params", "grads", "optimizer")):
-            kwargs["offload_policy"] = CPUOffloadPolicy()
-        for _, layer in _layers(model):
-            fully_shard(layer, **kwargs)
-        fully_shard(model, **kwargs)
-    return model
-
-
-def pipeline(stage_model, mesh):
-    """This rank's PipelineStage and the declared schedule over MICRO_BATCHES (stage_model: this stage's part)."""
-    if STAGE is not None:
-        raise NotImplementedError(
-            f"stage {STAGE} of {len(STAGE_RANKS)} has a width of its own, and PipelineStage pairs one rank per stage "
-            "over a pp mesh axis; hand activations across with the ranks stage_peers(rank, other) gives")
-    pp = dict(MESH)["pp"]
-    index = mesh["pp"].get_local_rank()
-    stage = PipelineStage(stage_model, index, pp * VIRTUAL_STAGES, mesh=mesh["pp"])
-    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(SCHEDULE, ScheduleInterleaved1F1B)
-    if VIRTUAL_STAGES > 1:
-        kind = ScheduleInterleaved1F1B
-    return stage, kind([stage], MICRO_BATCHES)
-'''
-
 
 def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
-    axes, rename = _mesh(doc)
+    axes, rename = _mesh(doc, "hyper-parallel")
     prog = doc["programs"][0]
     acts = doc["layouts"].get("activations", {})
     return [
         ("MESH", axes, "(axis, size), slowest first"),
         ("_RENAME", rename, "declared axis -> mesh axes (dp is factored when experts use its ranks)"),
-        ("LAYOUTS", {k: {"dims": e["dims"]} for k, e in common.layouts(doc).items()},
+        ("LAYOUTS", {k: {"dims": e["dims"], "op": e.get("op")} for k, e in common.layouts(doc).items()},
          "parameter name or glob -> per-dim axes (None: whole)"),
-        ("INPUTS", {k: v for k, v in acts.items() if "*" not in k}, "model inputs"),
-        ("STAGES", common.stage_layers(doc), "layers per pipeline stage"),
-        ("SCHEDULE", prog["schedule"], None),
+        ("KEPT_WHOLE", kept_whole(doc["layouts"]["params"]),
+         "declared vocabulary splits of embeddings, applied whole (hyper-parallel's Embedding looks ids up locally)"),
+        ("INPUTS", {k: {"dims": v["dims"]} for k, v in acts.items() if "*" not in k}, "model inputs"),
+        ("LAYER_INPUTS", {k: {"dims": v["dims"]} for k, v in acts.items() if "*" in k}, "each layer's input"),
+        ("CHUNKS", chunks(doc), "pipeline chunks in order; chunk c runs on stage c mod pp"),
+        ("SCHEDULE", prog["schedule"], "as declared; run by Schedule1F1B (or ScheduleInterleaved1F1B)"),
         ("VIRTUAL_STAGES", prog["virtual_stages"], None),
-        ("MICRO_BATCHES", prog.get("micro_batches", 1), None),
+        ("MICRO_BATCHES", prog.get("micro_batches", 1), "per step and pipeline"),
         ("ZERO", doc["zero"], None),
         ("RECOMPUTE", doc["recompute"].get("layers", []), "per layer stack: save / recompute / swap"),
         ("OFFLOAD", doc["offload"], "fraction of each memory class in host memory"),
-    ] + common.stage_data(doc)
+    ]
+
+
+def _out_of_order(doc: Mapping[str, Any]) -> str | None:
+    """A parameter pattern with a dim split over mesh axes in another order than the mesh's (None: there is none)."""
+    axes, rename = _mesh(doc, "hyper-parallel")
+    order = [a for a, _ in axes]
+    for pattern, entry in doc["layouts"]["params"].items():
+        for spec in entry["dims"]:
+            names = [m for a in dim_axes(spec) for m in rename.get(a, (a,))]
+            if names != sorted(names, key=order.index):
+                return f"{pattern} (dim over {', '.join(names)})"
+    return None
+
+
+def kept_whole(params: Mapping[str, Any]) -> list[str]:
+    """Embeddings split over their vocabulary: hyper-parallel's Embedding rule (core/shard/ops/parallel_embedding.py)
+    keeps only the weight's last-dim split and looks every id up in the local rows, so they are applied whole."""
+    return [k for k, e in params.items() if e.get("op") == "embedding" and e["dims"] and dim_axes(e["dims"][0])]
+
+
+def unexpressed(doc: Mapping[str, Any], label: str = "the plan") -> str | None:
+    """The first plan feature of one program (a view) that hyper-parallel's API cannot run, in one sentence."""
+    strategy = view_strategy(doc)
+    if strategy.stage_tp:
+        return (f"hyper-parallel's PipelineStage gives each of the {len(strategy.stage_tp)} stages world / stages "
+                f"ranks, and {label} has stages of different widths (tp {', '.join(map(str, strategy.stage_tp))}); "
+                "plan with equal stages for --backend hyper-parallel")
+    bad = _out_of_order(doc)
+    if bad:
+        return (f"{label} splits {bad} against the mesh order (slowest first), which hyper-parallel's Placements "
+                "cannot say; declare the dim's axes slowest first")
+    sizes = common.axis_sizes(doc)
+    ep, dp = sizes.get("ep", 1), sizes.get("dp", 1)
+    experts = any("ep" in dim_axes(s) for e in doc["layouts"]["params"].values() for s in e["dims"])
+    if experts and ep > 1 and dp > ep:
+        return (f"{label} keeps {dp // ep} data-parallel replicas of each expert (dp {dp} over ep {ep}), and the "
+                "hyper-parallel export leaves experts out of fully_shard; plan with ep equal to dp")
+    return None
 
 
 def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
+    for k, v in enumerate(views(doc)):
+        why = unexpressed(v, rank_label(doc, k) if len(doc["programs"]) > 1 else "the plan")
+        if why:
+            raise InvalidInput(why)
     multi = common.grouped(doc)
-    use = "    use_program(get_rank())   # several programs: bind this rank's first\n" if multi else ""
-    lines = ['"""' + common.header(doc, "hyper-parallel plan") + f"\n\nUse:\n\n{use}    mesh = build_mesh()\n"
-             "    model = parallelize(model, mesh)\n    stage, schedule = pipeline(stage_model, mesh)  # with pp > 1\n"
-             '"""', "", "from __future__ import annotations", "", "import fnmatch", ""]
-    if multi:
-        lines += ["import numpy as np", "", "from hyper_parallel import DeviceMesh, PipelineStage, shard_module"]
-    else:
-        lines += ["from hyper_parallel import PipelineStage, init_device_mesh, shard_module"]
-    lines += ["from hyper_parallel.core.activation_checkpoint import CheckpointPolicy, checkpoint_wrapper, swap_wrapper",
-              "from hyper_parallel.core.fully_shard import fully_shard",
-              "from hyper_parallel.core.fully_shard.utils import CPUOffloadPolicy",
-              "from hyper_parallel.core.pipeline_parallel import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B",
-              "from hyper_parallel.core.shard.sharding_plan import ShardingPlan", ""]
-    return common.assemble(lines, doc, _data, _BODY, mesh=(_MESH, _MULTI_MESH))
+    use = "    use_program(torch.distributed.get_rank())   # several programs: bind this rank's first\n" if multi else ""
+    lines = ['"""' + common.header(doc, "hyper-parallel plan (torch platform)") + "\n\nRun with "
+             f"HYPER_PARALLEL_PLATFORM=torch inside an initialised process group:\n\n{use}"
+             "    mesh = build_mesh(\"npu\")\n    model = parallelize(model, mesh)\n"
+             "    inputs = shard_inputs(mesh, input_ids=ids, labels=ids)   # every rank passes the global batch\n\n"
+             "With pipeline stages: `stages, schedule = pipeline(model, mesh, loss_fn, device)`.\n\"\"\"", "",
+             "from __future__ import annotations", "", "import copy", "import fnmatch", "import inspect", ""] + IMPORTS + [""]
+    mesh = (MESH_SRC, PROGRAM_MESHES_SRC.strip("\n") + "\n\n\n" + MULTI_MESH_SRC)
+    body = "\n\n".join(src.strip("\n") + "\n" for src in (PLACEMENTS_SRC, LAYERS_SRC, CHUNKS_SRC, BODY_SRC))
+    return common.assemble(lines, doc, _data, body, mesh=mesh)

@@ -128,7 +128,9 @@ def shard_params(params, mesh):
 '''
 
 
-def _mesh(doc: Mapping[str, Any]) -> tuple[list[tuple[str, int]], dict[str, tuple[str, ...]]]:
+def _mesh(doc: Mapping[str, Any], backend: str = "jax") -> tuple[list[tuple[str, int]], dict[str, tuple[str, ...]]]:
+    """The mesh axes slowest first, dp factored into (dp, ep) when experts use its ranks, and that renaming;
+    InvalidInput (naming `backend`) for an expert placement such a mesh cannot hold."""
     sizes = common.axis_sizes(doc)
     ep = sizes.get("ep", 1)
     alias = next((a for a in doc["meshes"][0].get("aliases", []) if a["name"] == "ep"), {})
@@ -140,8 +142,9 @@ def _mesh(doc: Mapping[str, Any]) -> tuple[list[tuple[str, int]], dict[str, tupl
     for name, size in common.slow_first(doc):
         if name == "dp" and ep > 1:
             if sizes.get("cp", 1) > 1:
-                raise InvalidInput(f"the jax backend places ep inside dp and cannot also split cp ({sizes['cp']}); "
-                                   "export with --backend mindspore or hyper-parallel")
+                raise InvalidInput(f"the {backend} backend places ep inside dp and cannot also split cp "
+                                   f"({sizes['cp']}); plan with --cp 1" + (", or export with --backend mindspore"
+                                                                          if backend == "jax" else ""))
             axes += [("dp", size // ep), ("ep", ep)]
             rename["dp"] = ("dp", "ep")
         else:

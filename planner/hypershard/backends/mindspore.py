@@ -88,7 +88,7 @@ def parallelize(net, net_with_loss=None):
 
 
 def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
-    axes, rename = _mesh(doc)
+    axes, rename = _mesh(doc, "mindspore")
     prog = doc["programs"][0]
     chunks = sorted((ch for st in prog["stages"] for ch in st["chunks"]), key=lambda c: c["chunk"])
     acts = doc["layouts"].get("activations", {})

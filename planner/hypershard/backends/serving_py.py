@@ -14,8 +14,9 @@ out; training's FSDP, recompute and pipeline schedules do not apply.
   no generic expert-parallel style.
 - jax: a `Mesh` per phase over its ranks' devices and a `PartitionSpec`
   per parameter; ep names the (dp, tp) ranks of a stage, dp major.
-- hyper-parallel: `DeviceMesh` over the phase's ranks and `shard_module`
-  with a `ShardingPlan` in alias form.
+- hyper-parallel: a mesh per phase (every rank makes each) and
+  `shard_module` with a `ShardingPlan` of Placements (an embedding's
+  vocabulary split applied whole: its Embedding rule looks ids up locally).
 - mindspore: a `Layout` over one stage's device matrix per parameter,
   `Cell.shard`, and `pipeline_stage` marks per layer.
 JAX, hyper-parallel and MindSpore split arrays evenly: a phase whose ep
@@ -26,7 +27,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from planner.hypershard.backends import hyper_parallel as hp_export, jax as jax_export, torch as torch_export
+from planner.hypershard.backends import hyper_parallel_src as hp_src
+from planner.hypershard.backends import jax as jax_export, torch as torch_export
 from planner.hypershard.backends import serving_common as sc
 from planner.hypershard.backends.common import layouts, mesh_slow_first
 
@@ -87,14 +89,17 @@ def shard_params(params, mesh):
 '''
 
 _HYPER = r'''
-def _alias(spec):
-    axes = _named(spec)
-    return "None" if axes is None else axes
+def build_mesh(device_type="npu"):
+    """The bound phase's mesh (call use_program first), after every rank has made every phase's mesh."""
+    if PROGRAM is None:
+        raise RuntimeError("call use_program(rank) before build_mesh()")
+    return _program_meshes(device_type)[PROGRAM["name"]][0]
 
 
 def sharding_plan(model):
-    """The ShardingPlan: every parameter's declared layout in alias form (experts over the stage's dp x tp)."""
-    return ShardingPlan(plan={name: tuple(_alias(s) for s in layout_of(name)["dims"])
+    """The ShardingPlan: every parameter's declared layout as Placements (experts over the stage's dp x tp)."""
+    axes = tuple(a for a, _ in MESH)
+    return ShardingPlan(plan={name: placements([_named(s) for s in applied(layout_of(name))], axes)
                               for name, _ in model.named_parameters()})
 
 
@@ -177,9 +182,10 @@ def render_hyper_parallel(doc: Mapping[str, Any]) -> str:
     sc.uneven_experts(doc, "hyper-parallel")
     head = ['"""' + sc.header(doc, "hyper-parallel serving plan") + f"\n\nUse:\n\n{_USE}    mesh = build_mesh()\n"
             "    model = parallelize(model, mesh)\n\"\"\"", "", "from __future__ import annotations", "",
-            "import fnmatch", "", "import numpy as np", "", "from hyper_parallel import DeviceMesh, shard_module",
+            "import fnmatch", "", "from hyper_parallel import init_device_mesh, shard_module",
+            "from hyper_parallel.core.placement_types import Replicate, Shard",
             "from hyper_parallel.core.shard.sharding_plan import ShardingPlan", "", f"EP_AXES = {EP_AXES!r}", ""]
-    return sc.assemble(head, doc, _data, _join(hp_export._MULTI_MESH, _SPECS, _HYPER))
+    return sc.assemble(head, doc, _data, _join(hp_src.PROGRAM_MESHES_SRC, hp_src.PLACEMENTS_SRC, _SPECS, _HYPER))
 
 
 def render_mindspore(doc: Mapping[str, Any]) -> str:

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 from planner.errors import InvalidInput
 from planner.hypershard.backends import common
+from planner.hypershard.backends.module_src import CHUNKS_SRC, LAYERS_SRC, chunks
 from planner.hypershard.backends.torch_widths import WIDTH_SRC
 from planner.hypershard.layouts import dim_axes
 from planner.hypershard.programs import rank_label, views
@@ -127,35 +128,14 @@ def _check(path, module, entry):
         raise ValueError(f"{path} ({type(module).__name__}) is declared as a split embedding but is no nn.Embedding")
 '''
 
-_BODY = TP_SRC + r'''
+_BODY = "\n\n".join(src.strip("\n") + "\n" for src in (TP_SRC, LAYERS_SRC, CHUNKS_SRC)) + r'''
 
-def _matches(path, pattern):
-    return path.count(".") == pattern.count(".") and fnmatch.fnmatchcase(path, pattern)
-
-
-def _layers(model):
-    """The layers (modules the recompute rules name) that hold parameters on this rank."""
-    return [(path, m) for path, m in model.named_modules()
-            if path and _rule_of(path) is not None and any(True for _ in m.parameters())]
+def _full(module):
+    return checkpoint_wrapper(module)
 
 
-def _rule_of(path):
-    """A layer's recompute rule: its exact entry, else the glob (of the same depth) that matches it."""
-    for rule in RECOMPUTE:
-        if rule["match"] == path:
-            return rule
-    return next((r for r in RECOMPUTE if any(c in r["match"] for c in "*?[") and _matches(path, r["match"])), None)
-
-
-def _replace(model, path, new):
-    parent, _, leaf = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, new)
-
-
-def _save_matmuls(ctx, op, *args, **kwargs):
-    """Selective recompute: keep matmul outputs, recompute the rest (the attention core, Korthikanti 2022)."""
-    keep = op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten._scaled_mm.default)
-    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+def _selective(module):
+    return checkpoint_wrapper(module, context_fn=partial(create_selective_checkpoint_contexts, _save_matmuls))
 
 
 class _Swap(nn.Module):
@@ -170,20 +150,8 @@ class _Swap(nn.Module):
             return self.module(*args, **kwargs)
 
 
-def apply_recompute(model):
-    """Checkpoint or swap each layer as its recompute rule says (swap: the first share of the layers)."""
-    layers = _layers(model)
-    for k, (path, module) in enumerate(layers):
-        rule = _rule_of(path)
-        if rule["default"] == "recompute":
-            module = checkpoint_wrapper(module)
-        elif rule.get("ops", {}).get("core_attention") == "recompute":
-            module = checkpoint_wrapper(module, context_fn=partial(create_selective_checkpoint_contexts,
-                                                                   _save_matmuls))
-        if k < round(rule.get("swap_fraction", 0.0) * len(layers)):
-            module = _Swap(module)
-        _replace(model, path, module)
-    return model
+def _swap(module):
+    return _Swap(module)
 
 
 def _dp_mesh(mesh):
@@ -257,45 +225,6 @@ class _Chunk(nn.Module):
         return out
 
 
-class _Absent(nn.Module):
-    """Stands for the first chunk's embeddings in a later chunk, which takes hidden states: a model that still
-    looks them up (GPT-2 adds its position embedding to given inputs_embeds) adds nothing."""
-
-    def forward(self, *args, **kwargs):
-        return torch.zeros(())
-
-
-class _Skip(nn.Module):
-    """Stands for a layer of another chunk: passes the hidden states through (names and indices stay)."""
-
-    def forward(self, hidden_states, *args, **kwargs):
-        return hidden_states
-
-
-def chunk_model(model, chunk):
-    """A copy of `model` with only this chunk's layers; other chunks' embeddings go (`_Absent`), their head too
-    (Identity), so parameter names stay those of the declaration."""
-    model = copy.deepcopy(model)
-    layers = [n for c in CHUNKS for n in c["layers"]]
-    for c, spec in enumerate(CHUNKS):
-        if c == chunk:
-            continue
-        for name in spec["layers"]:
-            _replace(model, name, _Skip())
-        for path in spec["blocks"]:
-            if any(n.startswith(path + ".") for n in layers) or not _has_params(model, path):
-                continue
-            _replace(model, path, _Absent() if c == 0 else nn.Identity())
-    return model
-
-
-def _has_params(model, path):
-    try:
-        return any(True for _ in model.get_submodule(path).parameters())
-    except AttributeError:
-        return False
-
-
 def pipeline_schedule(model, mesh, device, loss_fn):
     """This rank's PipelineStage(s), each chunk parallelized as declared, and the declared schedule."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
@@ -340,7 +269,6 @@ def _not_expressed(doc: Mapping[str, Any]) -> list[str]:
 
 def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
     """The plan constants of one program (a one-program declaration, or a program's view)."""
-    chunks = sorted((ch for st in doc["programs"][0]["stages"] for ch in st["chunks"]), key=lambda c: c["chunk"])
     prog = doc["programs"][0]
     return [
         ("MESH", _mesh(doc), "(axis, size), slowest first: rank = ((((pp x DR + dr) x DS + ds) x CP + cp) x TP + tp"),
@@ -351,7 +279,7 @@ def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
         ("RECOMPUTE", doc["recompute"].get("layers", []), "per layer stack: save / recompute / swap"),
         ("OFFLOAD", doc["offload"], "fraction of each memory class kept in host memory"),
         ("PARAM_DTYPE", _DTYPES.get(doc["workload"]["dtype"]), "FSDP mixed precision (None: keep the model's)"),
-        ("CHUNKS", [{"layers": c["layers"], "blocks": c.get("blocks", [])} for c in chunks],
+        ("CHUNKS", chunks(doc),
          "pipeline chunks in order; chunk c runs on stage c mod pp"),
         ("SCHEDULE", prog["schedule"], None),
         ("MICRO_BATCH_SIZE", prog["micro_batch_size"], None),
