@@ -53,9 +53,11 @@ def test_no_offload_reproduces_the_plain_search(llama20):
     assert _offloaded_gib(plain.best) == 0
 
 
-@pytest.mark.slow
 def test_offload_makes_a_model_fit_and_its_traffic_is_costed():
-    kw = dict(cluster="cloudmatrix384", devices=8, global_batch=64, seq_len=4096)
+    """10 layers of Llama-3-70B (9.6 B parameters, ~160 GiB of training states) on one 128 GiB NPU: nothing
+    fits in HBM, so the search without offload prunes nothing (one mesh keeps that search short)."""
+    kw = dict(cluster="cloudmatrix384", devices=1, global_batch=8, seq_len=4096, overrides=dict(layers=10),
+              time_limit_s=None)
     with pytest.raises(Infeasible):
         plan_model("llama3-70b", offload=False, **kw)
     r = plan_model("llama3-70b", **kw)
