@@ -29,6 +29,8 @@ _AUTOMODEL_MOE = {"moe_routing": "contiguous"}
 _AUTOMODEL_NOTE = "NeMo Automodel: PyTorch FSDP2 with Transformer Engine kernels (the torchtitan stack, cuDNN attention)"
 _FAKE_GATE = ("routing by Automodel's FakeBalancedGate (nemo_automodel/components/moe/layers.py): token i takes "
               "the k consecutive experts from i*k, so its experts sit on one or two ranks")
+_DSV3_HYBRIDEP = ("HybridEP (flex) dispatch: the DeepSeek-V3 perf recipes build on recipes/deepseek/h100/"
+                  "deepseek_v3.py, which ends in apply_flex_dispatcher_backend(model, 'hybridep')")
 _DSV3_GROUPS = ("DeepSeek-V3's node-limited routing: experts in 8 groups, each token in at most 4 "
                 "(its config's n_group and topk_group; Megatron's router applies them to forced-balance logits)")
 
@@ -156,8 +158,10 @@ SPECS |= _table([
             notes=[_MOE_BAL, "HybridEP (flex) dispatch without all-to-all overlap, as the recipe sets "
                    "(Megatron-Bridge perf_recipes/qwen/h100/qwen3_moe.py)"]),
     _bridge("mb2604-qwen3-235b-a22b-256xh100-fp8", "qwen3-235b-a22b", "dgx-h100", 256, 4096, 8192,
-            {"tp": 2, "pp": 8, "vpp": 4, "dp": 16, "ep": 32, "etp": 1}, execution={"overlap_ep_comm": True},
-            notes=[_MOE_BAL, "expert all-to-all overlapped (overlap_moe_expert_parallel_comm in the recipe)"]),
+            {"tp": 2, "pp": 8, "vpp": 4, "dp": 16, "ep": 32, "etp": 1},
+            execution={"overlap_ep_comm": True, "overlap_tp_comm": False},
+            notes=[_MOE_BAL, "expert all-to-all overlapped and TP communication not (overlap_moe_expert_parallel_comm "
+                   "True, tp_comm_overlap False in the recipe: perf_recipes/qwen/h100/qwen3_moe.py)"]),
     _bridge("mb2604-gpt-oss-120b-64xh100-bf16", "gpt-oss-120b", "dgx-h100", 64, 4096, 1280,
             {"pp": 4, "dp": 16, "ep": 8, "etp": 1, "recompute": "selective"}, dtype="bf16",
             execution={"recompute_modules": ["layernorm", "moe_act"]},
@@ -308,8 +312,9 @@ SPECS |= _table([
 SPECS |= _table([
     # -- DGX B200, Megatron-Bridge ----------------------------------------------------------------------------
     _bridge("mb2604-deepseek-v3-256xb200-mxfp8", "deepseek-v3", "dgx-b200", 256, 4096, 4096,
-            {"pp": 16, "dp": 16, "ep": 8, "etp": 1}, execution=_MX | {"moe_group_limit": 4}, file="b200",
-            notes=[_MOE_BAL, _DSV3_GROUPS, "MXFP8 (block scales computed in the cast: 3 bytes per element)"]),
+            {"pp": 16, "dp": 16, "ep": 8, "etp": 1}, execution=_MX | {"moe_group_limit": 4, "moe_dispatcher": "deepep"},
+            file="b200", notes=[_MOE_BAL, _DSV3_GROUPS, "MXFP8 (block scales computed in the cast: 3 bytes per element)",
+                                _DSV3_HYBRIDEP]),
     _bridge("mb2511-llama31-405b-128xb200-fp8cs", "llama3-405b", "dgx-b200", 128, 8192, 64,
             {"tp": 4, "pp": 8, "cp": 2, "vpp": 8, "dp": 2}, file="b200"),
     _bridge("mb2511-llama3-8b-8xb200-fp8cs", "llama3-8b", "dgx-b200", 8, 8192, 128,
@@ -333,9 +338,9 @@ SPECS |= _table([
                                  "sets", _HYBRIDEP_NOTE + " (perf_recipes/deepseek/common.py)"]),
     _bridge("mb2511-deepseek-v3-256xgb200-bf16", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
             {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"}, dtype="bf16",
-            execution={"moe_group_limit": 4, "recompute_modules": ["mla_up_proj"]}, file="gb200",
-            notes=[_MOE_BAL, _DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe sets "
-                   "(Megatron-Bridge perf_recipes/deepseek/gb200/deepseek_v3.py)"]),
+            execution={"moe_group_limit": 4, "recompute_modules": ["mla_up_proj"], "moe_dispatcher": "deepep"},
+            file="gb200", notes=[_MOE_BAL, _DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
+                                 "sets (Megatron-Bridge perf_recipes/deepseek/gb200/deepseek_v3.py)", _DSV3_HYBRIDEP]),
     _bridge("mb2606-qwen3-235b-a22b-256xgb200-mxfp8", "qwen3-235b-a22b", "gb200-nvl72", 256, 4096, 8192,
             {"pp": 8, "vpp": 3, "dp": 32, "ep": 32}, execution=_MX | _HYBRIDEP_OVERLAP, file="gb200",
             notes=[_MOE_BAL, _HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
@@ -344,10 +349,10 @@ SPECS |= _table([
             notes=[_MOE_BAL, _HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
     ("mz-qwen3-235b-256xgb200-bf16-pp8-ep8", {
         "file": "gb200", "hardware": "gb200-nvl72", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
-        "global_batch": 8192, "stack": _MC, "strategy": {"pp": 8, "dp": 32, "ep": 8, "micro_batch": 1, "zero": 1,
-                                                         "recompute": "none"},
+        "global_batch": 8192, "stack": _MC, "execution": {"moe_dispatcher": "deepep"},
+        "strategy": {"pp": 8, "dp": 32, "ep": 8, "micro_batch": 1, "zero": 1, "recompute": "none"},
         "variants": ({"step_s": 25.83},),
-        "notes": [_MOE_BAL, "HybridEP dispatch without all-to-all overlap",
+        "notes": [_MOE_BAL, "HybridEP dispatch (DISPATCHER=hybridep in the command) without all-to-all overlap",
                   "step time derived by the row from 750 TFLOP/s with the FLOPs per token of the H100 rows"]}),
 ])
 

@@ -116,3 +116,13 @@ def test_law_parameters_come_together_or_not_at_all(tmp_path):
     broken.write_text("\n".join(l for l in text.splitlines() if not l.startswith("kernel_overhead_us")) + "\n")
     with pytest.raises(SpecError, match="kernel_overhead_us: missing; the overhead law needs"):
         load_file(broken)
+
+
+@pytest.mark.parametrize("name, reference", [("dgx-b200", "dgx-h100"), ("gb200-nvl72", "dgx-h100")])
+def test_a_preset_fitted_on_fp8_runs_only_keeps_its_references_bf16_to_fp8_ratio(name, reference):
+    """Its runs cannot pin the bf16 GEMM plateau, so the fit ties it to the fp8 one at the ratio its reference
+    preset's fit measures (benchmarks/fit_presets.py TIED_TO), and the file says so."""
+    c, ref = load_cluster(name), load_cluster(reference)
+    ratio = ref.matmul_plateau / ref.fp8_matmul_plateau
+    assert c.matmul_plateau == pytest.approx(ratio * c.fp8_matmul_plateau, abs=2e-3)
+    assert "matmul_plateau" in c.not_fitted and reference in c.calibration

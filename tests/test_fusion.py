@@ -61,3 +61,21 @@ def test_a_tensor_read_twice_is_written(gpt):
     for i in residual:
         out = g.tensors[g.nodes[i].outputs[0]].nbytes
         assert fused[i] >= out
+
+
+def test_a_fused_kernel_writes_none_of_the_intermediates_its_backward_recomputes():
+    """SwiGLU as one kernel (Megatron's bias_swiglu, TE's fused norms): silu(g) * u keeps g and u for backward
+    and recomputes sigmoid(g) there, so the time of a fused stack's forward never writes sigmoid(g) to HBM and
+    never reads it back; costed as stored (an unfused backward keeps it), it is written once and read once."""
+    from planner.costing.graph_facts import GraphFacts
+    from planner.graph.blocks import discover_blocks
+
+    g = load_graph("llama3-8b", batch=1, seq_len=64, overrides=dict(layers=1, hidden=256, heads=4, kv_heads=2,
+                                                                    ffn=512, vocab=512))
+    facts = GraphFacts(g, discover_blocks(g))
+    sig = next(i for i, n in enumerate(g.nodes) if n.op_type == "Sigmoid")
+    gate, out = g.tensors[g.nodes[sig].inputs[0]], g.tensors[g.nodes[sig].outputs[0]]
+    kept = facts.act_bytes(True, 2.0)
+    fused = facts.act_bytes(True, 2.0, flash=True, fused=True)
+    assert kept[sig] == pytest.approx(gate.nbytes + out.nbytes)  # reads g, writes sigmoid(g)
+    assert fused[sig] == pytest.approx(gate.nbytes)  # reads g only

@@ -26,7 +26,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -53,6 +53,7 @@ class Fit:
     runs: tuple[str, ...]
     predictions: tuple[Prediction, ...]
     evaluations: int
+    tied: tuple[str, ...] = ()  # of `values`, those set from another by a fixed ratio (`fit`'s `ties`), not fitted
 
 
 #: Fit runs needed before the per-kernel overhead and the overlap efficiency are fitted too (with fewer, a fit
@@ -83,21 +84,27 @@ STACK_FACTOR = (1.0, 0.5, 1.5)
 
 def fit(runs: Sequence[Run], base: Cluster, predictor: Predictor | None = None,
         progress: Callable[[int, float], None] | None = None, max_evaluations: int = 120,
-        stacks: Sequence[str] = ()) -> Fit:
+        stacks: Sequence[str] = (), ties: Mapping[str, tuple[str, float]] | None = None) -> Fit:
     """Least-squares fit of `base`'s efficiency parameters on `runs` (all on that hardware); with `stacks`, also
-    the `kernel_efficiency` of those stacks (values named "stack:NAME"), the others' held as they are."""
+    the `kernel_efficiency` of those stacks (values named "stack:NAME"), the others' held as they are. `ties`
+    sets a parameter the runs cannot pin from one they fit: {name: (fitted name, ratio)}, name = ratio x it."""
     from scipy.optimize import least_squares
 
     if not runs:
         raise InvalidInput("--fit names no run of this hardware; give the ids of measured runs to fit on")
     predictor = predictor or Predictor()
     names = fitted_names(runs) + [f"stack:{n}" for n in stacks]
+    ties = {k: v for k, v in (ties or {}).items() if k not in names and v[0] in names}
     spec = {n: (s, lo, hi) for n, s, lo, hi in PARAMETERS} | {f"stack:{n}": STACK_FACTOR for n in stacks}
     start = np.array([spec[n][0] for n in names])
     lower, upper = np.array([spec[n][1] for n in names]), np.array([spec[n][2] for n in names])
     calls = [0]
 
+    def with_ties(values: dict[str, float]) -> dict[str, float]:
+        return values | {k: min(1.0, values[src] * ratio) for k, (src, ratio) in ties.items()}
+
     def cluster_of(values: dict[str, float]) -> Cluster:
+        values = with_ties(values)
         return with_law(base, **law_values(base, {k: v for k, v in values.items() if not k.startswith("stack:")}))
 
     def runs_of(values: dict[str, float]) -> list[Run]:
@@ -118,10 +125,10 @@ def fit(runs: Sequence[Run], base: Cluster, predictor: Predictor | None = None,
 
     sol = least_squares(residuals, start, bounds=(lower, upper), method="trf", diff_step=1e-2, xtol=1e-4,
                         ftol=1e-6, max_nfev=max_evaluations)
-    values = {n: round(float(v), 3) for n, v in zip(names, sol.x)}
+    values = {k: round(v, 3) for k, v in with_ties({n: round(float(v), 3) for n, v in zip(names, sol.x)}).items()}
     hw = cluster_of(values)
     preds = tuple(predictor.predict(r, hw.scaled(r.devices)) for r in runs_of(values))
-    return Fit(base.name, values, tuple(r.id for r in runs), preds, calls[0])
+    return Fit(base.name, values, tuple(r.id for r in runs), preds, calls[0], tuple(ties))
 
 
 def law_values(base: Cluster, values: dict[str, float]) -> dict[str, float]:
@@ -162,7 +169,7 @@ def write_fit(text: str, result: Fit, note: str) -> str:
                            "matmul_plateau, memory_plateau and kernel_overhead_us to fit it")
     values = {k: v for k, v in result.values.items() if not k.startswith("stack:")}
     kept = [k for k in ("matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us", "overlap")
-            if k not in values]
+            if k not in values or k in result.tied]
     values |= {"fitted_on": list(result.runs), "not_fitted": kept, "calibration": note}
     for key, value in values.items():
         rendered = f"{key} = {_toml(value)}"

@@ -68,10 +68,12 @@ def select(runs: Sequence[Run], hardware: str | None, category: str | None) -> l
     return out
 
 
-def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks: Sequence[str] = ()) -> CalibrationResult:
+def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks: Sequence[str] = (),
+                   ties=None, note: str = "") -> CalibrationResult:
     """Predict every run; with `fit`, first fit the hardware of those runs on them (then every prediction on
     that hardware uses the fitted parameters, and the fitted runs count as fit); with `stacks` too, the kernel
-    efficiency of those stacks (every run of them is then predicted with it)."""
+    efficiency of those stacks (every run of them is then predicted with it); `ties` as `fit.fit` takes them,
+    and `note` added to the calibration sentence written into the file."""
     import dataclasses
 
     predictor = Predictor()
@@ -88,7 +90,7 @@ def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks
                                " fit one hardware file at a time")
         hw_name = hardware.pop()
         base = load_cluster(hw_name)
-        result_fit = fit_runs(chosen, base, predictor, stacks=stacks)
+        result_fit = fit_runs(chosen, base, predictor, stacks=stacks, ties=ties)
         factors = {k[len("stack:"):]: v for k, v in result_fit.values.items() if k.startswith("stack:")}
         runs = [dataclasses.replace(r, execution=dataclasses.replace(r.execution, kernel_efficiency=factors[
             r.execution.name])) if r.execution.name in factors else r for r in runs]
@@ -99,7 +101,7 @@ def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks
         device_values = {k: v for k, v in result_fit.values.items() if not k.startswith("stack:")}
         override = (hw_name, with_law(base, **law_values(base, device_values)))
         source, _ = hardware_text(hw_name)
-        note = f"fitted on {len(chosen)} measured runs (hyperplan calibrate --fit)"
+        note = f"fitted on {len(chosen)} measured runs (hyperplan calibrate --fit)" + (f"; {note}" if note else "")
         text = write_fit(source, result_fit, note)
         override = (hw_name, _with_fitted(override[1], result_fit.runs, note))
     preds, skipped = [], []

@@ -4,7 +4,10 @@ Context parallelism (ring attention: Liu et al. 2023; Megatron-Core's
 p2p context parallelism): each rank keeps 1/cp of the sequence and the K
 and V of every other rank pass it once, forward; backward they pass again
 and their gradients travel back (about an all-gather and a reduce-scatter
-of the whole K and V). With the stack's overlap the exchange runs beside
+of the whole K and V). K and V travel as stored, at their own (GQA) head
+count, before the kernel broadcasts them to the query heads (Transformer
+Engine context_parallel.py, AttnFuncWithCPAndKVP2P, sends the kv chunks of
+num_gqa_groups heads). With the stack's overlap the exchange runs beside
 the attention kernel it feeds and only what outlasts the kernel shows.
 
 Mixture of experts (Megatron-Core's MoE parallel folding, Liu et al. 2025;
@@ -14,17 +17,27 @@ tensor ranks) are dispatched, each to its top-k experts, over the
 expert-parallel group, and combined back: the same exchange model as
 serving, direct (all-to-all) or hierarchical (DeepEP's normal kernels, one
 copy per destination node, so where a token's experts sit matters: the
-stack's routing, `outer_groups`). With etp > 1 the dispatched tokens are also
-all-gathered over the expert-tensor group and the expert outputs
-reduce-scattered back. Backward runs the transposed exchanges; a fully
-recomputed layer runs its forward exchanges again.
+stack's routing, `outer_groups`). With etp > 1 the all-to-all dispatcher
+also all-gathers the dispatched tokens over the expert-tensor group and
+reduce-scatters the expert outputs back (Megatron-LM
+MoEAlltoAllTokenDispatcher: gather_from_sequence_parallel_region over the
+expert-tensor group); the hierarchical (flex: DeepEP, HybridEP) dispatcher
+instead sends over one group of ep x etp ranks, a token's copy to each
+expert-tensor rank of its experts' ranks (MoEFlexTokenDispatcher, whose
+routing map is replicated across the expert-tensor group), so those copies
+share the crossing of the outer level and are forwarded inside the node by
+the same kernel. Backward runs the transposed exchanges; a recomputed MoE
+layer runs its forward exchanges again (`reruns_exchange`). The all-to-all
+dispatcher also regroups what it receives by local expert and back
+(`sort_chunks_s`), memory-bound passes charged to the layer's compute.
 """
 
 from __future__ import annotations
 
 from cost_models import Cluster, place_group
 from cost_models.collectives import all_gather_s, reduce_scatter_s
-from cost_models.expert_dispatch import contiguous_groups, exchange_s, limited_groups
+from cost_models.compute import op_time_s
+from cost_models.expert_dispatch import contiguous_groups, exchange_s, expected_groups, limited_groups
 
 from planner.costing.block_costs import Parts
 from planner.costing.execution import Execution
@@ -47,7 +60,8 @@ def add_context_exchange(facts, structure: Structure, cluster: Cluster, strategy
         cores = []  # (K and V tensors, forward window, backward window)
         if flash:
             for r in {facts.region_of[i].anchor: facts.region_of[i] for i in blk.nodes if i in facts.region_of}.values():
-                cores.append(((r.k, r.v), timer.forward(r.anchor, t), timer.backward(r.anchor, t)))
+                kv = (facts.roots.get(r.k, r.k), facts.roots.get(r.v, r.v))  # as stored: GQA's heads not repeated
+                cores.append((kv, timer.forward(r.anchor, t), timer.backward(r.anchor, t)))
         else:
             kv, fwd, bwd = [], 0.0, 0.0
             for i in blk.nodes:
@@ -77,34 +91,63 @@ def add_expert_exchange(facts, cluster: Cluster, strategy: Strategy, execution: 
     t, cp, ep, etp = strategy.tp, strategy.cp, strategy.ep, strategy.expert_tp
     if not facts.moe or (ep <= 1 and etp <= 1):
         return
-    ep_spans = place_group(cluster, ep, stride=etp) if ep > 1 else ()
-    etp_spans = place_group(cluster, etp, stride=1) if etp > 1 else ()
     hierarchical = execution.moe_dispatcher == "deepep"
+    flex = hierarchical and etp > 1  # one exchange over the ep x etp ranks (see the module docstring)
+    ep_spans = place_group(cluster, ep * etp, stride=1) if flex else (
+        place_group(cluster, ep, stride=etp) if ep > 1 else ())
+    etp_spans = place_group(cluster, etp, stride=1) if etp > 1 and not flex else ()
     for name, f in facts.moe.items():
         tokens = f.tokens * batch_share / (cp * t)  # this rank's tokens per micro-batch
         token_bytes = f.hidden * width
-        outer, ranks = destinations(f.top_k, f.experts, ep, ep_spans, execution) if ep_spans else (None, None)
+        outer, ranks = destinations(f.top_k, f.experts, ep, ep_spans, execution, etp if flex else 1) \
+            if ep_spans else (None, None)
         one_way = exchange_s(tokens, f.top_k, token_bytes, ep_spans, hierarchical, outer, ranks) if ep_spans else 0.0
         fwd = 2.0 * one_way  # dispatch, then combine
         if etp_spans:
             pairs = tokens * f.top_k * token_bytes * etp  # the expert-tensor group's routed tokens, gathered
             fwd += all_gather_s(pairs, etp_spans) + reduce_scatter_s(pairs, etp_spans)
         p = block_parts[name]
+        again = reruns_exchange(policy.get(name, "none"), execution)
         p.ep_fwd += fwd
-        p.ep_bwd += fwd * (2.0 if policy.get(name) == "full" else 1.0)
+        p.ep_bwd += fwd * (2.0 if again else 1.0)
+        if not hierarchical and ep > 1 and f.experts > ep:  # received chunks regrouped by local expert, and back
+            regroup = 2.0 * sort_chunks_s(cluster, tokens * f.top_k * max(etp, 1) * token_bytes)
+            p.forward += regroup
+            p.backward += regroup
+            p.recompute += regroup if again else 0.0
 
 
-def destinations(top_k: int, experts: int, ep: int, spans, execution: Execution) -> tuple[float | None, float | None]:
-    """(distinct outermost groups, distinct ranks) of the expert-parallel group one token's experts are on, by
-    the stack's routing; None where the exchange model's default (uniform picks) holds."""
+def sort_chunks_s(cluster: Cluster, nbytes: float) -> float:
+    """One regrouping of `nbytes` of received tokens (read and written once): the all-to-all dispatcher's
+    sort_chunks_by_idxs, which puts the chunks that arrived from each expert-parallel rank in the order of the
+    local experts after the dispatch, and back before the combine, whenever a rank holds more than one expert
+    (Megatron-LM token_dispatcher.py, MoEAlltoAllTokenDispatcher.dispatch_postprocess and combine_preprocess;
+    the flex dispatchers receive tokens already laid out by expert). Backward runs the inverse permutations."""
+    return op_time_s(cluster, 0.0, 2.0 * nbytes, "elementwise") if nbytes > 0 else 0.0
+
+
+def reruns_exchange(policy: str, execution: Execution) -> bool:
+    """Whether a MoE layer's backward runs its forward dispatch and combine again: under full recompute, and
+    under selective recompute of the moe module, which checkpoints the whole MoE forward, routing, dispatch,
+    experts and combine (Megatron-LM moe_layer.py: MoELayer.forward wraps custom_forward in checkpoint)."""
+    return policy == "full" or (policy == "selective" and execution.selective == "modules"
+                                and "moe" in execution.recompute_modules)
+
+
+def destinations(top_k: int, experts: int, ep: int, spans, execution: Execution,
+                 etp: int = 1) -> tuple[float | None, float | None]:
+    """(distinct outermost groups, distinct ranks) of the group `spans` one token's experts are on, by the
+    stack's routing; None where the exchange model's default (uniform picks) holds. With `etp` > 1 the group
+    is ep x etp ranks, each expert rank's etp consecutive ranks all receiving its tokens (the flex dispatcher)."""
     g = spans[-1].participants if len(spans) > 1 else 1
     if execution.moe_routing == "contiguous":
         per_rank = max(1.0, experts / ep)
         ranks = (top_k + per_rank - 1.0) / per_rank
-        return (contiguous_groups(top_k, experts, ep, max(1, ep // g)) if g > 1 else None), ranks
+        return (contiguous_groups(top_k, experts, ep, max(1, ep // g)) if g > 1 else None), ranks * etp
+    ranks = expected_groups(top_k, ep) * etp if etp > 1 else None
     if execution.moe_group_limit and g > 1:
-        return limited_groups(top_k, g, execution.moe_group_limit), None
-    return None, None
+        return limited_groups(top_k, g, execution.moe_group_limit), ranks
+    return None, ranks
 
 
-__all__ = ["add_context_exchange", "add_expert_exchange", "destinations"]
+__all__ = ["add_context_exchange", "add_expert_exchange", "destinations", "reruns_exchange", "sort_chunks_s"]

@@ -75,6 +75,8 @@ class Execution:
     fp8_params: bool = False  # FP8 weights instead of 16-bit ones (TE's fp8_model_init, NeMo's fp8_param_gather)
     fp8_all_gather: bool = False  # the data-parallel all-gathers of weights that feed FP8 GEMMs move FP8 (1 byte):
     # NeMo's fp8_param_gather, torchao's enable_fsdp_float8_all_gather under FSDP2
+    fp8_tp_all_gather: bool = False  # sequence-parallel all-gathers of FP8 GEMM inputs move FP8: the stack
+    # quantizes before it gathers (TE gather_along_first_dim with the input quantizer; torchao Float8 TP plans)
     # model states per parameter
     param_bytes: float = 2.0
     grad_bytes: float = 4.0
@@ -148,7 +150,7 @@ def parse_execution(text: str, *, source: str, default_name: str) -> Execution:
 
 _BOOLS = ("fuse_elementwise", "overlap_grad_reduce", "overlap_param_gather", "fsdp_prefetch", "fsdp_gathered_with_pp",
           "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm", "overlap_pp_comm", "fp8_saves_inputs", "fp8_params",
-          "fp8_all_gather", "moe_probs_in_activation")
+          "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation")
 _NUMBERS = ("fp8_cast_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
             "runtime_reserve_gib", "kernel_efficiency", "ep_overlap_share")
 _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS}
@@ -158,7 +160,7 @@ _SECTIONS = {
     "kernels": ("attention", "attention_kernel", "fuse_elementwise", "kernel_efficiency"),
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("ep_overlap_share",),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_weight_bytes", "fp8_saves_inputs", "fp8_params",
-                  "fp8_all_gather"),
+                  "fp8_all_gather", "fp8_tp_all_gather"),
     "states": ("param_bytes", "grad_bytes", "optimizer_bytes"),
     "recompute": ("selective", "recompute_modules"),
     "memory": ("allocator_reserve", "runtime_reserve_gib"),

@@ -135,10 +135,13 @@ class GraphFacts:
             self._fused[key] = dict(out)  # type: ignore[assignment]
         return self._fused[key]  # type: ignore[return-value]
 
-    def act_bytes(self, training: bool, width: float) -> np.ndarray:
-        """Per-node activation bytes once chains of memory-bound ops are fused (see `planner.costing.fusion`)."""
-        key = (training, width)
+    def act_bytes(self, training: bool, width: float, flash: bool = False, fused: bool = False) -> np.ndarray:
+        """Per-node activation bytes once chains of memory-bound ops are fused (see `planner.costing.fusion`):
+        inside a chain only what backward keeps is written, the tensors `saved(width, flash, fused)` lists
+        (with `fused`, a fused kernel's pointwise intermediates are recomputed in its backward, not kept)."""
+        key = (training, width, flash, fused)
         if key not in self._fused:
-            stored = {sv.tensor for svs in self.saved(width).values() for sv in svs} if training else set()
+            stored = ({sv.tensor for svs in self.saved(width, flash, fused).values() for sv in svs} if training
+                      else set())
             self._fused[key] = fused_act_bytes(self.graph, self.work.act_bytes, self.work.matrix, stored)
         return self._fused[key]

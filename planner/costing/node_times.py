@@ -55,8 +55,9 @@ class NodeTimes:
         self.cp = strategy.cp
         self.ep, self.etp = strategy.ep, strategy.expert_tp
         # fused chains of memory-bound ops skip HBM between them (planner.fusion); eager execution does not
-        self.act = facts.act_bytes(self.training, self.width) if execution.fuse_elementwise else facts.work.act_bytes
         self.flash = execution.attention == "flash"
+        self.act = (facts.act_bytes(self.training, self.width, self.flash, True) if execution.fuse_elementwise
+                    else facts.work.act_bytes)
         self.fp8 = self.training and workload.dtype in LOW_PRECISION_GEMMS
         self.gemm_dtype = workload.dtype if self.fp8 else self.dtype
         self._fwd: dict[tuple[int, int], float] = {}

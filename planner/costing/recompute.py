@@ -11,9 +11,10 @@ Policies per layer (`Strategy.layer_policy`):
     again; what its ops saved is dropped and its inputs are kept instead.
     Modules are found by the graph's module scopes (`module_nodes`):
     core_attn (the attention core; with a flash kernel that drops only its
-    log-sum-exp), mlp and moe (the MLP or MoE block), moe_act (the experts'
-    activation), layernorm (the layer's norms), mla_up_proj (MLA's up
-    projections) and shared_experts. layernorm, moe_act and mla_up_proj
+    log-sum-exp), mlp (a dense layer's MLP block: Megatron-Core's
+    TransformerLayer recomputes no MoE layer for it), moe (a MoE layer's
+    block), moe_act (the experts' activation), layernorm (the layer's
+    norms), mla_up_proj (MLA's up projections) and shared_experts. layernorm, moe_act and mla_up_proj
     are checkpointed without their outputs (Megatron-Core's
     CheckpointWithoutOutput: transformer_layer.py, moe/experts.py,
     multi_latent_attention.py): what later ops save of those outputs is
@@ -61,8 +62,8 @@ def module_nodes(facts, blk: Block, module: str, flash: bool) -> frozenset[int]:
     if module == "moe_act":
         routed = facts.routed.get(blk.name, frozenset())
         return frozenset(i for i in routed if not facts.work.matrix[i] and ".experts" in graph.nodes[i].scope)
-    if module == "moe" and blk.name not in facts.moe:
-        return frozenset()
+    if (module == "moe") != (blk.name in facts.moe) and module in ("mlp", "moe"):
+        return frozenset()  # mlp is a dense layer's MLP, moe a MoE layer's (TransformerLayer: not is_moe_layer)
     segments = _SEGMENTS["mlp" if module == "moe" else module]
     found = frozenset(i for i in nodes if any(seg in segments for seg in graph.nodes[i].scope.split(".")))
     if module == "mla_up_proj":  # and what turns their outputs into Q, K and V: rotary, splits, concats

@@ -116,11 +116,15 @@ def stage_costs(
     # -- the layout program over the tensor axis ----------------------------------------------------
     tp_spans = place_group(cluster, t, stride=1) if t > 1 else ()
 
+    # FP8 training whose stack quantizes before the sequence-parallel all-gathers: they move one byte per element
+    # (the output head's 16-bit gather too: one of some four gathers per layer)
+    gather_scale = 1.0 / width if timer.fp8 and execution.fp8_tp_all_gather else 1.0
+
     def comm_time(kind: str, nbytes: float) -> float:
         if kind == "all_reduce":
             return all_reduce_s(nbytes, tp_spans)
         if kind == "all_gather":
-            return all_gather_s(nbytes, tp_spans)
+            return all_gather_s(nbytes * gather_scale, tp_spans)
         if kind == "reduce_scatter":
             return reduce_scatter_s(nbytes, tp_spans)
         return all_to_all_s(nbytes / t, tp_spans)
