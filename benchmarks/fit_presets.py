@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         start = time.perf_counter()
         stacks = STACK_FITS.get(hw, ())
+        preset = PRESET_DIR / f"{hw}.toml"
+        before = preset.read_text(encoding="utf-8")
         reset_transferred(hw)
         ties, note = ties_for(hw)
         result = calibrate_runs(mine, fit=fit_ids, stacks=stacks, ties=ties, note=note)
@@ -123,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in result.predictions:
             print(f"    {'fit' if p.fitted else 'held':<4} {p.run.id:<56} {100 * p.error:+6.1f}%"
                   + ("" if p.estimate.fits else "  (predicted not to fit)"))
-        if not args.dry_run:
+        if args.dry_run:
+            preset.write_text(before, encoding="utf-8")  # the fit started from the reset values: put the file back
+        else:
             (PRESET_DIR / f"{hw}.toml").write_text(result.fitted_text, encoding="utf-8")
             print(f"  wrote {PRESET_DIR / f'{hw}.toml'}")
             for stack in stacks:
