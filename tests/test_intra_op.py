@@ -8,7 +8,7 @@ import pytest
 from planner.api import load_graph
 from planner.graph.blocks import discover_blocks
 from planner.graph.ir import Graph, Node, Tensor
-from planner.search.intra_op import breakdown, total_cost
+from planner.search.charges import breakdown, total_cost
 from planner.search.skeleton import build_problem
 from planner.search.reshard import conjugate, grad_layout, transition
 from planner.search.solve import solve_exhaustive, solve_intra_op

@@ -40,6 +40,15 @@ def activation_dtype(workload: Workload) -> str:
     return workload.dtype
 
 
+#: Bytes an Adam step reads and writes per parameter: bf16 param r/w, fp32 grad read, fp32 master, m and v r/w.
+ADAM_BYTES_PER_PARAM = 2 + 2 + 4 + 8 + 8 + 8
+
+
+def optimizer_step_s(cluster: Cluster, workload: Workload, params: float) -> float:
+    """Seconds of one Adam step over `params` parameters on one device (some 10 FLOPs per parameter)."""
+    return op_time_s(cluster, 10.0 * params, ADAM_BYTES_PER_PARAM * params, "elementwise", activation_dtype(workload))
+
+
 class NodeTimes:
     """Per-node seconds of one strategy's micro-batch: `forward(i, k)` and `backward(i, k)` on a 1/k shard."""
 
@@ -130,4 +139,4 @@ class NodeTimes:
         return op_time_s(self.cluster, 0.0, nbytes, "elementwise", self.dtype) if nbytes > 0 else 0.0
 
 
-__all__ = ["DTYPE_WIDTH", "NodeTimes", "activation_dtype"]
+__all__ = ["ADAM_BYTES_PER_PARAM", "DTYPE_WIDTH", "NodeTimes", "activation_dtype", "optimizer_step_s"]

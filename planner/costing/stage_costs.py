@@ -10,7 +10,6 @@ stage sums its blocks. `step_time` turns these into a step.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
@@ -20,12 +19,13 @@ from cost_models import Cluster, place_group
 from cost_models.collectives import all_gather_s, all_reduce_s, all_to_all_s, reduce_scatter_s
 from cost_models.memory import inflight_microbatches, model_state_bytes
 
-from planner.costing.attribution import add_routed, block_parts, var_parts
-from planner.costing.block_costs import Layouts, Parts, activation_bytes, layout_memory, layout_table, residual_pins
+from planner.costing.attribution import add_routed, block_parts, gemm_windows, var_parts
+from planner.costing.block_costs import (Layouts, Parts, activation_bytes, keeps_input, layout_memory, layout_table,
+                                         residual_pins)
 from planner.costing.exchange import add_context_exchange, add_expert_exchange
 from planner.costing.execution import Execution
 from planner.costing.graph_facts import GraphFacts
-from planner.costing.node_times import DTYPE_WIDTH, NodeTimes
+from planner.costing.node_times import DTYPE_WIDTH, NodeTimes, optimizer_step_s
 from planner.costing.node_work import FLOAT_DTYPES
 from planner.costing.pipeline_cut import assign_chunks, even_split, layer_policies
 from planner.costing.recompute import recompute_marks
@@ -151,11 +151,26 @@ def stage_costs(
                     1 + again)
     detached = {v_i for v_i, v in enumerate(problem.vars) if v.node is not None and facts.in_routed[v.node]}
     detach(problem, detached)
+    if training:  # inputs a contraction keeps for its backward are gathered again there (`keeps_input`)
+        problem.edges = [replace(e, regather=keeps_input(graph, problem.vars[e.dst].node, e.inp, grad))
+                         for e in problem.edges]
+    # TP overlap: the stack hides sequence-parallel gathers and scatters behind the GEMMs next to them
+    problem.overlap = cluster.dp_overlap_efficiency if (execution.overlap_tp_comm and strategy.sp and training) else 0.0
+    if problem.overlap:
+        problem.gemm = gemm_windows(problem, timer, t)
+    # a weight's layout sets the optimizer's work on it, once a step: a micro-batch's share of the step over its
+    # shard (layouts reused across micro-batch and ZeRO choices, `reuse_layouts`, take it unsharded, per step)
+    opt_key = (1, 1, 0.0)
+    if training and not facts.reuse_layouts:
+        opt_key = (strategy.dp * cp if strategy.zero >= 1 else 1, strategy.micro_batches(workload),
+                   strategy.offload_fraction("optimizer"))
+    if training:
+        add_optimizer_steps(problem, graph, facts, cluster, workload, t, *opt_key)
     gap = 0.0
     constrain = training and memory_constraint
-    ckey = (skey, strategy.sp, cp, workload.seq_len, workload.dtype, execution)
+    ckey = (skey, strategy.sp, cp, workload.seq_len, workload.dtype, execution, cluster)
     if not facts.reuse_layouts:
-        ckey += (strategy.micro_batch, strategy.recompute, strategy.full_recompute_layers, constrain)
+        ckey += (strategy.micro_batch, strategy.recompute, strategy.full_recompute_layers, constrain, opt_key)
         if constrain:
             ckey += (strategy.pp, strategy.vpp, strategy.stage_layers, strategy.zero, strategy.offload,
                      strategy.dp, strategy.ep, strategy.micro_batches(workload), cluster.device.hbm_bytes)
@@ -195,8 +210,7 @@ def stage_costs(
         facts.choices[ckey] = (choice, gap)
 
     # -- time per block ----------------------------------------------------------------------------
-    tp_overlap = cluster.dp_overlap_efficiency if (execution.overlap_tp_comm and strategy.sp and training) else 0.0
-    parts_of_var = var_parts(graph, problem, choice, timer, t, again, grad, training, detached, tp_overlap)
+    parts_of_var = var_parts(problem, choice, timer, t, again, training, detached)
     bad = [v_i for v_i, vp in enumerate(parts_of_var) if vp.tp_kinds.get("impossible")] if param_pins else []
     if bad:
         node = graph.nodes[problem.vars[bad[0]].node]
@@ -348,5 +362,23 @@ def _unequal_stage_costs(graph: Graph, structure: Structure, cluster: Cluster, w
                       wide.block_params, wide.param_layouts)
 
 
-__all__ = ["DTYPE_WIDTH", "StageCost", "StageCosts", "assign_chunks", "even_split", "stage_costs", "stage_memory",
-           "working_copies"]
+def add_optimizer_steps(problem, graph: Graph, facts: GraphFacts, cluster: Cluster, workload: Workload, t: int,
+                        zero_shards: int, micro_batches: int, offloaded: float) -> None:
+    """Charge each dense weight's strategies their share of the optimizer step (in place): the step over the
+    shard they store (a weight left whole on the tensor axis is updated on every rank of it) over the step's
+    micro-batches, as the program's other costs are one micro-batch's. The cost per parameter is taken at
+    the size of all dense weights split t ways (`optimizer_step_s` is nearly linear there)."""
+    dense = [(v_i, v) for v_i, v in enumerate(problem.vars) if v.param is not None and not facts.is_expert(v.param)]
+    kept = (1 - offloaded) / zero_shards
+    total = sum(graph.tensors[v.param].numel * v.count for _, v in dense) / t * kept
+    if total <= 0:
+        return
+    rate = optimizer_step_s(cluster, workload, total) / total / micro_batches
+    for v_i, v in dense:
+        local = np.array([graph.tensors[v.param].numel * v.count / (t if s.outputs[0] >= 0 else 1)
+                          for s in v.strategies]) * kept
+        problem.unary[v_i] = problem.unary[v_i] + rate * local
+
+
+__all__ = ["DTYPE_WIDTH", "StageCost", "StageCosts", "add_optimizer_steps", "assign_chunks", "even_split",
+           "stage_costs", "stage_memory", "working_copies"]

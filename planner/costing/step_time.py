@@ -29,18 +29,15 @@ from dataclasses import dataclass
 
 from cost_models import Cluster, place_group
 from cost_models.collectives import all_gather_s, all_reduce_s, reduce_scatter_s, send_recv_s
-from cost_models.compute import op_time_s
 from cost_models.offload import transfer_s
 from cost_models.overlap import exposed_s, shared_window_exposed
 from cost_models.schedule import pipeline_time
 
-from planner.costing.node_times import activation_dtype
+from planner.costing.node_times import ADAM_BYTES_PER_PARAM, activation_dtype, optimizer_step_s
 from planner.costing.stage_costs import DTYPE_WIDTH, StageCost, StageCosts
 from planner.errors import InvalidInput
 from planner.strategy import Strategy, Workload
 
-#: Bytes an Adam step reads and writes per parameter: bf16 param r/w, fp32 grad read, fp32 master, m and v r/w.
-ADAM_BYTES_PER_PARAM = 2 + 2 + 4 + 8 + 8 + 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,8 +166,7 @@ def step_breakdown(
         local = s.dense_params / (dp * cp if strategy.zero >= 1 else 1) + s.expert_params / (
             strategy.edp if strategy.zero >= 1 else 1)
         frac_opt = strategy.offload_fraction("optimizer")
-        step_opt = op_time_s(cluster, 10.0 * local * (1 - frac_opt), ADAM_BYTES_PER_PARAM * local * (1 - frac_opt),
-                             "elementwise", activation_dtype(workload))
+        step_opt = optimizer_step_s(cluster, workload, local * (1 - frac_opt))
         per_class = {} if tier is None else offload_by_class(s, strategy, tier, m, local, width)
         offload = sum(v["exposed_s"] for v in per_class.values())
         if exposed + step_opt + offload > tail:

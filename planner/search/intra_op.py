@@ -8,7 +8,8 @@ of instances, so an 80-layer model costs as much to solve as one layer plus
 the embedding and the head. Parameters are variables too (their layout is
 their storage), so tied embeddings and weight-gradient resharding fall out.
 
-This module holds the problem and its objective (what an assignment costs, edge by edge); building it
+This module holds the problem and what each move costs; what an assignment costs pass by pass (the
+objective, with what tensor-parallel overlap hides) is `charges.py`; building it
 from a graph is `skeleton.py`, which takes the costs as callbacks (`node_time`, `comm_time`), so neither
 knows anything of hardware; solving it is `solve.py`.
 """
@@ -70,6 +71,7 @@ class Edge:
     times: int
     fwd_times: int  # forward passes over it: times, plus one per instance whose forward is recomputed
     shared: bool = False  # one of several readers of a tensor: costed with them (see `groups`)
+    regather: bool = False  # the reader keeps this input for its backward: gathered again there (`charges`)
 
 
 @dataclass(slots=True)
@@ -93,6 +95,10 @@ class IntraOpProblem:
     #: constraints, one per stage. Empty: unconstrained.
     memory: list[list[np.ndarray]] = field(default_factory=list)
     memory_budget: float | None = None
+    #: Tensor-parallel overlap (`charges`): the fraction of a GEMM's time that can hide an all-gather or
+    #: reduce-scatter, and per var one instance's (forward, backward) GEMM seconds per strategy. Empty: none.
+    overlap: float = 0.0
+    gemm: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
     def sink_costs(self) -> dict[int, np.ndarray]:
         """Per var, the all-reduce a graph output left as a pending sum still needs, per strategy."""
@@ -101,30 +107,6 @@ class IntraOpProblem:
             ar = self.comm_time("all_reduce", nbytes)
             c = np.array([ar if s.outputs[j] == PARTIAL else 0.0 for s in self.vars[v].strategies])
             out[v] = out.get(v, 0) + c
-        return out
-
-    def pair_costs(self) -> dict[tuple[int, int], np.ndarray]:
-        """Edge costs gathered per pair of distinct vars (rows: first var's strategies)."""
-        pairs: dict[tuple[int, int], np.ndarray] = {}
-        for e in self.edges:
-            m = edge_matrix(self, e)
-            if e.src == e.dst:
-                continue  # handled in `self_costs`
-            a, b = (e.src, e.dst) if e.src < e.dst else (e.dst, e.src)
-            mm = m if e.src < e.dst else m.T
-            if (a, b) in pairs:
-                pairs[(a, b)] = pairs[(a, b)] + mm
-            else:
-                pairs[(a, b)] = mm
-        return pairs
-
-    def self_costs(self) -> dict[int, np.ndarray]:
-        """Edges from an op position to the same position of the next instance: a cost on the diagonal."""
-        out: dict[int, np.ndarray] = {}
-        for e in self.edges:
-            if e.src == e.dst:
-                d = np.diag(edge_matrix(self, e)).copy()
-                out[e.src] = out.get(e.src, 0) + d
         return out
 
 
@@ -201,32 +183,6 @@ def demand_cost(problem: IntraOpProblem, src: int, direction: str, layout: int, 
     return {f"bwd:{kind}": _move_cost(problem, layout, need, nbytes) * passes}
 
 
-def group_cost(problem: IntraOpProblem, src: int, out: int, edge_idxs: Sequence[int],
-               choice: Sequence[int]) -> dict[str, float]:
-    """Seconds by kind of one read-by-many tensor under an assignment."""
-    produced = problem.vars[src].strategies[choice[src]].outputs[out]
-    nbytes = problem.edges[edge_idxs[0]].nbytes
-    asked: dict[tuple[str, int], int] = {}
-    for (direction, layout), options in group_demands(problem, edge_idxs).items():
-        for v, s_i, passes in options:
-            if choice[v] == s_i:
-                asked[(direction, layout)] = max(asked.get((direction, layout), 0), passes)
-    res: dict[str, float] = defaultdict(float)
-    for (direction, layout), passes in sorted(asked.items()):
-        for k, sec in demand_cost(problem, src, direction, layout, produced, nbytes, passes).items():
-            res[k] += sec
-    return dict(res)
-
-
-def edge_matrix(problem: IntraOpProblem, e: Edge) -> np.ndarray:
-    a, b = problem.vars[e.src], problem.vars[e.dst]
-    m = np.zeros((len(a.strategies), len(b.strategies)))
-    for i, sa in enumerate(a.strategies):
-        for j, sb in enumerate(b.strategies):
-            m[i, j] = sum(edge_cost(problem, e, sa, sb).values())
-    return m
-
-
 def detach(problem: IntraOpProblem, detached: set[int]) -> None:
     """Take vars out of the program: no cost of their own and no edge to or from them (in place).
 
@@ -249,32 +205,8 @@ def detach(problem: IntraOpProblem, detached: set[int]) -> None:
     for src, out, idx in groups:  # a group left with one reader is an ordinary edge again
         if len(idx) == 1:
             e = edges[idx[0]]
-            edges[idx[0]] = Edge(e.src, e.out, e.dst, e.inp, e.nbytes, e.grad, e.times, e.fwd_times, False)
+            edges[idx[0]] = Edge(e.src, e.out, e.dst, e.inp, e.nbytes, e.grad, e.times, e.fwd_times, False,
+                                 e.regather)
     problem.edges = edges
     problem.groups = [g for g in groups if len(g[2]) > 1]
     problem.sinks = [x for x in problem.sinks if x[0] not in detached]
-
-
-def total_cost(problem: IntraOpProblem, choice: Sequence[int]) -> float:
-    """Seconds of an assignment (strategy index per var): the objective the solver minimises."""
-    return breakdown(problem, choice)["total"]
-
-
-def breakdown(problem: IntraOpProblem, choice: Sequence[int]) -> dict[str, float]:
-    """Compute and communication by kind of an assignment; 'total' is their sum."""
-    out: dict[str, float] = defaultdict(float)
-    for v_i, u in enumerate(problem.unary):
-        out["compute"] += float(u[choice[v_i]])
-    for v_i, c in problem.sink_costs().items():
-        if c[choice[v_i]]:
-            out["fwd:all_reduce"] += float(c[choice[v_i]])
-    for src, o, idx in problem.groups:
-        for k, sec in group_cost(problem, src, o, idx, choice).items():
-            out[k] += sec
-    for e in problem.edges:
-        sa = problem.vars[e.src].strategies[choice[e.src]]
-        sb = problem.vars[e.dst].strategies[choice[e.dst]]
-        for k, s in edge_cost(problem, e, sa, sb).items():
-            out[k] += s
-    out["total"] = sum(v for k, v in out.items() if k != "total")
-    return dict(sorted(out.items()))

@@ -40,7 +40,7 @@ from planner.costing.graph_facts import GraphFacts
 from planner.costing.node_work import FLOAT_DTYPES
 from planner.search.mpmd import Program
 from planner.costing.stage_costs import DTYPE_WIDTH
-from planner.costing.step_time import ADAM_BYTES_PER_PARAM
+from planner.costing.node_times import optimizer_step_s
 from planner.strategy import Workload
 
 EXPERT_TAG = ".experts."
@@ -181,7 +181,7 @@ def _expert_group(split: MoeSplit, facts: GraphFacts, cluster: Cluster, workload
            "activations": saved * in_flight}
     mem["peak"] = sum(mem.values())
     updated = local / replicas
-    tail = op_time_s(cluster, 10.0 * updated, ADAM_BYTES_PER_PARAM * updated, "elementwise", workload.dtype)
+    tail = optimizer_step_s(cluster, workload, updated)
     if replicas > 1:  # replicas of one expert reduce its gradients (ZeRO-1: reduce-scatter + all-gather)
         spans = place_group(cluster, replicas, stride=split.experts)
         red = reduce_scatter_s(local * MEGATRON_ADAM.grad_bytes, spans) + all_gather_s(local * width, spans)

@@ -22,7 +22,8 @@ from typing import Mapping
 import numpy as np
 
 from planner.errors import Infeasible, SolverTimeout
-from planner.search.intra_op import IntraOpProblem, demand_cost, group_demands, total_cost
+from planner.search.charges import HIDEABLE, group_program, pair_costs, self_costs, total_cost
+from planner.search.intra_op import IntraOpProblem
 
 _NS = 1e9
 
@@ -60,11 +61,11 @@ def _native_stdout_silenced():
 def _costs(problem: IntraOpProblem) -> tuple[list[np.ndarray], dict[tuple[int, int], np.ndarray]]:
     """Per-var costs (op time, same-position edges, graph outputs) and the costs of pairs of vars."""
     unary = [u.astype(float).copy() for u in problem.unary]
-    for v, d in problem.self_costs().items():
+    for v, d in self_costs(problem).items():
         unary[v] = unary[v] + d
     for v, d in problem.sink_costs().items():
         unary[v] = unary[v] + d
-    return unary, problem.pair_costs()
+    return unary, pair_costs(problem)
 
 
 def _separable(m: np.ndarray) -> bool:
@@ -139,21 +140,31 @@ def solve_intra_op_cpsat(
                 c = int(round(m[i, j] * _NS))
                 if c:
                     terms.append((e[i][j], c))
-    # read-by-many tensors: one move per distinct layout asked (forward), one per distinct gradient layout
+    # read-by-many tensors: one move per distinct layout asked (forward), one per distinct gradient layout;
+    # what the readers' GEMMs hide of each (collective, pass) is at most its seconds and overlap x the window
     for src, out, idx in problem.groups:
-        nbytes = problem.edges[idx[0]].nbytes
-        for (direction, layout), options in sorted(group_demands(problem, idx).items()):
-            z = model.NewBoolVar(f"z{src}_{out}_{direction}_{layout}")
-            for v, s_i, _ in options:
+        prog = group_program(problem, src, out, idx)
+        offered: dict[tuple[str, bool], list[tuple[object, int]]] = {}
+        for d_i, (askers, per_producer) in enumerate(prog.demands):
+            z = model.NewBoolVar(f"z{src}_{out}_{d_i}")
+            for v, s_i in askers:
                 model.AddImplication(x[v][s_i], z)
-            passes = max(p for _, _, p in options)
-            for su_i, su in enumerate(problem.vars[src].strategies):
-                sec = sum(demand_cost(problem, src, direction, layout, su.outputs[out], nbytes, passes).values())
-                c = int(round(sec * _NS))
+            for su_i, by in sorted(per_producer.items()):
+                c = int(round(sum(by.values()) * _NS))
                 if c:
-                    w = model.NewBoolVar(f"w{src}_{out}_{direction}_{layout}_{su_i}")
+                    w = model.NewBoolVar(f"w{src}_{out}_{d_i}_{su_i}")
                     model.Add(w >= z + x[src][su_i] - 1)
                     terms.append((w, c))
+                    for key, sec in by.items():
+                        offered.setdefault(key, []).append((w, int(round(sec * _NS))))
+        for (coll, backward), parts in sorted(offered.items()):
+            window = prog.windows[backward]
+            if problem.overlap <= 0 or coll not in HIDEABLE or not window:
+                continue
+            h = model.NewIntVar(0, sum(c for _, c in parts), f"h{src}_{out}_{coll}_{backward}")
+            model.Add(h <= sum(c * w for w, c in parts))
+            model.Add(h <= sum(int(round(problem.overlap * g * _NS)) * x[v][s_i] for (v, s_i), g in window.items()))
+            terms.append((h, -1))
     # objective: compute per op plus resharding per edge
     for v in range(n):
         base = float(unary[v].min())
@@ -264,24 +275,36 @@ def solve_intra_op_highs(
             row([(c, 1.0) for c in e[i]] + [(x[a][i], -1.0)], 0.0, 0.0)
         for j in range(m.shape[1]):
             row([(e[i][j], 1.0) for i in range(m.shape[0])] + [(x[b][j], -1.0)], 0.0, 0.0)
-    # read-by-many tensors: z >= each reader's one-hot that asks a layout; w >= z + x_producer - 1
+    # read-by-many tensors: z >= each reader's one-hot that asks a layout; w >= z + x_producer - 1; what the
+    # readers' GEMMs hide of each (collective, pass): h <= the seconds offered, h <= overlap x the window
+    hides: list[int] = []
     for src, out, idx in problem.groups:
-        nbytes = problem.edges[idx[0]].nbytes
-        for (direction, layout), options in sorted(group_demands(problem, idx).items()):
+        prog = group_program(problem, src, out, idx)
+        offered: dict[tuple[str, bool], list[tuple[int, float]]] = {}
+        for askers, per_producer in prog.demands:
             z = new_var(0.0)
-            for v, s_i, _ in options:
+            for v, s_i in askers:
                 row([(x[v][s_i], 1.0), (z, -1.0)], -np.inf, 0.0)
-            passes = max(p for _, _, p in options)
-            for su_i, su in enumerate(problem.vars[src].strategies):
-                sec = sum(demand_cost(problem, src, direction, layout, su.outputs[out], nbytes, passes).values())
-                if sec > 0:
-                    w = new_var(sec)
-                    row([(z, 1.0), (x[src][su_i], 1.0), (w, -1.0)], -np.inf, 1.0)
+            for su_i, by in sorted(per_producer.items()):
+                w = new_var(sum(by.values()))
+                row([(z, 1.0), (x[src][su_i], 1.0), (w, -1.0)], -np.inf, 1.0)
+                for key, sec in by.items():
+                    offered.setdefault(key, []).append((w, sec))
+        for (coll, backward), parts in sorted(offered.items()):
+            window = prog.windows[backward]
+            if problem.overlap <= 0 or coll not in HIDEABLE or not window:
+                continue
+            h = new_var(-1.0 / _NS)  # in nanoseconds, like the objective, for well-scaled rows
+            hides.append(h)
+            row([(h, 1.0)] + [(w, -sec * _NS) for w, sec in parts], -np.inf, 0.0)
+            row([(h, 1.0)] + [(x[v][s_i], -problem.overlap * g * _NS) for (v, s_i), g in window.items()],
+                -np.inf, 0.0)
     for v in range(n):
         base = float(unary[v].min())
         for s, c in enumerate(unary[v]):
             cost[x[v][s]] += float(c) - base
     ub = np.ones(len(cost))
+    ub[hides] = np.inf
     lb = np.zeros(len(cost))
     for v, s in fixed.items():
         lb[x[v][s]] = 1.0

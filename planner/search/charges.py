@@ -1,0 +1,202 @@
+"""What each tensor-axis collective of an assignment costs, pass by pass, and how much of it a GEMM hides.
+
+One edge's collectives (or one read-by-many tensor's) become charges, one per
+(collective, pass): a forward move runs in the forward pass and again in the
+backward pass for every recomputed forward; a gradient move runs in backward;
+an input its reader keeps for the weight gradient, all-gathered from sequence
+shards, is gathered again in backward (Korthikanti 2022, section 4.2.2).
+
+With tensor-parallel overlap (`IntraOpProblem.overlap` > 0: Transformer
+Engine's userbuffers, torch's AsyncTP), an all-gather or reduce-scatter hides
+behind the GEMM it feeds or follows, up to `overlap` times that GEMM's time in
+the same pass: for an edge the larger of its two ends' GEMMs, for a tensor read
+by several ops the sum of its readers' GEMMs. The layout program minimises what
+the charges leave exposed and the estimate reports the same charges, so the
+program's objective is the time the estimate prints.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from planner.search.intra_op import IntraOpProblem, demand_cost, edge_cost, group_demands
+
+HIDEABLE = frozenset({"all_gather", "reduce_scatter"})
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """Seconds of one collective kind in one pass, and how much of them a GEMM window hides."""
+
+    coll: str  # all_gather, reduce_scatter, all_reduce, all_to_all or impossible
+    backward: bool
+    sec: float
+    hidden: float
+
+
+def gemm_s(problem: IntraOpProblem, v: int, s: int, backward: bool) -> float:
+    """One instance's GEMM seconds of var v under strategy s (0 for a var that is not an unfused contraction)."""
+    if not problem.gemm:
+        return 0.0
+    return float(problem.gemm[v][1 if backward else 0][s])
+
+
+def hidden_s(problem: IntraOpProblem, coll: str, sec: float, window: float) -> float:
+    """What a GEMM window of `window` seconds hides of `sec` seconds of a collective."""
+    if problem.overlap <= 0 or coll not in HIDEABLE or window <= 0:
+        return 0.0
+    return min(sec, problem.overlap * window)
+
+
+def _split_passes(problem: IntraOpProblem, kind: str, sec: float, fwd_share: float, regather: bool,
+                  into: dict[tuple[str, bool], float]) -> None:
+    """Seconds of one move by (collective, pass): `fwd_share` of a forward move runs in the forward pass."""
+    direction, coll = kind.split(":")
+    if direction == "bwd":
+        into[(coll, True)] += sec
+        return
+    first = sec * fwd_share
+    into[(coll, False)] += first
+    into[(coll, True)] += sec - first
+    if coll == "all_gather" and problem.training and regather:
+        into[(coll, True)] += first * (2 - 1 / fwd_share)  # gathered again in backward (module docstring)
+
+
+def edge_charges(problem: IntraOpProblem, k: int, i: int, j: int) -> list[Charge]:
+    """The charges of edge k when its source takes strategy i and its reader strategy j."""
+    e = problem.edges[k]
+    sa, sb = problem.vars[e.src].strategies[i], problem.vars[e.dst].strategies[j]
+    by: dict[tuple[str, bool], float] = defaultdict(float)
+    for kind, sec in edge_cost(problem, e, sa, sb).items():
+        _split_passes(problem, kind, sec, e.times / e.fwd_times, e.regather, by)
+    out = []
+    for (coll, backward), sec in sorted(by.items()):
+        window = max(gemm_s(problem, e.dst, j, backward), gemm_s(problem, e.src, i, backward)) * e.times
+        out.append(Charge(coll, backward, sec, hidden_s(problem, coll, sec, window)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProgram:
+    """A read-by-many tensor as the layout program sees it.
+
+    Each demand (a layout its readers may ask, served once if any reader asks
+    it) has the (var, strategy) choices that ask it and, per producer strategy,
+    its seconds by (collective, pass). The window of a pass is linear in the
+    one-hots: (var, strategy) -> GEMM seconds.
+    """
+
+    demands: tuple[tuple[tuple[tuple[int, int], ...], dict[int, dict[tuple[str, bool], float]]], ...]
+    windows: dict[bool, dict[tuple[int, int], float]]
+
+
+def group_program(problem: IntraOpProblem, src: int, out: int, idx: Sequence[int]) -> GroupProgram:
+    """The demands and windows of the tensor that output `out` of var `src` hands to the edges `idx`."""
+    readers = [problem.edges[k] for k in idx]
+    nbytes = readers[0].nbytes
+    fwd_share = 1 / max(1, max(e.fwd_times / e.times for e in readers))
+    regather = any(e.regather for e in readers)
+    demands = []
+    for (direction, layout), options in sorted(group_demands(problem, idx).items()):
+        passes = max(p for _, _, p in options)
+        per_producer = {}
+        for su_i, su in enumerate(problem.vars[src].strategies):
+            by: dict[tuple[str, bool], float] = defaultdict(float)
+            for kind, sec in demand_cost(problem, src, direction, layout, su.outputs[out], nbytes, passes).items():
+                _split_passes(problem, kind, sec, fwd_share, regather, by)
+            if any(by.values()):
+                per_producer[su_i] = dict(by)
+        demands.append((tuple((v, s_i) for v, s_i, _ in options), per_producer))
+    windows: dict[bool, dict[tuple[int, int], float]] = {}
+    for backward in (False, True):
+        w: dict[tuple[int, int], float] = defaultdict(float)
+        for e in readers:
+            for s in range(len(problem.vars[e.dst].strategies)):
+                if gemm_s(problem, e.dst, s, backward):
+                    w[(e.dst, s)] += gemm_s(problem, e.dst, s, backward) * e.times
+        if not w:  # no reader is a GEMM: the producer's own is the window
+            for s in range(len(problem.vars[src].strategies)):
+                if gemm_s(problem, src, s, backward):
+                    w[(src, s)] += gemm_s(problem, src, s, backward) * readers[0].times
+        windows[backward] = dict(w)
+    return GroupProgram(tuple(demands), windows)
+
+
+def group_charges(problem: IntraOpProblem, src: int, out: int, idx: Sequence[int],
+                  choice: Sequence[int]) -> list[Charge]:
+    """The charges of a read-by-many tensor under an assignment."""
+    prog = group_program(problem, src, out, idx)
+    by: dict[tuple[str, bool], float] = defaultdict(float)
+    for askers, per_producer in prog.demands:
+        if any(choice[v] == s for v, s in askers):
+            for key, sec in per_producer.get(choice[src], {}).items():
+                by[key] += sec
+    res = []
+    for (coll, backward), sec in sorted(by.items()):
+        window = sum(g for (v, s), g in prog.windows[backward].items() if choice[v] == s)
+        res.append(Charge(coll, backward, sec, hidden_s(problem, coll, sec, window)))
+    return res
+
+
+def edge_matrix(problem: IntraOpProblem, k: int) -> np.ndarray:
+    """Exposed seconds of edge k per (source strategy, reader strategy)."""
+    e = problem.edges[k]
+    m = np.zeros((len(problem.vars[e.src].strategies), len(problem.vars[e.dst].strategies)))
+    for i in range(m.shape[0]):
+        for j in range(m.shape[1]):
+            m[i, j] = sum(c.sec - c.hidden for c in edge_charges(problem, k, i, j))
+    return m
+
+
+def pair_costs(problem: IntraOpProblem) -> dict[tuple[int, int], np.ndarray]:
+    """Edge costs gathered per pair of distinct vars (rows: first var's strategies)."""
+    pairs: dict[tuple[int, int], np.ndarray] = {}
+    for k, e in enumerate(problem.edges):
+        if e.src == e.dst:
+            continue  # handled in `self_costs`
+        m = edge_matrix(problem, k)
+        a, b = (e.src, e.dst) if e.src < e.dst else (e.dst, e.src)
+        mm = m if e.src < e.dst else m.T
+        pairs[(a, b)] = pairs[(a, b)] + mm if (a, b) in pairs else mm
+    return pairs
+
+
+def self_costs(problem: IntraOpProblem) -> dict[int, np.ndarray]:
+    """Edges from an op position to the same position of the next instance: a cost on the diagonal."""
+    out: dict[int, np.ndarray] = {}
+    for k, e in enumerate(problem.edges):
+        if e.src == e.dst:
+            out[e.src] = out.get(e.src, 0) + np.diag(edge_matrix(problem, k)).copy()
+    return out
+
+
+def breakdown(problem: IntraOpProblem, choice: Sequence[int]) -> dict[str, float]:
+    """Compute and communication by pass and kind ('fwd:all_reduce', ...) of an assignment, 'hidden' (negative)
+    what GEMMs hide of them; 'total', their sum, is the objective the solvers minimise."""
+    out: dict[str, float] = defaultdict(float)
+    for v_i, u in enumerate(problem.unary):
+        out["compute"] += float(u[choice[v_i]])
+    for v_i, c in problem.sink_costs().items():
+        if c[choice[v_i]]:
+            out["fwd:all_reduce"] += float(c[choice[v_i]])
+    charges = [c for src, o, idx in problem.groups for c in group_charges(problem, src, o, idx, choice)]
+    charges += [c for k, e in enumerate(problem.edges) for c in edge_charges(problem, k, choice[e.src], choice[e.dst])]
+    for c in charges:
+        out[f"{'bwd' if c.backward else 'fwd'}:{c.coll}"] += c.sec
+        if c.hidden:
+            out["hidden"] -= c.hidden
+    out["total"] = sum(v for k, v in out.items() if k != "total")
+    return dict(sorted(out.items()))
+
+
+def total_cost(problem: IntraOpProblem, choice: Sequence[int]) -> float:
+    """Seconds of an assignment (strategy index per var): the objective the solvers minimise."""
+    return breakdown(problem, choice)["total"]
+
+
+__all__ = ["Charge", "GroupProgram", "HIDEABLE", "breakdown", "edge_charges", "edge_matrix", "gemm_s", "group_charges",
+           "group_program", "hidden_s", "pair_costs", "self_costs", "total_cost"]
