@@ -158,12 +158,11 @@ def solve_intra_op_cpsat(
                     for key, sec in by.items():
                         offered.setdefault(key, []).append((w, int(round(sec * _NS))))
         for (coll, backward), parts in sorted(offered.items()):
-            window = prog.windows[backward]
-            if problem.overlap <= 0 or coll not in HIDEABLE or not window:
+            most = int(round(problem.overlap * prog.windows[backward] * _NS))
+            if coll not in HIDEABLE or most <= 0:
                 continue
-            h = model.NewIntVar(0, sum(c for _, c in parts), f"h{src}_{out}_{coll}_{backward}")
+            h = model.NewIntVar(0, most, f"h{src}_{out}_{coll}_{backward}")
             model.Add(h <= sum(c * w for w, c in parts))
-            model.Add(h <= sum(int(round(problem.overlap * g * _NS)) * x[v][s_i] for (v, s_i), g in window.items()))
             terms.append((h, -1))
     # objective: compute per op plus resharding per edge
     for v in range(n):
@@ -276,8 +275,8 @@ def solve_intra_op_highs(
         for j in range(m.shape[1]):
             row([(e[i][j], 1.0) for i in range(m.shape[0])] + [(x[b][j], -1.0)], 0.0, 0.0)
     # read-by-many tensors: z >= each reader's one-hot that asks a layout; w >= z + x_producer - 1; what the
-    # readers' GEMMs hide of each (collective, pass): h <= the seconds offered, h <= overlap x the window
-    hides: list[int] = []
+    # readers' GEMMs hide of each (collective, pass): h <= the seconds offered, h <= overlap x the window (a bound)
+    hides: dict[int, float] = {}  # hide var -> its most (overlap x the window, ns)
     for src, out, idx in problem.groups:
         prog = group_program(problem, src, out, idx)
         offered: dict[tuple[str, bool], list[tuple[int, float]]] = {}
@@ -291,20 +290,19 @@ def solve_intra_op_highs(
                 for key, sec in by.items():
                     offered.setdefault(key, []).append((w, sec))
         for (coll, backward), parts in sorted(offered.items()):
-            window = prog.windows[backward]
-            if problem.overlap <= 0 or coll not in HIDEABLE or not window:
+            most = problem.overlap * prog.windows[backward] * _NS
+            if coll not in HIDEABLE or most <= 0:
                 continue
             h = new_var(-1.0 / _NS)  # in nanoseconds, like the objective, for well-scaled rows
-            hides.append(h)
+            hides[h] = most
             row([(h, 1.0)] + [(w, -sec * _NS) for w, sec in parts], -np.inf, 0.0)
-            row([(h, 1.0)] + [(x[v][s_i], -problem.overlap * g * _NS) for (v, s_i), g in window.items()],
-                -np.inf, 0.0)
     for v in range(n):
         base = float(unary[v].min())
         for s, c in enumerate(unary[v]):
             cost[x[v][s]] += float(c) - base
     ub = np.ones(len(cost))
-    ub[hides] = np.inf
+    for h, most in hides.items():
+        ub[h] = most
     lb = np.zeros(len(cost))
     for v, s in fixed.items():
         lb[x[v][s]] = 1.0
