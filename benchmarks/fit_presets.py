@@ -23,8 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cost_models import load_cluster  # noqa: E402
-from cost_models.loader import PRESET_DIR, preset_names  # noqa: E402
+from cost_models.loader import PRESET_DIR, load_file, preset_names  # noqa: E402
 from planner.calibration import alternate_split, read_runs  # noqa: E402
 from planner.calibration.report import calibrate_runs  # noqa: E402
 from planner.costing.execution import STACK_DIR  # noqa: E402
@@ -51,7 +50,7 @@ def ties_for(hardware: str) -> tuple[dict, str]:
     ref = TIED_TO.get(hardware)
     if ref is None:
         return {}, ""
-    c = load_cluster(ref)
+    c = load_file(PRESET_DIR / f"{ref}.toml")  # as written by this run's fit, not as cached before it
     if c.fp8_matmul_plateau is None:
         return {}, ""
     ratio = round(c.matmul_plateau / c.fp8_matmul_plateau, 3)
