@@ -20,4 +20,6 @@ def megatron(doc: dict) -> dict:
             entry["dims"] = ["tp", None]
             if entry["op"] == "embedding":
                 entry["output_partial"] = ["tp"]
+            else:  # column-parallel: each rank's output columns are whole, never a pending sum
+                entry.pop("output_partial", None)
     return doc
