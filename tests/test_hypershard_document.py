@@ -154,6 +154,11 @@ def test_malformed_files_fail_with_the_line(tmp_path):
     (lambda p: p["model.norm.weight"].update(dims=["xp"]), "layouts", "names mesh axis 'xp'"),
     (lambda p: p["model.norm.weight"].update(dims=[["tp", "pp"]]), "layouts", None),
     (lambda p: p["lm_head.weight"].update(dims=["tp", "tp"]), "layouts", "uses a mesh axis on two dims"),
+    # a column split declared a pending sum, and a row split declared whole: a backend would run what it says
+    (lambda p: p["lm_head.weight"].update(dims=["tp", None], output_partial=["tp"]), "layouts",
+     "lm_head.weight: with these dims its linear output is whole, so output_partial must be [], not ['tp']"),
+    (lambda p: p["model.layers.*.mlp.down_proj.weight"].update(dims=[None, "tp"], output_partial=[]), "layouts",
+     "output is a pending sum over tp, so output_partial must be ['tp'], not []"),
 ])
 def test_layout_problems_are_reported(piped, edit, check, message):
     doc = copy.deepcopy(piped)

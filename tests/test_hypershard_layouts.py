@@ -94,7 +94,7 @@ def test_the_pins_are_the_declared_layouts(doc):
 
 def test_a_row_parallel_up_projection_needs_the_searched_layout_space(doc):
     edited = copy.deepcopy(doc)
-    _params(edited)["model.layers.*.mlp.up_proj.weight"]["dims"] = [None, "tp"]
+    _params(edited)["model.layers.*.mlp.up_proj.weight"].update(dims=[None, "tp"], output_partial=["tp"])
     with pytest.raises(InvalidInput, match=r"cannot read the declared layout of .* in the 'megatron' tensor-axis "
                                            r"layout space .* or set layouts.space to searched"):
         score_document(edited)

@@ -84,15 +84,37 @@ def param_layout(name: str, shape: Sequence[int], estimated: str, role: ParamRol
     if expert:
         dims[0].insert(0, "ep")
     entry: dict[str, Any] = {"dims": [_join(a) for a in dims], "partial": [], "op": role.op}
-    split = [d for d, a in enumerate(dims) if "tp" in a]
-    if split and role.partial_dim is not None and split[0] == role.partial_dim:
-        entry["output_partial"] = ["tp"]
+    if output_partial(entry["dims"], role):
+        entry["output_partial"] = output_partial(entry["dims"], role)
     if role.model_output:
         entry["model_output"] = True
     seen = activation_dims(role.input_shape, s, seq_len, residual=role.reads_residual)
     if seen is not None:
         entry["input"] = seen
     return entry
+
+
+def output_partial(dims: Sequence[DimSpec], role: ParamRole) -> list[str]:
+    """The axes a weight's op output is a pending sum over: tp when tp splits the dim the op sums over (a
+    row-parallel linear, a vocabulary-split embedding)."""
+    split = [d for d, spec in enumerate(dims) if "tp" in dim_axes(spec)]
+    return ["tp"] if split and role.partial_dim is not None and split[0] == role.partial_dim else []
+
+
+def partial_problems(entries: Mapping[str, Mapping[str, Any]], roles: Mapping[str, ParamRole]) -> list[str]:
+    """Entries whose `output_partial` contradicts their dims (at most three): a backend runs what the file says, and
+    a column split declared a pending sum has some ranks reduce what the others never send."""
+    out = []
+    for p, e in entries.items():
+        role, have = roles.get(p), sorted(e.get("output_partial") or [])
+        if role is None or have == output_partial(e["dims"], role):
+            continue
+        want = output_partial(e["dims"], role)
+        out.append(f"{p}: with these dims its {role.op} output is {'a pending sum over tp' if want else 'whole'}, "
+                   f"so output_partial must be {want}, not {have}; fix output_partial or the dims")
+        if len(out) == 3:
+            break
+    return out
 
 
 def estimated_by_param(structure: Structure, estimated: Mapping[str, Mapping[str, str]]) -> dict[str, str]:

@@ -29,10 +29,11 @@ from planner.hypershard.declared import (Scored, chunk_layers, program_parts, pr
                                          score_as, view_strategy, workload_of)
 from planner.hypershard.document import Request, build_document, file_sha256
 from planner.hypershard.io import check_schema
-from planner.hypershard.layouts import dim_axes
+from planner.hypershard.layouts import dim_axes, partial_problems
 from planner.hypershard.patterns import expand
 from planner.hypershard.pins import AXES, check_activations, declared_pins, layout_text
 from planner.hypershard.programs import is_serving, rank_label, rank_problems, ranks_of, views
+from planner.hypershard.roles import param_roles
 from planner.hypershard.stages import device_problem, param_widths, placed_ranges
 from planner.strategy import Strategy, Workload
 
@@ -280,7 +281,11 @@ def _layout_problems(doc: Mapping[str, Any], graph: Graph, structure: Structure,
                 return f"{p} dim {d} ({n}) does not split evenly over {'x'.join(axes)} = {k}"
         return None
 
-    return entry_problems(doc["layouts"]["params"], graph, AXES, uneven)
+    out = entry_problems(doc["layouts"]["params"], graph, AXES, uneven)
+    if out or max((size["tp"], *s.stage_tp)) == 1:  # with one tensor rank, no split is a pending sum
+        return out
+    resolved, _, _ = expand(doc["layouts"]["params"], graph.params)
+    return partial_problems(resolved, param_roles(graph, structure))
 
 
 def entry_problems(entries: Mapping[str, Any], graph: Graph, known: tuple[str, ...],
