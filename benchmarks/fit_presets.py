@@ -31,6 +31,9 @@ from planner.costing.execution import STACK_DIR  # noqa: E402
 #: Stacks whose kernel efficiency is fitted beside a hardware's parameters: on DGX H100 the runs of three
 #: Megatron-Core generations and NeMo Automodel share the hardware, so today's Megatron-Core is the reference.
 STACK_FITS = {"dgx-h100": ("megatron-core-2024", "automodel")}
+#: Stacks whose TP overlap share is fitted beside a hardware's parameters: Grand Teton's runs are torchtitan's
+#: asyncTP benchmark, the same layouts with and without async TP, so they pin the share async TP hides.
+TP_SHARE_FITS = {"h100-grand-teton": ("torchtitan",)}
 
 
 #: What a preset keeps of the A100 fit where its own runs cannot pin a parameter (an assumption its file says):
@@ -75,16 +78,18 @@ def reset_transferred(hardware: str) -> None:
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
 
 
-def write_stack_factor(stack: str, value: float, hardware: str) -> None:
-    """Set `kernel_efficiency` in a stack preset, saying where it was fitted."""
+def write_stack_field(stack: str, key: str, value: float, hardware: str) -> None:
+    """Set a fitted field (`kernel_efficiency` in [kernels], `tp_overlap_share` in [overlap]) in a stack preset,
+    saying where it was fitted."""
     path = STACK_DIR / f"{stack}.toml"
     lines = path.read_text(encoding="utf-8").splitlines()
-    line = f"kernel_efficiency = {value:g}  # fitted beside {hardware}'s parameters (benchmarks/fit_presets.py)"
-    hit = [i for i, l in enumerate(lines) if l.startswith("kernel_efficiency")]
+    line = f"{key} = {value:g}  # fitted beside {hardware}'s parameters (benchmarks/fit_presets.py)"
+    hit = [i for i, l in enumerate(lines) if l.startswith(key)]
     if hit:
         lines[hit[0]] = line
     else:
-        at = next(i for i, l in enumerate(lines) if l.strip() == "[kernels]")
+        section = "[kernels]" if key == "kernel_efficiency" else "[overlap]"
+        at = next(i for i, l in enumerate(lines) if l.strip() == section)
         lines.insert(at + 1, line)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"  wrote {path}")
@@ -108,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{hw}: no runs to fit on; skipped")
             continue
         start = time.perf_counter()
-        stacks = STACK_FITS.get(hw, ())
+        stacks, tp_shares = STACK_FITS.get(hw, ()), TP_SHARE_FITS.get(hw, ())
         preset = PRESET_DIR / f"{hw}.toml"
         before = preset.read_text(encoding="utf-8")
         reset_transferred(hw)
         ties, note = ties_for(hw)
-        result = calibrate_runs(mine, fit=fit_ids, stacks=stacks, ties=ties, note=note)
+        result = calibrate_runs(mine, fit=fit_ids, stacks=stacks, ties=ties, note=note, tp_shares=tp_shares)
         took = time.perf_counter() - start
         values = ", ".join(f"{k} {v:g}" for k, v in result.fit.values.items())
         print(f"{hw}: fitted on {len(fit_ids)} of {len(mine)} runs in {result.fit.evaluations} evaluations, "
@@ -130,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
             (PRESET_DIR / f"{hw}.toml").write_text(result.fitted_text, encoding="utf-8")
             print(f"  wrote {PRESET_DIR / f'{hw}.toml'}")
             for stack in stacks:
-                write_stack_factor(stack, result.fit.values[f"stack:{stack}"], hw)
+                write_stack_field(stack, "kernel_efficiency", result.fit.values[f"stack:{stack}"], hw)
+            for stack in tp_shares:
+                write_stack_field(stack, "tp_overlap_share", result.fit.values[f"tp_share:{stack}"], hw)
     return 0
 
 

@@ -78,24 +78,46 @@ def fitted_names(runs: Sequence[Run]) -> list[str]:
     return names
 
 
-#: a stack's kernel efficiency against the hardware's fit (fitted only where its runs share a hardware with others)
-STACK_FACTOR = (1.0, 0.5, 1.5)
+#: Stack fields a fit can set beside a hardware's parameters, by the prefix of their value names ("stack:NAME",
+#: "tp_share:NAME"): the field, start, lower, upper. A stack's kernel efficiency against the hardware's fit
+#: (fitted only where its runs share a hardware with others' stacks); the share of each TP all-gather or
+#: reduce-scatter its overlap hides (fitted where runs with and without the overlap pin it).
+STACK_FIELDS = {"stack": ("kernel_efficiency", 1.0, 0.5, 1.5), "tp_share": ("tp_overlap_share", 0.7, 0.1, 1.0)}
+
+
+def is_device_value(name: str) -> bool:
+    """Whether a fitted value is the hardware's (not a stack's)."""
+    return ":" not in name
+
+
+def with_stack_values(runs: Sequence[Run], values: Mapping[str, float]) -> list[Run]:
+    """The runs with the fitted stack fields in `values` set on the executions of their stacks."""
+    fields: dict[str, dict[str, float]] = {}
+    for name, v in values.items():
+        if not is_device_value(name):
+            prefix, stack = name.split(":", 1)
+            fields.setdefault(stack, {})[STACK_FIELDS[prefix][0]] = v
+    return [dataclasses.replace(r, execution=dataclasses.replace(r.execution, **fields[r.execution.name]))
+            if r.execution.name in fields else r for r in runs]
 
 
 def fit(runs: Sequence[Run], base: Cluster, predictor: Predictor | None = None,
         progress: Callable[[int, float], None] | None = None, max_evaluations: int = 120,
-        stacks: Sequence[str] = (), ties: Mapping[str, tuple[str, float]] | None = None) -> Fit:
+        stacks: Sequence[str] = (), ties: Mapping[str, tuple[str, float]] | None = None,
+        tp_shares: Sequence[str] = ()) -> Fit:
     """Least-squares fit of `base`'s efficiency parameters on `runs` (all on that hardware); with `stacks`, also
-    the `kernel_efficiency` of those stacks (values named "stack:NAME"), the others' held as they are. `ties`
-    sets a parameter the runs cannot pin from one they fit: {name: (fitted name, ratio)}, name = ratio x it."""
+    the `kernel_efficiency` of those stacks (values named "stack:NAME"), with `tp_shares` their
+    `tp_overlap_share` ("tp_share:NAME"), the others' held as they are. `ties` sets a parameter the runs
+    cannot pin from one they fit: {name: (fitted name, ratio)}, name = ratio x it."""
     from scipy.optimize import least_squares
 
     if not runs:
         raise InvalidInput("--fit names no run of this hardware; give the ids of measured runs to fit on")
     predictor = predictor or Predictor()
-    names = fitted_names(runs) + [f"stack:{n}" for n in stacks]
+    stack_names = [f"stack:{n}" for n in stacks] + [f"tp_share:{n}" for n in tp_shares]
+    names = fitted_names(runs) + stack_names
     ties = {k: v for k, v in (ties or {}).items() if k not in names and v[0] in names}
-    spec = {n: (s, lo, hi) for n, s, lo, hi in PARAMETERS} | {f"stack:{n}": STACK_FACTOR for n in stacks}
+    spec = {n: (s, lo, hi) for n, s, lo, hi in PARAMETERS} | {n: STACK_FIELDS[n.split(":")[0]][1:] for n in stack_names}
     start = np.array([spec[n][0] for n in names])
     lower, upper = np.array([spec[n][1] for n in names]), np.array([spec[n][2] for n in names])
     calls = [0]
@@ -105,13 +127,10 @@ def fit(runs: Sequence[Run], base: Cluster, predictor: Predictor | None = None,
 
     def cluster_of(values: dict[str, float]) -> Cluster:
         values = with_ties(values)
-        return with_law(base, **law_values(base, {k: v for k, v in values.items() if not k.startswith("stack:")}))
+        return with_law(base, **law_values(base, {k: v for k, v in values.items() if is_device_value(k)}))
 
     def runs_of(values: dict[str, float]) -> list[Run]:
-        factors = {k[len("stack:"):]: v for k, v in values.items() if k.startswith("stack:")}
-        return [dataclasses.replace(r, execution=dataclasses.replace(
-            r.execution, kernel_efficiency=factors[r.execution.name])) if r.execution.name in factors else r
-                for r in runs]
+        return with_stack_values(runs, values)
 
     def residuals(x: np.ndarray) -> np.ndarray:
         calls[0] += 1
@@ -167,7 +186,7 @@ def write_fit(text: str, result: Fit, note: str) -> str:
     if any(re.match(r"\s*(matmul|memory)\s*=", l) for l in section):
         raise InvalidInput("the hardware file's [efficiency] gives [size, efficiency] tables; write it with "
                            "matmul_plateau, memory_plateau and kernel_overhead_us to fit it")
-    values = {k: v for k, v in result.values.items() if not k.startswith("stack:")}
+    values = {k: v for k, v in result.values.items() if is_device_value(k)}
     kept = [k for k in ("matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us", "overlap")
             if k not in values or k in result.tied]
     values |= {"fitted_on": list(result.runs), "not_fitted": kept, "calibration": note}
@@ -194,4 +213,5 @@ def _toml(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-__all__ = ["Fit", "PARAMETERS", "fit", "fitted_names", "hardware_text", "law_values", "write_fit"]
+__all__ = ["Fit", "PARAMETERS", "STACK_FIELDS", "fit", "fitted_names", "hardware_text", "is_device_value",
+           "law_values", "with_stack_values", "write_fit"]

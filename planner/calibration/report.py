@@ -8,7 +8,7 @@ from typing import Iterable, Sequence
 
 from cost_models import load_cluster
 
-from planner.calibration.fit import Fit, fit as fit_runs, hardware_text, write_fit
+from planner.calibration.fit import Fit, fit as fit_runs, hardware_text, is_device_value, with_stack_values, write_fit
 from planner.calibration.predict import Prediction, Predictor, predict_all, summarise
 from planner.calibration.runs import Run
 from planner.errors import InvalidInput
@@ -69,12 +69,11 @@ def select(runs: Sequence[Run], hardware: str | None, category: str | None) -> l
 
 
 def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks: Sequence[str] = (),
-                   ties=None, note: str = "") -> CalibrationResult:
+                   ties=None, note: str = "", tp_shares: Sequence[str] = ()) -> CalibrationResult:
     """Predict every run; with `fit`, first fit the hardware of those runs on them (then every prediction on
     that hardware uses the fitted parameters, and the fitted runs count as fit); with `stacks` too, the kernel
-    efficiency of those stacks (every run of them is then predicted with it); `ties` as `fit.fit` takes them,
-    and `note` added to the calibration sentence written into the file."""
-    import dataclasses
+    efficiency of those stacks, with `tp_shares` their TP overlap share (every run of them is then predicted
+    with it); `ties` as `fit.fit` takes them, and `note` added to the calibration sentence written into the file."""
 
     predictor = Predictor()
     result_fit, text, override = None, None, None
@@ -90,15 +89,13 @@ def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks
                                " fit one hardware file at a time")
         hw_name = hardware.pop()
         base = load_cluster(hw_name)
-        result_fit = fit_runs(chosen, base, predictor, stacks=stacks, ties=ties)
-        factors = {k[len("stack:"):]: v for k, v in result_fit.values.items() if k.startswith("stack:")}
-        runs = [dataclasses.replace(r, execution=dataclasses.replace(r.execution, kernel_efficiency=factors[
-            r.execution.name])) if r.execution.name in factors else r for r in runs]
+        result_fit = fit_runs(chosen, base, predictor, stacks=stacks, ties=ties, tp_shares=tp_shares)
+        runs = with_stack_values(runs, result_fit.values)
         from cost_models.loader import with_law
 
         from planner.calibration.fit import law_values
 
-        device_values = {k: v for k, v in result_fit.values.items() if not k.startswith("stack:")}
+        device_values = {k: v for k, v in result_fit.values.items() if is_device_value(k)}
         override = (hw_name, with_law(base, **law_values(base, device_values)))
         source, _ = hardware_text(hw_name)
         note = f"fitted on {len(chosen)} measured runs (hyperplan calibrate --fit)" + (f"; {note}" if note else "")

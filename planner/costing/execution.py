@@ -67,6 +67,7 @@ class Execution:
     overlap_ep_comm: bool = False  # expert all-to-all during another micro-batch's compute
     overlap_pp_comm: bool = False  # pipeline sends and receives during compute
     ep_overlap_share: float = 1.0  # at most this share of the expert all-to-all the overlap can hide
+    tp_overlap_share: float = 1.0  # at most this share of each TP all-gather / reduce-scatter its GEMM can hide
     # precision (FP8 applies when the workload's dtype is fp8: its GEMMs run at the fp8 peak)
     fp8_recipe: str = "delayed"
     fp8_cast_bytes: float = 3.0  # HBM bytes per element to quantise one GEMM operand (read 16-bit, write 8-bit)
@@ -152,13 +153,14 @@ _BOOLS = ("fuse_elementwise", "overlap_grad_reduce", "overlap_param_gather", "fs
           "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm", "overlap_pp_comm", "fp8_saves_inputs", "fp8_params",
           "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation")
 _NUMBERS = ("fp8_cast_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
-            "runtime_reserve_gib", "kernel_efficiency", "ep_overlap_share")
+            "runtime_reserve_gib", "kernel_efficiency", "ep_overlap_share", "tp_overlap_share")
 _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS}
 
 
 _SECTIONS = {
     "kernels": ("attention", "attention_kernel", "fuse_elementwise", "kernel_efficiency"),
-    "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("ep_overlap_share",),
+    "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("ep_overlap_share",
+                                                                                  "tp_overlap_share"),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_weight_bytes", "fp8_saves_inputs", "fp8_params",
                   "fp8_all_gather", "fp8_tp_all_gather"),
     "states": ("param_bytes", "grad_bytes", "optimizer_bytes"),
@@ -184,11 +186,11 @@ def _value(t: Table, key: str) -> Any:
     """One checked field of a stack file's section."""
     if key in _BOOLS:
         return t.boolean(key)
-    if key in ("kernel_efficiency", "ep_overlap_share"):
+    if key in ("kernel_efficiency", "ep_overlap_share", "tp_overlap_share"):
         value = t.number(key)
-        if value > 1.5 or (key == "ep_overlap_share" and value > 1.0):
-            raise t.error(key, f"expected a positive fraction (at most {1.0 if key == 'ep_overlap_share' else 1.5}), "
-                               f"got {value:g}")
+        most = 1.5 if key == "kernel_efficiency" else 1.0
+        if value > most:
+            raise t.error(key, f"expected a positive fraction (at most {most:g}), got {value:g}")
         return value
     if key in _NUMBERS:
         return t.number(key, allow_zero=key in ("fp8_weight_bytes", "runtime_reserve_gib", "grad_bytes"))

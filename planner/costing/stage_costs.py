@@ -157,6 +157,7 @@ def stage_costs(
     # TP overlap: the stack hides sequence-parallel gathers and scatters behind the GEMMs next to them
     problem.overlap = cluster.dp_overlap_efficiency if (execution.overlap_tp_comm and strategy.sp and training) else 0.0
     if problem.overlap:
+        problem.overlap_share = execution.tp_overlap_share
         problem.gemm = gemm_windows(problem, timer, t)
     # a weight's layout sets the optimizer's work on it, once a step: a micro-batch's share of the step over its
     # shard (layouts reused across micro-batch and ZeRO choices, `reuse_layouts`, take it unsharded, per step)

@@ -9,7 +9,8 @@ shards, is gathered again in backward (Korthikanti 2022, section 4.2.2).
 With tensor-parallel overlap (`IntraOpProblem.overlap` > 0: Transformer
 Engine's userbuffers, torch's AsyncTP), an all-gather or reduce-scatter hides
 behind the GEMM it feeds or follows, up to `overlap` times that GEMM's time in
-the same pass: for an edge the larger of its two ends' GEMMs; for a tensor read
+the same pass and up to the stack's `overlap_share` of itself (a decomposed
+GEMM and collective leave part of the transfer exposed): for an edge the larger of its two ends' GEMMs; for a tensor read
 by several ops the sum of its readers' GEMMs, each taken at its least (split)
 time whatever the readers choose, which keeps the program's relaxation tight
 (HiGHS ran past 10 s on Llama-3-70B with the window a sum over the readers'
@@ -49,10 +50,11 @@ def gemm_s(problem: IntraOpProblem, v: int, s: int, backward: bool) -> float:
 
 
 def hidden_s(problem: IntraOpProblem, coll: str, sec: float, window: float) -> float:
-    """What a GEMM window of `window` seconds hides of `sec` seconds of a collective."""
+    """What a GEMM window of `window` seconds hides of `sec` seconds of a collective: at most the stack's share of
+    the collective, and at most the overlap efficiency's share of the window."""
     if problem.overlap <= 0 or coll not in HIDEABLE or window <= 0:
         return 0.0
-    return min(sec, problem.overlap * window)
+    return min(problem.overlap_share * sec, problem.overlap * window)
 
 
 def _split_passes(problem: IntraOpProblem, kind: str, sec: float, fwd_share: float, regather: bool,

@@ -98,6 +98,7 @@ class IntraOpProblem:
     #: Tensor-parallel overlap (`charges`): the fraction of a GEMM's time that can hide an all-gather or
     #: reduce-scatter, and per var one instance's (forward, backward) GEMM seconds per strategy. Empty: none.
     overlap: float = 0.0
+    overlap_share: float = 1.0  # at most this share of each collective hides (the stack's tp_overlap_share)
     gemm: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
     def sink_costs(self) -> dict[int, np.ndarray]:

@@ -141,7 +141,8 @@ def solve_intra_op_cpsat(
                 if c:
                     terms.append((e[i][j], c))
     # read-by-many tensors: one move per distinct layout asked (forward), one per distinct gradient layout;
-    # what the readers' GEMMs hide of each (collective, pass) is at most its seconds and overlap x the window
+    # what the readers' GEMMs hide of each (collective, pass) is at most the stack's share of its seconds and
+    # overlap x the window
     for src, out, idx in problem.groups:
         prog = group_program(problem, src, out, idx)
         offered: dict[tuple[str, bool], list[tuple[object, int]]] = {}
@@ -156,7 +157,7 @@ def solve_intra_op_cpsat(
                     model.Add(w >= z + x[src][su_i] - 1)
                     terms.append((w, c))
                     for key, sec in by.items():
-                        offered.setdefault(key, []).append((w, int(round(sec * _NS))))
+                        offered.setdefault(key, []).append((w, int(round(problem.overlap_share * sec * _NS))))
         for (coll, backward), parts in sorted(offered.items()):
             most = int(round(problem.overlap * prog.windows[backward] * _NS))
             if coll not in HIDEABLE or most <= 0:
@@ -275,7 +276,7 @@ def solve_intra_op_highs(
         for j in range(m.shape[1]):
             row([(e[i][j], 1.0) for i in range(m.shape[0])] + [(x[b][j], -1.0)], 0.0, 0.0)
     # read-by-many tensors: z >= each reader's one-hot that asks a layout; w >= z + x_producer - 1; what the
-    # readers' GEMMs hide of each (collective, pass): h <= the seconds offered, h <= overlap x the window (a bound)
+    # readers' GEMMs hide of each (collective, pass): h <= the share offered, h <= overlap x the window (a bound)
     hides: dict[int, float] = {}  # hide var -> its most (overlap x the window, ns)
     for src, out, idx in problem.groups:
         prog = group_program(problem, src, out, idx)
@@ -288,7 +289,7 @@ def solve_intra_op_highs(
                 w = new_var(sum(by.values()))
                 row([(z, 1.0), (x[src][su_i], 1.0), (w, -1.0)], -np.inf, 1.0)
                 for key, sec in by.items():
-                    offered.setdefault(key, []).append((w, sec))
+                    offered.setdefault(key, []).append((w, problem.overlap_share * sec))
         for (coll, backward), parts in sorted(offered.items()):
             most = problem.overlap * prog.windows[backward] * _NS
             if coll not in HIDEABLE or most <= 0:
