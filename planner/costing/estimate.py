@@ -26,6 +26,7 @@ from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.moe import expert_counts
 from planner.costing.stage_costs import StageCosts, stage_costs
+from planner.search.solve import WALL_LIMIT_S
 from planner.strategy import Strategy, Workload
 from planner.costing.step_time import step_breakdown
 
@@ -152,7 +153,7 @@ def estimate(
     workload: Workload,
     strategy: Strategy,
     *,
-    time_limit_s: float = 10.0,
+    time_limit_s: float = WALL_LIMIT_S,
     param_pins: Mapping[str, int] | None = None,
     facts: GraphFacts | None = None,
     solver: str = "highs",

@@ -34,7 +34,7 @@ from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.search.intra_op import IMPOSSIBLE_S, detach
 from planner.search.skeleton import build_skeleton, price
-from planner.search.solve import solve_intra_op
+from planner.search.solve import WALL_LIMIT_S, solve_intra_op
 from planner.search.space import REPLICATED
 from planner.strategy import Strategy, Workload
 
@@ -75,7 +75,7 @@ def stage_costs(
     workload: Workload,
     strategy: Strategy,
     *,
-    time_limit_s: float = 10.0,
+    time_limit_s: float = WALL_LIMIT_S,
     style: str | None = None,
     facts: GraphFacts | None = None,
     param_pins: Mapping[str, int] | None = None,

@@ -39,6 +39,7 @@ from planner.search.budget import DEFAULT_MAX_NODES, Budget
 from planner.search.constraints import NONE, Constraints
 from planner.search.scoring import (Candidate, Progress, Scorer, SearchResult, _key, balanced_cut,
                                     offload_variants)
+from planner.search.solve import WALL_LIMIT_S
 from planner.search.stage_widths import unequal_stage_strategies
 from planner.strategy import Strategy, Workload
 
@@ -47,9 +48,6 @@ __all__ = ["Budget", "Candidate", "Scorer", "SearchResult", "search", "DEFAULT_G
 
 #: Regions whose bound is within this fraction of the best plan are closed unopened.
 DEFAULT_GAP = 0.01
-#: The layout ILP's own stop (HiGHS proves the zoo's layer problems optimal within seconds; a layout solved
-#: short of its optimum says so in the plan's `layout_solver_gap`).
-_ILP_LIMIT_S = 3600.0
 _LEVELS = ("cp", "tp", "mb", "ep", "schedule", "policy")
 RECOMPUTES = ("none", "selective", "full")
 
@@ -74,8 +72,9 @@ class _Search:
         self.report = progress or (lambda msg, frac: None)
         self.allow_offload = allow_offload and constraints.offload is None
         self.base_offload = tuple(sorted(constraints.offload or ()))
-        # the layout ILP runs to its proven optimum unless it would take longer than the whole plan may
-        self.scorer = Scorer(graph, structure, cluster, workload, min(max(30.0, budget.time_limit_s), _ILP_LIMIT_S),
+        # the layout ILP runs to its proven optimum or its work limit (a layout solved short of its optimum says
+        # so in the plan's `layout_solver_gap`), unless it would take longer than the whole plan may
+        self.scorer = Scorer(graph, structure, cluster, workload, min(max(30.0, budget.time_limit_s), WALL_LIMIT_S),
                              facts, solver)
         self.scorer.worth = lambda step_s: not self._closed(step_s)
         self.shape = grid.model_shape(graph, structure, self.scorer.facts)

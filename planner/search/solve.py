@@ -26,6 +26,13 @@ from planner.search.charges import HIDEABLE, group_program, pair_costs, self_cos
 from planner.search.intra_op import IntraOpProblem
 
 _NS = 1e9
+#: The solvers' own stops, counted in work so that the same problem gets the same answer on any machine: HiGHS's
+#: branch-and-bound nodes, CP-SAT's deterministic time (its count of work, in its "seconds"). The zoo's layer
+#: problems prove optimal in a few hundred nodes; a problem stopped here says so in its gap.
+NODE_LIMIT = 50_000
+DETERMINISTIC_LIMIT = 120.0
+#: The wall clock only stops a solve asked to stop sooner (`time_limit_s`): by default it never decides.
+WALL_LIMIT_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +83,7 @@ def _separable(m: np.ndarray) -> bool:
 
 def solve_intra_op(
     problem: IntraOpProblem,
-    time_limit_s: float = 10.0,
+    time_limit_s: float = WALL_LIMIT_S,
     fixed: Mapping[int, int] | None = None,
     allowed: Mapping[int, frozenset[int]] | None = None,
     backend: str = "highs",
@@ -96,7 +103,7 @@ def solve_intra_op(
 
 def solve_intra_op_cpsat(
     problem: IntraOpProblem,
-    time_limit_s: float = 10.0,
+    time_limit_s: float = WALL_LIMIT_S,
     fixed: Mapping[int, int] | None = None,
     workers: int = 1,
     allowed: Mapping[int, frozenset[int]] | None = None,
@@ -181,6 +188,7 @@ def solve_intra_op_cpsat(
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.max_deterministic_time = DETERMINISTIC_LIMIT
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
     status = solver.Solve(model)
@@ -188,7 +196,8 @@ def solve_intra_op_cpsat(
         raise Infeasible("no tensor layout fits the memory budget")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise SolverTimeout(
-            f"the layout solver found no strategy within {time_limit_s:g} s; raise --time-limit"
+            f"the layout solver found no strategy within {time_limit_s:g} s or its work limit; raise --time-limit or "
+            "fix more knobs"
         )
     # read back
     choice = tuple(next(s for s in range(len(x[v])) if solver.Value(x[v][s])) for v in range(n))
@@ -216,7 +225,7 @@ def solve_exhaustive(problem: IntraOpProblem, limit: int = 2_000_000) -> Solutio
 
 def solve_intra_op_highs(
     problem: IntraOpProblem,
-    time_limit_s: float = 10.0,
+    time_limit_s: float = WALL_LIMIT_S,
     fixed: Mapping[int, int] | None = None,
     allowed: Mapping[int, frozenset[int]] | None = None,
 ) -> Solution:
@@ -320,11 +329,13 @@ def solve_intra_op_highs(
     a = coo_matrix((vals, (rows, cols)), shape=(len(lo), len(cost))).tocsr()
     with _native_stdout_silenced():
         res = milp(np.array(cost) * _NS, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
-                   bounds=Bounds(lb, ub), options={"time_limit": float(time_limit_s), "disp": False, "mip_rel_gap": 1e-7})
+                   bounds=Bounds(lb, ub), options={"time_limit": float(time_limit_s), "node_limit": NODE_LIMIT, "disp": False,
+                                                   "mip_rel_gap": 1e-7})
     if res.x is None:
         if res.status == 2:  # infeasible: no layout fits the memory budget
             raise Infeasible("no tensor layout fits the memory budget")
-        raise SolverTimeout(f"the layout solver found no strategy within {time_limit_s:g} s; raise --time-limit")
+        raise SolverTimeout(f"the layout solver found no strategy within {time_limit_s:g} s or {NODE_LIMIT} nodes; "
+                            "raise --time-limit or fix more knobs")
     choice = tuple(int(np.argmax([res.x[c] for c in x[v]])) for v in range(n))
     gap = float(getattr(res, "mip_gap", 0.0) or 0.0)
     return Solution(choice, total_cost(problem, choice), res.status == 0, gap if res.status != 0 else 0.0,
