@@ -154,3 +154,16 @@ def test_a_layer_boundary_must_agree_with_sequence_parallelism(doc):
     edited["layouts"]["sequence_parallel"] = True  # now they agree: sequence parallelism, scored as such
     sp = score_document(edited).plan
     assert sp["strategy"]["sp"] and sp["estimate"]["step_time_s"] != doc["estimate"]["step_time_s"]
+
+
+def test_a_moe_router_stays_whole_on_every_tensor_rank():
+    """Megatron-Core's TopKRouter is not split over the tensor axis (nor HF's router module, which is no nn.Linear):
+    in the megatron layout space the router's weight is whole on every tensor rank, whatever the program would
+    gain by splitting it; the searched space may split it."""
+    kw = dict(cluster="dgx-a100", devices=4, global_batch=8, seq_len=64, tp=2, dp=2, sp=True,
+              overrides=dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=128, ffn=128, experts=4))
+    router = "model.layers.*.mlp.gate.weight"
+    doc = declare("mixtral-8x7b", **kw)
+    assert doc["layouts"]["params"][router]["dims"] == [None, None]
+    assert doc["layouts"]["params"]["model.layers.*.self_attn.q_proj.weight"]["dims"] == ["tp", None]
+    assert validate_document(doc).ok

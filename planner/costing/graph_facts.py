@@ -79,7 +79,7 @@ class GraphFacts:
             self.in_routed[sorted(nodes)] = True
         self.weight_matmul = np.array([is_weight_matmul(graph, self.index, i) for i in range(len(graph.nodes))],
                                       dtype=bool)
-        router_params = frozenset(p for f in self.moe.values() for p in f.router_params)
+        self.router_params = router_params = frozenset(p for f in self.moe.values() for p in f.router_params)
         routers = [i for i in np.flatnonzero(self.weight_matmul)
                    if self.index.weight_params(graph.nodes[i].inputs) & router_params] if router_params else []
         #: the projections FP8 training runs in FP8: weight GEMMs of the layers (not the embedding, the output

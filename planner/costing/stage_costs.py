@@ -185,7 +185,10 @@ def stage_costs(
         choice, gap = facts.choices[ckey]
     else:
         allowed = residual_pins(graph, structure, problem, workload.seq_len, strategy.sp)
-        for p, want in sorted((param_pins or {}).items()):
+        pins = dict(param_pins or {})
+        if space != "free":  # Megatron-Core keeps each MoE router whole on every tensor rank (TopKRouter)
+            pins = {p: REPLICATED for p in facts.router_params if p in facts.param_keys} | pins
+        for p, want in sorted(pins.items()):
             v_i = problem.index[facts.param_keys[p]]
             ok = frozenset(k for k, s in enumerate(problem.vars[v_i].strategies) if s.outputs[0] == want)
             allowed[v_i] = ok & allowed.get(v_i, ok)
