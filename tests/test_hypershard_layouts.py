@@ -167,3 +167,19 @@ def test_a_moe_router_stays_whole_on_every_tensor_rank():
     assert doc["layouts"]["params"][router]["dims"] == [None, None]
     assert doc["layouts"]["params"]["model.layers.*.self_attn.q_proj.weight"]["dims"] == ["tp", None]
     assert validate_document(doc).ok
+
+
+def test_routed_experts_are_found_from_the_router_not_from_names():
+    """The weights a router's top-k feeds are the experts (Mixtral's stacked gate_up/down), a dense model has none."""
+    from planner.api import load_graph
+    from planner.graph.blocks import discover_blocks
+    from planner.graph.moe import expert_params
+
+    tiny = dict(layers=2, hidden=64, heads=4, kv_heads=2, vocab=128, ffn=128, experts=4)
+    g = load_graph("mixtral-8x7b", batch=1, seq_len=64, overrides=tiny)
+    found = expert_params(g, discover_blocks(g))
+    assert found and found == {p for p in g.params if ".experts." in p}
+    assert all(g.tensors[p].shape[0] == 4 for p in found)
+    dense = load_graph("llama3-8b", batch=1, seq_len=64, overrides=dict(layers=2, hidden=64, heads=4, kv_heads=4,
+                                                                        vocab=128))
+    assert expert_params(dense, discover_blocks(dense)) == frozenset()

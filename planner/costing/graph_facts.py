@@ -17,7 +17,7 @@ from planner.costing.attention import AttentionRegion, attention_regions, kept_f
 from planner.costing.fusion import fused_act_bytes, recomputed_in_fused_backward
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
-from planner.graph.moe import MoeFacts, moe_facts, routed_region
+from planner.graph.moe import MoeFacts, moe_blocks, routed_region
 from planner.graph.walk import index_graph, is_weight_matmul
 from planner.costing.node_work import node_work
 from planner.search.tying import tie_keys
@@ -65,11 +65,7 @@ class GraphFacts:
         self.flash_core &= self.in_layer
         self.lse_outputs = {f"{graph.nodes[r.anchor].name or r.anchor}::lse" for r in self.regions}
         # mixture of experts, found from each block's router (planner.graph.moe), not from parameter names
-        self.moe: dict[str, MoeFacts] = {}
-        for b in structure.blocks:
-            found = moe_facts(graph, self.index, frozenset(b.nodes)) if b.nodes else None
-            if found is not None:
-                self.moe[b.name] = found
+        self.moe: dict[str, MoeFacts] = moe_blocks(graph, self.index, structure)
         self.expert_params: frozenset[str] = frozenset(p for f in self.moe.values() for p in f.params)
         #: per MoE block, the nodes that run on routed tokens (costed by the expert-parallel model)
         self.routed: dict[str, frozenset[int]] = {

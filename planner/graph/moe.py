@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.walk import GraphIndex, is_weight_matmul
 
@@ -31,6 +32,24 @@ class MoeFacts:
     tokens: int = 0  # tokens routed per forward at the imported batch (rows of the router's input)
     hidden: int = 0  # width of each routed token (what dispatch sends per (token, expert) pair)
     topk_node: int = -1  # the router's TopK
+
+
+def moe_blocks(graph: Graph, index: GraphIndex, structure: Structure) -> dict[str, MoeFacts]:
+    """Per block with a router, its routed experts (dense blocks are absent)."""
+    out: dict[str, MoeFacts] = {}
+    for b in structure.blocks:
+        found = moe_facts(graph, index, frozenset(b.nodes)) if b.nodes else None
+        if found is not None:
+            out[b.name] = found
+    return out
+
+
+def expert_params(graph: Graph, structure: Structure, index: GraphIndex | None = None) -> frozenset[str]:
+    """The routed experts' weights of every MoE block, found from the routers (not from parameter names)."""
+    from planner.graph.walk import index_graph
+
+    index = index or index_graph(graph)
+    return frozenset(p for f in moe_blocks(graph, index, structure).values() for p in f.params)
 
 
 def moe_facts(graph: Graph, index: GraphIndex, nodes: frozenset[int]) -> MoeFacts | None:

@@ -3,7 +3,7 @@
 The estimate names a parameter's tensor-axis layout `S<d>` (split on dim d
 over "tp") or `R`; here it becomes the full placement on the named mesh, as
 in JAX's PartitionSpec and MindSpore's Layout: stacked expert weights
-(`.experts.` in the name) add "ep" on their experts dim; activations split
+(the weights a router feeds, `planner.graph.moe`) add "ep" on their experts dim; activations split
 the batch over "dp" and the sequence over "cp" (and "tp" under sequence
 parallelism, Korthikanti 2022). Axes of size 1 are left out: a null dim
 means whole on every rank. ZeRO's sharding of the stored state is declared
@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 from planner.costing.activations import layer_inputs, requires_grad
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
+from planner.graph.moe import expert_params
 from planner.hypershard.roles import ParamRole
 from planner.strategy import Strategy
 
@@ -68,11 +69,12 @@ def expert_tensor_dim(shape: Sequence[int], role: ParamRole, hidden: int) -> int
     return other if shape[role.partial_dim] == hidden and shape[other] != hidden else role.partial_dim
 
 
-def param_layout(name: str, shape: Sequence[int], estimated: str, role: ParamRole, s: Strategy,
-                 seq_len: int, hidden: int = 0) -> dict[str, Any]:
-    """One parameter's entry: dims, partial (always empty for a stored parameter), op, and what the op sees."""
+def param_layout(shape: Sequence[int], estimated: str, role: ParamRole, s: Strategy, seq_len: int,
+                 hidden: int = 0, routed: bool = False) -> dict[str, Any]:
+    """One parameter's entry: dims, partial (always empty for a stored parameter), op, and what the op sees;
+    `routed`: a routed expert's weight (stacked [experts, ...])."""
     dims: list[list[str]] = [[] for _ in shape]
-    expert = s.ep > 1 and ".experts." in name and bool(dims)
+    expert = s.ep > 1 and routed and bool(dims)
     if expert and s.tp > 1 and s.expert_tp == s.tp:  # folded experts keep the tensor axis (etp = tp)
         d = expert_tensor_dim(shape, role, hidden)
         if d is not None:
@@ -140,10 +142,11 @@ def param_layouts(graph: Graph, structure: Structure, estimated: Mapping[str, Ma
     flat = estimated_by_param(structure, estimated)
     widths = [r.input_shape[-1] for r in roles.values() if r.reads_residual and r.input_shape]
     hidden = max(sorted(set(widths)), key=widths.count) if widths else 0  # the residual stream's width
+    experts = expert_params(graph, structure)
     out: dict[str, dict[str, Any]] = {}
     for p in graph.params:
         shape = graph.tensors[p].shape or ()
-        out[p] = param_layout(p, shape, flat.get(p, "R"), roles[p], s, seq_len, hidden)
+        out[p] = param_layout(shape, flat.get(p, "R"), roles[p], s, seq_len, hidden, p in experts)
     return out
 
 

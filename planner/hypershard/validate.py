@@ -25,6 +25,7 @@ from cost_models.errors import SpecError
 from planner.errors import InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
+from planner.graph.moe import expert_params
 from planner.hypershard.declared import (Scored, chunk_layers, program_parts, program_workloads, request_of,
                                          score_as, view_strategy, workload_of)
 from planner.hypershard.document import Request, build_document, file_sha256
@@ -127,7 +128,7 @@ def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_di
     except (InvalidInput, SpecError) as exc:
         rep.add("estimate", [str(exc)], "")
         return rep
-    _compare_derived(doc, vs, [g for g, _ in parts], scored, rep)
+    _compare_derived(doc, vs, [(g, expert_params(g, st)) for g, st in parts], scored, rep)
     est = scored.plan["estimate"]
     rep.estimate = scored.estimate_view()
     need, have = est["memory_gib"]["peak"], est["hbm_gib"]
@@ -350,11 +351,11 @@ def _estimate_problems(recorded: Mapping[str, Any] | None, est: Mapping[str, Any
             "FILE` scores it as it is"] if found else []
 
 
-def _compare_derived(doc: Mapping[str, Any], vs: list[dict[str, Any]], graphs: list[Graph], scored: Scored,
-                     rep: Report) -> None:
+def _compare_derived(doc: Mapping[str, Any], vs: list[dict[str, Any]], graphs: list[tuple[Graph, frozenset[str]]],
+                     scored: Scored, rep: Report) -> None:
     """Notes: parameters declared with other layouts than the estimator would choose (scored as declared), axes
     the estimate does not score, and rules that differ from what the strategy implies (backends apply them);
-    `vs` and `graphs` are the programs' views and graphs."""
+    `vs` and `graphs` are the programs' views and (graph, routed experts' weights)."""
     if scored.edited:
         p, (mine, chosen) = next(iter(scored.edited.items()))
         rep.warnings.append(f"{len(scored.edited)} parameter(s) are declared with other tensor-axis layouts than the "
@@ -363,9 +364,10 @@ def _compare_derived(doc: Mapping[str, Any], vs: list[dict[str, Any]], graphs: l
     canon = views(build_document(scored.plan, scored.graph, scored.structure, scored.request))
     for k, (v, c, g) in enumerate(zip(vs, canon, graphs)):
         where = f" of {rank_label(doc, k)}" if len(canon) > 1 else ""
+        g, experts = g
         resolved, _, _ = expand(v["layouts"]["params"], g.params)
         odd = [(p, d, a) for p, e in resolved.items() for d, spec in enumerate(e["dims"]) for a in dim_axes(spec)
-               if a not in ("tp", "ep") or (a == "ep" and (d != 0 or ".experts." not in p))]
+               if a not in ("tp", "ep") or (a == "ep" and (d != 0 or p not in experts))]
         if odd:
             p, d, a = odd[0]
             rep.warnings.append(f"{len(odd)} parameter dim(s){where} are split over axes the estimate does not score "
