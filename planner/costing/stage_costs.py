@@ -165,8 +165,6 @@ def stage_costs(
     if training and not facts.reuse_layouts:
         opt_key = (strategy.dp * cp if strategy.zero >= 1 else 1, strategy.micro_batches(workload),
                    strategy.offload_fraction("optimizer"))
-    if training:
-        add_optimizer_steps(problem, graph, facts, cluster, workload, t, *opt_key)
     gap = 0.0
     constrain = training and memory_constraint
     ckey = (skey, strategy.sp, cp, workload.seq_len, workload.dtype, execution, cluster)
@@ -184,6 +182,8 @@ def stage_costs(
     elif ckey in facts.choices:
         choice, gap = facts.choices[ckey]
     else:
+        if training:  # only the program reads them: a cached choice needs none
+            add_optimizer_steps(problem, graph, facts, cluster, workload, t, *opt_key)
         allowed = residual_pins(graph, structure, problem, workload.seq_len, strategy.sp)
         pins = dict(param_pins or {})
         if space != "free":  # Megatron-Core keeps each MoE router whole on every tensor rank (TopKRouter)

@@ -86,8 +86,8 @@ def param_layout(shape: Sequence[int], estimated: str, role: ParamRole, s: Strat
     if expert:
         dims[0].insert(0, "ep")
     entry: dict[str, Any] = {"dims": [_join(a) for a in dims], "partial": [], "op": role.op}
-    if output_partial(entry["dims"], role):
-        entry["output_partial"] = output_partial(entry["dims"], role)
+    if partial := output_partial(entry["dims"], role):
+        entry["output_partial"] = partial
     if role.model_output:
         entry["model_output"] = True
     seen = activation_dims(role.input_shape, s, seq_len, residual=role.reads_residual)
@@ -109,9 +109,9 @@ def partial_problems(entries: Mapping[str, Mapping[str, Any]], roles: Mapping[st
     out = []
     for p, e in entries.items():
         role, have = roles.get(p), sorted(e.get("output_partial") or [])
-        if role is None or have == output_partial(e["dims"], role):
+        want = output_partial(e["dims"], role) if role is not None else have
+        if have == want:
             continue
-        want = output_partial(e["dims"], role)
         out.append(f"{p}: with these dims its {role.op} output is {'a pending sum over tp' if want else 'whole'}, "
                    f"so output_partial must be {want}, not {have}; fix output_partial or the dims")
         if len(out) == 3:

@@ -10,12 +10,13 @@ With tensor-parallel overlap (`IntraOpProblem.overlap` > 0: Transformer
 Engine's userbuffers, torch's AsyncTP), an all-gather or reduce-scatter hides
 behind the GEMM it feeds or follows, up to `overlap` times that GEMM's time in
 the same pass and up to the stack's `overlap_share` of itself (a decomposed
-GEMM and collective leave part of the transfer exposed): for an edge the larger of its two ends' GEMMs; for a tensor read
-by several ops the sum of its readers' GEMMs, each taken at its least (split)
-time whatever the readers choose, which keeps the program's relaxation tight
-(HiGHS ran past 10 s on Llama-3-70B with the window a sum over the readers'
-one-hots) and only undercounts a reader left whole. The layout program minimises what
-the charges leave exposed and the estimate reports the same charges, so the
+GEMM and collective leave part of the transfer exposed): for an edge the
+larger of its two ends' GEMMs; for a tensor read by several ops the sum of its
+readers' GEMMs, each taken at its least (split) time whatever the readers
+choose, which keeps the program's relaxation tight (HiGHS ran past 10 s on
+Llama-3-70B with the window a sum over the readers' one-hots) and only
+undercounts a reader left whole. The layout program minimises what the
+charges leave exposed and the estimate reports the same charges, so the
 program's objective is the time the estimate prints.
 """
 
@@ -125,6 +126,15 @@ def group_program(problem: IntraOpProblem, src: int, out: int, idx: Sequence[int
     return GroupProgram(tuple(demands), windows)
 
 
+def hide_caps(problem: IntraOpProblem, prog: GroupProgram) -> dict[tuple[str, bool], float]:
+    """Per (collective, pass) a read-by-many tensor's GEMM windows can hide, the most they hide (overlap x the
+    window): under an assignment its hidden seconds are min(overlap_share x its seconds, this), `hidden_s`."""
+    if problem.overlap <= 0:
+        return {}
+    return {(coll, backward): problem.overlap * prog.windows[backward]
+            for coll in sorted(HIDEABLE) for backward in (False, True) if prog.windows[backward] > 0}
+
+
 def group_charges(problem: IntraOpProblem, src: int, out: int, idx: Sequence[int],
                   choice: Sequence[int]) -> list[Charge]:
     """The charges of a read-by-many tensor under an assignment."""
@@ -195,4 +205,4 @@ def total_cost(problem: IntraOpProblem, choice: Sequence[int]) -> float:
 
 
 __all__ = ["Charge", "GroupProgram", "HIDEABLE", "breakdown", "edge_charges", "edge_matrix", "gemm_s", "group_charges",
-           "group_program", "hidden_s", "pair_costs", "self_costs", "total_cost"]
+           "group_program", "hidden_s", "hide_caps", "pair_costs", "self_costs", "total_cost"]

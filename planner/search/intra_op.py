@@ -17,7 +17,7 @@ knows anything of hardware; solving it is `solve.py`.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Hashable, Literal, Sequence
 
 import numpy as np
@@ -206,8 +206,7 @@ def detach(problem: IntraOpProblem, detached: set[int]) -> None:
     for src, out, idx in groups:  # a group left with one reader is an ordinary edge again
         if len(idx) == 1:
             e = edges[idx[0]]
-            edges[idx[0]] = Edge(e.src, e.out, e.dst, e.inp, e.nbytes, e.grad, e.times, e.fwd_times, False,
-                                 e.regather)
+            edges[idx[0]] = replace(e, shared=False)
     problem.edges = edges
     problem.groups = [g for g in groups if len(g[2]) > 1]
     problem.sinks = [x for x in problem.sinks if x[0] not in detached]

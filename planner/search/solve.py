@@ -22,7 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from planner.errors import Infeasible, SolverTimeout
-from planner.search.charges import HIDEABLE, group_program, pair_costs, self_costs, total_cost
+from planner.search.charges import group_program, hide_caps, pair_costs, self_costs, total_cost
 from planner.search.intra_op import IntraOpProblem
 
 _NS = 1e9
@@ -165,9 +165,10 @@ def solve_intra_op_cpsat(
                     terms.append((w, c))
                     for key, sec in by.items():
                         offered.setdefault(key, []).append((w, int(round(problem.overlap_share * sec * _NS))))
+        caps = hide_caps(problem, prog)
         for (coll, backward), parts in sorted(offered.items()):
-            most = int(round(problem.overlap * prog.windows[backward] * _NS))
-            if coll not in HIDEABLE or most <= 0:
+            most = int(round(caps.get((coll, backward), 0.0) * _NS))
+            if most <= 0:
                 continue
             h = model.NewIntVar(0, most, f"h{src}_{out}_{coll}_{backward}")
             model.Add(h <= sum(c * w for w, c in parts))
@@ -299,9 +300,10 @@ def solve_intra_op_highs(
                 row([(z, 1.0), (x[src][su_i], 1.0), (w, -1.0)], -np.inf, 1.0)
                 for key, sec in by.items():
                     offered.setdefault(key, []).append((w, problem.overlap_share * sec))
-        for (coll, backward), parts in sorted(offered.items()):
-            most = problem.overlap * prog.windows[backward] * _NS
-            if coll not in HIDEABLE or most <= 0:
+        caps = hide_caps(problem, prog)
+        for key, parts in sorted(offered.items()):
+            most = caps.get(key, 0.0) * _NS
+            if most <= 0:
                 continue
             h = new_var(-1.0 / _NS)  # in nanoseconds, like the objective, for well-scaled rows
             hides[h] = most
@@ -329,8 +331,8 @@ def solve_intra_op_highs(
     a = coo_matrix((vals, (rows, cols)), shape=(len(lo), len(cost))).tocsr()
     with _native_stdout_silenced():
         res = milp(np.array(cost) * _NS, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
-                   bounds=Bounds(lb, ub), options={"time_limit": float(time_limit_s), "node_limit": NODE_LIMIT, "disp": False,
-                                                   "mip_rel_gap": 1e-7})
+                   bounds=Bounds(lb, ub), options={"time_limit": float(time_limit_s), "node_limit": NODE_LIMIT,
+                                                   "disp": False, "mip_rel_gap": 1e-7})
     if res.x is None:
         if res.status == 2:  # infeasible: no layout fits the memory budget
             raise Infeasible("no tensor layout fits the memory budget")
