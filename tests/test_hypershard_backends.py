@@ -176,3 +176,21 @@ def test_expert_tensor_degree_is_declared_and_read_back():
     assert ranks == set(range(8))  # every rank holds other experts: ep runs over the tensor axis too
     with pytest.raises(InvalidInput, match="across the tensor axis"):
         export(whole, "jax")
+
+
+def test_without_expert_parallelism_the_experts_are_declared_split_as_the_estimate_splits_them():
+    """ep 1 with tp 2: the estimate holds and runs 1/2 of each expert per tensor rank (etp follows tp), so the
+    declaration splits them so (column, then row; it had declared them whole); etp 1 keeps them whole. torch has no
+    style for a split 3-D weight and refuses it in one sentence, before writing anything."""
+    common = dict(cluster="dgx-a100", devices=4, global_batch=8, seq_len=32)
+    split = declare("mixtral-8x7b", overrides=MOE, tp=2, **common)
+    whole = declare("mixtral-8x7b", overrides=MOE, tp=2, etp=1, **common)
+    dims = {k.rsplit(".", 1)[-1]: v["dims"] for k, v in split["layouts"]["params"].items() if ".experts." in k}
+    assert dims == {"gate_up_proj": [None, "tp", None], "down_proj": [None, None, "tp"]}
+    assert split["layouts"]["params"]["model.layers.*.mlp.experts.down_proj"]["output_partial"] == ["tp"]
+    assert all(v["dims"] == [None, None, None] for k, v in whole["layouts"]["params"].items() if ".experts." in k)
+    assert split["estimate"]["memory_gib"]["params"] < whole["estimate"]["memory_gib"]["params"]
+    with pytest.raises(InvalidInput, match="no tensor-parallel style for stacked expert weights "
+                                           r"\(model.layers.\*.mlp.experts.gate_up_proj is split over tp\)"):
+        export(split, "torch")
+    assert "parallelize_module" in export(whole, "torch")

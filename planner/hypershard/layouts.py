@@ -75,11 +75,12 @@ def param_layout(shape: Sequence[int], estimated: str, role: ParamRole, s: Strat
     `routed`: a routed expert's weight (stacked [experts, ...])."""
     dims: list[list[str]] = [[] for _ in shape]
     expert = s.ep > 1 and routed and bool(dims)
-    if expert and s.tp > 1 and s.expert_tp == s.tp:  # folded experts keep the tensor axis (etp = tp)
+    stacked = routed and len(shape) == 3  # [experts, ...]: the estimate splits it over etp x ep, whatever ep is
+    if (expert or stacked) and s.tp > 1 and s.expert_tp == s.tp:  # experts keep the tensor axis (etp = tp)
         d = expert_tensor_dim(shape, role, hidden)
         if d is not None:
             dims[d].append("tp")
-    elif estimated.startswith("S") and s.tp > 1 and not (expert and s.expert_tp == 1):
+    elif estimated.startswith("S") and s.tp > 1 and not ((expert or stacked) and s.expert_tp == 1):
         d = int(estimated[1:])
         if 0 <= d < len(dims):
             dims[d].append("tp")

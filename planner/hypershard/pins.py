@@ -15,7 +15,8 @@ disagree with the strategy (the estimate places a model input's batch
 over dp and sequence over cp, and splits the layer boundary by sequence
 over tp exactly under sequence parallelism). Axes other than tp on a
 parameter (ep on experts aside) are not scored: ZeRO shards the stored
-state, declared apart (`zero`).
+state, declared apart (`zero`). Nor is a routed expert's tp split a pin:
+the estimate splits experts over etp x ep, as the strategy says.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Mapping
 from planner.errors import InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
+from planner.graph.moe import expert_params
 from planner.hypershard.layouts import activation_layouts, dim_axes, estimated_by_param
 from planner.hypershard.patterns import expand
 from planner.search.space import REPLICATED
@@ -51,6 +53,7 @@ def declared_pins(view: Mapping[str, Any], graph: Graph, structure: Structure, s
     if s.tp == 1:
         return {}
     pins: dict[str, int] = {}
+    routed = expert_params(graph, structure)
     for p, entry in resolved.items():
         shape = graph.tensors[p].shape or ()
         dims = entry["dims"]
@@ -67,7 +70,8 @@ def declared_pins(view: Mapping[str, Any], graph: Graph, structure: Structure, s
         if split and (shape[split[0]] < s.tp or shape[split[0]] % s.tp):
             raise InvalidInput(f"{p} dim {split[0]} ({shape[split[0]]}) does not split evenly over tp = {s.tp}; "
                                "declare another dim or null")
-        pins[p] = split[0] if split else REPLICATED
+        if p not in routed:  # a routed expert's split is the strategy's etp x ep, not a layout of the program
+            pins[p] = split[0] if split else REPLICATED
     _check_tied(graph, structure, pins)
     return pins
 

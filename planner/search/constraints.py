@@ -33,6 +33,9 @@ class Constraints:
     zero: int | None = None
     stage_tp: tuple[int, ...] | None = None
     offload: tuple[tuple[str, float], ...] | None = None
+    #: routed experts stay whole on each tensor rank (etp 1) wherever a model has them; a backend's limit (torch
+    #: has no tensor-parallel style for stacked experts), vacuous for a dense model, whose etp is its tp
+    whole_experts: bool | None = None
 
     def __post_init__(self) -> None:
         for name in _DEGREES:
@@ -54,6 +57,8 @@ class Constraints:
                                    f"stage's degree, {max(self.stage_tp)}")
             if self.vpp not in (None, 1):
                 raise InvalidInput("stages with different device counts (--stage-tp) need --vpp 1")
+        if self.whole_experts is not None and not isinstance(self.whole_experts, bool):
+            raise InvalidInput(f"whole_experts must be true or false, got {self.whole_experts!r}")
         for cls, frac in self.offload or ():
             if cls not in OFFLOAD_CLASSES:
                 raise InvalidInput(f"unknown offload class {cls!r}; use one of {', '.join(OFFLOAD_CLASSES)}")
@@ -82,15 +87,18 @@ class Constraints:
         """The fixed knobs, by name."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
-    def allows_mesh(self, tp: int, cp: int, pp: int, dp: int, ep: int, etp: int) -> bool:
-        """Whether a mesh (etp as a number, never 0) keeps the fixed degrees."""
+    def allows_mesh(self, tp: int, cp: int, pp: int, dp: int, ep: int, etp: int, experts: bool = True) -> bool:
+        """Whether a mesh (etp as a number, never 0) keeps the fixed degrees; `experts`: the model has routed
+        experts."""
         fixed_etp = self.etp
+        if self.whole_experts and experts and etp != 1:
+            return False
         return all(want is None or want == have for want, have in
                    ((self.tp, tp), (self.cp, cp), (self.pp, pp), (self.dp, dp), (self.ep, ep), (fixed_etp, etp)))
 
-    def allows(self, s: Strategy) -> bool:
-        """Whether a whole strategy keeps every fixed knob."""
-        if not self.allows_mesh(s.tp, s.cp, s.pp, s.dp, s.ep, s.expert_tp):
+    def allows(self, s: Strategy, experts: bool = True) -> bool:
+        """Whether a whole strategy keeps every fixed knob (`experts`: the model has routed experts)."""
+        if not self.allows_mesh(s.tp, s.cp, s.pp, s.dp, s.ep, s.expert_tp, experts):
             return False
         if self.vpp is not None and s.vpp != self.vpp:
             return False
@@ -130,7 +138,11 @@ def merge(from_file: Mapping[str, Any], flags: Mapping[str, Any], source: str,
             flag = f"--{k.replace('_', '-')}"
             raise InvalidInput(f"{flag} {_show(b[k])} disagrees with {source}'s constraints ({k}: {_show(a[k])}); "
                                f"drop {flag} or {remedy}")
-    return {**a, **b}
+    out = {**a, **b}
+    if out.get("whole_experts") and out.get("etp", 1) != 1:
+        raise InvalidInput(f"--etp {out['etp']} disagrees with {source}'s constraints (whole_experts: routed experts "
+                           f"stay whole on each tensor rank, etp 1); drop --etp or {remedy}")
+    return out
 
 
 def _show(v: Any) -> str:
