@@ -102,9 +102,10 @@ def plan_cmd(
         "the flags above add to it.", rich_help_panel=_FIX, show_default=False)] = None,
     solver: Annotated[str, typer.Option("--solver", help=_SOLVER_HELP)] = "highs",
     backend: Annotated[Optional[str], typer.Option(
-        "--backend", help="Search only what this export backend runs (torch: no expert parallelism; jax: no "
-        "pipeline, no offload; megatron, torchtitan, mindformers, deepspeed: no offload, one program, and "
-        "deepspeed no pipeline or context parallelism), and check the plan exports to it.", rich_help_panel=_FIX,
+        "--backend", help="Search only what this export backend runs (torch: no expert parallelism, experts whole "
+        "on each tensor rank; jax: no pipeline, no offload; megatron, torchtitan, mindformers, deepspeed: no "
+        "offload, one program, and deepspeed no pipeline or context parallelism), and check the plan exports to "
+        "it.", rich_help_panel=_FIX,
         show_default=False)] = None,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the HyperShard declaration to a "
                                                   ".yaml or .json file (`hyperplan validate` / `export` read it); "
