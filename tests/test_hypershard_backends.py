@@ -181,7 +181,8 @@ def test_expert_tensor_degree_is_declared_and_read_back():
 def test_without_expert_parallelism_the_experts_are_declared_split_as_the_estimate_splits_them():
     """ep 1 with tp 2: the estimate holds and runs 1/2 of each expert per tensor rank (etp follows tp), so the
     declaration splits them so (column, then row; it had declared them whole); etp 1 keeps them whole. torch has no
-    style for a split 3-D weight and refuses it in one sentence, before writing anything."""
+    tensor-parallel treatment of a MoE layer and refuses either at tp 2 in one sentence, before writing anything;
+    at tp 1 it exports."""
     common = dict(cluster="dgx-a100", devices=4, global_batch=8, seq_len=32)
     split = declare("mixtral-8x7b", overrides=MOE, tp=2, **common)
     whole = declare("mixtral-8x7b", overrides=MOE, tp=2, etp=1, **common)
@@ -190,7 +191,8 @@ def test_without_expert_parallelism_the_experts_are_declared_split_as_the_estima
     assert split["layouts"]["params"]["model.layers.*.mlp.experts.down_proj"]["output_partial"] == ["tp"]
     assert all(v["dims"] == [None, None, None] for k, v in whole["layouts"]["params"].items() if ".experts." in k)
     assert split["estimate"]["memory_gib"]["params"] < whole["estimate"]["memory_gib"]["params"]
-    with pytest.raises(InvalidInput, match="no tensor-parallel style for stacked expert weights "
-                                           r"\(model.layers.\*.mlp.experts.gate_up_proj is split over tp\)"):
-        export(split, "torch")
-    assert "parallelize_module" in export(whole, "torch")
+    for doc in (split, whole):
+        with pytest.raises(InvalidInput, match=r"the torch backend runs routed experts only at tp 1 "
+                                               r"\(model.layers.\*.mlp.experts.gate_up_proj at tp 2 in "):
+            export(doc, "torch")
+    assert "parallelize_module" in export(declare("mixtral-8x7b", overrides=MOE, dp=4, **common), "torch")

@@ -25,7 +25,7 @@ def _plan(*args: str) -> dict:
 @pytest.mark.parametrize("backend, args, unrestricted, restricted", [
     ("torch", ["mixtral-8x7b", "--layers", "2", "--cluster", "dgx-h100", "--devices", "32", "--global-batch", "32",
                "--seq-len", "4096", "--memory-gib", "20"],
-     lambda s: s["ep"] > 1, lambda s: s["ep"] == 1 and (s["tp"] == 1 or s["etp"] == 1)),
+     lambda s: s["ep"] > 1, lambda s: s["ep"] == 1 and s["tp"] == 1),
     ("jax", ["llama3-8b", "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64", "--seq-len", "4096"],
      lambda s: any(f > 0 for f in s["offload"].values()),
      lambda s: s["pp"] == 1 and not any(f > 0 for f in s["offload"].values())),
@@ -50,8 +50,8 @@ def test_a_fixed_knob_against_the_backend_is_refused_in_one_sentence():
     r = runner.invoke(app, ["plan", "mixtral-8x7b", "--layers", "2", "--cluster", "dgx-h100", "--devices", "8",
                             "--global-batch", "64", "--seq-len", "4096", "--backend", "torch", "--etp", "2"])
     assert r.exit_code == 2
-    assert ("--etp 2 disagrees with --backend torch's constraints (whole_experts: routed experts stay whole on each "
-            "tensor rank, etp 1); drop --etp or export with another backend") in r.output
+    assert ("--etp 2 disagrees with --backend torch's constraints (moe_tp: a model with routed experts runs at tp 1);"
+            " drop --etp or export with another backend") in r.output
     r = runner.invoke(app, ["plan", "llama3-8b", "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64",
                             "--seq-len", "4096", "--backend", "tf"])
     assert r.exit_code == 2 and "unknown backend 'tf'" in r.output

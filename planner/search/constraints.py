@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from planner.errors import InvalidInput
 from planner.strategy import OFFLOAD_CLASSES, RECOMPUTE_POLICIES, Strategy
 
-_DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "micro_batch")
+_DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "micro_batch", "moe_tp")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,9 +33,9 @@ class Constraints:
     zero: int | None = None
     stage_tp: tuple[int, ...] | None = None
     offload: tuple[tuple[str, float], ...] | None = None
-    #: routed experts stay whole on each tensor rank (etp 1) wherever a model has them; a backend's limit (torch
-    #: has no tensor-parallel style for stacked experts), vacuous for a dense model, whose etp is its tp
-    whole_experts: bool | None = None
+    #: the tensor degree of a model with routed experts, vacuous for a dense model: a backend's limit (torch has
+    #: no tensor-parallel treatment of a MoE layer, see backends/torch.py)
+    moe_tp: int | None = None
 
     def __post_init__(self) -> None:
         for name in _DEGREES:
@@ -57,8 +57,6 @@ class Constraints:
                                    f"stage's degree, {max(self.stage_tp)}")
             if self.vpp not in (None, 1):
                 raise InvalidInput("stages with different device counts (--stage-tp) need --vpp 1")
-        if self.whole_experts is not None and not isinstance(self.whole_experts, bool):
-            raise InvalidInput(f"whole_experts must be true or false, got {self.whole_experts!r}")
         for cls, frac in self.offload or ():
             if cls not in OFFLOAD_CLASSES:
                 raise InvalidInput(f"unknown offload class {cls!r}; use one of {', '.join(OFFLOAD_CLASSES)}")
@@ -91,7 +89,7 @@ class Constraints:
         """Whether a mesh (etp as a number, never 0) keeps the fixed degrees; `experts`: the model has routed
         experts."""
         fixed_etp = self.etp
-        if self.whole_experts and experts and etp != 1:
+        if experts and self.moe_tp is not None and tp != self.moe_tp:
             return False
         return all(want is None or want == have for want, have in
                    ((self.tp, tp), (self.cp, cp), (self.pp, pp), (self.dp, dp), (self.ep, ep), (fixed_etp, etp)))
@@ -139,9 +137,9 @@ def merge(from_file: Mapping[str, Any], flags: Mapping[str, Any], source: str,
             raise InvalidInput(f"{flag} {_show(b[k])} disagrees with {source}'s constraints ({k}: {_show(a[k])}); "
                                f"drop {flag} or {remedy}")
     out = {**a, **b}
-    if out.get("whole_experts") and out.get("etp", 1) != 1:
-        raise InvalidInput(f"--etp {out['etp']} disagrees with {source}'s constraints (whole_experts: routed experts "
-                           f"stay whole on each tensor rank, etp 1); drop --etp or {remedy}")
+    if out.get("moe_tp") is not None and out.get("etp", out["moe_tp"]) > out["moe_tp"]:
+        raise InvalidInput(f"--etp {out['etp']} disagrees with {source}'s constraints (moe_tp: a model with routed "
+                           f"experts runs at tp {out['moe_tp']}); drop --etp or {remedy}")
     return out
 
 

@@ -356,13 +356,15 @@ class _Search:
                 return
             for s in unequal_stage_strategies(self.structure, self.cluster, self.workload, cand.strategy,
                                               self.scorer.costs, limit, DTYPE_WIDTH.get(self.workload.dtype, 2.0)):
-                if self.c.allows(s, bool(self.shape.experts)) and all(h % t == 0 for h in self.shape.heads for t in s.stage_tp):
+                if self.c.allows(s, bool(self.shape.experts)) and all(h % t == 0 for h in self.shape.heads
+                                                                      for t in s.stage_tp):
                     self._score(s)
 
 
 def _no_mesh(cluster: Cluster, workload: Workload, c: Constraints) -> HyperplanError:
     if c.given():
-        fixed = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in c.given().items())
+        fixed = ", ".join(f"tp {v} for a model with routed experts" if k == "moe_tp" else f"--{k.replace('_', '-')} {v}"
+                          for k, v in c.given().items())
         return InvalidInput(f"no mesh of {cluster.n_devices} devices keeps {fixed} with a global batch of "
                             f"{workload.global_batch}; relax a constraint or change --devices")
     return HyperplanError(

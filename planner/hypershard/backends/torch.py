@@ -12,8 +12,11 @@ by sequence (Korthikanti 2022). ZeRO-1/2 map to FSDP2 without resharding
 after forward, ZeRO-3 with it, ZeRO-0 to HSDP with one shard (plain data
 parallel); host offload to CPUOffloadPolicy. Layouts torch's styles cannot
 express (a split norm weight) are kept replicated and listed in the file.
-Expert parallelism has no generic torch style and is refused, and so are
-stacked expert weights split over tp (no style splits a 3-D weight). Several
+Expert parallelism has no generic torch style and is refused, and so is a
+model with stacked experts at tp > 1: no style splits a 3-D weight, and
+with whole experts the MoE layer would run every token on every tensor rank
+(against the estimate, which gives each rank its share of the tokens), or
+fail on a sequence-split DTensor. Several
 programs (HyperMPMD) give one module: `use_program(rank)` binds the plan
 of the program that rank runs, and `build_mesh` makes every program's
 DeviceMesh over its own ranks (process groups are made by all ranks
@@ -296,12 +299,14 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
             raise InvalidInput(f"the torch backend has no generic expert-parallel style (ep={ep} in "
                                f"{rank_label(doc, k)}); export with --backend jax, mindspore or hyper-parallel, "
                                "or plan with ep 1")
-    stacked = [pattern for v in views(doc) for pattern, e in v["layouts"]["params"].items()
-               if len(e["dims"]) == 3 and any("tp" in dim_axes(spec) for spec in e["dims"])]
-    if stacked:
-        raise InvalidInput(f"the torch backend has no tensor-parallel style for stacked expert weights "
-                           f"({stacked[0]} is split over tp); plan with --backend torch, which keeps experts whole "
-                           "on each tensor rank (etp 1), or export with --backend jax, mindspore or hyper-parallel")
+    for k, v in enumerate(views(doc)):
+        tp = common.axis_sizes(v).get("tp", 1)
+        stacked = [p for p, e in v["layouts"]["params"].items() if len(e["dims"]) == 3 and e.get("op") == "linear"]
+        if stacked and tp > 1:
+            raise InvalidInput(f"the torch backend runs routed experts only at tp 1 ({stacked[0]} at tp {tp} in "
+                               f"{rank_label(doc, k)}): no torch style splits a stacked expert weight, and a MoE layer "
+                               "would run every token on every tensor rank, or fail on a sequence-split input; plan "
+                               "with --backend torch, or export with --backend jax, mindspore or hyper-parallel")
     multi = common.grouped(doc)
     use = ("    use_program(torch.distributed.get_rank())   # several programs or stage widths: bind this rank's "
            "first\n" if multi else "")
