@@ -75,12 +75,13 @@ def param_layout(shape: Sequence[int], estimated: str, role: ParamRole, s: Strat
     `routed`: a routed expert's weight (stacked [experts, ...])."""
     dims: list[list[str]] = [[] for _ in shape]
     expert = s.ep > 1 and routed and bool(dims)
-    stacked = routed and len(shape) == 3  # [experts, ...]: the estimate splits it over etp x ep, whatever ep is
-    if (expert or stacked) and s.tp > 1 and s.expert_tp == s.tp:  # experts keep the tensor axis (etp = tp)
+    # the estimate splits a stacked expert [experts, ...] over etp x ep whatever ep is, and any expert under ep
+    by_etp = expert or (routed and len(shape) == 3)
+    if by_etp and s.tp > 1 and s.expert_tp == s.tp:  # experts keep the tensor axis (etp = tp)
         d = expert_tensor_dim(shape, role, hidden)
         if d is not None:
             dims[d].append("tp")
-    elif estimated.startswith("S") and s.tp > 1 and not ((expert or stacked) and s.expert_tp == 1):
+    elif estimated.startswith("S") and s.tp > 1 and not (by_etp and s.expert_tp == 1):
         d = int(estimated[1:])
         if 0 <= d < len(dims):
             dims[d].append("tp")

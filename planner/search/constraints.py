@@ -85,7 +85,7 @@ class Constraints:
         """The fixed knobs, by name."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
-    def allows_mesh(self, tp: int, cp: int, pp: int, dp: int, ep: int, etp: int, experts: bool = True) -> bool:
+    def allows_mesh(self, tp: int, cp: int, pp: int, dp: int, ep: int, etp: int, *, experts: bool) -> bool:
         """Whether a mesh (etp as a number, never 0) keeps the fixed degrees; `experts`: the model has routed
         experts."""
         fixed_etp = self.etp
@@ -94,9 +94,9 @@ class Constraints:
         return all(want is None or want == have for want, have in
                    ((self.tp, tp), (self.cp, cp), (self.pp, pp), (self.dp, dp), (self.ep, ep), (fixed_etp, etp)))
 
-    def allows(self, s: Strategy, experts: bool = True) -> bool:
+    def allows(self, s: Strategy, *, experts: bool) -> bool:
         """Whether a whole strategy keeps every fixed knob (`experts`: the model has routed experts)."""
-        if not self.allows_mesh(s.tp, s.cp, s.pp, s.dp, s.ep, s.expert_tp, experts):
+        if not self.allows_mesh(s.tp, s.cp, s.pp, s.dp, s.ep, s.expert_tp, experts=experts):
             return False
         if self.vpp is not None and s.vpp != self.vpp:
             return False

@@ -107,7 +107,7 @@ def meshes(shape: ModelShape, cluster: Cluster, workload: Workload, c: Constrain
                 for etp in etps:
                     eps = [e for e in divisors(shape.experts) if ranks % (e * etp) == 0] if shape.experts else [1]
                     for ep in eps:
-                        if c.allows_mesh(tp, cp, pp, dp, ep, etp, bool(shape.experts)):
+                        if c.allows_mesh(tp, cp, pp, dp, ep, etp, experts=bool(shape.experts)):
                             out.append((tp, cp, pp, dp, ep, etp))
     return out
 

@@ -356,8 +356,8 @@ class _Search:
                 return
             for s in unequal_stage_strategies(self.structure, self.cluster, self.workload, cand.strategy,
                                               self.scorer.costs, limit, DTYPE_WIDTH.get(self.workload.dtype, 2.0)):
-                if self.c.allows(s, bool(self.shape.experts)) and all(h % t == 0 for h in self.shape.heads
-                                                                      for t in s.stage_tp):
+                if self.c.allows(s, experts=bool(self.shape.experts)) and all(
+                        h % t == 0 for h in self.shape.heads for t in s.stage_tp):
                     self._score(s)
 
 

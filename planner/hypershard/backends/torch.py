@@ -294,13 +294,12 @@ def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
 def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
     """The Python source of the torch plan (one module; several programs select theirs by rank)."""
     for k, v in enumerate(views(doc)):
-        ep = common.axis_sizes(v).get("ep", 1)
+        sizes = common.axis_sizes(v)
+        ep, tp = sizes.get("ep", 1), sizes.get("tp", 1)
         if ep > 1:
             raise InvalidInput(f"the torch backend has no generic expert-parallel style (ep={ep} in "
                                f"{rank_label(doc, k)}); export with --backend jax, mindspore or hyper-parallel, "
                                "or plan with ep 1")
-    for k, v in enumerate(views(doc)):
-        tp = common.axis_sizes(v).get("tp", 1)
         stacked = [p for p, e in v["layouts"]["params"].items() if len(e["dims"]) == 3 and e.get("op") == "linear"]
         if stacked and tp > 1:
             raise InvalidInput(f"the torch backend runs routed experts only at tp 1 ({stacked[0]} at tp {tp} in "
