@@ -39,8 +39,8 @@ def docs():
 @pytest.mark.parametrize("backend", ["hyper-parallel", "mindspore", "torch", "jax"])
 @pytest.mark.parametrize("which", ["3d", "interleaved", "moe", "gpt", "fsdp"])
 def test_every_generated_python_file_compiles(docs, backend, which):
-    if backend == "torch" and which == "moe":
-        with pytest.raises(InvalidInput, match="no generic expert-parallel style"):
+    if backend == "torch" and which == "moe":  # tp 2 over stacked experts (torch_experts runs them at tp 1)
+        with pytest.raises(InvalidInput, match="the torch backend runs routed experts only at tp 1"):
             export(docs[which], backend)
         return
     if backend == "jax" and which in ("3d", "interleaved"):  # equal pipeline stages on one mesh: no JAX runtime
@@ -51,6 +51,15 @@ def test_every_generated_python_file_compiles(docs, backend, which):
     code = compile(source, f"{which}_{backend}.py", "exec")
     assert code.co_filename.endswith(".py") and source.startswith('"""')
     assert "def layout_of(name):" in source and f"Strategy: {strategy_of(docs[which]).short()}." in source
+
+
+def test_torch_runs_expert_parallelism_over_data_parallel_ranks_only():
+    common = dict(cluster="dgx-a100", devices=8, global_batch=16, seq_len=32, zero=1)
+    source = export(declare("mixtral-8x7b", overrides=MOE, ep=4, **common), "torch")
+    assert "EXPERT_PARALLEL = 4" in source and "EXPERT_AXIS = 'dp_shard'" in source
+    with pytest.raises(InvalidInput, match=r"runs expert parallelism over the data-parallel ranks of one program "
+                                           r"only \(ep 2 with cp 2 in"):
+        export(declare("mixtral-8x7b", overrides=MOE, cp=2, ep=2, **common), "torch")
 
 
 def test_torch_plan_carries_the_declaration(docs):

@@ -1,7 +1,8 @@
 """`plan --backend NAME` searches only what that backend runs, and says so when a fixed knob disagrees.
 
-Each case is one where the unrestricted search picks what the backend cannot run (expert parallelism for
-torch; host offload for jax), so the restriction is seen to change the plan, and the restricted plan exports.
+Each case is one where the unrestricted search picks what the backend cannot run (context parallelism of a
+MoE model for torch, which folds expert parallelism into data parallelism only; host offload for jax), so the
+restriction is seen to change the plan, and the restricted plan exports.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ def _plan(*args: str) -> dict:
 
 
 @pytest.mark.parametrize("backend, args, unrestricted, restricted", [
-    ("torch", ["mixtral-8x7b", "--layers", "2", "--cluster", "dgx-h100", "--devices", "32", "--global-batch", "32",
-               "--seq-len", "4096", "--memory-gib", "20"],
-     lambda s: s["ep"] > 1, lambda s: s["ep"] == 1 and s["tp"] == 1),
+    ("torch", ["mixtral-8x7b", "--layers", "4", "--cluster", "dgx-h100", "--devices", "64", "--global-batch", "64",
+               "--seq-len", "16384", "--memory-gib", "20"],
+     lambda s: s["cp"] > 1 or s["tp"] > 1, lambda s: s["cp"] == 1 and s["tp"] == 1),
     ("jax", ["llama3-8b", "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64", "--seq-len", "4096"],
      lambda s: any(f > 0 for f in s["offload"].values()),
      lambda s: s["pp"] == 1 and not any(f > 0 for f in s["offload"].values())),
@@ -42,11 +43,11 @@ def test_the_backend_limits_the_search_and_its_plan_exports(tmp_path, backend, a
 
 
 def test_a_fixed_knob_against_the_backend_is_refused_in_one_sentence():
-    r = runner.invoke(app, ["plan", "llama3-8b", "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64",
-                            "--seq-len", "4096", "--backend", "torch", "--ep", "2"])
+    r = runner.invoke(app, ["plan", "mixtral-8x7b", "--layers", "2", "--cluster", "dgx-h100", "--devices", "8",
+                            "--global-batch", "64", "--seq-len", "4096", "--backend", "torch", "--cp", "2"])
     assert r.exit_code == 2
-    assert "--ep 2 disagrees with --backend torch's constraints (ep: 1); drop --ep or export with another backend" \
-        in r.output
+    assert ("no mesh of 8 devices keeps --cp 2 and tp 1 and cp 1 for a model with routed experts with a global "
+            "batch of 64; relax a constraint or change --devices") in " ".join(r.output.split())
     r = runner.invoke(app, ["plan", "mixtral-8x7b", "--layers", "2", "--cluster", "dgx-h100", "--devices", "8",
                             "--global-batch", "64", "--seq-len", "4096", "--backend", "torch", "--etp", "2"])
     assert r.exit_code == 2

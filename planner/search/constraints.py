@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from planner.errors import InvalidInput
 from planner.strategy import OFFLOAD_CLASSES, RECOMPUTE_POLICIES, Strategy
 
-_DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "micro_batch", "moe_tp")
+_DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "micro_batch", "moe_tp", "moe_cp")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +36,9 @@ class Constraints:
     #: the tensor degree of a model with routed experts, vacuous for a dense model: a backend's limit (torch has
     #: no tensor-parallel treatment of a MoE layer, see backends/torch.py)
     moe_tp: int | None = None
+    #: the context degree of a model with routed experts, likewise (torch folds expert parallelism into data
+    #: parallelism only)
+    moe_cp: int | None = None
 
     def __post_init__(self) -> None:
         for name in _DEGREES:
@@ -89,7 +92,7 @@ class Constraints:
         """Whether a mesh (etp as a number, never 0) keeps the fixed degrees; `experts`: the model has routed
         experts."""
         fixed_etp = self.etp
-        if experts and self.moe_tp is not None and tp != self.moe_tp:
+        if experts and any(want is not None and want != have for want, have in ((self.moe_tp, tp), (self.moe_cp, cp))):
             return False
         return all(want is None or want == have for want, have in
                    ((self.tp, tp), (self.cp, cp), (self.pp, pp), (self.dp, dp), (self.ep, ep), (fixed_etp, etp)))

@@ -363,9 +363,11 @@ class _Search:
 
 def _no_mesh(cluster: Cluster, workload: Workload, c: Constraints) -> HyperplanError:
     if c.given():
-        fixed = ", ".join(f"tp {v} for a model with routed experts" if k == "moe_tp" else f"--{k.replace('_', '-')} {v}"
-                          for k, v in c.given().items())
-        return InvalidInput(f"no mesh of {cluster.n_devices} devices keeps {fixed} with a global batch of "
+        given = c.given()
+        fixed = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in given.items() if not k.startswith("moe_"))
+        moe = " and ".join(f"{k[4:]} {v}" for k, v in given.items() if k.startswith("moe_"))
+        keeps = " and ".join(part for part in (fixed, f"{moe} for a model with routed experts" if moe else "") if part)
+        return InvalidInput(f"no mesh of {cluster.n_devices} devices keeps {keeps} with a global batch of "
                             f"{workload.global_batch}; relax a constraint or change --devices")
     return HyperplanError(
         f"no parallel layout of {cluster.n_devices} devices divides the global batch {workload.global_batch}; "

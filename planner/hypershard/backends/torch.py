@@ -12,11 +12,13 @@ by sequence (Korthikanti 2022). ZeRO-1/2 map to FSDP2 without resharding
 after forward, ZeRO-3 with it, ZeRO-0 to HSDP with one shard (plain data
 parallel); host offload to CPUOffloadPolicy. Layouts torch's styles cannot
 express (a split norm weight) are kept replicated and listed in the file.
-Expert parallelism has no generic torch style and is refused, and so is a
-model with stacked experts at tp > 1: no style splits a 3-D weight, and
-with whole experts the MoE layer would run every token on every tensor rank
-(against the estimate, which gives each rank its share of the tokens), or
-fail on a sequence-split DTensor. Several
+Expert parallelism, which torch has no style for, runs over the
+data-parallel ranks by an all-to-all module of the file's own
+(`torch_experts`: one program, cp 1). A model with stacked experts at
+tp > 1 is refused: no style splits a 3-D weight, and with whole experts the
+MoE layer would run every token on every tensor rank (against the estimate,
+which gives each rank its share of the tokens), or fail on a sequence-split
+DTensor. Several
 programs (HyperMPMD) give one module: `use_program(rank)` binds the plan
 of the program that rank runs, and `build_mesh` makes every program's
 DeviceMesh over its own ranks (process groups are made by all ranks
@@ -35,6 +37,7 @@ from typing import Any, Mapping
 from planner.errors import InvalidInput
 from planner.hypershard.backends import common
 from planner.hypershard.backends.module_src import CHUNKS_SRC, LAYERS_SRC, chunks
+from planner.hypershard.backends.torch_experts import EXPERTS_SRC
 from planner.hypershard.backends.torch_widths import WIDTH_SRC
 from planner.hypershard.layouts import dim_axes
 from planner.hypershard.programs import rank_label, views
@@ -45,8 +48,12 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 _MESH = r'''
 def build_mesh(device_type="cuda"):
-    """The world mesh, slowest axis first; data parallel is split into replicate x shard axes as in torchtitan."""
-    return init_device_mesh(device_type, tuple(n for _, n in MESH), mesh_dim_names=tuple(a for a, _ in MESH))
+    """The world mesh, slowest axis first; data parallel is split into replicate x shard axes as in torchtitan
+    (and, with expert parallelism, its data axis into edp x ep: see apply_expert_parallel)."""
+    shape, names = tuple(n for _, n in MESH), tuple(a for a, _ in MESH)
+    if EXPERT_PARALLEL > 1:
+        return _split_data_axis(device_type, shape, names)
+    return init_device_mesh(device_type, shape, mesh_dim_names=names)
 '''
 
 _MULTI_MESH = r'''
@@ -132,7 +139,7 @@ def _check(path, module, entry):
         raise ValueError(f"{path} ({type(module).__name__}) is declared as a split embedding but is no nn.Embedding")
 '''
 
-_BODY = "\n\n".join(src.strip("\n") + "\n" for src in (TP_SRC, LAYERS_SRC, CHUNKS_SRC)) + r'''
+_BODY = "\n\n".join(src.strip("\n") + "\n" for src in (TP_SRC, EXPERTS_SRC, LAYERS_SRC, CHUNKS_SRC)) + r'''
 
 def _full(module):
     return checkpoint_wrapper(module)
@@ -177,6 +184,7 @@ def apply_fsdp(model, mesh):
     if any(OFFLOAD[k] > 0 for k in ("params", "grads", "optimizer")):
         # torch offloads all of them, not a fraction; pinned host memory only where there is a GPU to pin for
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    shard_experts(model, mesh, kwargs)
     for _, layer in _layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -184,9 +192,11 @@ def apply_fsdp(model, mesh):
 
 
 def parallelize(model, mesh):
-    """Apply the declaration: tensor parallel, then activation checkpointing, then FSDP (torchtitan's order)."""
+    """Apply the declaration: tensor parallel (or expert parallel), then activation checkpointing, then FSDP
+    (torchtitan's order)."""
     if dict(MESH)["tp"] > 1:
         parallelize_module(model, mesh["tp"], tp_plan(model))
+    apply_expert_parallel(model, mesh)
     apply_recompute(model)
     return apply_fsdp(model, mesh)
 
@@ -274,11 +284,14 @@ def _not_expressed(doc: Mapping[str, Any]) -> list[str]:
 def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
     """The plan constants of one program (a one-program declaration, or a program's view)."""
     prog = doc["programs"][0]
+    sizes, zero0 = common.axis_sizes(doc), doc["zero"]["stage"] == 0
     return [
         ("MESH", _mesh(doc), "(axis, size), slowest first: rank = ((((pp x DR + dr) x DS + ds) x CP + cp) x TP + tp"),
         ("SEQUENCE_PARALLEL", bool(doc["layouts"]["sequence_parallel"]), None),
         ("LAYOUTS", common.layouts(doc), "parameter name or glob -> declared layout (per dim: axis, axes or None)"),
         ("NOT_EXPRESSED", _not_expressed(doc), "declared splits torch's parallel styles cannot apply: kept replicated"),
+        ("EXPERT_PARALLEL", sizes.get("ep", 1), "routed experts split over this many data-parallel ranks"),
+        ("EXPERT_AXIS", "dp_replicate" if zero0 else "dp_shard", "the data axis expert parallelism folds into"),
         ("ZERO", doc["zero"], None),
         ("RECOMPUTE", doc["recompute"].get("layers", []), "per layer stack: save / recompute / swap"),
         ("OFFLOAD", doc["offload"], "fraction of each memory class kept in host memory"),
@@ -293,20 +306,21 @@ def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
 
 def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
     """The Python source of the torch plan (one module; several programs select theirs by rank)."""
+    multi = common.grouped(doc)
     for k, v in enumerate(views(doc)):
         sizes = common.axis_sizes(v)
-        ep, tp = sizes.get("ep", 1), sizes.get("tp", 1)
-        if ep > 1:
-            raise InvalidInput(f"the torch backend has no generic expert-parallel style (ep={ep} in "
-                               f"{rank_label(doc, k)}); export with --backend jax, mindspore or hyper-parallel, "
-                               "or plan with ep 1")
+        ep, tp, cp = sizes.get("ep", 1), sizes.get("tp", 1), sizes.get("cp", 1)
+        if ep > 1 and (multi or cp > 1):
+            raise InvalidInput(f"the torch backend runs expert parallelism over the data-parallel ranks of one "
+                               f"program only (ep {ep} with {'several programs' if multi else f'cp {cp}'} in "
+                               f"{rank_label(doc, k)}); plan with --backend torch, or export with --backend jax, "
+                               "mindspore or hyper-parallel")
         stacked = [p for p, e in v["layouts"]["params"].items() if len(e["dims"]) == 3 and e.get("op") == "linear"]
         if stacked and tp > 1:
             raise InvalidInput(f"the torch backend runs routed experts only at tp 1 ({stacked[0]} at tp {tp} in "
                                f"{rank_label(doc, k)}): no torch style splits a stacked expert weight, and a MoE layer "
                                "would run every token on every tensor rank, or fail on a sequence-split input; plan "
                                "with --backend torch, or export with --backend jax, mindspore or hyper-parallel")
-    multi = common.grouped(doc)
     use = ("    use_program(torch.distributed.get_rank())   # several programs or stage widths: bind this rank's "
            "first\n" if multi else "")
     lines = ['"""' + common.header(doc, "PyTorch plan (DTensor, FSDP2)") + "\n\nApply inside an initialised "
@@ -319,6 +333,7 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
              "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper",
              "from torch.distributed.device_mesh import " + ("DeviceMesh" if multi else "init_device_mesh"),
              "from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard",
+             "from torch.distributed.nn.functional import all_to_all_single",
              "from torch.distributed.tensor import DTensor, Replicate, Shard",
              "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,",
              "                                               SequenceParallel, parallelize_module)",
