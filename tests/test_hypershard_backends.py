@@ -4,6 +4,7 @@ hyper-parallel export is checked against that project's pinned API in test_hyper
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import subprocess
@@ -60,6 +61,13 @@ def test_torch_runs_expert_parallelism_over_data_parallel_ranks_only():
     with pytest.raises(InvalidInput, match=r"runs expert parallelism over the data-parallel ranks of one program "
                                            r"only \(ep 2 with cp 2 in"):
         export(declare("mixtral-8x7b", overrides=MOE, cp=2, ep=2, **common), "torch")
+    doc = copy.deepcopy(declare("mixtral-8x7b", overrides=MOE, ep=4, **common))  # experts as one weight each
+    params = doc["layouts"]["params"]
+    params["model.layers.*.mlp.experts.*.w1.weight"] = dict(params.pop("model.layers.*.mlp.experts.gate_up_proj"),
+                                                            dims=["ep", None])
+    with pytest.raises(InvalidInput, match=r"splits stacked expert weights \[experts, ...\] over ep, and "
+                                           r"model.layers.\*.mlp.experts.\*.w1.weight \(in .*\) is one expert's"):
+        export(doc, "torch")
 
 
 def test_torch_plan_carries_the_declaration(docs):

@@ -315,6 +315,13 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
                                f"program only (ep {ep} with {'several programs' if multi else f'cp {cp}'} in "
                                f"{rank_label(doc, k)}); plan with --backend torch, or export with --backend jax, "
                                "mindspore or hyper-parallel")
+        per_expert = [p for p, e in v["layouts"]["params"].items()
+                      if len(e["dims"]) != 3 and any("ep" in dim_axes(d) for d in e["dims"])]
+        if per_expert:
+            raise InvalidInput(f"the torch backend splits stacked expert weights [experts, ...] over ep, and "
+                               f"{per_expert[0]} (in {rank_label(doc, k)}) is one expert's own weight; export a model "
+                               "whose experts are stacked (Hugging Face experts modules), or with --backend jax, "
+                               "mindspore or hyper-parallel")
         stacked = [p for p, e in v["layouts"]["params"].items() if len(e["dims"]) == 3 and e.get("op") == "linear"]
         if stacked and tp > 1:
             raise InvalidInput(f"the torch backend runs routed experts only at tp 1 ({stacked[0]} at tp {tp} in "
