@@ -43,8 +43,11 @@ def grad_error(named, ref, ep_rank: int) -> tuple[float, int, int]:
 
 
 def _describe(model) -> dict:
-    q = next(p for n, p in model.named_parameters() if clean(n).endswith("layers.0.self_attn.q_proj.weight"))
-    layer = next(m for n, m in model.named_modules() if n.endswith("layers.0"))
+    """A Llama-style model's first query weight (its placements and local shape) and first layer's wrapper."""
+    q = next((p for n, p in model.named_parameters() if clean(n).endswith("layers.0.self_attn.q_proj.weight")), None)
+    layer = next((m for n, m in model.named_modules() if n.endswith("layers.0")), None)
+    if q is None or layer is None:
+        return {}
     local = q.to_local() if hasattr(q, "to_local") else q
     return {"q_placements": str(getattr(q, "placements", "plain")), "q_local": list(local.shape),
             "layer0": type(layer).__name__}
@@ -99,7 +102,7 @@ def _worker(rank: int, world: int, init: str, folder: str, plans: list, build: C
     ref_model = build()
     out = ref_model(input_ids=ids, labels=ids)
     out.loss.backward()
-    ref = {n: p.grad for n, p in ref_model.named_parameters()}
+    ref = {n: p.grad for n, p in ref_model.named_parameters(remove_duplicate=False)}  # a tied weight by each name
     res: dict[str, Any] = {"ref_loss": out.loss.item()}
     for name, path, pipelined in plans:
         try:

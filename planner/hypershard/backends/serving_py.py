@@ -31,6 +31,7 @@ from planner.hypershard.backends import hyper_parallel_src as hp_src
 from planner.hypershard.backends import jax as jax_export, torch as torch_export
 from planner.hypershard.backends import serving_common as sc
 from planner.hypershard.backends.common import layouts, mesh_slow_first
+from planner.hypershard.backends.torch_tp import TP_SRC
 
 #: ep in the serving mesh is a stage's tp x dp ranks, tp fastest: dp is the major part of an expert index.
 EP_AXES = ("dp", "tp")
@@ -166,7 +167,7 @@ def render_torch(doc: Mapping[str, Any]) -> str:
             "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,",
             "                                               SequenceParallel, parallelize_module)", "",
             "SEQUENCE_PARALLEL = False  # serving keeps the residual stream whole between layers", ""]
-    return sc.assemble(head, doc, _data, _join(torch_export._MULTI_MESH, torch_export.TP_SRC, _TORCH))
+    return sc.assemble(head, doc, _data, _join(torch_export._MULTI_MESH, TP_SRC, _TORCH))
 
 
 def render_jax(doc: Mapping[str, Any]) -> str:

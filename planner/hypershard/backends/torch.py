@@ -3,31 +3,29 @@
 The generated file holds the declaration as data and applies it in
 torchtitan's fixed order (tensor parallel, then activation checkpointing,
 then FSDP). Tensor-parallel styles are chosen per module from its weight's
-declared layout and use: a linear split on its output features is
-ColwiseParallel, split on the features it sums over (`output_partial`)
-RowwiseParallel; an embedding split on the vocabulary is RowwiseParallel,
-on the hidden dim ColwiseParallel; under sequence parallelism norms on the
-residual stream are SequenceParallel and the stream stays a DTensor split
-by sequence (Korthikanti 2022). ZeRO-1/2 map to FSDP2 without resharding
+declared layout (`torch_tp`). ZeRO-1/2 map to FSDP2 without resharding
 after forward, ZeRO-3 with it, ZeRO-0 to HSDP with one shard (plain data
 parallel); host offload to CPUOffloadPolicy. Layouts torch's styles cannot
-express (a split norm weight) are kept replicated and listed in the file.
-Expert parallelism, which torch has no style for, runs over the
-data-parallel ranks by an all-to-all module of the file's own
-(`torch_experts`: one program, cp 1). A model with stacked experts at
+express (a split norm weight) are kept replicated and listed in the file;
+a split linear stored [in, out] (GPT-2's Conv1D) is refused before
+anything is written. Expert parallelism, which torch has no style for,
+runs over the data-parallel ranks by an all-to-all module of the file's
+own (`torch_experts`: one program, cp 1). A model with stacked experts at
 tp > 1 is refused: no style splits a 3-D weight, and with whole experts the
 MoE layer would run every token on every tensor rank (against the estimate,
 which gives each rank its share of the tokens), or fail on a sequence-split
-DTensor. Several
-programs (HyperMPMD) give one module: `use_program(rank)` binds the plan
-of the program that rank runs, and `build_mesh` makes every program's
-DeviceMesh over its own ranks (process groups are made by all ranks
-together) and returns the rank's own. Pipeline stages of different
-widths are such entries too, a DeviceMesh and a tensor-parallel plan per
-stage; torch's pipelining schedules pair one rank per stage over a pp
-axis, so their schedule here is a small 1F1B (or GPipe) of its own (`torch_widths`):
-activations and gradients go point to point between the ranks
-`stage_peers` pairs, with non-blocking sends (no stage waits on one).
+DTensor. A head tied to its embedding keeps one weight through the styles,
+and across pipeline stages its two copies' gradients are summed after each
+step (`torch_tied`). Several programs (HyperMPMD) give one module:
+`use_program(rank)` binds the plan of the program that rank runs, and
+`build_mesh` makes every program's DeviceMesh over its own ranks (process
+groups are made by all ranks together) and returns the rank's own.
+Pipeline stages of different widths are such entries too, a DeviceMesh and
+a tensor-parallel plan per stage; torch's pipelining schedules pair one
+rank per stage over a pp axis, so their schedule here is a small 1F1B (or
+GPipe) of its own (`torch_widths`): activations and gradients go point to
+point between the ranks `stage_peers` pairs, with non-blocking sends (no
+stage waits on one).
 """
 
 from __future__ import annotations
@@ -38,6 +36,8 @@ from planner.errors import InvalidInput
 from planner.hypershard.backends import common
 from planner.hypershard.backends.module_src import CHUNKS_SRC, LAYERS_SRC, chunks
 from planner.hypershard.backends.torch_experts import EXPERTS_SRC
+from planner.hypershard.backends.torch_tied import TIED_SRC
+from planner.hypershard.backends.torch_tp import TP_SRC
 from planner.hypershard.backends.torch_widths import WIDTH_SRC
 from planner.hypershard.layouts import dim_axes
 from planner.hypershard.programs import rank_label, views
@@ -71,75 +71,7 @@ def build_mesh(device_type="cuda"):
     return meshes[PROGRAM["name"]]
 '''
 
-#: The tensor-parallel plan from the layouts (shared with the serving exporter, `serving_py`).
-TP_SRC = r'''
-def _axes(spec):
-    return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
-
-
-def _tp_dim(entry):
-    return next((d for d, spec in enumerate(entry["dims"]) if "tp" in _axes(spec)), None)
-
-
-def _seq_split(entry):
-    seen = entry.get("input") or []
-    return len(seen) > 1 and "tp" in _axes(seen[1])
-
-
-def _style(entry):
-    """The torch parallel style of a module whose weight has this declared layout (None: leave it replicated)."""
-    op, dim = entry["op"], _tp_dim(entry)
-    stream = Shard(1) if SEQUENCE_PARALLEL else Replicate()
-    arrives = Shard(1) if _seq_split(entry) else Replicate()
-    if op == "linear" and dim is not None:
-        if entry.get("output_partial"):
-            return RowwiseParallel(output_layouts=stream, use_local_output=not SEQUENCE_PARALLEL)
-        if entry.get("model_output"):
-            return ColwiseParallel(input_layouts=arrives, output_layouts=Replicate())
-        return ColwiseParallel(input_layouts=arrives)
-    if op == "embedding":
-        if dim == 0:
-            return RowwiseParallel(input_layouts=Replicate(), output_layouts=stream,
-                                   use_local_output=not SEQUENCE_PARALLEL)
-        if dim == 1:
-            return ColwiseParallel(input_layouts=Replicate(), output_layouts=stream,
-                                   use_local_output=not SEQUENCE_PARALLEL)
-        if SEQUENCE_PARALLEL:
-            return PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1),
-                                       use_local_output=False)
-    if op == "scale" and SEQUENCE_PARALLEL and _seq_split(entry):
-        return SequenceParallel()
-    return None
-
-
-def tp_plan(model):
-    """Module path -> parallel style for every module with a weight: torchtitan's plan, built from the layouts."""
-    plan = {}
-    for path, module in model.named_modules():
-        weight = module._parameters.get("weight") if path else None
-        if weight is None:
-            continue
-        entry = layout_of(f"{path}.weight")
-        style = _style(entry)
-        if style is not None:
-            _check(path, module, entry)
-            plan[path] = style
-    return plan
-
-
-def _check(path, module, entry):
-    """The styles assume torch's conventions: nn.Linear weights are [out, in], nn.Embedding's [vocab, dim]."""
-    dim = _tp_dim(entry)
-    if entry["op"] == "linear" and dim is not None:
-        want = 1 if entry.get("output_partial") else 0
-        if not isinstance(module, nn.Linear) or dim != want:
-            raise ValueError(f"{path} ({type(module).__name__}) is declared split on weight dim {dim}; torch's "
-                             f"Colwise/RowwiseParallel need an nn.Linear split on dim {want}")
-    if entry["op"] == "embedding" and dim is not None and not isinstance(module, nn.Embedding):
-        raise ValueError(f"{path} ({type(module).__name__}) is declared as a split embedding but is no nn.Embedding")
-'''
-
-_BODY = "\n\n".join(src.strip("\n") + "\n" for src in (TP_SRC, EXPERTS_SRC, LAYERS_SRC, CHUNKS_SRC)) + r'''
+_BODY = "\n\n".join(src.strip("\n") + "\n" for src in (TP_SRC, EXPERTS_SRC, TIED_SRC, LAYERS_SRC, CHUNKS_SRC)) + r'''
 
 def _full(module):
     return checkpoint_wrapper(module)
@@ -191,11 +123,14 @@ def apply_fsdp(model, mesh):
     return model
 
 
-def parallelize(model, mesh):
+def parallelize(model, mesh, tied=None):
     """Apply the declaration: tensor parallel (or expert parallel), then activation checkpointing, then FSDP
-    (torchtitan's order)."""
+    (torchtitan's order). `tied`: the weights the whole model holds under two names, when `model` is a chunk
+    of it (default: the model's own)."""
     if dict(MESH)["tp"] > 1:
-        parallelize_module(model, mesh["tp"], tp_plan(model))
+        tied = _tied_names(model) if tied is None else tied
+        parallelize_module(model, mesh["tp"], tp_plan(model, tied))
+        _retie(model, tied)
     apply_expert_parallel(model, mesh)
     apply_recompute(model)
     return apply_fsdp(model, mesh)
@@ -243,22 +178,28 @@ def pipeline_schedule(model, mesh, device, loss_fn):
     """This rank's PipelineStage(s), each chunk parallelized as declared, and the declared schedule."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
+    tied = _tied_names(model)
     if STAGE is not None:  # stages of different widths: this rank's stage on its own mesh
+        if tied:
+            raise ValueError(f"{tied[0][0]} is tied to {tied[0][1]}: stages of different widths do not sum the "
+                             "gradients of a tied weight's copies; untie them, or plan with equal stages")
         stage = WidthStage(_Chunk(parallelize(chunk_model(model, STAGE), mesh), STAGE == 0), STAGE, len(STAGE_RANKS))
         return [stage], WidthSchedule(stage, MICRO_BATCHES, loss_fn, device)
     pp = dict(MESH)["pp"]
     stages = []
     for c in range(mesh["pp"].get_local_rank(), len(CHUNKS), pp):
-        inner = parallelize(chunk_model(model, c), mesh)
+        inner = parallelize(chunk_model(model, c), mesh, tied)
         seq = mesh["tp"] if SEQUENCE_PARALLEL else None
         stages.append(PipelineStage(_Chunk(inner, c == 0, seq), c, len(CHUNKS), device, group=mesh["pp"].get_group()))
     if len(stages) > 1:
-        return stages, ScheduleInterleaved1F1B(stages, n_microbatches=MICRO_BATCHES, loss_fn=loss_fn)
-    # 1F1B with fewer micro-batches than stages runs every forward before the first backward (its warm-up is
-    # min(stages - stage - 1, micro-batches)): GPipe's order, which torch's Schedule1F1B refuses to run
-    gpipe = SCHEDULE == "gpipe" or MICRO_BATCHES < pp
-    return stages, (ScheduleGPipe if gpipe else Schedule1F1B)(stages[0], n_microbatches=MICRO_BATCHES,
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=MICRO_BATCHES, loss_fn=loss_fn)
+    else:
+        # 1F1B with fewer micro-batches than stages runs every forward before the first backward (its warm-up is
+        # min(stages - stage - 1, micro-batches)): GPipe's order, which torch's Schedule1F1B refuses to run
+        gpipe = SCHEDULE == "gpipe" or MICRO_BATCHES < pp
+        schedule = (ScheduleGPipe if gpipe else Schedule1F1B)(stages[0], n_microbatches=MICRO_BATCHES,
                                                               loss_fn=loss_fn)
+    return stages, (TiedSchedule(schedule, stages, tied, mesh) if tied else schedule)
 
 '''
 
@@ -304,6 +245,10 @@ def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
     ] + common.stage_data(doc)
 
 
+def _linear_split(entry: Mapping[str, Any]) -> int | None:
+    return next((d for d, spec in enumerate(entry["dims"]) if "tp" in dim_axes(spec)), None)
+
+
 def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
     """The Python source of the torch plan (one module; several programs select theirs by rank)."""
     multi = common.grouped(doc)
@@ -322,6 +267,13 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
                                f"{per_expert[0]} (in {rank_label(doc, k)}) is one expert's own weight; export a model "
                                "whose experts are stacked (Hugging Face experts modules), or with --backend jax, "
                                "mindspore or hyper-parallel")
+        transposed = [p for p, e in v["layouts"]["params"].items() if e.get("op") == "linear" and len(e["dims"]) == 2
+                      and _linear_split(e) not in (None, 1 if e.get("output_partial") else 0)]
+        if transposed:
+            raise InvalidInput(f"the torch backend splits linear weights stored [out, in] (nn.Linear), and "
+                               f"{transposed[0]} (in {rank_label(doc, k)}) is split as an [in, out] one (GPT-2's "
+                               "Conv1D), which no torch style splits; plan with --tp 1, or export with --backend "
+                               "jax, mindspore or hyper-parallel")
         stacked = [p for p, e in v["layouts"]["params"].items() if len(e["dims"]) == 3 and e.get("op") == "linear"]
         if stacked and tp > 1:
             raise InvalidInput(f"the torch backend runs routed experts only at tp 1 ({stacked[0]} at tp {tp} in "

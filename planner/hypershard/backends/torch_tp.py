@@ -1,0 +1,116 @@
+"""The tensor-parallel plan of the torch exports (training's `torch`, serving's `serving_py`): torch's
+parallel styles chosen per module from its weight's declared layout, as torchtitan writes its plans.
+
+A linear split on its output features is ColwiseParallel, split on the features it sums over
+(`output_partial`) RowwiseParallel; an embedding split on the vocabulary is RowwiseParallel, on the hidden
+dim ColwiseParallel; under sequence parallelism norms on the residual stream are SequenceParallel and the
+stream stays a DTensor split by sequence (Korthikanti et al. 2022). A weight the model holds under two names
+(a head tied to its embedding) is declared once; each module using it takes the style of its own op
+(`_as_used_by`), so the lookup splits the vocabulary as a RowwiseParallel embedding and the head as a
+ColwiseParallel linear. The styles assume torch's conventions (nn.Linear weights [out, in]); `_check` says
+so in one sentence where a module breaks them.
+"""
+
+from __future__ import annotations
+
+#: The generated source; it uses SEQUENCE_PARALLEL and `layout_of` (and `_tied_names` where given ties).
+TP_SRC = r'''
+def _axes(spec):
+    return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+
+
+def _tp_dim(entry):
+    return next((d for d, spec in enumerate(entry["dims"]) if "tp" in _axes(spec)), None)
+
+
+def _seq_split(entry):
+    seen = entry.get("input") or []
+    return len(seen) > 1 and "tp" in _axes(seen[1])
+
+
+def _style(entry):
+    """The torch parallel style of a module whose weight has this declared layout (None: leave it replicated)."""
+    op, dim = entry["op"], _tp_dim(entry)
+    stream = Shard(1) if SEQUENCE_PARALLEL else Replicate()
+    arrives = Shard(1) if _seq_split(entry) else Replicate()
+    if op == "linear" and dim is not None:
+        if entry.get("output_partial"):
+            return RowwiseParallel(output_layouts=stream, use_local_output=not SEQUENCE_PARALLEL)
+        if entry.get("model_output"):
+            return ColwiseParallel(input_layouts=arrives, output_layouts=Replicate())
+        return ColwiseParallel(input_layouts=arrives)
+    if op == "embedding":
+        if dim == 0:
+            return RowwiseParallel(input_layouts=Replicate(), output_layouts=stream,
+                                   use_local_output=not SEQUENCE_PARALLEL)
+        if dim == 1:
+            return ColwiseParallel(input_layouts=Replicate(), output_layouts=stream,
+                                   use_local_output=not SEQUENCE_PARALLEL)
+        if SEQUENCE_PARALLEL:
+            return PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1),
+                                       use_local_output=False)
+    if op == "scale" and SEQUENCE_PARALLEL and _seq_split(entry):
+        return SequenceParallel()
+    return None
+
+
+def _declared(name):
+    try:
+        return layout_of(name)
+    except KeyError:
+        return None
+
+
+def _as_used_by(entry, module, head):
+    """A tied weight's declared layout as the module using it under another name sees it (a head tied to its
+    embedding is declared once): that module's op, and the pending sum, output and input its split gives."""
+    dim = _tp_dim(entry)
+    if isinstance(module, nn.Embedding):
+        return dict(entry, op="embedding", output_partial=["tp"] if dim == 0 else [], model_output=False)
+    if isinstance(module, nn.Linear):
+        seen = ["dp", "tp" if SEQUENCE_PARALLEL else None, None]
+        return dict(entry, op="linear", output_partial=["tp"] if dim == 1 else [], model_output=head, input=seen)
+    return entry
+
+
+def _entry(model, path, module, tied):
+    """The declared layout of a module's weight, under its own name or one it is tied to (`tied`: the names of
+    each weight the whole model holds twice), as that module uses it."""
+    own = f"{path}.weight"
+    names = next((group for group in tied if own in group), (own,))
+    entry = next((e for e in map(_declared, (own, *names)) if e is not None), None)
+    if entry is None:
+        return layout_of(own)  # declared under no name: says which
+    if len(names) == 1:
+        return entry
+    return _as_used_by(entry, module, getattr(model, "get_output_embeddings", lambda: None)() is module)
+
+
+def tp_plan(model, tied=()):
+    """Module path -> parallel style for every module with a weight: torchtitan's plan, built from the layouts."""
+    plan = {}
+    for path, module in model.named_modules():
+        weight = module._parameters.get("weight") if path else None
+        if weight is None:
+            continue
+        entry = _entry(model, path, module, tied)
+        style = _style(entry)
+        if style is not None:
+            _check(path, module, entry)
+            plan[path] = style
+    return plan
+
+
+def _check(path, module, entry):
+    """The styles assume torch's conventions: nn.Linear weights are [out, in], nn.Embedding's [vocab, dim]."""
+    dim = _tp_dim(entry)
+    if entry["op"] == "linear" and dim is not None:
+        want = 1 if entry.get("output_partial") else 0
+        if not isinstance(module, nn.Linear) or dim != want:
+            raise ValueError(f"{path} ({type(module).__name__}) is declared split on weight dim {dim}; torch's "
+                             f"Colwise/RowwiseParallel need an nn.Linear split on dim {want}")
+    if entry["op"] == "embedding" and dim is not None and not isinstance(module, nn.Embedding):
+        raise ValueError(f"{path} ({type(module).__name__}) is declared as a split embedding but is no nn.Embedding")
+'''
+
+__all__ = ["TP_SRC"]
