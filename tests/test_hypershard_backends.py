@@ -40,8 +40,9 @@ def docs():
 @pytest.mark.parametrize("backend", ["hyper-parallel", "mindspore", "torch", "jax"])
 @pytest.mark.parametrize("which", ["3d", "interleaved", "moe", "gpt", "fsdp"])
 def test_every_generated_python_file_compiles(docs, backend, which):
-    if backend == "torch" and which == "moe":  # tp 2 over stacked experts (torch_experts runs them at tp 1)
-        with pytest.raises(InvalidInput, match="the torch backend runs routed experts only at tp 1"):
+    if backend == "torch" and which == "moe":  # stacked experts split over tp 2 (torch_moe_tp keeps them whole)
+        with pytest.raises(InvalidInput, match="the torch backend runs a MoE layer at tp > 1 only on each tensor "
+                                               "rank's slice of the sequence"):
             export(docs[which], backend)
         return
     if backend == "jax" and which in ("3d", "interleaved"):  # equal pipeline stages on one mesh: no JAX runtime
@@ -57,7 +58,7 @@ def test_every_generated_python_file_compiles(docs, backend, which):
 def test_torch_runs_expert_parallelism_over_data_parallel_ranks_only():
     common = dict(cluster="dgx-a100", devices=8, global_batch=16, seq_len=32, zero=1)
     source = export(declare("mixtral-8x7b", overrides=MOE, ep=4, **common), "torch")
-    assert "EXPERT_PARALLEL = 4" in source and "EXPERT_AXIS = 'dp_shard'" in source
+    assert "EXPERT_PARALLEL = 4" in source and "DATA_AXIS = 'dp_shard'" in source
     with pytest.raises(InvalidInput, match=r"runs expert parallelism over the data-parallel ranks of one program "
                                            r"only \(ep 2 with cp 2 in"):
         export(declare("mixtral-8x7b", overrides=MOE, cp=2, ep=2, **common), "torch")
@@ -197,9 +198,9 @@ def test_expert_tensor_degree_is_declared_and_read_back():
 
 def test_without_expert_parallelism_the_experts_are_declared_split_as_the_estimate_splits_them():
     """ep 1 with tp 2: the estimate holds and runs 1/2 of each expert per tensor rank (etp follows tp), so the
-    declaration splits them so (column, then row; it had declared them whole); etp 1 keeps them whole. torch has no
-    tensor-parallel treatment of a MoE layer and refuses either at tp 2 in one sentence, before writing anything;
-    at tp 1 it exports."""
+    declaration splits them so (column, then row; it had declared them whole); etp 1 keeps them whole. torch runs
+    a MoE block at tp 2 only on each tensor rank's tokens with its experts whole (etp 1, sequence parallel), and
+    refuses the other two in one sentence before writing anything."""
     common = dict(cluster="dgx-a100", devices=4, global_batch=8, seq_len=32)
     split = declare("mixtral-8x7b", overrides=MOE, tp=2, **common)
     whole = declare("mixtral-8x7b", overrides=MOE, tp=2, etp=1, **common)
@@ -208,8 +209,12 @@ def test_without_expert_parallelism_the_experts_are_declared_split_as_the_estima
     assert split["layouts"]["params"]["model.layers.*.mlp.experts.down_proj"]["output_partial"] == ["tp"]
     assert all(v["dims"] == [None, None, None] for k, v in whole["layouts"]["params"].items() if ".experts." in k)
     assert split["estimate"]["memory_gib"]["params"] < whole["estimate"]["memory_gib"]["params"]
-    for doc in (split, whole):
-        with pytest.raises(InvalidInput, match=r"the torch backend runs routed experts only at tp 1 "
-                                               r"\(model.layers.\*.mlp.experts.gate_up_proj at tp 2 in "):
+    for doc, why in ((split, r"model.layers.\*.mlp.experts.gate_up_proj is split over tp"),
+                     (whole, "tp 2 has no sequence parallelism")):
+        with pytest.raises(InvalidInput, match=r"the torch backend runs a MoE layer at tp > 1 only on each tensor "
+                                               r"rank's slice of the sequence with its experts whole \(sequence "
+                                               rf"parallel, etp 1\), and in main \(ranks 0-3\) {why}; "):
             export(doc, "torch")
-    assert "parallelize_module" in export(declare("mixtral-8x7b", overrides=MOE, dp=4, **common), "torch")
+    local = export(declare("mixtral-8x7b", overrides=MOE, tp=2, etp=1, sp=True, **common), "torch")
+    assert "MOE_TOKEN_SPLIT = True" in local
+    assert "MOE_TOKEN_SPLIT = False" in export(declare("mixtral-8x7b", overrides=MOE, dp=4, **common), "torch")

@@ -26,7 +26,7 @@ def _plan(*args: str) -> dict:
 @pytest.mark.parametrize("backend, args, unrestricted, restricted", [
     ("torch", ["mixtral-8x7b", "--layers", "4", "--cluster", "dgx-h100", "--devices", "64", "--global-batch", "64",
                "--seq-len", "16384", "--memory-gib", "20"],
-     lambda s: s["cp"] > 1 or s["tp"] > 1, lambda s: s["cp"] == 1 and s["tp"] == 1),
+     lambda s: s["cp"] > 1, lambda s: s["cp"] == 1 and s["etp"] in (None, 1)),
     ("jax", ["llama3-8b", "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64", "--seq-len", "4096"],
      lambda s: any(f > 0 for f in s["offload"].values()),
      lambda s: s["pp"] == 1 and not any(f > 0 for f in s["offload"].values())),
@@ -46,13 +46,13 @@ def test_a_fixed_knob_against_the_backend_is_refused_in_one_sentence():
     r = runner.invoke(app, ["plan", "mixtral-8x7b", "--layers", "2", "--cluster", "dgx-h100", "--devices", "8",
                             "--global-batch", "64", "--seq-len", "4096", "--backend", "torch", "--cp", "2"])
     assert r.exit_code == 2
-    assert ("no mesh of 8 devices keeps --cp 2 and tp 1 and cp 1 for a model with routed experts with a global "
+    assert ("no mesh of 8 devices keeps --cp 2 and etp 1 and cp 1 for a model with routed experts with a global "
             "batch of 64; relax a constraint or change --devices") in " ".join(r.output.split())
     r = runner.invoke(app, ["plan", "mixtral-8x7b", "--layers", "2", "--cluster", "dgx-h100", "--devices", "8",
                             "--global-batch", "64", "--seq-len", "4096", "--backend", "torch", "--etp", "2"])
     assert r.exit_code == 2
-    assert ("--etp 2 disagrees with --backend torch's constraints (moe_tp: a model with routed experts runs at tp 1);"
-            " drop --etp or export with another backend") in r.output
+    assert ("--etp 2 disagrees with --backend torch's constraints (moe_etp: a model with routed experts runs at "
+            "etp 1); drop --etp or export with another backend") in " ".join(r.output.split())
     r = runner.invoke(app, ["plan", "llama3-8b", "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64",
                             "--seq-len", "4096", "--backend", "tf"])
     assert r.exit_code == 2 and "unknown backend 'tf'" in r.output

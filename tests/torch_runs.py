@@ -17,8 +17,8 @@ from planner.hypershard.validate import validate_document
 from tests.forked import run_forked
 from tests.layout_edits import megatron
 
-#: name -> (strategy, hand-edited to Megatron's layouts, run as a pipeline)
-Scenarios = Mapping[str, tuple[dict, bool, bool]]
+#: name -> (strategy, hand-edited to Megatron's layouts (or by this function), run as a pipeline)
+Scenarios = Mapping[str, tuple[dict, bool | Callable[[dict], dict], bool]]
 
 
 def clean(name: str) -> str:
@@ -126,7 +126,9 @@ def launch(folder, world: int, scenarios: Scenarios, model: str, overrides: dict
     for name, (strategy, edit, pipelined) in scenarios.items():
         doc = declare(model, cluster="dgx-a100", devices=world, global_batch=batch, seq_len=seq, dtype="fp32",
                       overrides=overrides, **strategy)
-        if edit:
+        if callable(edit):
+            doc = edit(doc)
+        elif edit:
             doc = megatron(doc)
         write_document(doc, str(folder / f"{name}.yaml"))
         doc = read_document(str(folder / f"{name}.yaml"))

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from planner.errors import InvalidInput
 from planner.strategy import OFFLOAD_CLASSES, RECOMPUTE_POLICIES, Strategy
 
-_DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "micro_batch", "moe_tp", "moe_cp")
+_DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "micro_batch", "moe_etp", "moe_cp")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,9 +33,9 @@ class Constraints:
     zero: int | None = None
     stage_tp: tuple[int, ...] | None = None
     offload: tuple[tuple[str, float], ...] | None = None
-    #: the tensor degree of a model with routed experts, vacuous for a dense model: a backend's limit (torch has
-    #: no tensor-parallel treatment of a MoE layer, see backends/torch.py)
-    moe_tp: int | None = None
+    #: the expert tensor degree of a model with routed experts, vacuous for a dense model: a backend's limit
+    #: (torch runs a MoE block on each tensor rank's tokens with its experts whole, see backends/torch_moe_tp.py)
+    moe_etp: int | None = None
     #: the context degree of a model with routed experts, likewise (torch folds expert parallelism into data
     #: parallelism only)
     moe_cp: int | None = None
@@ -92,7 +92,7 @@ class Constraints:
         """Whether a mesh (etp as a number, never 0) keeps the fixed degrees; `experts`: the model has routed
         experts."""
         fixed_etp = self.etp
-        if experts and any(want is not None and want != have for want, have in ((self.moe_tp, tp), (self.moe_cp, cp))):
+        if experts and any(want is not None and want != have for want, have in ((self.moe_etp, etp), (self.moe_cp, cp))):
             return False
         return all(want is None or want == have for want, have in
                    ((self.tp, tp), (self.cp, cp), (self.pp, pp), (self.dp, dp), (self.ep, ep), (fixed_etp, etp)))
@@ -140,9 +140,9 @@ def merge(from_file: Mapping[str, Any], flags: Mapping[str, Any], source: str,
             raise InvalidInput(f"{flag} {_show(b[k])} disagrees with {source}'s constraints ({k}: {_show(a[k])}); "
                                f"drop {flag} or {remedy}")
     out = {**a, **b}
-    if out.get("moe_tp") is not None and out.get("etp", out["moe_tp"]) > out["moe_tp"]:
-        raise InvalidInput(f"--etp {out['etp']} disagrees with {source}'s constraints (moe_tp: a model with routed "
-                           f"experts runs at tp {out['moe_tp']}); drop --etp or {remedy}")
+    if out.get("moe_etp") is not None and out.get("etp", out["moe_etp"]) != out["moe_etp"]:
+        raise InvalidInput(f"--etp {out['etp']} disagrees with {source}'s constraints (moe_etp: a model with routed "
+                           f"experts runs at etp {out['moe_etp']}); drop --etp or {remedy}")
     return out
 
 

@@ -10,11 +10,11 @@ express (a split norm weight) are kept replicated and listed in the file;
 a split linear stored [in, out] (GPT-2's Conv1D) is refused before
 anything is written. Expert parallelism, which torch has no style for,
 runs over the data-parallel ranks by an all-to-all module of the file's
-own (`torch_experts`: one program, cp 1). A model with stacked experts at
-tp > 1 is refused: no style splits a 3-D weight, and with whole experts the
-MoE layer would run every token on every tensor rank (against the estimate,
-which gives each rank its share of the tokens), or fail on a sequence-split
-DTensor. A head tied to its embedding keeps one weight through the styles,
+own (`torch_experts`: one program, cp 1). At tp > 1 a MoE block runs on
+each tensor rank's slice of the sequence with its experts whole
+(`torch_moe_tp`: etp 1, sequence parallel, as the estimate costs it);
+stacked experts split over tp are refused, since no torch style splits a
+3-D weight. A head tied to its embedding keeps one weight through the styles,
 and across pipeline stages its two copies' gradients are summed after each
 step (`torch_tied`). Several programs (HyperMPMD) give one module:
 `use_program(rank)` binds the plan of the program that rank runs, and
@@ -36,6 +36,7 @@ from planner.errors import InvalidInput
 from planner.hypershard.backends import common
 from planner.hypershard.backends.module_src import CHUNKS_SRC, LAYERS_SRC, chunks
 from planner.hypershard.backends.torch_experts import EXPERTS_SRC
+from planner.hypershard.backends.torch_moe_tp import MOE_TP_SRC
 from planner.hypershard.backends.torch_tied import TIED_SRC
 from planner.hypershard.backends.torch_tp import TP_SRC
 from planner.hypershard.backends.torch_widths import WIDTH_SRC
@@ -49,11 +50,14 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 _MESH = r'''
 def build_mesh(device_type="cuda"):
     """The world mesh, slowest axis first; data parallel is split into replicate x shard axes as in torchtitan
-    (and, with expert parallelism, its data axis into edp x ep: see apply_expert_parallel)."""
+    (and, with expert parallelism, its data axis into edp x ep: see apply_expert_parallel; a MoE model at
+    tp > 1 also has the (data, tp) axes flattened, where its MoE blocks reduce: see apply_local_tokens)."""
     shape, names = tuple(n for _, n in MESH), tuple(a for a, _ in MESH)
     if EXPERT_PARALLEL > 1:
-        return _split_data_axis(device_type, shape, names)
-    return init_device_mesh(device_type, shape, mesh_dim_names=names)
+        mesh = _split_data_axis(device_type, shape, names)
+    else:
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return _fold_tp(mesh) if MOE_TOKEN_SPLIT else mesh
 '''
 
 _MULTI_MESH = r'''
@@ -71,7 +75,8 @@ def build_mesh(device_type="cuda"):
     return meshes[PROGRAM["name"]]
 '''
 
-_BODY = "\n\n".join(src.strip("\n") + "\n" for src in (TP_SRC, EXPERTS_SRC, TIED_SRC, LAYERS_SRC, CHUNKS_SRC)) + r'''
+_BODY = "\n\n".join(src.strip("\n") + "\n" for src in (TP_SRC, EXPERTS_SRC, MOE_TP_SRC, TIED_SRC, LAYERS_SRC,
+                                                          CHUNKS_SRC)) + r'''
 
 def _full(module):
     return checkpoint_wrapper(module)
@@ -108,7 +113,7 @@ def _dp_mesh(mesh):
 def apply_fsdp(model, mesh):
     """FSDP2 on each layer and on the root, as the declaration's ZeRO stage and offload say."""
     sizes = dict(MESH)
-    if sizes["dp_replicate"] * sizes["dp_shard"] * sizes["cp"] == 1:
+    if sizes["dp_replicate"] * sizes["dp_shard"] * sizes["cp"] == 1 and not MOE_TOKEN_SPLIT:
         return model
     kwargs = {"mesh": _dp_mesh(mesh), "reshard_after_forward": ZERO["stage"] == 3}
     if PARAM_DTYPE:
@@ -117,6 +122,7 @@ def apply_fsdp(model, mesh):
         # torch offloads all of them, not a fraction; pinned host memory only where there is a GPU to pin for
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     shard_experts(model, mesh, kwargs)
+    shard_moe_blocks(model, mesh, kwargs)
     for _, layer in _layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -131,6 +137,7 @@ def parallelize(model, mesh, tied=None):
         tied = _tied_names(model) if tied is None else tied
         parallelize_module(model, mesh["tp"], tp_plan(model, tied))
         _retie(model, tied)
+    apply_local_tokens(model, mesh)
     apply_expert_parallel(model, mesh)
     apply_recompute(model)
     return apply_fsdp(model, mesh)
@@ -232,7 +239,9 @@ def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
         ("LAYOUTS", common.layouts(doc), "parameter name or glob -> declared layout (per dim: axis, axes or None)"),
         ("NOT_EXPRESSED", _not_expressed(doc), "declared splits torch's parallel styles cannot apply: kept replicated"),
         ("EXPERT_PARALLEL", sizes.get("ep", 1), "routed experts split over this many data-parallel ranks"),
-        ("EXPERT_AXIS", "dp_replicate" if zero0 else "dp_shard", "the data axis expert parallelism folds into"),
+        ("DATA_AXIS", "dp_replicate" if zero0 else "dp_shard", "the data axis expert parallelism folds into"),
+        ("MOE_TOKEN_SPLIT", sizes.get("tp", 1) > 1 and bool(_stacked_experts(doc)),
+         "MoE blocks run on each tensor rank's slice of the sequence, their weights whole"),
         ("ZERO", doc["zero"], None),
         ("RECOMPUTE", doc["recompute"].get("layers", []), "per layer stack: save / recompute / swap"),
         ("OFFLOAD", doc["offload"], "fraction of each memory class kept in host memory"),
@@ -243,6 +252,10 @@ def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
         ("MICRO_BATCH_SIZE", prog["micro_batch_size"], None),
         ("MICRO_BATCHES", prog.get("micro_batches", 1), "per step and pipeline"),
     ] + common.stage_data(doc)
+
+
+def _stacked_experts(doc: Mapping[str, Any]) -> list[str]:
+    return [p for p, e in doc["layouts"]["params"].items() if len(e["dims"]) == 3 and e.get("op") == "linear"]
 
 
 def _linear_split(entry: Mapping[str, Any]) -> int | None:
@@ -274,12 +287,14 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
                                f"{transposed[0]} (in {rank_label(doc, k)}) is split as an [in, out] one (GPT-2's "
                                "Conv1D), which no torch style splits; plan with --tp 1, or export with --backend "
                                "jax, mindspore or hyper-parallel")
-        stacked = [p for p, e in v["layouts"]["params"].items() if len(e["dims"]) == 3 and e.get("op") == "linear"]
-        if stacked and tp > 1:
-            raise InvalidInput(f"the torch backend runs routed experts only at tp 1 ({stacked[0]} at tp {tp} in "
-                               f"{rank_label(doc, k)}): no torch style splits a stacked expert weight, and a MoE layer "
-                               "would run every token on every tensor rank, or fail on a sequence-split input; plan "
-                               "with --backend torch, or export with --backend jax, mindspore or hyper-parallel")
+        stacked = _stacked_experts(v)
+        split = [p for p in stacked if any("tp" in dim_axes(d) for d in v["layouts"]["params"][p]["dims"])]
+        if split or (stacked and tp > 1 and not v["layouts"]["sequence_parallel"]):
+            why = (f"{split[0]} is split over tp" if split else f"tp {tp} has no sequence parallelism")
+            raise InvalidInput(f"the torch backend runs a MoE layer at tp > 1 only on each tensor rank's slice of the "
+                               f"sequence with its experts whole (sequence parallel, etp 1), and in "
+                               f"{rank_label(doc, k)} {why}; plan with --backend torch, or export with --backend "
+                               "jax, mindspore or hyper-parallel")
     use = ("    use_program(torch.distributed.get_rank())   # several programs or stage widths: bind this rank's "
            "first\n" if multi else "")
     lines = ['"""' + common.header(doc, "PyTorch plan (DTensor, FSDP2)") + "\n\nApply inside an initialised "

@@ -23,15 +23,15 @@ process-group backend. The other weights are sharded over all data-parallel rank
 
 from __future__ import annotations
 
-#: The generated source; it uses MESH, EXPERT_PARALLEL and EXPERT_AXIS, `layout_of` and `_axes`.
+#: The generated source; it uses MESH, EXPERT_PARALLEL, DATA_AXIS, MOE_TOKEN_SPLIT, `layout_of` and `_axes`.
 EXPERTS_SRC = r'''
 def _split_data_axis(device_type, shape, names):
     """The world mesh with the data axis built as (edp, ep) and flattened back under its name: ep takes
     consecutive ranks of it, as the declaration folds expert parallelism into data parallelism."""
-    at = names.index(EXPERT_AXIS)
+    at = names.index(DATA_AXIS)
     mesh = init_device_mesh(device_type, shape[:at] + (shape[at] // EXPERT_PARALLEL, EXPERT_PARALLEL) + shape[at + 1:],
                             mesh_dim_names=names[:at] + ("edp", "ep") + names[at + 1:])
-    mesh[("edp", "ep")]._flatten(EXPERT_AXIS)
+    mesh[("edp", "ep")]._flatten(DATA_AXIS)
     return mesh
 
 
@@ -104,8 +104,10 @@ def apply_expert_parallel(model, mesh):
 
 
 def _expert_dp_mesh(mesh):
-    """Where each expert's copies are: the edp ranks (HSDP with one shard under ZeRO-0)."""
-    return mesh[("edp", "dp_shard")] if ZERO["stage"] == 0 else mesh["edp"]
+    """Where each expert's copies are: the edp ranks, times tp where each tensor rank routes its own tokens
+    (HSDP with one shard under ZeRO-0)."""
+    edp = "edp_tp" if MOE_TOKEN_SPLIT else "edp"
+    return mesh[(edp, "dp_shard")] if ZERO["stage"] == 0 else mesh[edp]
 
 
 def shard_experts(model, mesh, kwargs):
