@@ -27,6 +27,9 @@ def _plan(*args: str) -> dict:
     ("torch", ["mixtral-8x7b", "--layers", "4", "--cluster", "dgx-h100", "--devices", "64", "--global-batch", "64",
                "--seq-len", "16384", "--memory-gib", "20"],
      lambda s: s["cp"] > 1, lambda s: s["cp"] == 1 and s["etp"] in (None, 1)),
+    ("torch", ["gpt3-6.7b", "--cluster", "dgx-h100", "--devices", "16", "--global-batch", "64", "--seq-len", "2048",
+               "--memory-gib", "20"],  # GPT-2 style Conv1D weights, [in, out]: no torch style splits them
+     lambda s: s["tp"] > 1, lambda s: s["tp"] == 1),
     ("jax", ["llama3-8b", "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64", "--seq-len", "4096"],
      lambda s: any(f > 0 for f in s["offload"].values()),
      lambda s: s["pp"] == 1 and not any(f > 0 for f in s["offload"].values())),
@@ -53,6 +56,21 @@ def test_a_fixed_knob_against_the_backend_is_refused_in_one_sentence():
     assert r.exit_code == 2
     assert ("--etp 2 disagrees with --backend torch's constraints (moe_etp: a model with routed experts runs at "
             "etp 1); drop --etp or export with another backend") in " ".join(r.output.split())
+    r = runner.invoke(app, ["plan", "gpt3-1.3b", "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64",
+                            "--seq-len", "2048", "--backend", "torch", "--tp", "2"])
+    assert r.exit_code == 2
+    assert ("no mesh of 8 devices keeps --tp 2 and tp 1 for a model with [in, out] linear weights with a global "
+            "batch of 64") in " ".join(r.output.split())
     r = runner.invoke(app, ["plan", "llama3-8b", "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64",
                             "--seq-len", "4096", "--backend", "tf"])
     assert r.exit_code == 2 and "unknown backend 'tf'" in r.output
+
+
+@pytest.mark.parametrize("model, stored_in_out", [("gpt", True), ("llama3-8b", False), ("mixtral-8x7b", False)])
+def test_linear_weights_stored_in_out_are_found_from_the_graph(model, stored_in_out):
+    """GPT-2's Conv1D multiplies by its weight as stored, [in, out]; nn.Linear's [out, in] goes through a
+    transpose (the zoo writes each as its Hugging Face model holds it)."""
+    from planner.api import load_graph
+    from planner.search.grid import in_out_linears
+
+    assert in_out_linears(load_graph(model, batch=1, seq_len=64, overrides=dict(layers=2))) is stored_in_out

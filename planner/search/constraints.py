@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from planner.errors import InvalidInput
 from planner.strategy import OFFLOAD_CLASSES, RECOMPUTE_POLICIES, Strategy
 
-_DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "micro_batch", "moe_etp", "moe_cp")
+_DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "micro_batch", "moe_etp", "moe_cp", "inout_tp")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +39,9 @@ class Constraints:
     #: the context degree of a model with routed experts, likewise (torch folds expert parallelism into data
     #: parallelism only)
     moe_cp: int | None = None
+    #: the tensor degree of a model with a linear weight stored [in, out] (GPT-2's Conv1D), vacuous otherwise:
+    #: torch's parallel styles split nn.Linear's [out, in] only
+    inout_tp: int | None = None
 
     def __post_init__(self) -> None:
         for name in _DEGREES:
@@ -88,18 +91,21 @@ class Constraints:
         """The fixed knobs, by name."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
-    def allows_mesh(self, tp: int, cp: int, pp: int, dp: int, ep: int, etp: int, *, experts: bool) -> bool:
+    def allows_mesh(self, tp: int, cp: int, pp: int, dp: int, ep: int, etp: int, *, experts: bool,
+                    inout: bool) -> bool:
         """Whether a mesh (etp as a number, never 0) keeps the fixed degrees; `experts`: the model has routed
-        experts."""
+        experts; `inout`: a linear weight of it is stored [in, out]."""
         fixed_etp = self.etp
         if experts and any(want is not None and want != have for want, have in ((self.moe_etp, etp), (self.moe_cp, cp))):
+            return False
+        if inout and self.inout_tp is not None and tp != self.inout_tp:
             return False
         return all(want is None or want == have for want, have in
                    ((self.tp, tp), (self.cp, cp), (self.pp, pp), (self.dp, dp), (self.ep, ep), (fixed_etp, etp)))
 
-    def allows(self, s: Strategy, *, experts: bool) -> bool:
-        """Whether a whole strategy keeps every fixed knob (`experts`: the model has routed experts)."""
-        if not self.allows_mesh(s.tp, s.cp, s.pp, s.dp, s.ep, s.expert_tp, experts=experts):
+    def allows(self, s: Strategy, *, experts: bool, inout: bool) -> bool:
+        """Whether a whole strategy keeps every fixed knob (`experts`, `inout`: as `allows_mesh` has them)."""
+        if not self.allows_mesh(s.tp, s.cp, s.pp, s.dp, s.ep, s.expert_tp, experts=experts, inout=inout):
             return False
         if self.vpp is not None and s.vpp != self.vpp:
             return False

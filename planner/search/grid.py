@@ -53,6 +53,7 @@ class ModelShape:
     layers: int
     heads: tuple[int, ...]
     experts: int
+    inout: bool = False  # a linear weight is stored [in, out] (GPT-2's Conv1D), `in_out_linears`
 
 
 def model_shape(graph: Graph, structure: Structure, facts=None) -> ModelShape:
@@ -60,7 +61,19 @@ def model_shape(graph: Graph, structure: Structure, facts=None) -> ModelShape:
 
     regions = facts.regions if facts is not None else attention_regions(graph)
     return ModelShape(len(structure.layers()), tuple(sorted({r.heads for r in regions if r.heads > 0})),
-                      routed_experts(graph, structure))
+                      routed_experts(graph, structure), in_out_linears(graph))
+
+
+def in_out_linears(graph: Graph) -> bool:
+    """Whether some linear weight is read as stored, [in, out] (GPT-2's Conv1D), where nn.Linear's [out, in]
+    reaches its MatMul through a transpose: a MatMul (or a Gemm without transB) of a 2-D parameter itself."""
+    params = set(graph.params)
+    for n in graph.nodes:
+        w = n.inputs[1] if len(n.inputs) > 1 else None
+        if w in params and len(graph.tensors[w].shape or ()) == 2 and (
+                n.op_type == "MatMul" or (n.op_type == "Gemm" and not n.attrs.get("transB", 0))):
+            return True
+    return False
 
 
 def tp_degrees(shape: ModelShape, cluster: Cluster, workload: Workload, c: Constraints) -> list[int]:
@@ -107,7 +120,7 @@ def meshes(shape: ModelShape, cluster: Cluster, workload: Workload, c: Constrain
                 for etp in etps:
                     eps = [e for e in divisors(shape.experts) if ranks % (e * etp) == 0] if shape.experts else [1]
                     for ep in eps:
-                        if c.allows_mesh(tp, cp, pp, dp, ep, etp, experts=bool(shape.experts)):
+                        if c.allows_mesh(tp, cp, pp, dp, ep, etp, experts=bool(shape.experts), inout=shape.inout):
                             out.append((tp, cp, pp, dp, ep, etp))
     return out
 

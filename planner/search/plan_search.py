@@ -98,7 +98,7 @@ class _Search:
     def run(self) -> SearchResult:
         t0 = time.perf_counter()
         if not self.meshes:
-            raise _no_mesh(self.cluster, self.workload, self.c)
+            raise _no_mesh(self.cluster, self.workload, self.c, self.shape)
         for cp in sorted({m[1] for m in self.meshes}):
             self._push("cp", (cp,), 0.0)
         complete = True
@@ -356,17 +356,22 @@ class _Search:
                 return
             for s in unequal_stage_strategies(self.structure, self.cluster, self.workload, cand.strategy,
                                               self.scorer.costs, limit, DTYPE_WIDTH.get(self.workload.dtype, 2.0)):
-                if self.c.allows(s, experts=bool(self.shape.experts)) and all(
+                if self.c.allows(s, experts=bool(self.shape.experts), inout=self.shape.inout) and all(
                         h % t == 0 for h in self.shape.heads for t in s.stage_tp):
                     self._score(s)
 
 
-def _no_mesh(cluster: Cluster, workload: Workload, c: Constraints) -> HyperplanError:
-    if c.given():
-        given = c.given()
-        fixed = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in given.items() if not k.startswith("moe_"))
-        moe = " and ".join(f"{k[4:]} {v}" for k, v in given.items() if k.startswith("moe_"))
-        keeps = " and ".join(part for part in (fixed, f"{moe} for a model with routed experts" if moe else "") if part)
+def _no_mesh(cluster: Cluster, workload: Workload, c: Constraints, shape: grid.ModelShape) -> HyperplanError:
+    given = c.given()
+    kinds = {"moe_": "for a model with routed experts", "inout_": "for a model with [in, out] linear weights"}
+    applies = {"moe_": bool(shape.experts), "inout_": shape.inout}  # the model-kind limits that hold this model
+    given = {k: v for k, v in given.items() if applies.get(next((p for p in kinds if k.startswith(p)), ""), True)}
+    if given:
+        fixed = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in given.items()
+                          if not k.startswith(tuple(kinds)))
+        held = [" and ".join(f"{k[len(p):]} {v}" for k, v in given.items() if k.startswith(p)) + " " + why
+                for p, why in kinds.items() if any(k.startswith(p) for k in given)]
+        keeps = " and ".join(part for part in (fixed, *held) if part)
         return InvalidInput(f"no mesh of {cluster.n_devices} devices keeps {keeps} with a global batch of "
                             f"{workload.global_batch}; relax a constraint or change --devices")
     return HyperplanError(
