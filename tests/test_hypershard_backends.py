@@ -40,9 +40,8 @@ def docs():
 @pytest.mark.parametrize("backend", ["hyper-parallel", "mindspore", "torch", "jax"])
 @pytest.mark.parametrize("which", ["3d", "interleaved", "moe", "gpt", "fsdp"])
 def test_every_generated_python_file_compiles(docs, backend, which):
-    if backend == "torch" and which == "moe":  # stacked experts split over tp 2 (torch_moe_tp keeps them whole)
-        with pytest.raises(InvalidInput, match="the torch backend runs a MoE layer at tp > 1 only on each tensor "
-                                               "rank's slice of the sequence"):
+    if backend == "torch" and which == "moe":  # ep 4 over the tensor ranks (torch's ep takes data ranks only)
+        with pytest.raises(InvalidInput, match=r"only \(ep 4 with tp 2, so it spans tensor ranks"):
             export(docs[which], backend)
         return
     if backend == "jax" and which in ("3d", "interleaved"):  # equal pipeline stages on one mesh: no JAX runtime
@@ -62,6 +61,15 @@ def test_torch_runs_expert_parallelism_over_data_parallel_ranks_only():
     with pytest.raises(InvalidInput, match=r"runs expert parallelism over the data-parallel ranks of one program "
                                            r"only \(ep 2 with cp 2 in"):
         export(declare("mixtral-8x7b", overrides=MOE, cp=2, ep=2, **common), "torch")
+    # the declaration folds ep over the tensor ranks first (consecutive ranks), which torch's ep does not follow
+    with pytest.raises(InvalidInput, match=r"only \(ep 2 with tp 2, so it spans tensor ranks in"):
+        export(declare("mixtral-8x7b", overrides=MOE, tp=2, etp=1, sp=True, ep=2, **common), "torch")
+    with pytest.raises(InvalidInput, match=r"with its experts whole \(sequence parallel at tp > 1, etp 1, cp 1\), "
+                                           r"and in main \(ranks 0-7\) cp is 2"):
+        export(declare("mixtral-8x7b", overrides=MOE, cp=2, **common), "torch")
+    oss = declare("gpt-oss-120b", overrides=dict(MOE, kv_heads=2), ep=4, **common)  # stacked experts with biases
+    assert oss["layouts"]["params"]["model.layers.*.mlp.experts.gate_up_proj_bias"]["dims"] == ["ep", None]
+    assert "EXPERT_PARALLEL = 4" in export(oss, "torch")  # the biases are the stacked module's, split with it
     doc = copy.deepcopy(declare("mixtral-8x7b", overrides=MOE, ep=4, **common))  # experts as one weight each
     params = doc["layouts"]["params"]
     params["model.layers.*.mlp.experts.*.w1.weight"] = dict(params.pop("model.layers.*.mlp.experts.gate_up_proj"),
@@ -211,9 +219,9 @@ def test_without_expert_parallelism_the_experts_are_declared_split_as_the_estima
     assert split["estimate"]["memory_gib"]["params"] < whole["estimate"]["memory_gib"]["params"]
     for doc, why in ((split, r"model.layers.\*.mlp.experts.gate_up_proj is split over tp"),
                      (whole, "tp 2 has no sequence parallelism")):
-        with pytest.raises(InvalidInput, match=r"the torch backend runs a MoE layer at tp > 1 only on each tensor "
-                                               r"rank's slice of the sequence with its experts whole \(sequence "
-                                               rf"parallel, etp 1\), and in main \(ranks 0-3\) {why}; "):
+        with pytest.raises(InvalidInput, match=r"the torch backend runs a MoE layer on each tensor rank's slice of "
+                                               r"the sequence with its experts whole \(sequence parallel at tp > 1, "
+                                               rf"etp 1, cp 1\), and in main \(ranks 0-3\) {why}; "):
             export(doc, "torch")
     local = export(declare("mixtral-8x7b", overrides=MOE, tp=2, etp=1, sp=True, **common), "torch")
     assert "MOE_TOKEN_SPLIT = True" in local

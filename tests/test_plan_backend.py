@@ -49,7 +49,8 @@ def test_a_fixed_knob_against_the_backend_is_refused_in_one_sentence():
     r = runner.invoke(app, ["plan", "mixtral-8x7b", "--layers", "2", "--cluster", "dgx-h100", "--devices", "8",
                             "--global-batch", "64", "--seq-len", "4096", "--backend", "torch", "--cp", "2"])
     assert r.exit_code == 2
-    assert ("no mesh of 8 devices keeps --cp 2 and etp 1 and cp 1 for a model with routed experts with a global "
+    assert ("no mesh of 8 devices keeps --cp 2 and etp 1 and cp 1 and ep 1 at tp > 1 for a model with routed "
+            "experts with a global "
             "batch of 64; relax a constraint or change --devices") in " ".join(r.output.split())
     r = runner.invoke(app, ["plan", "mixtral-8x7b", "--layers", "2", "--cluster", "dgx-h100", "--devices", "8",
                             "--global-batch", "64", "--seq-len", "4096", "--backend", "torch", "--etp", "2"])

@@ -13,7 +13,8 @@ from typing import Any, Mapping
 from planner.errors import InvalidInput
 from planner.strategy import OFFLOAD_CLASSES, RECOMPUTE_POLICIES, Strategy
 
-_DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "micro_batch", "moe_etp", "moe_cp", "inout_tp")
+_DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "micro_batch", "moe_tp", "moe_etp", "moe_cp", "moe_ep_tp",
+            "inout_tp")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,14 +34,16 @@ class Constraints:
     zero: int | None = None
     stage_tp: tuple[int, ...] | None = None
     offload: tuple[tuple[str, float], ...] | None = None
-    #: the expert tensor degree of a model with routed experts, vacuous for a dense model: a backend's limit
-    #: (torch runs a MoE block on each tensor rank's tokens with its experts whole, see backends/torch_moe_tp.py)
+    #: Limits on one kind of model, vacuous for others (a backend's: see PLAN_LIMITS in hypershard/backends).
+    #: A model with routed experts: its tensor degree, expert tensor degree and context degree, and its expert
+    #: degree wherever tp > 1 (torch runs a MoE block on each tensor rank's tokens with its experts whole, and
+    #: expert parallelism over data-parallel ranks only: backends/torch_moe_tp.py, torch_experts.py).
+    moe_tp: int | None = None
     moe_etp: int | None = None
-    #: the context degree of a model with routed experts, likewise (torch folds expert parallelism into data
-    #: parallelism only)
     moe_cp: int | None = None
-    #: the tensor degree of a model with a linear weight stored [in, out] (GPT-2's Conv1D), vacuous otherwise:
-    #: torch's parallel styles split nn.Linear's [out, in] only
+    moe_ep_tp: int | None = None
+    #: A model with a linear weight stored [in, out] (GPT-2's Conv1D): its tensor degree (torch's parallel
+    #: styles split nn.Linear's [out, in] only).
     inout_tp: int | None = None
 
     def __post_init__(self) -> None:
@@ -96,10 +99,10 @@ class Constraints:
         """Whether a mesh (etp as a number, never 0) keeps the fixed degrees; `experts`: the model has routed
         experts; `inout`: a linear weight of it is stored [in, out]."""
         fixed_etp = self.etp
-        if experts and any(want is not None and want != have for want, have in ((self.moe_etp, etp), (self.moe_cp, cp))):
-            return False
-        if inout and self.inout_tp is not None and tp != self.inout_tp:
-            return False
+        held = {"moe_tp": tp, "moe_etp": etp, "moe_cp": cp, "moe_ep_tp": ep if tp > 1 else None, "inout_tp": tp}
+        for name in self.kind_limits(experts=experts, inout=inout):
+            if held[name] is not None and held[name] != getattr(self, name):
+                return False
         return all(want is None or want == have for want, have in
                    ((self.tp, tp), (self.cp, cp), (self.pp, pp), (self.dp, dp), (self.ep, ep), (fixed_etp, etp)))
 
@@ -121,6 +124,25 @@ class Constraints:
             return False
         return True
 
+    def kind_limits(self, *, experts: bool, inout: bool) -> list[str]:
+        """The model-kind limits given that hold a model of this kind (`experts`, `inout`: as allows_mesh)."""
+        kinds = {"moe_": experts, "inout_": inout}
+        return [k for k in _KIND_LIMITS if getattr(self, k) is not None and kinds[k[:k.index("_") + 1]]]
+
+    def unmet(self, *, experts: bool, inout: bool) -> str:
+        """The fixed knobs and the limits that hold the model, as a sentence's object ("--tp 2 and etp 1 and
+        cp 1 for a model with routed experts"); empty when nothing is fixed."""
+        limits = self.kind_limits(experts=experts, inout=inout)
+        fixed = ", ".join(f"--{k.replace('_', '-')} {_show(v)}" for k, v in self.given().items()
+                          if k not in _KIND_LIMITS)
+        held = []
+        for prefix, why in (("moe_", "for a model with routed experts"),
+                            ("inout_", "for a model with [in, out] linear weights")):
+            mine = [_KIND_LIMITS[k].format(getattr(self, k)) for k in limits if k.startswith(prefix)]
+            if mine:
+                held.append(" and ".join(mine) + " " + why)
+        return " and ".join(part for part in (fixed, *held) if part)
+
     @property
     def offload_searched(self) -> bool:
         return self.offload is None
@@ -133,6 +155,11 @@ class Constraints:
         if "offload" in out:
             out["offload"] = dict(out["offload"])
         return out
+
+
+#: Each model-kind limit: how a sentence names it.
+_KIND_LIMITS = {"moe_tp": "tp {}", "moe_etp": "etp {}", "moe_cp": "cp {}", "moe_ep_tp": "ep {} at tp > 1",
+                "inout_tp": "tp {}"}
 
 
 def merge(from_file: Mapping[str, Any], flags: Mapping[str, Any], source: str,

@@ -362,16 +362,8 @@ class _Search:
 
 
 def _no_mesh(cluster: Cluster, workload: Workload, c: Constraints, shape: grid.ModelShape) -> HyperplanError:
-    given = c.given()
-    kinds = {"moe_": "for a model with routed experts", "inout_": "for a model with [in, out] linear weights"}
-    applies = {"moe_": bool(shape.experts), "inout_": shape.inout}  # the model-kind limits that hold this model
-    given = {k: v for k, v in given.items() if applies.get(next((p for p in kinds if k.startswith(p)), ""), True)}
-    if given:
-        fixed = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in given.items()
-                          if not k.startswith(tuple(kinds)))
-        held = [" and ".join(f"{k[len(p):]} {v}" for k, v in given.items() if k.startswith(p)) + " " + why
-                for p, why in kinds.items() if any(k.startswith(p) for k in given)]
-        keeps = " and ".join(part for part in (fixed, *held) if part)
+    keeps = c.unmet(experts=bool(shape.experts), inout=shape.inout)
+    if keeps:
         return InvalidInput(f"no mesh of {cluster.n_devices} devices keeps {keeps} with a global batch of "
                             f"{workload.global_batch}; relax a constraint or change --devices")
     return HyperplanError(

@@ -40,9 +40,9 @@ LAUNCH: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "mindformers",
 #: The knobs `plan --backend NAME` fixes so that the search stays within what the backend runs (the keys of
 #: `planner.search.constraints`); what they cannot say the exporter still refuses, in one sentence, before writing.
 PLAN_LIMITS: dict[str, dict[str, Any]] = {
-    # torch runs a MoE block on each tensor rank's tokens with its experts whole (etp 1), and expert parallelism
-    # over data-parallel ranks only (backends/torch_moe_tp.py, torch_experts.py)
-    "torch": {"moe_etp": 1, "moe_cp": 1, "inout_tp": 1},  # nn.Linear's [out, in] only (backends/torch.py)
+    # torch runs a MoE block on each tensor rank's tokens with its experts whole (etp 1), expert parallelism
+    # over data-parallel ranks only (so at tp 1), and splits nn.Linear's [out, in] only (backends/torch_refusals.py)
+    "torch": {"moe_etp": 1, "moe_cp": 1, "moe_ep_tp": 1, "inout_tp": 1},  # nn.Linear's [out, in] only
     "jax": {"pp": 1, "offload": ()},  # no pipeline runtime on one mesh, no host offload (see backends/jax.py)
     # the launch formats take no fractions of memory classes off HBM (their exporters list the rest they refuse)
     "megatron": {"offload": ()},

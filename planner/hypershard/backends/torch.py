@@ -32,8 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from planner.errors import InvalidInput
-from planner.hypershard.backends import common
+from planner.hypershard.backends import common, torch_refusals as refusals
 from planner.hypershard.backends.module_src import CHUNKS_SRC, LAYERS_SRC, chunks
 from planner.hypershard.backends.torch_experts import EXPERTS_SRC
 from planner.hypershard.backends.torch_moe_tp import MOE_TP_SRC
@@ -41,7 +40,6 @@ from planner.hypershard.backends.torch_tied import TIED_SRC
 from planner.hypershard.backends.torch_tp import TP_SRC
 from planner.hypershard.backends.torch_widths import WIDTH_SRC
 from planner.hypershard.layouts import dim_axes
-from planner.hypershard.programs import rank_label, views
 
 SUFFIX = ".py"
 
@@ -135,7 +133,8 @@ def parallelize(model, mesh, tied=None):
     of it (default: the model's own)."""
     if dict(MESH)["tp"] > 1:
         tied = _tied_names(model) if tied is None else tied
-        parallelize_module(model, mesh["tp"], tp_plan(model, tied))
+        local = [path for path, _ in _moe_blocks(model)] if MOE_TOKEN_SPLIT else []  # whole on each tensor rank
+        parallelize_module(model, mesh["tp"], tp_plan(model, tied, local))
         _retie(model, tied)
     apply_local_tokens(model, mesh)
     apply_expert_parallel(model, mesh)
@@ -240,8 +239,9 @@ def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
         ("NOT_EXPRESSED", _not_expressed(doc), "declared splits torch's parallel styles cannot apply: kept replicated"),
         ("EXPERT_PARALLEL", sizes.get("ep", 1), "routed experts split over this many data-parallel ranks"),
         ("DATA_AXIS", "dp_replicate" if zero0 else "dp_shard", "the data axis expert parallelism folds into"),
-        ("MOE_TOKEN_SPLIT", sizes.get("tp", 1) > 1 and bool(_stacked_experts(doc)),
-         "MoE blocks run on each tensor rank's slice of the sequence, their weights whole"),
+        ("MOE_TOKEN_SPLIT", sizes.get("tp", 1) > 1 and bool(refusals.stacked_experts(doc)),
+         "MoE blocks run on each tensor rank's slice of the sequence, their weights whole (a shared expert "
+         "declared split too)"),
         ("ZERO", doc["zero"], None),
         ("RECOMPUTE", doc["recompute"].get("layers", []), "per layer stack: save / recompute / swap"),
         ("OFFLOAD", doc["offload"], "fraction of each memory class kept in host memory"),
@@ -254,47 +254,10 @@ def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
     ] + common.stage_data(doc)
 
 
-def _stacked_experts(doc: Mapping[str, Any]) -> list[str]:
-    return [p for p, e in doc["layouts"]["params"].items() if len(e["dims"]) == 3 and e.get("op") == "linear"]
-
-
-def _linear_split(entry: Mapping[str, Any]) -> int | None:
-    return next((d for d, spec in enumerate(entry["dims"]) if "tp" in dim_axes(spec)), None)
-
-
 def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
     """The Python source of the torch plan (one module; several programs select theirs by rank)."""
+    refusals.check(doc)
     multi = common.grouped(doc)
-    for k, v in enumerate(views(doc)):
-        sizes = common.axis_sizes(v)
-        ep, tp, cp = sizes.get("ep", 1), sizes.get("tp", 1), sizes.get("cp", 1)
-        if ep > 1 and (multi or cp > 1):
-            raise InvalidInput(f"the torch backend runs expert parallelism over the data-parallel ranks of one "
-                               f"program only (ep {ep} with {'several programs' if multi else f'cp {cp}'} in "
-                               f"{rank_label(doc, k)}); plan with --backend torch, or export with --backend jax, "
-                               "mindspore or hyper-parallel")
-        per_expert = [p for p, e in v["layouts"]["params"].items()
-                      if len(e["dims"]) != 3 and any("ep" in dim_axes(d) for d in e["dims"])]
-        if per_expert:
-            raise InvalidInput(f"the torch backend splits stacked expert weights [experts, ...] over ep, and "
-                               f"{per_expert[0]} (in {rank_label(doc, k)}) is one expert's own weight; export a model "
-                               "whose experts are stacked (Hugging Face experts modules), or with --backend jax, "
-                               "mindspore or hyper-parallel")
-        transposed = [p for p, e in v["layouts"]["params"].items() if e.get("op") == "linear" and len(e["dims"]) == 2
-                      and _linear_split(e) not in (None, 1 if e.get("output_partial") else 0)]
-        if transposed:
-            raise InvalidInput(f"the torch backend splits linear weights stored [out, in] (nn.Linear), and "
-                               f"{transposed[0]} (in {rank_label(doc, k)}) is split as an [in, out] one (GPT-2's "
-                               "Conv1D), which no torch style splits; plan with --tp 1, or export with --backend "
-                               "jax, mindspore or hyper-parallel")
-        stacked = _stacked_experts(v)
-        split = [p for p in stacked if any("tp" in dim_axes(d) for d in v["layouts"]["params"][p]["dims"])]
-        if split or (stacked and tp > 1 and not v["layouts"]["sequence_parallel"]):
-            why = (f"{split[0]} is split over tp" if split else f"tp {tp} has no sequence parallelism")
-            raise InvalidInput(f"the torch backend runs a MoE layer at tp > 1 only on each tensor rank's slice of the "
-                               f"sequence with its experts whole (sequence parallel, etp 1), and in "
-                               f"{rank_label(doc, k)} {why}; plan with --backend torch, or export with --backend "
-                               "jax, mindspore or hyper-parallel")
     use = ("    use_program(torch.distributed.get_rank())   # several programs or stage widths: bind this rank's "
            "first\n" if multi else "")
     lines = ['"""' + common.header(doc, "PyTorch plan (DTensor, FSDP2)") + "\n\nApply inside an initialised "
@@ -302,7 +265,7 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
              "    index, count = batch_shard(mesh)   # this rank reads batch slice `index` of `count`\n\n"
              "With pipeline stages: `pipeline_schedule(model, mesh, device, loss_fn)`.\n\"\"\"", "",
              "from __future__ import annotations", "", "import contextlib", "import copy", "import fnmatch",
-             "from functools import partial", "", "import torch", "import torch.distributed as dist",
+             "import inspect", "from functools import partial", "", "import torch", "import torch.distributed as dist",
              "from torch import nn",
              "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper",
              "from torch.distributed.device_mesh import " + ("DeviceMesh" if multi else "init_device_mesh"),

@@ -1,10 +1,11 @@
 """Expert parallelism in the torch export: stacked experts split over data-parallel ranks, tokens exchanged
 by all-to-all.
 
-torch has no parallel style for a mixture-of-experts layer, so the generated file carries one. It follows
-the declaration's folding of ep into the data-parallel ranks (the `ep` alias of the mesh, consecutive
-ranks): the data axis of the mesh is built as (edp, ep) and flattened back under its own name, so the
-rest of the plan sees the mesh it always does. Each ep rank keeps its contiguous share of every
+torch has no parallel style for a mixture-of-experts layer, so the generated file carries one. At tp 1 it
+follows the declaration's folding of ep into the data-parallel ranks (the `ep` alias of the mesh,
+consecutive ranks; ep over tensor ranks is refused, `torch_refusals`): the data axis of the mesh is built
+as (edp, ep) and flattened back under its own name, so the rest of the plan sees the mesh it always
+does. Each ep rank keeps its contiguous share of every
 stacked-expert weight (the layout's `ep` on dim 0); a Hugging Face experts module,
 `forward(hidden_states, top_k_index, top_k_weights)`, then sends each token to the rank of each of its
 top-k experts, runs its own experts on what arrives and sends the results back (GShard's dispatch and
@@ -23,7 +24,7 @@ process-group backend. The other weights are sharded over all data-parallel rank
 
 from __future__ import annotations
 
-#: The generated source; it uses MESH, EXPERT_PARALLEL, DATA_AXIS, MOE_TOKEN_SPLIT, `layout_of` and `_axes`.
+#: The generated source; it uses MESH, EXPERT_PARALLEL, DATA_AXIS, MOE_TOKEN_SPLIT, ZERO, `layout_of` and `_axes`.
 EXPERTS_SRC = r'''
 def _split_data_axis(device_type, shape, names):
     """The world mesh with the data axis built as (edp, ep) and flattened back under its name: ep takes
@@ -89,7 +90,8 @@ def apply_expert_parallel(model, mesh):
         if not path or not names or "ep" not in _axes(layout_of(f"{path}.{names[0]}")["dims"][0]):
             continue
         experts = getattr(module, "num_experts", None)
-        if not isinstance(experts, int) or experts % EXPERT_PARALLEL:
+        routed = len(inspect.signature(module.forward).parameters) >= 3  # tokens, their experts, their weights
+        if not isinstance(experts, int) or experts % EXPERT_PARALLEL or not routed:
             raise ValueError(f"{path} ({type(module).__name__}) is declared split over ep {EXPERT_PARALLEL}, but "
                              f"the export splits Hugging Face experts modules (num_experts divisible by ep, and "
                              f"forward(hidden_states, top_k_index, top_k_weights)); it has num_experts={experts!r}")

@@ -17,7 +17,8 @@ untouched): every weight of the block then gets the data-parallel mean of the su
 
 from __future__ import annotations
 
-#: The generated source; it uses MOE_TOKEN_SPLIT, DATA_AXIS, EXPERT_PARALLEL, ZERO and `_stacked`, `_ScaleGrad`.
+#: The generated source; it uses MOE_TOKEN_SPLIT, DATA_AXIS, EXPERT_PARALLEL, ZERO and `_stacked`, `_ScaleGrad`
+#: (the experts' source).
 MOE_TP_SRC = r'''
 def _fold_tp(mesh):
     """The flattened (data, tp) axes the MoE blocks' weights (and, under ep, the experts': edp x tp) reduce over."""
@@ -29,18 +30,21 @@ def _fold_tp(mesh):
 
 
 def _moe_blocks(model):
-    """The MoE blocks: the modules one of whose children holds stacked experts (the router beside them)."""
-    return [m for _, m in model.named_modules() if any(_stacked(c) for c in m.children())]
+    """(path, module) of the MoE blocks: the modules one of whose children holds stacked experts (the router
+    and any shared expert beside them)."""
+    return [(p, m) for p, m in model.named_modules() if any(_stacked(c) for c in m.children())]
 
 
 def _token_local(tp_mesh, forward, hidden_states, *args, **kwargs):
-    """The block on this tensor rank's tokens: the stream's local slice in, the output back as that slice."""
+    """The block on this tensor rank's tokens: the stream's local slice in, the output back as that slice (in
+    the slice's shape: some blocks return their tokens flattened)."""
     tp = float(tp_mesh.size())
     x = hidden_states.to_local() if isinstance(hidden_states, DTensor) else hidden_states
-    y = forward(_ScaleGrad.apply(x, 1.0 / tp), *args, **kwargs)  # with the scale below: the stream's gradients
-    first = y[0] if isinstance(y, tuple) else y                    # unchanged, the block's weights' times tp
-    first = DTensor.from_local(_ScaleGrad.apply(first, tp), tp_mesh, [Shard(1)], run_check=False)
-    return (first, *y[1:]) if isinstance(y, tuple) else first
+    y = forward(_ScaleGrad.apply(x, 1.0 / tp), *args, **kwargs)  # with the scales below: the stream's gradients
+    outs = y if isinstance(y, tuple) else (y,)                     # unchanged, the block's weights' times tp
+    outs = tuple(_ScaleGrad.apply(t, tp) if torch.is_tensor(t) and t.requires_grad else t for t in outs)
+    first = DTensor.from_local(outs[0].reshape(x.shape), tp_mesh, [Shard(1)], run_check=False)
+    return (first, *outs[1:]) if isinstance(y, tuple) else first
 
 
 def _runs_local_tokens(module):
@@ -51,7 +55,7 @@ def _runs_local_tokens(module):
 def apply_local_tokens(model, mesh):
     """Run each MoE block on this tensor rank's slice of the sequence (MOE_TOKEN_SPLIT: tp > 1, etp 1)."""
     if MOE_TOKEN_SPLIT:
-        for block in _moe_blocks(model):
+        for _, block in _moe_blocks(model):
             block.forward = partial(_token_local, mesh["tp"], block.forward)
     return model
 

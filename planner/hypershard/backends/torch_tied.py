@@ -17,7 +17,7 @@ embedding's weight under another name is given the style of its own op (`_as_use
 
 from __future__ import annotations
 
-#: The generated source; it uses CHUNKS, `clean_name` is its own. Stages of different widths are refused.
+#: The generated source; it uses CHUNKS. Stages of different widths are refused (`pipeline_schedule`).
 TIED_SRC = r'''
 def _tied_names(model):
     """The names of each weight the model holds under more than one (a head tied to its embedding)."""
@@ -48,29 +48,41 @@ class TiedSchedule:
 
     def __init__(self, schedule, stages, tied, mesh):
         self.schedule, self.stages, self.tied = schedule, stages, {n for names in tied for n in names}
-        ranks = mesh.mesh  # [pp, ...] global ranks, this program's mesh
+        ranks = mesh.mesh  # [pp, ...] global ranks of this program's mesh
         first, last = ranks[0].flatten().tolist(), ranks[(len(CHUNKS) - 1) % ranks.shape[0]].flatten().tolist()
-        self.group = None
-        for a, b in zip(first, last):  # every rank makes every group, in the same order
-            group = dist.new_group(sorted({a, b})) if a != b else None
-            if dist.get_rank() in (a, b):
-                self.group = group
+        me = dist.get_rank()
+        pair = next(sorted({a, b}) for a, b in zip(first, last) if me in (a, b)) if me in first + last else None
+        # only the pair makes its group (other programs' ranks make theirs, or none)
+        self.group = dist.new_group(pair, use_local_synchronization=True) if pair and len(pair) > 1 else None
+
+    def _held(self):
+        return [p for st in self.stages for n, p in st.submod.named_parameters()
+                if _clean_name(n).split(".", 1)[-1] in self.tied]
 
     def step(self, *args, **kwargs):
+        """The schedule's step; then each copy of a tied weight gets the sum of the copies' gradients. Clear the
+        gradients between steps, as torch's schedules expect (a step rescales what the gradients already hold)."""
         out = self.schedule.step(*args, **kwargs)
-        held = [p for st in self.stages for n, p in st.submod.named_parameters()
-                if p.grad is not None and _clean_name(n).split(".", 1)[-1] in self.tied]
+        held = self._held()
         for p in held:  # a split lookup's gradient can come back whole: as its weight is split, on both ends
             if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
-        if held:
-            local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in held]
-            total = torch.stack(local).sum(0) if len(local) > 1 else local[0].clone()
+        if held and all(p.grad is not None for p in held):
+            local = [_local(p.grad) for p in held]
+            total = sum(local[1:], local[0].clone())
             if self.group is not None:
+                on = total.device
+                if on.type == "cpu" and dist.get_backend(self.group) == "nccl":  # offloaded gradients
+                    total = total.to(torch.device("cuda", torch.cuda.current_device()))
                 dist.all_reduce(total, group=self.group)
+                total = total.to(on)
             for g in local:
                 g.copy_(total)
         return out
+
+
+def _local(grad):
+    return grad.to_local() if isinstance(grad, DTensor) else grad
 '''
 
 __all__ = ["TIED_SRC"]

@@ -86,12 +86,13 @@ def _entry(model, path, module, tied):
     return _as_used_by(entry, module, getattr(model, "get_output_embeddings", lambda: None)() is module)
 
 
-def tp_plan(model, tied=()):
-    """Module path -> parallel style for every module with a weight: torchtitan's plan, built from the layouts."""
+def tp_plan(model, tied=(), whole=()):
+    """Module path -> parallel style for every module with a weight: torchtitan's plan, built from the layouts
+    (`whole`: paths of modules whose every weight stays whole, and the weights of their submodules)."""
     plan = {}
     for path, module in model.named_modules():
         weight = module._parameters.get("weight") if path else None
-        if weight is None:
+        if weight is None or any(path == w or path.startswith(w + ".") for w in whole):
             continue
         entry = _entry(model, path, module, tied)
         style = _style(entry)
