@@ -7,7 +7,8 @@ FSDP2 ZeRO-2 with the first layer fully recomputed and the other selectively, 1F
 parallel, the same with sequence parallelism (the sequence-split stream crosses the stage boundary as each
 rank's slice), the same with one micro-batch for two stages (torch's 1F1B refuses it; run in GPipe's order, which
 1F1B is then), 1F1B pipeline x FSDP, and FSDP2 with its parameters in host memory (no pinned memory on a host
-without a GPU); and on 3 processes, 1F1B pipelines whose two stages differ in width
+without a GPU); interleaved pipelines of a 4-layer Llama (two chunks per stage, with FSDP and with TP + SP);
+and on 3 processes, 1F1B pipelines whose two stages differ in width
 (1 + 2 and 2 + 1 tensor ranks), each stage on its own mesh. Each declaration goes through a file and
 `validate` before it is exported. The tensor-parallel ones are hand-edited to Megatron's layouts: at hidden
 64 the planner keeps most weights whole (splitting them does not pay), and hand-edited files are
@@ -48,11 +49,18 @@ WIDTH_SCENARIOS = {
 }
 
 
-def _tiny_llama():
+#: interleaved pipelines (two chunks per stage) of a 4-layer Llama, on WORLD processes
+VPP_SCENARIOS = {
+    "pp_vpp_fsdp": (dict(pp=2, vpp=2, zero=1), False, True),
+    "pp_vpp_tp_sp": (dict(pp=2, vpp=2, tp=2, sp=True), True, True),
+}
+
+
+def _tiny_llama(layers: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64, use_cache=False,
                       attn_implementation="eager")
     return LlamaForCausalLM(cfg).float()
@@ -68,6 +76,12 @@ def runs(tmp_path_factory) -> list[dict]:
 def width_runs(tmp_path_factory) -> list[dict]:
     return launch(tmp_path_factory.mktemp("torch_widths"), WIDTH_WORLD, WIDTH_SCENARIOS, "llama3-8b", TINY,
                   _tiny_llama, (BATCH, SEQ, VOCAB))
+
+
+@pytest.fixture(scope="module")
+def vpp_runs(tmp_path_factory) -> list[dict]:
+    return launch(tmp_path_factory.mktemp("torch_vpp"), WORLD, VPP_SCENARIOS, "llama3-8b", dict(TINY, layers=4),
+                  lambda: _tiny_llama(4), (BATCH, SEQ, VOCAB))
 
 
 @pytest.mark.parametrize("name", ["tp", "tp_sp", "fsdp_zero3_full", "hsdp_zero0_selective", "fsdp_first_layer_full",
@@ -113,3 +127,12 @@ def test_stages_of_different_widths_match_the_single_process_run(width_runs, nam
     for row in rows:
         if row["last"]:
             assert row["loss"] == pytest.approx(width_runs[0]["ref_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(VPP_SCENARIOS))
+def test_interleaved_pipelines_match_the_single_process_run(vpp_runs, name):
+    """Two chunks per stage (torch's ScheduleInterleaved1F1B): the last stage's loss and every rank's gradients
+    are the reference's."""
+    rows = ok(vpp_runs, name)
+    last = [row["loss"] for row in rows if row["last"]]
+    assert len(last) == 2 and sum(last) / len(last) == pytest.approx(vpp_runs[0]["ref_loss"], rel=1e-5)
