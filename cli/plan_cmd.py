@@ -103,8 +103,8 @@ def plan_cmd(
     solver: Annotated[str, typer.Option("--solver", help=_SOLVER_HELP)] = "highs",
     backend: Annotated[Optional[str], typer.Option(
         "--backend", help="Search only what this export backend runs (torch: a MoE model at etp 1 and cp 1, its "
-        "experts whole on each tensor rank, or split over data-parallel ranks at tp 1; a model with [in, out] "
-        "linear weights (GPT-2's Conv1D) at tp 1; jax: no pipeline, no offload; megatron, torchtitan, mindformers, "
+        "experts whole on each tensor rank, or split over data-parallel ranks at tp 1; a model whose linear "
+        "weights are stored input-major (GPT-2's Conv1D) at tp 1; jax: no pipeline, no offload; megatron, torchtitan, mindformers, "
         "deepspeed: no offload, one program, and deepspeed no pipeline or context parallelism), and check the plan "
         "exports to it.", rich_help_panel=_FIX,
         show_default=False)] = None,
