@@ -104,9 +104,9 @@ def plan_cmd(
     backend: Annotated[Optional[str], typer.Option(
         "--backend", help="Search only what this export backend runs (torch: a MoE model at etp 1 and cp 1, its "
         "experts whole on each tensor rank, or split over data-parallel ranks at tp 1; a model whose linear "
-        "weights are stored input-major (GPT-2's Conv1D) at tp 1; jax: no pipeline, no offload; megatron, torchtitan, mindformers, "
-        "deepspeed: no offload, one program, and deepspeed no pipeline or context parallelism), and check the plan "
-        "exports to it.", rich_help_panel=_FIX,
+        "weights are stored input-major (GPT-2's Conv1D) at tp 1; jax: no pipeline, no offload; megatron, "
+        "torchtitan, mindformers, deepspeed: no offload, one program, and deepspeed no pipeline or context "
+        "parallelism), and check the plan exports to it.", rich_help_panel=_FIX,
         show_default=False)] = None,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the HyperShard declaration to a "
                                                   ".yaml or .json file (`hyperplan validate` / `export` read it); "

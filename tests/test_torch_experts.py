@@ -40,14 +40,6 @@ SCENARIOS = {
     "ep2_zero0": (dict(zero=0, ep=2), False, False),
     "pp2_ep2": (dict(pp=2, zero=1, ep=2), False, True),
 }
-#: a MoE block on each tensor rank's tokens (etp 1, sequence parallel), attention split as Megatron splits it
-TENSOR = dict(etp=1, sp=True)
-TP_SCENARIOS = {
-    "tp2_zero1": (dict(tp=2, zero=1, **TENSOR), "attention", False),
-    "tp4": (dict(tp=4, **TENSOR), "attention", False),
-    "tp2_zero0": (dict(tp=2, zero=0, **TENSOR), "attention", False),
-    "pp2_tp2": (dict(pp=2, tp=2, **TENSOR), "attention", True),
-}
 
 
 def _megatron_attention(doc: dict) -> dict:
@@ -57,6 +49,16 @@ def _megatron_attention(doc: dict) -> dict:
     out.pop("estimate", None)
     out["layouts"]["params"].update({k: e for k, e in edited["layouts"]["params"].items() if ".mlp." not in k})
     return out
+
+
+#: a MoE block on each tensor rank's tokens (etp 1, sequence parallel), attention split as Megatron splits it
+TENSOR = dict(etp=1, sp=True)
+TP_SCENARIOS = {
+    "tp2_zero1": (dict(tp=2, zero=1, **TENSOR), _megatron_attention, False),
+    "tp4": (dict(tp=4, **TENSOR), _megatron_attention, False),
+    "tp2_zero0": (dict(tp=2, zero=0, **TENSOR), _megatron_attention, False),
+    "pp2_tp2": (dict(pp=2, tp=2, **TENSOR), _megatron_attention, True),
+}
 
 
 def _tiny_mixtral():
@@ -83,8 +85,7 @@ def runs(tmp_path_factory) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def tp_runs(tmp_path_factory) -> list[dict]:
-    scenarios = {k: (st, _megatron_attention, pipe) for k, (st, _, pipe) in TP_SCENARIOS.items()}
-    return launch(tmp_path_factory.mktemp("torch_moe_tp"), WORLD, scenarios, "mixtral-8x7b", TINY, _tiny_mixtral,
+    return launch(tmp_path_factory.mktemp("torch_moe_tp"), WORLD, TP_SCENARIOS, "mixtral-8x7b", TINY, _tiny_mixtral,
                   (BATCH, SEQ, VOCAB))
 
 

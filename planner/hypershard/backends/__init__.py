@@ -42,7 +42,7 @@ LAUNCH: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "mindformers",
 PLAN_LIMITS: dict[str, dict[str, Any]] = {
     # torch runs a MoE block on each tensor rank's tokens with its experts whole (etp 1), expert parallelism
     # over data-parallel ranks only (so at tp 1), and splits nn.Linear's [out, in] only (backends/torch_refusals.py)
-    "torch": {"moe_etp": 1, "moe_cp": 1, "moe_ep_tp": 1, "inout_tp": 1},  # nn.Linear's [out, in] only
+    "torch": {"moe_etp": 1, "moe_cp": 1, "moe_ep_tp": 1, "inout_tp": 1},
     "jax": {"pp": 1, "offload": ()},  # no pipeline runtime on one mesh, no host offload (see backends/jax.py)
     # the launch formats take no fractions of memory classes off HBM (their exporters list the rest they refuse)
     "megatron": {"offload": ()},

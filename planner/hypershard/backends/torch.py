@@ -100,12 +100,16 @@ def _swap(module):
     return _Swap(module)
 
 
+def _fsdp_mesh(mesh, axis):
+    """FSDP2's mesh over `axis` (a data axis, or one flattened from it): under ZeRO-0 HSDP with one shard,
+    plain data parallel."""
+    return mesh[(axis, "dp_shard")] if ZERO["stage"] == 0 else mesh[axis]
+
+
 def _dp_mesh(mesh):
-    if ZERO["stage"] == 0:
-        return mesh[("dp_replicate", "dp_shard")]  # HSDP with one shard: plain data parallel
-    if dict(MESH)["cp"] > 1:
+    if ZERO["stage"] > 0 and dict(MESH)["cp"] > 1:
         return mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
-    return mesh["dp_shard"]
+    return _fsdp_mesh(mesh, DATA_AXIS)
 
 
 def apply_fsdp(model, mesh):
@@ -238,7 +242,7 @@ def _data(doc: Mapping[str, Any]) -> list[tuple[str, Any, str | None]]:
         ("LAYOUTS", common.layouts(doc), "parameter name or glob -> declared layout (per dim: axis, axes or None)"),
         ("NOT_EXPRESSED", _not_expressed(doc), "declared splits torch's parallel styles cannot apply: kept replicated"),
         ("EXPERT_PARALLEL", sizes.get("ep", 1), "routed experts split over this many data-parallel ranks"),
-        ("DATA_AXIS", "dp_replicate" if zero0 else "dp_shard", "the data axis expert parallelism folds into"),
+        ("DATA_AXIS", "dp_replicate" if zero0 else "dp_shard", "the data-parallel axis FSDP2 and ep fold into"),
         ("MOE_TOKEN_SPLIT", sizes.get("tp", 1) > 1 and bool(refusals.stacked_experts(doc)),
          "MoE blocks run on each tensor rank's slice of the sequence, their weights whole (a shared expert "
          "declared split too)"),

@@ -24,7 +24,7 @@ process-group backend. The other weights are sharded over all data-parallel rank
 
 from __future__ import annotations
 
-#: The generated source; it uses MESH, EXPERT_PARALLEL, DATA_AXIS, MOE_TOKEN_SPLIT, ZERO, `layout_of` and `_axes`.
+#: The generated source; it uses EXPERT_PARALLEL, DATA_AXIS, MOE_TOKEN_SPLIT, `layout_of`, `_axes` and `_fsdp_mesh`.
 EXPERTS_SRC = r'''
 def _split_data_axis(device_type, shape, names):
     """The world mesh with the data axis built as (edp, ep) and flattened back under its name: ep takes
@@ -75,9 +75,10 @@ def _dispatched(module, compute, group, ep, hidden_states, top_k_index, top_k_we
     return torch.zeros_like(hidden_states).index_add(0, token, back * weights[:, None])
 
 
-def _dispatches(module):
+def _forward_by(module, func):
+    """Whether the export has replaced `module`'s forward by `func` (bound to it with partial)."""
     forward = module.__dict__.get("forward")
-    return isinstance(forward, partial) and forward.func is _dispatched
+    return isinstance(forward, partial) and forward.func is func
 
 
 def apply_expert_parallel(model, mesh):
@@ -105,18 +106,12 @@ def apply_expert_parallel(model, mesh):
     return model
 
 
-def _expert_dp_mesh(mesh):
-    """Where each expert's copies are: the edp ranks, times tp where each tensor rank routes its own tokens
-    (HSDP with one shard under ZeRO-0)."""
-    edp = "edp_tp" if MOE_TOKEN_SPLIT else "edp"
-    return mesh[(edp, "dp_shard")] if ZERO["stage"] == 0 else mesh[edp]
-
-
 def shard_experts(model, mesh, kwargs):
-    """FSDP2 on each routed experts module over its edp ranks, before the layers around it (FSDP2 wraps the
-    innermost modules first)."""
-    for module in [m for _, m in model.named_modules() if _dispatches(m)]:
-        fully_shard(module, **dict(kwargs, mesh=_expert_dp_mesh(mesh)))
+    """FSDP2 on each routed experts module over where its copies are, its edp ranks, before the layers around it
+    (FSDP2 wraps the innermost modules first)."""
+    edp = "edp_tp" if MOE_TOKEN_SPLIT else "edp"  # times tp where each tensor rank routes its own tokens
+    for module in [m for _, m in model.named_modules() if _forward_by(m, _dispatched)]:
+        fully_shard(module, **dict(kwargs, mesh=_fsdp_mesh(mesh, edp)))
 '''
 
 __all__ = ["EXPERTS_SRC"]

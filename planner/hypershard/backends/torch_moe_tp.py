@@ -17,8 +17,8 @@ untouched): every weight of the block then gets the data-parallel mean of the su
 
 from __future__ import annotations
 
-#: The generated source; it uses MOE_TOKEN_SPLIT, DATA_AXIS, EXPERT_PARALLEL, ZERO and `_stacked`, `_ScaleGrad`
-#: (the experts' source).
+#: The generated source; it uses MOE_TOKEN_SPLIT, DATA_AXIS, EXPERT_PARALLEL, `_fsdp_mesh` and the experts'
+#: `_stacked`, `_ScaleGrad`, `_forward_by`.
 MOE_TP_SRC = r'''
 def _fold_tp(mesh):
     """The flattened (data, tp) axes the MoE blocks' weights (and, under ep, the experts': edp x tp) reduce over."""
@@ -47,11 +47,6 @@ def _token_local(tp_mesh, forward, hidden_states, *args, **kwargs):
     return (first, *outs[1:]) if isinstance(y, tuple) else first
 
 
-def _runs_local_tokens(module):
-    forward = module.__dict__.get("forward")
-    return isinstance(forward, partial) and forward.func is _token_local
-
-
 def apply_local_tokens(model, mesh):
     """Run each MoE block on this tensor rank's slice of the sequence (MOE_TOKEN_SPLIT: tp > 1, etp 1)."""
     if MOE_TOKEN_SPLIT:
@@ -60,15 +55,11 @@ def apply_local_tokens(model, mesh):
     return model
 
 
-def _block_dp_mesh(mesh):
-    """Where a MoE block's weights reduce: the data-parallel ranks times tp (HSDP with one shard under ZeRO-0)."""
-    return mesh[("dp_replicate_tp", "dp_shard")] if ZERO["stage"] == 0 else mesh["dp_shard_tp"]
-
-
 def shard_moe_blocks(model, mesh, kwargs):
-    """FSDP2 on each token-local MoE block over the (data, tp) ranks, before the layers around it."""
-    for block in [m for _, m in model.named_modules() if _runs_local_tokens(m)]:
-        fully_shard(block, **dict(kwargs, mesh=_block_dp_mesh(mesh)))
+    """FSDP2 on each token-local MoE block over the (data, tp) ranks its weights reduce over, before the layers
+    around it."""
+    for block in [m for _, m in model.named_modules() if _forward_by(m, _token_local)]:
+        fully_shard(block, **dict(kwargs, mesh=_fsdp_mesh(mesh, f"{DATA_AXIS}_tp")))
 '''
 
 __all__ = ["MOE_TP_SRC"]
