@@ -234,9 +234,11 @@ def print_estimate(r: dict) -> None:
             for p in progs), right=("step", "peak")))
     mem = r["memory_gib"]
     peak = Text(f"{render.gib(mem['peak'])} of {render.gib(r['hbm_gib'])} HBM: ")
-    peak.append("fits" if r["fits"] else f"does not fit: over by {render.gib(r['over_gib'])}",
+    short = (r.get("short_of") or {}).get("why") or f"over by {render.gib(r['over_gib'])}"
+    peak.append("fits" if r["fits"] else f"does not fit: {short}",
                 style="" if r["fits"] else "bold red")
-    head = [("step time", f"{render.seconds(r['step_time_s'])} ({r['microbatches']} micro-batches)"),
+    m = r["microbatches"]
+    head = [("step time", f"{render.seconds(r['step_time_s'])} ({m} micro-batch{'' if m == 1 else 'es'})"),
             ("throughput", f"{r['tokens_per_s']:,.0f} tokens/s"),
             ("per device", f"{render.sig(r['tflops_per_device'])} TFLOP/s, MFU {r['mfu']:.1%}"),
             ("peak memory", peak)]

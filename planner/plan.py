@@ -75,6 +75,8 @@ def stage_ranks(s: Strategy) -> list[tuple[int, int]]:
 
 def why_slower(loser: Candidate, winner_breakdown: Mapping[str, float], winner_step: float) -> str:
     """One line: how much slower, and the parts of the step that grew most."""
+    if not loser.fits and loser.shortfall is not None:
+        return f"does not fit: {loser.shortfall.sentence()}"
     if not loser.fits:
         return f"does not fit: {loser.peak_bytes / 2**30:.1f} GiB per device"
     if not math.isfinite(loser.step_s):

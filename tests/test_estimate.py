@@ -82,6 +82,32 @@ def test_a_strategy_that_does_not_fit_says_by_how_much():
     assert r["over_gib"] > 0
 
 
+def test_an_offload_the_host_cannot_hold_is_named_with_its_tier(tmp_path):
+    """HBM holds the peak, but the host tier (1 GiB per device here) cannot take the offloaded optimizer states:
+    the estimate does not fit, and says which tier is short and by how much (it had said 'over by 0 B')."""
+    from cost_models.loader import PRESET_DIR
+
+    hw = tmp_path / "a100-small-host.toml"
+    text = (PRESET_DIR / "dgx-a100.toml").read_text()
+    assert "capacity_gib = 256" in text
+    hw.write_text(text.replace("capacity_gib = 256", "capacity_gib = 1", 1))
+    kw = dict(cluster=str(hw), devices=8, global_batch=8, seq_len=2048, tp=8, recompute="full",
+              overrides=dict(layers=8, hidden=8192, heads=64, vocab=51200))
+    r = estimate_model("gpt", offload=(("optimizer", 1.0),), **kw)
+    assert r["memory_gib"]["peak"] < r["hbm_gib"] and r["over_gib"] == 0.0
+    assert not r["fits"]
+    short = r["short_of"]
+    assert short["tier"] == "host" and short["have_gib"] == pytest.approx(1.0)
+    assert short["need_gib"] == pytest.approx(r["memory_gib"]["offloaded_optimizer"]) and short["need_gib"] > 1.0
+    assert estimate_model("gpt", **kw)["short_of"] is None  # nothing offloaded: it fits in HBM
+    out = runner.invoke(app, ["estimate", "gpt", "--cluster", str(hw), "--devices", "8", "--global-batch", "8",
+                              "--seq-len", "2048", "--tp", "8", "--recompute", "full", "--layers", "8", "--hidden",
+                              "8192", "--heads", "64", "--vocab", "51200", "--offload", "optimizer=1.0"],
+                        terminal_width=200)
+    assert out.exit_code == 0, out.output
+    assert f"does not fit: {short['need_gib']:.1f} GiB offloaded per device, host holds 1 GiB" in out.output
+
+
 def test_offloading_the_optimizer_moves_memory_and_costs_traffic():
     kw = dict(cluster="dgx-a100", devices=8, global_batch=8, seq_len=2048, tp=8, recompute="full",
               overrides=dict(layers=8, hidden=8192, heads=64, vocab=51200))

@@ -63,6 +63,7 @@ class Estimate:
     microbatches: int = 1
     solver_gap: float = 0.0
     offload: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # per memory class moved off HBM
+    shortfall: Shortfall | None = None  # the tier that does not hold its share, when `fits` is False
 
     @property
     def over_bytes(self) -> float:
@@ -80,6 +81,7 @@ class Estimate:
             "fits": self.fits,
             "hbm_gib": self.hbm_bytes / GIB,
             "over_gib": self.over_bytes / GIB,
+            "short_of": self.shortfall.to_dict() if self.shortfall else None,
             "memory_gib": dict(sorted(g.items())),
             "breakdown_s": dict(sorted(self.breakdown_s.items())),
             "stages": [
@@ -107,16 +109,56 @@ def plain(obj):
     return obj
 
 
-def fits_memory(cluster: Cluster, memory_bytes: Mapping[str, float], execution: Execution) -> bool:
-    """The HBM the stack can hand out (less its allocator's and runtime's reserve) holds the peak, and the
-    host/pooled tier holds what was offloaded to it."""
-    if memory_bytes["peak"] > execution.usable_hbm_bytes(cluster.device.hbm_bytes):
-        return False
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """A memory tier that cannot hold what a stage puts in it, per device: HBM, or the tier offload goes to."""
+
+    tier: str  # "HBM" or the offload tier's name (e.g. "host", "pooled-dram")
+    need_bytes: float
+    have_bytes: float
+
+    @property
+    def over_bytes(self) -> float:
+        return self.need_bytes - self.have_bytes
+
+    def sentence(self) -> str:
+        """What is over, in numbers: '117.3 GiB of HBM per device, 128 GiB usable' or, off HBM,
+        '263.6 GiB offloaded per device, pooled-dram holds 192 GiB'."""
+        need, have = self.need_bytes / GIB, self.have_bytes / GIB
+        if self.tier == "HBM":
+            return f"{need:.1f} GiB of HBM per device, {have:.4g} GiB usable"
+        return f"{need:.1f} GiB offloaded per device, {self.tier} holds {have:.4g} GiB"
+
+    def to_dict(self) -> dict:
+        return {"tier": self.tier, "need_gib": self.need_bytes / GIB, "have_gib": self.have_bytes / GIB,
+                "why": self.sentence()}
+
+
+def memory_shortfall(cluster: Cluster, memory_bytes: Mapping[str, float], execution: Execution) -> Shortfall | None:
+    """None when the stage fits: the HBM the stack can hand out (less its allocator's and runtime's reserve)
+    holds the peak, and the host/pooled tier holds what was offloaded to it; else the tier that is short."""
+    usable = execution.usable_hbm_bytes(cluster.device.hbm_bytes)
+    if memory_bytes["peak"] > usable:
+        return Shortfall("HBM", memory_bytes["peak"], usable)
     offloaded = sum(v for k, v in memory_bytes.items() if k.startswith("offloaded_"))
     if offloaded <= 0:
-        return True
+        return None
     tiers = [t for t in cluster.memory_tiers if t.pooled] or list(cluster.memory_tiers)
-    return bool(tiers) and offloaded <= tiers[0].capacity_bytes
+    if not tiers:
+        return Shortfall("memory beyond HBM (the cluster has none)", offloaded, 0.0)
+    return Shortfall(tiers[0].name, offloaded, tiers[0].capacity_bytes) if offloaded > tiers[0].capacity_bytes \
+        else None
+
+
+def fits_memory(cluster: Cluster, memory_bytes: Mapping[str, float], execution: Execution) -> bool:
+    """Whether every tier holds what the stage puts in it (`memory_shortfall`)."""
+    return memory_shortfall(cluster, memory_bytes, execution) is None
+
+
+def worst_shortfall(cluster: Cluster, stages_memory, execution: Execution) -> Shortfall | None:
+    """The stage's shortfall that is over by the most (HBM before another tier), or None when all fit."""
+    short = [s for s in (memory_shortfall(cluster, m, execution) for m in stages_memory) if s is not None]
+    return max(short, key=lambda s: (s.tier == "HBM", s.over_bytes), default=None)
 
 
 def check_devices(cluster: Cluster, strategy: Strategy) -> None:
@@ -165,7 +207,7 @@ def estimate(
     m = strategy.micro_batches(workload)
     costs: StageCosts = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
                                     param_pins=param_pins, facts=facts, solver=solver)
-    if not all(fits_memory(cluster, s.memory_bytes, workload.execution) for s in costs.stages):
+    if worst_shortfall(cluster, (s.memory_bytes for s in costs.stages), workload.execution):
         # the fastest layouts do not fit: the fastest that do
         costs = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
                             param_pins=param_pins, memory_constraint=True, facts=facts, solver=solver)
@@ -183,6 +225,7 @@ def estimate(
         for s in costs.stages
     )
     worst = max(stages, key=lambda s: (s.memory_bytes["peak"], -s.index))
+    short = worst_shortfall(cluster, (s.memory_bytes for s in stages), workload.execution)
     return Estimate(
         step_time_s=step,
         tokens_per_s=workload.tokens / step,
@@ -191,14 +234,16 @@ def estimate(
         model_flops_per_step=model_flops,
         memory_bytes=dict(worst.memory_bytes),
         hbm_bytes=workload.execution.usable_hbm_bytes(cluster.device.hbm_bytes),
-        fits=all(fits_memory(cluster, s.memory_bytes, workload.execution) for s in stages),
+        fits=short is None,
         breakdown_s=bd,
         stages=stages,
         layouts=costs.layouts,
         microbatches=m,
         solver_gap=costs.solver_gap,
         offload=offload,
+        shortfall=short,
     )
 
 
-__all__ = ["Estimate", "StageEstimate", "check_devices", "check_experts", "estimate"]
+__all__ = ["Estimate", "Shortfall", "StageEstimate", "check_devices", "check_experts", "estimate", "fits_memory",
+           "memory_shortfall", "worst_shortfall"]

@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 from cost_models import Cluster
 
-from planner.costing.estimate import fits_memory
+from planner.costing.estimate import Shortfall, worst_shortfall
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.stage_costs import StageCosts, stage_costs
 from planner.costing.step_time import step_breakdown
@@ -36,6 +36,7 @@ class Candidate:
     breakdown_s: Mapping[str, float] = field(default_factory=dict)
     note: str = ""
     memory_bytes: Mapping[str, float] = field(default_factory=dict)  # the stage with the highest peak
+    shortfall: Shortfall | None = None  # what does not fit, and where (HBM or the offload tier)
 
     @property
     def mesh(self) -> tuple:
@@ -105,22 +106,22 @@ class Scorer:
         try:
             m = s.micro_batches(self.workload)
             costs = self.costs(s)
-            fits = self._fits(costs)
+            fits = self._shortfall(costs) is None
             usable = self.workload.execution.usable_hbm_bytes(self.cluster.device.hbm_bytes)
             peak = max(st.memory_bytes["peak"] for st in costs.stages)
             bd, step, _ = step_breakdown(costs, self.cluster, self.workload, s, m)
             if not fits and self.workload.mode == "train" and s.tp > 1 and peak <= MEMORY_RETRY * usable \
                     and self.worth(step):  # slower layouts that fit, as `estimate` picks them, when they could win
                 costs = self.costs(s, memory_constraint=True)
-                fits = self._fits(costs)
+                fits = self._shortfall(costs) is None
                 bd, step, _ = step_breakdown(costs, self.cluster, self.workload, s, m)
         except HyperplanError as exc:
             return Candidate(s, math.inf, False, math.inf, note=str(exc))
         worst = max(costs.stages, key=lambda st: (st.memory_bytes["peak"], -st.index)).memory_bytes
-        return Candidate(s, step, fits, worst["peak"], bd, memory_bytes=dict(worst))
+        return Candidate(s, step, fits, worst["peak"], bd, memory_bytes=dict(worst), shortfall=self._shortfall(costs))
 
-    def _fits(self, costs: StageCosts) -> bool:
-        return all(fits_memory(self.cluster, st.memory_bytes, self.workload.execution) for st in costs.stages)
+    def _shortfall(self, costs: StageCosts) -> Shortfall | None:
+        return worst_shortfall(self.cluster, (st.memory_bytes for st in costs.stages), self.workload.execution)
 
 
 #: A strategy whose fastest layouts are at most this far over memory has its layouts solved again under the
