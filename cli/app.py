@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Optional
@@ -75,6 +76,34 @@ def _register() -> None:
 
 
 _register()
+
+
+def _unwrap(text: str) -> str:
+    """A help text with each paragraph on one line (list items keep their own lines), so that rich wraps it
+    to the terminal: typer keeps the docstring's own line breaks, which at 80 columns left ragged half-lines."""
+    paragraphs = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        lines: list[str] = []
+        for line in para.splitlines():
+            if lines and not line.lstrip().startswith(("- ", "* ", "\b")):
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line)
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+def _unwrap_help(group: typer.Typer) -> None:
+    """Every command's help (its own or its docstring), and its groups', unwrapped (`_unwrap`)."""
+    for cmd in group.registered_commands:
+        text = cmd.help or (cmd.callback.__doc__ if cmd.callback else None)
+        if text:
+            cmd.help = _unwrap(text)
+    for sub in group.registered_groups:
+        _unwrap_help(sub.typer_instance)
+
+
+_unwrap_help(app)
 
 
 def main() -> None:

@@ -86,3 +86,16 @@ def test_zoo_export_speaks_binary_units_and_json(tmp_path):
     got = json.loads(r.stdout)
     assert got["output"] == str(out) and got["bytes"] == out.stat().st_size
     assert got["params"] == int({p.key: p.value for p in onnx.load(str(out), load_external_data=False).metadata_props}["hyperplan.params"])
+
+
+@pytest.mark.parametrize("command", ["plan", "estimate", "export", "whatif", "calibrate", "validate"])
+def test_help_prose_fills_its_lines_at_80_columns(command):
+    """A command's description wraps to the terminal: no line of it ends short while its paragraph goes on (typer
+    keeps a docstring's own line breaks, which at 80 columns had left half-lines such as 'domain (KV')."""
+    r = runner.invoke(app, [command, "--help"], terminal_width=80)
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    prose = lines[next(i for i, l in enumerate(lines) if "Usage:" in l) + 1:
+                  next(i for i, l in enumerate(lines) if l.lstrip().startswith("╭"))]
+    ragged = [a.rstrip() for a, b in zip(prose, prose[1:]) if a.strip() and b.strip() and len(a.rstrip()) < 55]
+    assert not ragged, ragged
