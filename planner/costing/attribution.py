@@ -100,14 +100,19 @@ def block_parts(structure: Structure, problem, parts: list[Parts]) -> dict[str, 
 
 def add_routed(facts, timer, t: int, again, training: bool, parts: dict[str, Parts]) -> None:
     """The routed experts of each MoE block (detached from the layout program): their tokens are spread over
-    the stage's ranks by the dispatcher, so each rank runs 1/t of its replica's routed work."""
+    the stage's ranks by the dispatcher, so each rank runs 1/t of its replica's routed work. The instances of a
+    tied block type run the same ops on the same shapes: each position is timed once (`GraphFacts.node_keys`)."""
+    timed: dict = {}
     for name, nodes in facts.routed.items():
         p = parts[name]
         for i in sorted(nodes):
-            f = timer.forward(i, t)
+            key = facts.node_keys[i]
+            if key not in timed:
+                timed[key] = (timer.forward(i, t), timer.backward(i, t) if training else 0.0)
+            f, b = timed[key]
             p.forward += f
             if training:
-                p.backward += timer.backward(i, t)
+                p.backward += b
                 p.recompute += float(again[i]) * f
 
 

@@ -138,7 +138,11 @@ def stage_costs(
     space = ("megatron_sp" if strategy.sp else "megatron") if style == "megatron" else style
     skey = (t, space, training)
     if skey not in facts.skeletons:
-        facts.skeletons[skey] = build_skeleton(graph, node_keys, param_keys, t, training, space, grad)
+        skel = build_skeleton(graph, node_keys, param_keys, t, training, space, grad)
+        if training:  # inputs a contraction keeps for its backward are gathered again there (`keeps_input`)
+            skel = replace(skel, regather=tuple(keeps_input(graph, skel.vars[e[2]].node, e[3], grad)
+                                                for e in skel.edges))
+        facts.skeletons[skey] = skel
     skel = facts.skeletons[skey]
     # forward-equivalents per node: 1 + its backward over its forward (at the tensor split) + a recomputed forward
     passes = (1 + again).astype(float)
@@ -151,9 +155,6 @@ def stage_costs(
                     1 + again)
     detached = {v_i for v_i, v in enumerate(problem.vars) if v.node is not None and facts.in_routed[v.node]}
     detach(problem, detached)
-    if training:  # inputs a contraction keeps for its backward are gathered again there (`keeps_input`)
-        problem.edges = [replace(e, regather=keeps_input(graph, problem.vars[e.dst].node, e.inp, grad))
-                         for e in problem.edges]
     # TP overlap: the stack hides sequence-parallel gathers and scatters behind the GEMMs next to them
     problem.overlap = cluster.dp_overlap_efficiency if (execution.overlap_tp_comm and strategy.sp and training) else 0.0
     if problem.overlap:
@@ -247,8 +248,11 @@ def stage_costs(
                 dense += graph.tensors[p].numel / (t if param_layout.get(p, REPLICATED) >= 0 else 1)
         block_params[blk.name] = (dense, expert)
     stages = []
+    names_of: list[list[str]] = [[] for _ in range(pp)]  # each stage's blocks, in model order
+    for b in structure.blocks:
+        names_of[chunk[b.name] % pp].append(b.name)
     for s in range(pp):
-        names = [b.name for b in structure.blocks if chunk[b.name] % pp == s]
+        names = names_of[s]
         parts = Parts()
         dense = expert = 0.0
         acts = 0.0

@@ -46,6 +46,7 @@ class Skeleton:
     index: dict[Hashable, int]
     style: Style
     training: bool
+    regather: tuple[bool, ...] = ()  # per edge: its reader keeps the input for backward (set by the costing)
 
 
 def build_skeleton(
@@ -135,7 +136,8 @@ def price(
     for k, (src, out, dst, inp, name, g, nodes) in enumerate(skel.edges):
         times = len(nodes)
         fwd_times = int(fwd_repeat[nodes].sum()) if fwd_repeat is not None else times
-        edges.append(Edge(src, out, dst, inp, tensor_bytes(name), g, times, fwd_times, k in shared))
+        edges.append(Edge(src, out, dst, inp, tensor_bytes(name), g, times, fwd_times, k in shared,
+                          bool(skel.regather) and skel.regather[k]))
     sinks = [(v, j, tensor_bytes(name)) for v, j, name in skel.sinks]
     return IntraOpProblem(skel.vars, edges, unary, skel.training, comm_time, skel.index, skel.style, sinks,
                           skel.groups, skel.members)
