@@ -145,3 +145,18 @@ def test_fp8_sequence_parallel_all_gathers_move_one_byte_per_element(monkeypatch
     gathers = {flag: [n for k, n in moved[flag] if k == "ag"] for flag in moved}
     assert gathers[False] and gathers[True] == pytest.approx([n / 2 for n in gathers[False]])
     assert [n for k, n in moved[True] if k == "rs"] == [n for k, n in moved[False] if k == "rs"]
+
+
+def test_adding_parts_adds_every_seconds_field():
+    """A stage's parts are its blocks' parts added up: each float field (a new one too) and each collective."""
+    import dataclasses
+
+    names = [f.name for f in dataclasses.fields(Parts) if f.type in (float, "float")]
+    a, b = Parts(), Parts()
+    for k, name in enumerate(names):
+        setattr(a, name, 1.0 + k)
+        setattr(b, name, 100.0 * (k + 1))
+    b.tp_kinds["all_gather"] = 3.0
+    a.add(b, 0.5)
+    assert names and all(getattr(a, n) == 1.0 + k + 50.0 * (k + 1) for k, n in enumerate(names))
+    assert a.tp_kinds == {"all_gather": 1.5}

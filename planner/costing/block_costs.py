@@ -44,12 +44,19 @@ class Parts:
         return (self.forward + self.backward + self.recompute + self.tp_fwd + self.tp_bwd + self.cp_fwd
                 + self.cp_bwd + self.ep_fwd + self.ep_bwd)
 
-    _SUMMED = ("forward", "backward", "recompute", "tp_fwd", "tp_bwd", "tp_fwd_hidden", "tp_bwd_hidden", "cp_fwd",
-               "cp_bwd", "ep_fwd", "ep_bwd")
-
     def add(self, o: "Parts", k: float = 1.0) -> None:
-        for name in self._SUMMED:
-            setattr(self, name, getattr(self, name) + k * getattr(o, name))
+        """Add k times `o`: every seconds field, and the collectives by kind."""
+        self.forward += k * o.forward
+        self.backward += k * o.backward
+        self.recompute += k * o.recompute
+        self.tp_fwd += k * o.tp_fwd
+        self.tp_bwd += k * o.tp_bwd
+        self.tp_fwd_hidden += k * o.tp_fwd_hidden
+        self.tp_bwd_hidden += k * o.tp_bwd_hidden
+        self.cp_fwd += k * o.cp_fwd
+        self.cp_bwd += k * o.cp_bwd
+        self.ep_fwd += k * o.ep_fwd
+        self.ep_bwd += k * o.ep_bwd
         for kk, v in o.tp_kinds.items():
             self.tp_kinds[kk] += k * v
 
