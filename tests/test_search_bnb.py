@@ -70,6 +70,44 @@ def test_nothing_in_the_space_beats_the_plan_and_the_bound_holds(model, over, de
     assert plan["search"]["complete"] and plan["search"]["gap"] <= 1e-9 + (step - bound) / step
 
 
+@pytest.mark.parametrize("dispatcher", ["alltoall", "deepep"])
+def test_the_widest_expert_group_with_a_narrower_exchange_bounds_that_narrower_group(dispatcher):
+    """The bound of a region of one expert degree takes the compute of the widest expert group of its
+    micro-batch (less that group's exchange and the all-to-all dispatcher's regrouping) and its own exchange
+    (`bounds.exchange_parts`), costing nothing of its own: layer by layer, that is never above the layer's exact
+    unavoidable time at the narrower degree (8 experts, 2 layers, 8 H100s; at ep 1 no regrouping is paid)."""
+    from planner.costing.stage_costs import stage_costs
+    from planner.search.bounds import exchange_parts, layer_times
+
+    graph = _graph_for_costing(MOE[0], 1024, None, MOE[1])
+    st = discover_blocks(graph)
+    facts = GraphFacts(graph, st)
+    hw = load_cluster("dgx-h100", devices=8)
+    for mb in (1, 4):
+        wl = make_workload("train", 4 * mb, 1024, "bf16", None)
+        wl = replace(wl, execution=replace(wl.execution, moe_dispatcher=dispatcher))
+
+        def strategy(ep):
+            return Strategy(tp=1, pp=2, dp=4, ep=ep, micro_batch=mb, layouts="searched")
+
+        widest = stage_costs(graph, st, hw, wl, strategy(4), facts=facts)
+        own = exchange_parts(facts, hw, wl, strategy(4))
+        alone = layer_times(widest, wl.execution, False, mb, False, own=own)  # the micro-batch's region bound
+        checked = 0
+        for ep in (1, 2):
+            exact = layer_times(stage_costs(graph, st, hw, wl, strategy(ep), facts=facts), wl.execution, False, mb,
+                                True)
+            bound = layer_times(widest, wl.execution, False, mb, True, own=own,
+                                exchange=exchange_parts(facts, hw, wl, strategy(ep)))
+            assert len(bound.per_layer_s) == len(exact.per_layer_s) == len(alone.per_layer_s) == 2
+            for a, b, e in zip(alone.per_layer_s, bound.per_layer_s, exact.per_layer_s):
+                assert 0 < a <= b <= e * (1 + 1e-12)
+                checked += 1
+            if ep > 1:  # the exchange counted is this degree's: more than the widest group's compute alone
+                assert sum(bound.per_layer_s) > sum(alone.per_layer_s)
+        assert checked == 4
+
+
 def test_a_fully_fixed_plan_is_the_estimate_of_it():
     model, over = DENSE_A
     fixed = dict(tp=2, pp=2, cp=1, ep=1, vpp=1, dp=2, micro_batch=2, recompute="selective", zero=1)

@@ -22,16 +22,23 @@ times with efficiency rising with op size and latencies amortised over bytes, th
 `tests/test_search_bounds.py` checks them against every strategy of small spaces): a sample costs no
 more at the largest micro-batch than at a smaller one, and the work of a rank at tensor degree t is at
 least 1/t of it at t = 1; for routed experts, the widest expert-parallel group runs the largest (most
-efficient) expert GEMMs, so its compute, without the exchange, bounds every narrower one.
+efficient) expert GEMMs, so its compute, without the exchange (and the dispatcher's regrouping of what the
+exchange brings), bounds every narrower one. A region of one expert degree is bounded that way too: the
+compute of the widest group of its micro-batch and the exchange of its own degree, which needs no costing of
+its own (`exchange_parts`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
+from planner.costing.block_costs import Parts
+from planner.costing.exchange import add_expert_exchange
 from planner.costing.execution import Execution
+from planner.costing.node_times import DTYPE_WIDTH, activation_dtype
 from planner.costing.stage_costs import StageCosts
+from planner.strategy import Strategy, Workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +58,14 @@ class LayerTimes:
         return self.total_s / self.micro_batch
 
 
-def layer_times(costs: StageCosts, execution: Execution, sp: bool, micro_batch: int, count_ep: bool) -> LayerTimes:
-    """The unavoidable seconds of each stage of a costing with one layer per stage (see the module docstring)."""
+def layer_times(costs: StageCosts, execution: Execution, sp: bool, micro_batch: int, count_ep: bool,
+                own: Mapping[str, Parts] | None = None, exchange: Mapping[str, Parts] | None = None) -> LayerTimes:
+    """The unavoidable seconds of each stage of a costing with one layer per stage (see the module docstring).
+
+    With `own`, the costing's own expert exchange (`exchange_parts` of its strategy) is taken out, the
+    dispatcher's local regrouping with it, and `exchange` (another expert degree's, or none) counted instead."""
     out = []
+    hide = (1.0 - execution.ep_overlap_share) if execution.overlap_ep_comm else 1.0
     for st in costs.stages:
         p = st.parts
         t = p.forward + p.backward + p.recompute + p.cp_fwd + p.cp_bwd
@@ -61,10 +73,25 @@ def layer_times(costs: StageCosts, execution: Execution, sp: bool, micro_batch: 
         t += p.tp_fwd + p.tp_bwd
         if execution.overlap_tp_comm and sp:
             t -= p.tp_fwd_hidden + p.tp_bwd_hidden
-        if count_ep:
-            t += (p.ep_fwd + p.ep_bwd) * ((1.0 - execution.ep_overlap_share) if execution.overlap_ep_comm else 1.0)
+        if own is None:
+            t += (p.ep_fwd + p.ep_bwd) * hide if count_ep else 0.0
+        else:
+            t -= sum(own[n].forward + own[n].backward for n in st.layers if n in own)
+            for x in (exchange[n] for n in st.layers if n in (exchange or {})):
+                t += x.forward + x.backward + ((x.ep_fwd + x.ep_bwd) * hide if count_ep else 0.0)
         out.append(t)
     return LayerTimes(tuple(out), micro_batch)
+
+
+def exchange_parts(facts, cluster, workload: Workload, strategy: Strategy) -> dict[str, Parts]:
+    """Per MoE block, one micro-batch's expert exchange under `strategy` without recompute, as a costing of it
+    holds it (`planner.costing.exchange`), without costing the rest: dispatch and combine (`ep_fwd`, `ep_bwd`)
+    and the all-to-all dispatcher's regrouping of what it received (`forward`, `backward`)."""
+    parts = {name: Parts() for name in facts.moe}
+    width = DTYPE_WIDTH.get(activation_dtype(workload), 2.0)
+    add_expert_exchange(facts, cluster, strategy, workload.execution, width, strategy.micro_batch / facts.work.batch,
+                        {}, parts)
+    return parts
 
 
 def mesh_bound_s(per_sample_s: float, global_batch: int, ranks_per_replica: int, devices: int) -> float:
