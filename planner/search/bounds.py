@@ -19,7 +19,7 @@ pipeline stage and no recompute) and keeps only what no choice left open can rem
 
 Two monotonicities carry a bound from one representative to a whole region (both hold for roofline
 times with efficiency rising with op size and latencies amortised over bytes, the cost model's shape;
-`tests/test_search_bounds.py` checks them against every strategy of small spaces): a sample costs no
+`tests/test_search_bnb.py` checks them against every strategy of small spaces): a sample costs no
 more at the largest micro-batch than at a smaller one, and the work of a rank at tensor degree t is at
 least 1/t of it at t = 1; for routed experts, the widest expert-parallel group runs the largest (most
 efficient) expert GEMMs, so its compute, without the exchange (and the dispatcher's regrouping of what the

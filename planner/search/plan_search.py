@@ -28,14 +28,14 @@ from typing import Any
 
 from cost_models import Cluster
 
-from planner.costing.block_costs import Parts
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.stage_costs import DTYPE_WIDTH
 from planner.errors import HyperplanError, InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.search import grid
-from planner.search.bounds import LayerTimes, exchange_parts, layer_times, mesh_bound_s, pipeline_bound_s
+from planner.search.bounds import mesh_bound_s, pipeline_bound_s
+from planner.search.representatives import Representatives
 from planner.search.budget import DEFAULT_MAX_NODES, Budget
 from planner.search.constraints import NONE, Constraints
 from planner.search.scoring import (Candidate, Progress, Scorer, SearchResult, _key, balanced_cut,
@@ -91,8 +91,7 @@ class _Search:
         self.best: Candidate | None = None
         self.pruned_bound = math.inf
         self.pruned = 0
-        self.costings: dict[tuple, Any] = {}  # representative -> its StageCosts (None: it cannot be costed)
-        self.exchanges: dict[tuple, Any] = {}  # (tp, cp, mb, ep, etp) -> its expert exchange per MoE block
+        self.reps = Representatives(self.scorer, workload, self.layers, layouts, budget)
         self.schedules: dict[tuple, float] = {}  # every schedule region seen -> its bound
         self.fitted: dict[tuple, dict[int, int]] = {}  # schedule -> ZeRO level -> least recompute that fits
 
@@ -162,62 +161,9 @@ class _Search:
         return self._consider(self.scorer.score(s))
 
     # -- bounds -------------------------------------------------------------------------------------
-    def _representative(self, tp: int, cp: int, mb: int, ep: int, etp: int,
-                        recompute: str = "none") -> tuple[Strategy, Workload]:
-        """A region's representative: one layer per stage, one micro-batch per replica, and the data degree
-        the expert folding needs (any data degree the folding allows: it changes no per-layer time)."""
-        dp = ep * etp
-        s = Strategy(tp=tp, cp=cp, pp=max(1, self.layers), dp=dp, ep=ep, etp=0 if etp == tp else etp,
-                     micro_batch=mb, recompute=recompute, sp=tp > 1, layouts=self.layouts)
-        return s, replace(self.workload, global_batch=dp * mb)
-
-    def _times(self, tp: int, cp: int, mb: int, ep: int, etp: int, recompute: str = "none") -> LayerTimes:
-        """Per-layer unavoidable seconds of one representative (one layer per stage), costed once."""
-        key = (tp, cp, mb, ep, etp, recompute)
-        if key not in self.costings:
-            self.budget.spend()
-            try:
-                self.costings[key] = self.scorer.costs(*self._representative(tp, cp, mb, ep, etp, recompute))
-            except HyperplanError:
-                self.costings[key] = None  # no bound: the strategies will say why
-        costs = self.costings[key]
-        if costs is None:
-            return LayerTimes((0.0,), mb)
-        return layer_times(costs, self.workload.execution, tp > 1, mb, True)
-
-    def _exchange(self, tp: int, cp: int, mb: int, ep: int, etp: int) -> dict:
-        """The expert exchange of one representative per MoE block (`bounds.exchange_parts`), once."""
-        key = (tp, cp, mb, ep, etp)
-        if key not in self.exchanges:
-            s, workload = self._representative(tp, cp, mb, ep, etp)
-            self.exchanges[key] = exchange_parts(self.scorer.facts, self.cluster, workload, s)
-        return self.exchanges[key]
-
-    def _times_with(self, tp: int, cp: int, mb: int, ep: int, etp: int, others: tuple[int, ...],
-                    count_ep: bool) -> LayerTimes:
-        """Per-layer seconds of the representative at expert degree `ep` with its own expert exchange (and the
-        dispatcher's regrouping of what it brings) taken out, and the least any expert degree of `others` pays
-        put back: its regrouping, and its exchange when `count_ep` (then `others` is one degree)."""
-        self._times(tp, cp, mb, ep, etp)
-        costs = self.costings[(tp, cp, mb, ep, etp, "none")]
-        if costs is None:
-            return LayerTimes((0.0,), mb)
-        least = self._exchange(tp, cp, mb, others[0], etp)
-        if len(others) > 1:
-            each = [self._exchange(tp, cp, mb, e, etp) for e in others]
-            least = {b: Parts(forward=min(x[b].forward for x in each), backward=min(x[b].backward for x in each))
-                     for b in least}
-        return layer_times(costs, self.workload.execution, tp > 1, mb, count_ep, own=self._exchange(tp, cp, mb, ep, etp),
-                           exchange=least)
-
-    def _ep_times(self, tp: int, cp: int, mb: int, ep: int, etp: int) -> LayerTimes:
-        """Per-layer unavoidable seconds of a region of one expert degree, costed once per micro-batch: the
-        compute of the widest expert group of the micro-batch's region (no narrower one computes less:
-        `bounds`) and the exchange of this degree, which needs no costing of its own."""
-        widest = max(m[4] for m in self._region_meshes((cp, tp, mb)) if m[5] == etp)
-        if widest == ep:
-            return self._times(tp, cp, mb, ep, etp)
-        return self._times_with(tp, cp, mb, widest, etp, (ep,), True)
+    def _widest(self, cp: int, tp: int, mb: int, etp: int) -> int:
+        """The widest expert-parallel degree at `etp` among the meshes of a micro-batch's region."""
+        return max(m[4] for m in self._region_meshes((cp, tp, mb)) if m[5] == etp)
 
     def _region_meshes(self, key: tuple) -> list[tuple[int, ...]]:
         """The meshes of a region key (cp, tp, mb, ep, etp, ...)."""
@@ -229,18 +175,6 @@ class _Search:
         if len(key) >= 5:
             out = [m for m in out if (m[4], m[5]) == (key[3], key[4])]
         return out
-
-    def _per_sample(self, tp: int, cp: int, mb: int, region: list[tuple[int, ...]],
-                    eps: tuple[int, ...] = ()) -> float:
-        """Least per-sample time over the region's expert degrees (`eps`: those of the region the representative
-        `region` stands for, when it is not the region itself): for each etp the widest expert group (the
-        largest expert GEMMs), its exchange left out and the least regrouping of the region's degrees put in."""
-        best = math.inf
-        for etp in sorted({m[5] for m in region}):
-            ep = max(m[4] for m in region if m[5] == etp)
-            others = eps or tuple(sorted({m[4] for m in region if m[5] == etp}))
-            best = min(best, self._times_with(tp, cp, mb, ep, etp, others, False).per_sample_s)
-        return best if math.isfinite(best) else 0.0
 
     def _refine(self, node: _Node) -> float:
         key, n, B = node.key, self.cluster.n_devices, self.workload.global_batch
@@ -254,22 +188,22 @@ class _Search:
             mb = max(B // m[3] for m in region)
             ep = max(m[4] for m in region)
             eps = tuple(sorted({m[4] for m in region}))
-            return mesh_bound_s(self._per_sample(1, cp, mb, [(1, cp, 1, 1, ep, 1)], eps), B, cp, n)
+            return mesh_bound_s(self.reps.per_sample(1, cp, mb, [(1, cp, 1, 1, ep, 1)], eps), B, cp, n)
         cp, tp = key[0], key[1]
         if node.level == "tp":  # the largest micro-batch: no sample costs less
             # the layouts of this tensor and context degree are solved once, at micro-batch 1 (the scorer
             # keeps them for every strategy of the degree), so they are solved at that size first
-            self._times(tp, cp, 1, 1, tp)
+            self.reps.times(tp, cp, 1, 1, tp)
             mb = max(B // m[3] for m in region)
-            return mesh_bound_s(self._per_sample(tp, cp, mb, region), B, tp * cp, n)
+            return mesh_bound_s(self.reps.per_sample(tp, cp, mb, region), B, tp * cp, n)
         mb = key[2]
         if node.level == "mb":
-            return mesh_bound_s(self._per_sample(tp, cp, mb, region), B, tp * cp, n)
+            return mesh_bound_s(self.reps.per_sample(tp, cp, mb, region), B, tp * cp, n)
         ep, etp = key[3], key[4]
         if node.level == "ep":
-            return mesh_bound_s(self._ep_times(tp, cp, mb, ep, etp).per_sample_s, B, tp * cp, n)
+            return mesh_bound_s(self.reps.ep_times(tp, cp, mb, ep, etp, self._widest(cp, tp, mb, etp)).per_sample_s, B, tp * cp, n)
         pp, dp, vpp, rc = key[5], key[6], key[7], RECOMPUTES[key[8]]  # policy: the pipeline at this recompute
-        return pipeline_bound_s(self._times(tp, cp, mb, ep, etp, rc), pp, B // (dp * mb), vpp)
+        return pipeline_bound_s(self.reps.times(tp, cp, mb, ep, etp, rc), pp, B // (dp * mb), vpp)
 
     # -- branching ----------------------------------------------------------------------------------
     def _expand(self, node: _Node) -> None:
@@ -302,7 +236,7 @@ class _Search:
                 key = node.key + (pp, dp, vpp)
                 self.schedules.setdefault(key, node.bound_s)
                 bound = 0.0 if self.c.stage_tp or not self.training else pipeline_bound_s(
-                    self._ep_times(tp, cp, mb, ep, etp), pp, micro, vpp)
+                    self.reps.ep_times(tp, cp, mb, ep, etp, self._widest(cp, tp, mb, etp)), pp, micro, vpp)
                 self._push("schedule", key, max(bound, node.bound_s), refined=True)
 
     def _recomputes(self) -> list[str]:
