@@ -113,7 +113,7 @@ def plain(obj):
 class Shortfall:
     """A memory tier that cannot hold what a stage puts in it, per device: HBM, or the tier offload goes to."""
 
-    tier: str  # "HBM" or the offload tier's name (e.g. "host", "pooled-dram")
+    tier: str  # "HBM", the offload tier's name (e.g. "host", "pooled-dram"), or "" when the cluster has none
     need_bytes: float
     have_bytes: float
 
@@ -127,6 +127,8 @@ class Shortfall:
         need, have = self.need_bytes / GIB, self.have_bytes / GIB
         if self.tier == "HBM":
             return f"{need:.1f} GiB of HBM per device, {have:.4g} GiB usable"
+        if not self.tier:
+            return f"{need:.1f} GiB offloaded per device, and the cluster has no memory tier beyond HBM"
         return f"{need:.1f} GiB offloaded per device, {self.tier} holds {have:.4g} GiB"
 
     def to_dict(self) -> dict:
@@ -145,7 +147,7 @@ def memory_shortfall(cluster: Cluster, memory_bytes: Mapping[str, float], execut
         return None
     tiers = [t for t in cluster.memory_tiers if t.pooled] or list(cluster.memory_tiers)
     if not tiers:
-        return Shortfall("memory beyond HBM (the cluster has none)", offloaded, 0.0)
+        return Shortfall("", offloaded, 0.0)
     return Shortfall(tiers[0].name, offloaded, tiers[0].capacity_bytes) if offloaded > tiers[0].capacity_bytes \
         else None
 

@@ -106,19 +106,19 @@ class Scorer:
         try:
             m = s.micro_batches(self.workload)
             costs = self.costs(s)
-            fits = self._shortfall(costs) is None
+            short = self._shortfall(costs)
             usable = self.workload.execution.usable_hbm_bytes(self.cluster.device.hbm_bytes)
             peak = max(st.memory_bytes["peak"] for st in costs.stages)
             bd, step, _ = step_breakdown(costs, self.cluster, self.workload, s, m)
-            if not fits and self.workload.mode == "train" and s.tp > 1 and peak <= MEMORY_RETRY * usable \
+            if short is not None and self.workload.mode == "train" and s.tp > 1 and peak <= MEMORY_RETRY * usable \
                     and self.worth(step):  # slower layouts that fit, as `estimate` picks them, when they could win
                 costs = self.costs(s, memory_constraint=True)
-                fits = self._shortfall(costs) is None
+                short = self._shortfall(costs)
                 bd, step, _ = step_breakdown(costs, self.cluster, self.workload, s, m)
         except HyperplanError as exc:
             return Candidate(s, math.inf, False, math.inf, note=str(exc))
         worst = max(costs.stages, key=lambda st: (st.memory_bytes["peak"], -st.index)).memory_bytes
-        return Candidate(s, step, fits, worst["peak"], bd, memory_bytes=dict(worst), shortfall=self._shortfall(costs))
+        return Candidate(s, step, short is None, worst["peak"], bd, memory_bytes=dict(worst), shortfall=short)
 
     def _shortfall(self, costs: StageCosts) -> Shortfall | None:
         return worst_shortfall(self.cluster, (st.memory_bytes for st in costs.stages), self.workload.execution)
