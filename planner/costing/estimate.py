@@ -209,10 +209,11 @@ def estimate(
     m = strategy.micro_batches(workload)
     costs: StageCosts = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
                                     param_pins=param_pins, facts=facts, solver=solver)
-    if worst_shortfall(cluster, (s.memory_bytes for s in costs.stages), workload.execution):
-        # the fastest layouts do not fit: the fastest that do
+    short = worst_shortfall(cluster, (s.memory_bytes for s in costs.stages), workload.execution)
+    if short is not None:  # the fastest layouts do not fit: the fastest that do
         costs = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
                             param_pins=param_pins, memory_constraint=True, facts=facts, solver=solver)
+        short = worst_shortfall(cluster, (s.memory_bytes for s in costs.stages), workload.execution)
     bd, step, offload = step_breakdown(costs, cluster, workload, strategy, m)
 
     peak = cluster.device.peak_flops(workload.dtype)
@@ -227,7 +228,6 @@ def estimate(
         for s in costs.stages
     )
     worst = max(stages, key=lambda s: (s.memory_bytes["peak"], -s.index))
-    short = worst_shortfall(cluster, (s.memory_bytes for s in stages), workload.execution)
     return Estimate(
         step_time_s=step,
         tokens_per_s=workload.tokens / step,
