@@ -199,3 +199,37 @@ def test_fp8_all_gather_moves_one_byte_per_fp8_weight():
     assert gather_width(stage(100.0, 0.0, 0.0), titan, 2.0) == 2.0  # a BF16 run
     off = with_changes(titan, {"fp8_all_gather": False}, "test")
     assert gather_width(stage(100.0, 0.0, 100.0), off, 2.0) == 2.0
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_a_costing_restated_for_another_zero_level_and_offload_is_that_strategys_costing(dtype):
+    """The search costs a strategy once and restates its memory for each ZeRO level and offload it scores
+    (`stage_memory.with_states`); that must be exactly the costing of the other strategy, stage by stage, or the
+    search would score strategies `estimate` does not (a MoE model on two pipeline stages: dense and expert
+    states, ZeRO-3's working copies, FP8 weight copies, offloaded classes)."""
+    from cost_models import load_cluster
+    from planner.api import _graph_for_costing, make_workload
+    from planner.costing.graph_facts import GraphFacts
+    from planner.costing.stage_costs import stage_costs
+    from planner.costing.stage_memory import with_states
+    from planner.graph.blocks import discover_blocks
+    from planner.strategy import Strategy
+
+    graph = _graph_for_costing("mixtral-8x7b", 1024, None, dict(layers=2, hidden=512, heads=8, kv_heads=2, vocab=8000))
+    st = discover_blocks(graph)
+    facts = GraphFacts(graph, st)
+    hw = load_cluster("dgx-h100", devices=16)
+    wl = make_workload("train", 32, 1024, dtype, None)
+    base = Strategy(tp=2, pp=2, dp=4, ep=2, micro_batch=2, sp=True, layouts="searched")
+    first = stage_costs(graph, st, hw, wl, base, facts=facts)
+    compared = set()
+    for zero in (0, 1, 2, 3):
+        for offload in ((), (("optimizer", 0.5),), (("activations", 0.25), ("params", 0.5))):
+            other = Strategy(tp=2, pp=2, dp=4, ep=2, micro_batch=2, sp=True, layouts="searched", zero=zero,
+                             offload=offload)
+            exact = stage_costs(graph, st, hw, wl, other, facts=facts)
+            restated = with_states(first, other, wl)
+            assert [s.memory_bytes for s in restated.stages] == [s.memory_bytes for s in exact.stages]
+            assert restated == exact
+            compared.add(round(max(s.memory_bytes["peak"] for s in exact.stages)))
+    assert len(compared) >= 10  # the variants keep different memory: the restatement had something to do

@@ -17,18 +17,18 @@ import numpy as np
 
 from cost_models import Cluster, place_group
 from cost_models.collectives import all_gather_s, all_reduce_s, all_to_all_s, reduce_scatter_s
-from cost_models.memory import inflight_microbatches, model_state_bytes
+from cost_models.memory import inflight_microbatches
 
 from planner.costing.attribution import add_routed, block_parts, gemm_windows, var_parts
 from planner.costing.block_costs import (Layouts, Parts, activation_bytes, keeps_input, layout_memory, layout_table,
                                          residual_pins)
 from planner.costing.exchange import add_context_exchange, add_expert_exchange
-from planner.costing.execution import Execution
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.node_times import DTYPE_WIDTH, NodeTimes, optimizer_step_s
 from planner.costing.node_work import FLOAT_DTYPES
 from planner.costing.pipeline_cut import assign_chunks, even_split, layer_policies
 from planner.costing.recompute import recompute_marks
+from planner.costing.stage_memory import gathered, stage_memory, working_copies
 from planner.errors import Infeasible, InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
@@ -54,6 +54,8 @@ class StageCost:
     gather_bytes: float = 0.0  # the part of the boundary held whole by every tensor rank: all-gathered after the p2p
     tp: int = 1  # the stage's tensor-parallel degree (stages may differ: `Strategy.stage_tp`)
     fp8_params: float = 0.0  # per device, of dense_params + expert_params: the weights that feed FP8 GEMMs
+    activation_bytes: float = 0.0  # kept for backward at the stage's peak (all in-flight micro-batches), before offload
+    widest_params: float = 0.0  # the largest layer's parameters ZeRO-3 gathers at once (`working_copies`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,78 +277,24 @@ def stage_costs(
                              and structure.node_block[facts.producer[x][0]] >= 0
                              and structure.blocks[structure.node_block[facts.producer[x][0]]].is_layer]
                     gather = max(gather, sum(tensor_bytes(x) for x in whole))
-        held = inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp) if training else 1.0
+        held = (inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp)
+                if training else 1.0)
         fp8_params = sum(graph.tensors[p].numel / (strategy.ep * strategy.expert_tp if facts.is_expert(p) else
                                                    t if param_layout.get(p, REPLICATED) >= 0 else 1)
                          for name in names for p in structure.block(name).params if p in facts.fp8_weights)
+        fp8_params = fp8_params if timer.fp8 else 0.0
         mem = stage_memory(dense, expert, acts * held, strategy, training, width, execution,
                            buffers=working_copies(widest, gathered((dense, expert), strategy), strategy, execution,
                                                   training, width),
-                           fp8_params=fp8_params if timer.fp8 else 0.0)
+                           fp8_params=fp8_params)
         fwd = parts.forward + parts.tp_fwd + parts.cp_fwd + parts.ep_fwd
         bwd = parts.backward + parts.recompute + parts.tp_bwd + parts.cp_bwd + parts.ep_bwd
         stages.append(StageCost(s, tuple(n for n in names if structure.block(n).is_layer), parts, fwd, bwd,
-                                dense, expert, mem, boundary, held, gather, t, fp8_params if timer.fp8 else 0.0))
+                                dense, expert, mem, boundary, held, gather, t, fp8_params, acts * held, widest))
     block_s = {name: p.total() for name, p in parts_of_block.items()}
     return StageCosts(tuple(stages), facts.model_flops_per_sample(),
                       layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block), block_params,
                       param_layout)
-
-
-def gathered(params: tuple[float, float], strategy: Strategy) -> float:
-    """Of (dense, expert) parameters per device, those ZeRO-3 shards over a group and so gathers to compute:
-    dense ones over dp x cp, experts over their expert-data-parallel group (not when it is one rank)."""
-    dense, expert = params
-    return (dense if strategy.dp * strategy.cp > 1 else 0.0) + (expert if strategy.edp > 1 else 0.0)
-
-
-def working_copies(widest_layer: float, stage_params: float, strategy: Strategy, execution: Execution,
-                   training: bool, width: float) -> float:
-    """Bytes per device beyond the sharded states: under ZeRO-3 the gathered weights of the layer being
-    computed and of the one prefetched (FSDP2's default, Zhao et al. 2023 section 3.3) and, in backward,
-    that layer's unsharded gradient before its reduce-scatter; the whole stage's weights and gradients
-    when they stay gathered over the step (`Execution.fsdp_gathered_with_pp`)."""
-    if not (training and strategy.zero >= 3 and strategy.dp * strategy.cp > 1):
-        return 0.0
-    if strategy.pp > 1 and execution.fsdp_gathered_with_pp:
-        return stage_params * (width + execution.grad_bytes)
-    layers = 2 if execution.fsdp_prefetch else 1
-    return widest_layer * (layers * width + execution.grad_bytes)
-
-
-def stage_memory(dense: float, expert: float, activation_bytes: float, strategy: Strategy, training: bool,
-                 width: float, execution: Execution, buffers: float = 0.0, fp8_params: float = 0.0) -> dict[str, float]:
-    """Bytes per device by memory class of a stage holding these parameters (per device, after tensor and
-    expert sharding) and activations: states by ZeRO stage with the stack's bytes per parameter (experts
-    sharded over their expert-data-parallel group), `buffers` (see `working_copies`), what is offloaded
-    moved to `offloaded_*`, and the HBM `peak`. Linear in its inputs, so per-layer figures add up to a stage's.
-
-    In FP8 training `fp8_params` (per device) of the weights feed FP8 GEMMs: the stack keeps their FP8 copies
-    (`Execution.fp8_weight_bytes` per parameter, the weight and its transpose for Hopper's GEMMs; sharded like
-    the weights), beside the 16-bit weights, or instead of them with `Execution.fp8_params`."""
-    if training:
-        dpg = strategy.dp * strategy.cp
-        st = execution.state
-        st_d = model_state_bytes(dense, zero_stage=strategy.zero, dp=dpg, state=st)
-        st_e = model_state_bytes(expert, zero_stage=strategy.zero, dp=strategy.edp, state=st)
-        mem = {"params": st_d.params_bytes + st_e.params_bytes, "grads": st_d.grads_bytes + st_e.grads_bytes,
-               "optimizer": st_d.optimizer_bytes + st_e.optimizer_bytes, "activations": activation_bytes,
-               "buffers": buffers}
-    else:
-        mem = {"params": (dense + expert) * width, "grads": 0.0, "optimizer": 0.0, "activations": activation_bytes,
-               "buffers": 0.0}
-    if training and fp8_params:
-        shard = strategy.dp * strategy.cp if strategy.zero >= 3 else 1
-        mem["buffers"] += fp8_params * execution.fp8_weight_bytes / shard
-        if execution.fp8_params:
-            mem["params"] -= fp8_params * execution.param_bytes / shard
-    for cls in ("params", "grads", "optimizer", "activations"):
-        frac = strategy.offload_fraction(cls)
-        if frac:
-            mem[f"offloaded_{cls}"] = mem[cls] * frac
-            mem[cls] *= 1.0 - frac
-    mem["peak"] = sum(v for k, v in mem.items() if not k.startswith("offloaded_"))
-    return mem
 
 
 def _unequal_stage_costs(graph: Graph, structure: Structure, cluster: Cluster, workload: Workload,

@@ -16,6 +16,7 @@ from cost_models import Cluster
 from planner.costing.estimate import Shortfall, worst_shortfall
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.stage_costs import StageCosts, stage_costs
+from planner.costing.stage_memory import with_states
 from planner.costing.step_time import step_breakdown
 from planner.errors import HyperplanError
 from planner.graph.blocks import Structure
@@ -79,6 +80,8 @@ class Scorer:
         self.solver = solver
         self.worth: Callable[[float], bool] = lambda step_s: True  # could a plan this fast (or slower) still win?
         self.memo: dict[Strategy, Candidate] = {}
+        # the last costing and the strategy it was made for, less its ZeRO level and offload (`with_states`)
+        self._last: tuple[Strategy, StageCosts] | None = None
 
     def score(self, s: Strategy) -> Candidate:
         if s in self.memo:
@@ -92,8 +95,15 @@ class Scorer:
         integer program's memory rows, for this strategy alone (as `estimate` does when the fastest do not fit)."""
         wl = workload or self.workload
         if not memory_constraint:
-            return stage_costs(self.graph, self.structure, self.cluster, wl, s, facts=self.facts,
-                               time_limit_s=self.time_limit_s, solver=self.solver)
+            if workload is not None:
+                return stage_costs(self.graph, self.structure, self.cluster, wl, s, facts=self.facts,
+                                   time_limit_s=self.time_limit_s, solver=self.solver)
+            # the ZeRO and offload variants of one strategy share its layouts and times: one costing, restated
+            key = replace(s, zero=0, offload=())
+            if self._last is None or self._last[0] != key:
+                self._last = key, stage_costs(self.graph, self.structure, self.cluster, wl, s, facts=self.facts,
+                                              time_limit_s=self.time_limit_s, solver=self.solver)
+            return with_states(self._last[1], s, wl)
         self.facts.reuse_layouts = False  # the layouts of this strategy alone, under its memory
         try:
             return stage_costs(self.graph, self.structure, self.cluster, wl, s, facts=self.facts,

@@ -21,7 +21,8 @@ from cost_models.memory import inflight_microbatches
 from planner.graph.blocks import Structure
 from planner.search.pipeline import WidthCosts, unequal_split
 from planner.costing.execution import Execution
-from planner.costing.stage_costs import StageCosts, stage_memory
+from planner.costing.stage_costs import StageCosts
+from planner.costing.stage_memory import stage_memory
 from planner.strategy import Strategy, Workload
 
 Costing = Callable[[Strategy], StageCosts]
