@@ -201,7 +201,8 @@ class _Search:
             return mesh_bound_s(self.reps.per_sample(tp, cp, mb, region), B, tp * cp, n)
         ep, etp = key[3], key[4]
         if node.level == "ep":
-            return mesh_bound_s(self.reps.ep_times(tp, cp, mb, ep, etp, self._widest(cp, tp, mb, etp)).per_sample_s, B, tp * cp, n)
+            lt = self.reps.ep_times(tp, cp, mb, ep, etp, self._widest(cp, tp, mb, etp))
+            return mesh_bound_s(lt.per_sample_s, B, tp * cp, n)
         pp, dp, vpp, rc = key[5], key[6], key[7], RECOMPUTES[key[8]]  # policy: the pipeline at this recompute
         return pipeline_bound_s(self.reps.times(tp, cp, mb, ep, etp, rc), pp, B // (dp * mb), vpp)
 
@@ -274,7 +275,7 @@ class _Search:
         if frugal is None or self._closed(node.bound_s):
             return
         if rc == "selective" and self.c.recompute is None and pp * vpp <= self.layers:
-            self._fewest_full_layers(frugal.strategy)
+            self._fewest_full_layers(frugal.strategy, frugal.peak_bytes)
         if self.allow_offload:
             for variant in offload_variants(frugal, self.hbm):
                 if not self._closed(node.bound_s):
@@ -291,12 +292,25 @@ class _Search:
         if split and split != even_split(self.layers, s.pp):
             self._score(replace(s, stage_layers=split))
 
-    def _fewest_full_layers(self, s: Strategy) -> None:
-        """Bisect the number of fully recomputed layers per chunk that makes `s` fit (memory falls with it)."""
+    def _fewest_full_layers(self, s: Strategy, peak_bytes: float) -> None:
+        """Find the fewest fully recomputed layers per chunk that make `s` fit (`peak_bytes` is its peak with
+        none), by regula falsi: memory falls with each one, by one layer's activations per chunk of the stage
+        that keeps most, so when the layers are alike the chord between a count that does not fit and one that
+        does crosses the HBM limit at or just beyond the fewest that fit (a peak that is the larger of straight
+        lines lies below its chords). The first count scored is one short of full recompute (where nothing but
+        offload fits, as for large models on few devices, that one decides), then the chord's, kept strictly
+        inside the bracket; the bracket, not the chord, decides, so the count found is the bisection's whatever
+        the layers."""
         lo, hi = 0, math.ceil(self.layers / (s.pp * s.vpp))  # lo does not fit; hi is full recompute, its own node
+        limit = self.workload.execution.usable_hbm_bytes(self.hbm)
+        peak = {lo: peak_bytes}
         while hi - lo > 1:
-            mid = (lo + hi) // 2
+            mid = hi - 1  # first the most short of full: if even that does not fit, no fewer do
+            if hi in peak and peak[lo] > peak[hi] >= 0:
+                mid = lo + math.ceil((peak[lo] - limit) / (peak[lo] - peak[hi]) * (hi - lo))
+                mid = min(hi - 1, max(lo + 1, mid))
             c = self._score(replace(s, full_recompute_layers=mid))
+            peak[mid] = c.peak_bytes
             if c.fits:
                 hi = mid
                 self._balanced(c, 0.0)
