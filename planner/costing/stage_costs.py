@@ -281,8 +281,8 @@ def stage_costs(
                 if training else 1.0)
         fp8_params = sum(graph.tensors[p].numel / (strategy.ep * strategy.expert_tp if facts.is_expert(p) else
                                                    t if param_layout.get(p, REPLICATED) >= 0 else 1)
-                         for name in names for p in structure.block(name).params if p in facts.fp8_weights)
-        fp8_params = fp8_params if timer.fp8 else 0.0
+                         for name in names for p in structure.block(name).params
+                         if p in facts.fp8_weights) if timer.fp8 else 0.0
         mem = stage_memory(dense, expert, acts * held, strategy, training, width, execution,
                            buffers=working_copies(widest, gathered((dense, expert), strategy), strategy, execution,
                                                   training, width),

@@ -21,6 +21,7 @@ search; they can only lower the step, and the bound covers the equal-width space
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -86,7 +87,7 @@ class _Search:
         self.by_tc: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         for m in self.meshes:
             self.by_tc.setdefault((m[1], m[0]), []).append(m)
-        self.heap: list[_Node] = []
+        self.heap: list[_Node] = []  # a binary heap (heapq) of the open regions, least bound first
         self.best_by_mesh: dict[tuple, Candidate] = {}
         self.best: Candidate | None = None
         self.pruned_bound = math.inf
@@ -110,7 +111,7 @@ class _Search:
             if self.budget.out():
                 complete = False
                 break
-            self.heap.remove(node)
+            self._take(node)
             self.report(f"{node.level} {node.key}", min(0.95, self.budget.nodes / max(1, len(self.meshes) * 8)))
             if not node.refined and node.level in ("cp", "tp", "mb", "ep", "policy"):
                 bound = self._refine(node)
@@ -136,7 +137,16 @@ class _Search:
         least bound (a dive to the first incumbent, which then closes the regions it beats)."""
         if self.best is None:  # smaller micro-batches first: they are the likelier to fit
             return min(self.heap, key=lambda n: (-_LEVELS.index(n.level), n.key[2] if len(n.key) > 2 else 0, n))
-        return min(self.heap)
+        return self.heap[0]
+
+    def _take(self, node: _Node) -> None:
+        """Remove `node` from the open regions: the heap's top in logarithmic time, another (during the dive to
+        the first incumbent) in linear time."""
+        if node is self.heap[0]:
+            heapq.heappop(self.heap)
+        else:
+            self.heap.remove(node)
+            heapq.heapify(self.heap)
 
     def _closed(self, bound_s: float) -> bool:
         return self.best is not None and bound_s >= self.best.step_s * (1.0 - self.gap)
@@ -146,7 +156,7 @@ class _Search:
             self.pruned += 1
             self.pruned_bound = min(self.pruned_bound, bound_s)
             return
-        self.heap.append(_Node(bound_s, (_LEVELS.index(level),) + key, level, key, refined))
+        heapq.heappush(self.heap, _Node(bound_s, (_LEVELS.index(level),) + key, level, key, refined))
 
     def _consider(self, c: Candidate) -> Candidate:
         self.budget.spend()
