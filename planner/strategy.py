@@ -8,6 +8,7 @@ into whole micro-batches); whether it fits in memory is the estimate's job.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -166,8 +167,9 @@ class Strategy:
         return m
 
     def short(self) -> str:
-        """E.g. 'TP8·PP12·DP4, ZeRO-1, selective recompute'; stages of different widths read 'TP4+8·PP2·DP4'."""
-        tp = "+".join(str(n) for n in self.stage_tp) if self.stage_tp else self.tp  # per stage: 'TP4+8·PP2'
+        """E.g. 'TP8·PP12·DP4, ZeRO-1, selective recompute'; stages of different widths read 'TP4+8·PP2·DP4',
+        and a run of equal stages is counted: 'TP1×2+2+1×28·PP31' (two stages at 1, one at 2, 28 at 1)."""
+        tp = _runs(self.stage_tp) if self.stage_tp else self.tp
         axes = [f"{n}{v}" for n, v in (("TP", tp), ("CP", self.cp), ("PP", self.pp), ("DP", self.dp), ("EP", self.ep))
                 if v != 1]
         if self.etp and self.etp != self.tp:
@@ -185,9 +187,18 @@ class Strategy:
             parts.append(f"{self.recompute} recompute")
         parts.append(f"mb {self.micro_batch}")
         if self.stage_layers and len(set(self.stage_layers)) > 1:
-            parts.append("layers/stage " + "+".join(str(n) for n in self.stage_layers))
+            parts.append("layers/stage " + _runs(self.stage_layers))
 
         for cls, frac in self.offload:
             if frac > 0:
                 parts.append(f"{cls} offloaded {frac:.0%}")
         return ", ".join(parts)
+
+
+def _runs(values: tuple[int, ...]) -> str:
+    """Per-stage values joined by '+', a run of equal ones counted: (1, 1, 2, 1, 1, 1) -> '1×2+2+1×3'."""
+    out: list[str] = []
+    for v, run in itertools.groupby(values):
+        n = len(list(run))
+        out.append(f"{v}×{n}" if n > 1 else str(v))
+    return "+".join(out)

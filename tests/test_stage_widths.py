@@ -165,3 +165,10 @@ def test_the_planner_weighs_stages_of_different_widths_where_equal_ones_cannot_s
         assert sum(st["stage_tp"]) * st["dp"] * st["cp"] == 24
         assert c["step_time_s"] >= r["estimate"]["step_time_s"]
     print(f"best {r['strategy']['summary']}; unequal stages {unequal[0]['summary']} {unequal[0]['why']}")
+
+
+def test_a_long_pipeline_of_unequal_stages_reads_in_runs():
+    """31 stages, one of them wider: the summary counts runs of equal stages instead of listing 31 widths."""
+    s = Strategy(tp=2, pp=31, dp=16, cp=2, ep=8, stage_tp=(1, 1, 2) + (1,) * 28, stage_layers=(2,) * 30 + (1,))
+    assert s.short().startswith("TP1×2+2+1×28·CP2·PP31·DP16·EP8")
+    assert s.short().endswith("layers/stage 2×30+1")
