@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from cost_models import Cluster
 
+from planner.errors import HyperplanError, InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.moe import routed_experts
@@ -139,3 +140,14 @@ def vpp_degrees(layers: int, pp: int, m: int, c: Constraints) -> list[int]:
     else:
         out = [1] + ([v for v in divisors(layers // pp) if v > 1] if layers % pp == 0 and m % pp == 0 else [])
     return [v for v in out if c.vpp is None or v == c.vpp]
+
+
+def no_mesh(cluster: Cluster, workload: Workload, c: Constraints, shape: ModelShape) -> HyperplanError:
+    """The error when no mesh is left: the constraints it cannot keep, or a batch no data degree divides."""
+    keeps = c.unmet(experts=bool(shape.experts), inout=shape.inout)
+    if keeps:
+        return InvalidInput(f"no mesh of {cluster.n_devices} devices keeps {keeps} with a global batch of "
+                            f"{workload.global_batch}; relax a constraint or change --devices")
+    return HyperplanError(
+        f"no parallel layout of {cluster.n_devices} devices divides the global batch {workload.global_batch}; "
+        "use a batch that is a multiple of the data-parallel degree")

@@ -5,8 +5,9 @@ integer program is solved once per tensor and context degree), micro-batch, expe
 pipeline and data degrees with the interleaving (a schedule), then the recompute policy; the leaves are
 whole strategies (a ZeRO level, per-layer recompute, offload fractions, the pipeline cut) scored by the
 analytic estimate. Each region gets a lower bound on the step time of every strategy in it
-(`bounds`) from one costing of a representative; regions are opened best bound first, and a region whose
-bound is within `gap` of the best plan found is closed unopened. The search is exact up to `gap`: when
+(`bounds`) from one costing of a representative, and a policy region's also what fitting in HBM costs
+its strategies (`fitting`: ZeRO traffic and offload forced by memory); regions are opened best bound
+first, and a region whose bound is within `gap` of the best plan found is closed unopened. The search is exact up to `gap`: when
 it ends, no strategy of the space is faster than `bound_s`, and the plan says how far it is from that.
 
 Effort is counted in work (nodes: costings and scored strategies), never in seconds, so the same inputs
@@ -31,7 +32,6 @@ from cost_models import Cluster
 
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.stage_costs import DTYPE_WIDTH
-from planner.errors import HyperplanError, InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.search import grid
@@ -39,6 +39,7 @@ from planner.search.bounds import mesh_bound_s, pipeline_bound_s
 from planner.search.representatives import Representatives
 from planner.search.budget import DEFAULT_MAX_NODES, Budget
 from planner.search.constraints import NONE, Constraints
+from planner.search.fitting import fitting_bound_s
 from planner.search.scoring import (Candidate, Progress, Scorer, SearchResult, _key, balanced_cut,
                                     offload_variants)
 from planner.search.solve import WALL_LIMIT_S
@@ -100,7 +101,7 @@ class _Search:
     def run(self) -> SearchResult:
         t0 = time.perf_counter()
         if not self.meshes:
-            raise _no_mesh(self.cluster, self.workload, self.c, self.shape)
+            raise grid.no_mesh(self.cluster, self.workload, self.c, self.shape)
         for cp in sorted({m[1] for m in self.meshes}):
             self._push("cp", (cp,), 0.0)
         complete = True
@@ -140,8 +141,7 @@ class _Search:
         return self.heap[0]
 
     def _take(self, node: _Node) -> None:
-        """Remove `node` from the open regions: the heap's top in logarithmic time, another (during the dive to
-        the first incumbent) in linear time."""
+        """Remove `node` from the open regions (another than the top only while diving to a first incumbent)."""
         if node is self.heap[0]:
             heapq.heappop(self.heap)
         else:
@@ -214,7 +214,14 @@ class _Search:
             lt = self.reps.ep_times(tp, cp, mb, ep, etp, self._widest(cp, tp, mb, etp))
             return mesh_bound_s(lt.per_sample_s, B, tp * cp, n)
         pp, dp, vpp, rc = key[5], key[6], key[7], RECOMPUTES[key[8]]  # policy: the pipeline at this recompute
-        return pipeline_bound_s(self.reps.times(tp, cp, mb, ep, etp, rc), pp, B // (dp * mb), vpp)
+        bound = pipeline_bound_s(self.reps.times(tp, cp, mb, ep, etp, rc), pp, B // (dp * mb), vpp)
+        if self.base_offload:  # offload fixed by the user: the leaves keep it, and fitting bounds do not apply
+            return bound
+        s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
+                     recompute=rc, sp=tp > 1, layouts=self.layouts)
+        return fitting_bound_s(self.graph, self.structure, self.scorer.facts,
+                               self.reps.costings.get((tp, cp, mb, ep, etp, rc)), self.cluster, self.workload, s,
+                               self._zeros(s), bound, self.allow_offload)
 
     # -- branching ----------------------------------------------------------------------------------
     def _expand(self, node: _Node) -> None:
@@ -303,14 +310,10 @@ class _Search:
             self._score(replace(s, stage_layers=split))
 
     def _fewest_full_layers(self, s: Strategy, peak_bytes: float) -> None:
-        """Find the fewest fully recomputed layers per chunk that make `s` fit (`peak_bytes` is its peak with
-        none), by regula falsi: memory falls with each one, by one layer's activations per chunk of the stage
-        that keeps most, so when the layers are alike the chord between a count that does not fit and one that
-        does crosses the HBM limit at or just beyond the fewest that fit (a peak that is the larger of straight
-        lines lies below its chords). The first count scored is one short of full recompute (where nothing but
-        offload fits, as for large models on few devices, that one decides), then the chord's, kept strictly
-        inside the bracket; the bracket, not the chord, decides, so the count found is the bisection's whatever
-        the layers."""
+        """The fewest fully recomputed layers per chunk that make `s` fit (`peak_bytes`: its peak with none), by
+        regula falsi: first one short of full recompute (where only offload fits, that decides), then the chord
+        of the measured peaks (memory falls by a layer's activations per chunk: for alike layers the chord lands
+        on or just past the fewest), strictly inside the bracket, which decides: the bisection's count."""
         lo, hi = 0, math.ceil(self.layers / (s.pp * s.vpp))  # lo does not fit; hi is full recompute, its own node
         limit = self.workload.execution.usable_hbm_bytes(self.hbm)
         peak = {lo: peak_bytes}
@@ -362,16 +365,6 @@ class _Search:
                 if self.c.allows(s, experts=bool(self.shape.experts), inout=self.shape.inout) and all(
                         h % t == 0 for h in self.shape.heads for t in s.stage_tp):
                     self._score(s)
-
-
-def _no_mesh(cluster: Cluster, workload: Workload, c: Constraints, shape: grid.ModelShape) -> HyperplanError:
-    keeps = c.unmet(experts=bool(shape.experts), inout=shape.inout)
-    if keeps:
-        return InvalidInput(f"no mesh of {cluster.n_devices} devices keeps {keeps} with a global batch of "
-                            f"{workload.global_batch}; relax a constraint or change --devices")
-    return HyperplanError(
-        f"no parallel layout of {cluster.n_devices} devices divides the global batch {workload.global_batch}; "
-        "use a batch that is a multiple of the data-parallel degree")
 
 
 def search(
