@@ -203,6 +203,16 @@ def stays_gathered(strategy: Strategy, execution) -> bool:
     return strategy.zero >= 3 and strategy.pp > 1 and execution.fsdp_gathered_with_pp
 
 
+#: Bytes per parameter of a gradient that crosses to the host's optimizer update (fp32).
+HOST_GRAD_BYTES = 4.0
+
+
+def host_update_bytes(width: float) -> float:
+    """Link traffic per parameter of an optimizer step that runs on the host, each step: its fp32 gradient
+    down, the updated `width`-byte weight back, and the update's own state traffic (`ADAM_BYTES_PER_PARAM`)."""
+    return HOST_GRAD_BYTES + width + ADAM_BYTES_PER_PARAM
+
+
 def offload_by_class(s, strategy: Strategy, tier, m: int, local_params: float, width: float) -> dict[str, dict]:
     """Per memory class: bytes moved off HBM, bytes moved over the tier's link per step, and the exposed time.
 
@@ -218,13 +228,12 @@ def offload_by_class(s, strategy: Strategy, tier, m: int, local_params: float, w
     window = m * (s.forward_s + s.backward_s)
     out: dict[str, dict] = {}
     f_opt = strategy.offload_fraction("optimizer")
-    grad_bytes = 4.0  # fp32 gradients cross to the host update
     if f_opt:
-        moved = f_opt * local_params * (grad_bytes + width + ADAM_BYTES_PER_PARAM)
+        moved = f_opt * local_params * host_update_bytes(width)
         out["optimizer"] = {"traffic_bytes": moved, "exposed_s": transfer_s(moved, tier)}
     f_g = strategy.offload_fraction("grads")
     if f_g:
-        moved = f_g * n_params * grad_bytes
+        moved = f_g * n_params * HOST_GRAD_BYTES
         out["grads"] = {"traffic_bytes": moved, "exposed_s": transfer_s(moved, tier)}
     streamed = {"params": 2 * m * strategy.offload_fraction("params") * n_params * width,
                 "activations": 2 * m * s.memory_bytes.get("offloaded_activations", 0.0) / max(s.held, 1.0)}

@@ -33,15 +33,12 @@ from dataclasses import dataclass, replace
 from cost_models import Cluster
 from cost_models.memory import inflight_microbatches
 
-from planner.costing.node_times import ADAM_BYTES_PER_PARAM, DTYPE_WIDTH, activation_dtype
+from planner.costing.node_times import DTYPE_WIDTH, activation_dtype
 from planner.costing.pipeline_cut import assign_chunks
 from planner.costing.stage_memory import gathered, stage_memory, working_copies
-from planner.costing.step_time import dp_collective_s, gather_width, stays_gathered
+from planner.costing.step_time import (HOST_GRAD_BYTES, dp_collective_s, gather_width, host_update_bytes,
+                                       stays_gathered)
 from planner.strategy import Strategy, Workload
-
-#: Bytes per parameter of a gradient moved to the host update (`step_time.offload_by_class`).
-_HOST_GRAD_BYTES = 4.0
-
 
 @dataclass(frozen=True, slots=True)
 class _Params:
@@ -92,7 +89,7 @@ def least_offload_s(excess: float, classes: list[tuple[float, float, bool]], ban
             x += take * rate / bandwidth
             cap -= take
         rest.append((rate, cap, streams))
-    for rate, cap, streams in sorted(rest, key=lambda c: c[0]):
+    for rate, cap, streams in rest:  # still cheapest first
         if left <= 0:
             break
         take = min(cap, left)
@@ -123,11 +120,14 @@ def fitting_bound_s(graph, structure, facts, costs, cluster: Cluster, workload: 
     usable = ex.usable_hbm_bytes(cluster.device.hbm_bytes)
     tiers = [t for t in cluster.memory_tiers if t.pooled] or list(cluster.memory_tiers)
     st = ex.state
+    dp_shard = strategy.dp * strategy.cp
+    # the tier's link at its best (its efficiency curve's highest point, 1 at most)
+    link = (tiers[0].bandwidth_bytes_per_s * max(1.0, max(e for _, e in tiers[0].efficiency.points))) if tiers else 0.0
     best = math.inf
     for z in zeros:
         s = replace(strategy, zero=z, offload=())
         floor_s = pipeline_s
-        if strategy.pp == 1 and z >= 2 and strategy.dp * strategy.cp > 1 and not stays_gathered(s, ex):
+        if strategy.pp == 1 and z >= 2 and dp_shard > 1 and not stays_gathered(s, ex):
             p = _Params(floors[0][0], floors[0][1], strategy.tp)
             per_mb = dp_collective_s(cluster, s, p, "reduce_scatter", ex.grad_bytes)
             if z >= 3:
@@ -144,16 +144,12 @@ def fitting_bound_s(graph, structure, facts, costs, cluster: Cluster, workload: 
                 step = math.inf
                 break
             n = dense + expert
-            dp_shard = strategy.dp * strategy.cp
             least_shard = min(x for x, part in ((dp_shard, dense), (strategy.edp, expert)) if part > 0) if n else 1
             local = dense / (dp_shard if z >= 1 else 1) + expert / (strategy.edp if z >= 1 else 1)
             classes = [(mem["activations"], 2.0 * m / h, True),
                        (mem["params"], 2.0 * m * width * (least_shard if z >= 3 else 1) / st.param_bytes, True),
-                       (mem["optimizer"], (_HOST_GRAD_BYTES + width + ADAM_BYTES_PER_PARAM) / st.optimizer_bytes
-                        if local else 0.0, False),
-                       (mem["grads"], _HOST_GRAD_BYTES * (least_shard if z >= 2 else 1) / st.grad_bytes, False)]
-            # the tier's link at its best (its efficiency curve's highest point, 1 at most)
-            link = tiers[0].bandwidth_bytes_per_s * max(1.0, max(e for _, e in tiers[0].efficiency.points))
+                       (mem["optimizer"], host_update_bytes(width) / st.optimizer_bytes if local else 0.0, False),
+                       (mem["grads"], HOST_GRAD_BYTES * (least_shard if z >= 2 else 1) / st.grad_bytes, False)]
             x, y = least_offload_s(excess, classes, link, floor_s)
             step = max(step, max(floor_s, x) + y)
         best = min(best, step)

@@ -8,7 +8,8 @@ analytic estimate. Each region gets a lower bound on the step time of every stra
 (`bounds`) from one costing of a representative, and a policy region's also what fitting in HBM costs
 its strategies (`fitting`: ZeRO traffic and offload forced by memory); regions are opened best bound
 first, and a region whose bound is within `gap` of the best plan found is closed unopened. The search
-is exact up to `gap`: when it ends, no strategy of the space is faster than `bound_s`, and the plan says how far it is from that.
+is exact up to `gap`: when it ends, no strategy of the space is faster than `bound_s`, and the plan says
+how far it is from that.
 
 Effort is counted in work (nodes: costings and scored strategies), never in seconds, so the same inputs
 give the same plan on an idle or a loaded machine; `time_limit_s` only stops a search that would run
