@@ -21,7 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cost_models.overlap import exposed_s
-from cost_models.spec import MemoryTier
+from cost_models.spec import Cluster, MemoryTier
+
+
+def offload_tier(cluster: Cluster) -> MemoryTier | None:
+    """The tier what is offloaded goes to: the first pooled one, else the first at all (None: none)."""
+    pooled = [t for t in cluster.memory_tiers if t.pooled]
+    tiers = pooled or list(cluster.memory_tiers)
+    return tiers[0] if tiers else None
 
 
 def transfer_s(n_bytes: float, tier: MemoryTier) -> float:

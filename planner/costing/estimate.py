@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from cost_models import Cluster
+from cost_models.offload import offload_tier
 
 from planner.costing.execution import Execution
 from planner.costing.graph_facts import GraphFacts
@@ -145,11 +146,10 @@ def memory_shortfall(cluster: Cluster, memory_bytes: Mapping[str, float], execut
     offloaded = sum(v for k, v in memory_bytes.items() if k.startswith("offloaded_"))
     if offloaded <= 0:
         return None
-    tiers = [t for t in cluster.memory_tiers if t.pooled] or list(cluster.memory_tiers)
-    if not tiers:
+    tier = offload_tier(cluster)
+    if tier is None:
         return Shortfall("", offloaded, 0.0)
-    return Shortfall(tiers[0].name, offloaded, tiers[0].capacity_bytes) if offloaded > tiers[0].capacity_bytes \
-        else None
+    return Shortfall(tier.name, offloaded, tier.capacity_bytes) if offloaded > tier.capacity_bytes else None
 
 
 def fits_memory(cluster: Cluster, memory_bytes: Mapping[str, float], execution: Execution) -> bool:

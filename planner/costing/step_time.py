@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from cost_models import Cluster, place_group
 from cost_models.collectives import all_gather_s, all_reduce_s, reduce_scatter_s, send_recv_s
-from cost_models.offload import transfer_s
+from cost_models.offload import offload_tier, transfer_s
 from cost_models.overlap import exposed_s, shared_window_exposed
 from cost_models.schedule import pipeline_time
 
@@ -255,5 +255,4 @@ def _tier(cluster: Cluster, strategy: Strategy):
         return None
     if not cluster.memory_tiers:
         raise InvalidInput(f"{cluster.name} has no memory tier beyond HBM to offload to; drop --offload")
-    pooled = [t for t in cluster.memory_tiers if t.pooled]
-    return (pooled or list(cluster.memory_tiers))[0]
+    return offload_tier(cluster)

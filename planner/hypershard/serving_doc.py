@@ -185,7 +185,7 @@ def serving_graph(request: Request) -> tuple[Graph, Structure]:
 
 def tier_name(hw: Cluster) -> str | None:
     """The memory tier a serving plan offloads its KV cache to on `hw` (None: it has none)."""
-    from planner.inference.phase_cost import offload_tier
+    from cost_models.offload import offload_tier
 
     tier = offload_tier(hw)
     return tier.name if tier is not None else None

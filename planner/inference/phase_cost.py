@@ -35,7 +35,7 @@ from cost_models import Cluster, place_group
 from cost_models.collectives import all_reduce_s, send_recv_s
 from cost_models.compute import op_time
 from cost_models.expert_dispatch import exchange_s, expected_touched
-from cost_models.offload import prefetch_timeline
+from cost_models.offload import offload_tier, prefetch_timeline
 
 from planner.errors import InvalidInput
 from planner.inference.profile import Part, Profile
@@ -317,8 +317,3 @@ def _stage_time(m: StepModel, parts, phase: Phase, batch: int, q: int, context: 
     return bd
 
 
-def offload_tier(cluster: Cluster):
-    """The tier the KV cache is offloaded to: the first pooled one, else the first at all (None: none)."""
-    pooled = [t for t in cluster.memory_tiers if t.pooled]
-    tiers = pooled or list(cluster.memory_tiers)
-    return tiers[0] if tiers else None

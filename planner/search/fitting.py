@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from cost_models import Cluster
 from cost_models.memory import inflight_microbatches
+from cost_models.offload import offload_tier
 
 from planner.costing.node_times import DTYPE_WIDTH, activation_dtype
 from planner.costing.pipeline_cut import assign_chunks
@@ -118,11 +119,11 @@ def fitting_bound_s(graph, structure, facts, costs, cluster: Cluster, workload: 
     held = [inflight_microbatches(schedule, pp=strategy.pp, microbatches=m, stage=s, virtual_stages=strategy.vpp)
             for s in range(strategy.pp)]
     usable = ex.usable_hbm_bytes(cluster.device.hbm_bytes)
-    tiers = [t for t in cluster.memory_tiers if t.pooled] or list(cluster.memory_tiers)
+    tier = offload_tier(cluster)
     st = ex.state
     dp_shard = strategy.dp * strategy.cp
     # the tier's link at its best (its efficiency curve's highest point, 1 at most)
-    link = (tiers[0].bandwidth_bytes_per_s * max(1.0, max(e for _, e in tiers[0].efficiency.points))) if tiers else 0.0
+    link = (tier.bandwidth_bytes_per_s * max(1.0, max(e for _, e in tier.efficiency.points))) if tier else 0.0
     best = math.inf
     for z in zeros:
         s = replace(strategy, zero=z, offload=())
@@ -140,7 +141,7 @@ def fitting_bound_s(graph, structure, facts, costs, cluster: Cluster, workload: 
             excess = mem["peak"] - usable
             if excess <= 0:
                 continue
-            if not offload or not tiers or excess > tiers[0].capacity_bytes:
+            if not offload or tier is None or excess > tier.capacity_bytes:
                 step = math.inf
                 break
             n = dense + expert
