@@ -215,6 +215,17 @@ def estimate(
                             param_pins=param_pins, memory_constraint=True, facts=facts, solver=solver)
         short = worst_shortfall(cluster, (s.memory_bytes for s in costs.stages), workload.execution)
     bd, step, offload = step_breakdown(costs, cluster, workload, strategy, m)
+    if strategy.tp > 1 and strategy.zero >= 3 and workload.mode == "train":
+        # the layout program leaves out what ZeRO-3 moves per micro-batch (each weight's gathers and gradient
+        # scatter, and the activations offload shares the links with): the layouts that weigh the weights'
+        # traffic too, if they make a faster step
+        alt = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
+                          param_pins=param_pins, memory_constraint=short is not None, facts=facts, solver=solver,
+                          weight_traffic=True)
+        alt_short = worst_shortfall(cluster, (s.memory_bytes for s in alt.stages), workload.execution)
+        alt_bd, alt_step, alt_offload = step_breakdown(alt, cluster, workload, strategy, m)
+        if (alt_short is None, -alt_step) > (short is None, -step):
+            costs, short, bd, step, offload = alt, alt_short, alt_bd, alt_step, alt_offload
 
     peak = cluster.device.peak_flops(workload.dtype)
     model_flops = 3.0 * costs.forward_flops_per_sample * workload.global_batch

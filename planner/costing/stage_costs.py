@@ -83,12 +83,16 @@ def stage_costs(
     param_pins: Mapping[str, int] | None = None,
     memory_constraint: bool = False,
     solver: str = "highs",
+    weight_traffic: bool = False,
 ) -> StageCosts:
     """Costs of each pipeline stage; `style` is the tensor-parallel layout space ('megatron' or 'free').
 
     With `memory_constraint`, the layouts are chosen under one HBM constraint per stage (slower layouts
     that fit); without it, the fastest layouts (`estimate` falls back to the constraint when those do
     not fit).
+
+    With `weight_traffic` (ZeRO-3), the layout program also charges each weight the data-parallel traffic its
+    stored shard costs a micro-batch (`add_weight_traffic`).
 
     Pass the same `facts` to score many strategies of one graph: the graph
     analysis, the problem skeleton per tensor-axis size and the solved
@@ -180,6 +184,9 @@ def stage_costs(
         ckey += (tuple(sorted(param_pins.items())),)
     if solver != "highs":
         ckey += (solver,)
+    weight_traffic = weight_traffic and training and strategy.zero >= 3 and strategy.dp * cp > 1
+    if weight_traffic:
+        ckey += ("weight_traffic", strategy.dp, strategy.zero)
     if t == 1:
         choice = tuple(0 for _ in problem.vars)
     elif ckey in facts.choices:
@@ -187,6 +194,9 @@ def stage_costs(
     else:
         if training:  # only the program reads them: a cached choice needs none
             add_optimizer_steps(problem, graph, facts, cluster, workload, t, *opt_key)
+        if weight_traffic:
+            gather = 1.0 if timer.fp8 and execution.fp8_all_gather else width
+            add_weight_traffic(problem, graph, facts, cluster, strategy, t, gather, execution.grad_bytes)
         allowed = residual_pins(graph, structure, problem, workload.seq_len, strategy.sp)
         pins = dict(param_pins or {})
         if space != "free":  # Megatron-Core keeps each MoE router whole on every tensor rank (TopKRouter)
@@ -336,5 +346,23 @@ def add_optimizer_steps(problem, graph: Graph, facts: GraphFacts, cluster: Clust
         problem.unary[v_i] = problem.unary[v_i] + rate * local
 
 
-__all__ = ["DTYPE_WIDTH", "StageCost", "StageCosts", "add_optimizer_steps", "assign_chunks", "even_split",
+def add_weight_traffic(problem, graph: Graph, facts: GraphFacts, cluster: Cluster, strategy: Strategy, t: int,
+                       gather_bytes: float, grad_bytes: float) -> None:
+    """ZeRO-3: charge each dense weight's strategies (in place) what its stored shard costs a micro-batch over
+    the data-parallel group: gathered for the forward and again for the backward, its gradient reduce-scattered
+    (`step_time.stage_step`), at full rate, as each byte more costs once that traffic fills the compute it
+    hides behind. The rate per parameter is taken at the size of all dense weights split t ways."""
+    dense = [(v_i, v) for v_i, v in enumerate(problem.vars) if v.param is not None and not facts.is_expert(v.param)]
+    total = sum(graph.tensors[v.param].numel * v.count for _, v in dense) / t
+    if total <= 0:
+        return
+    group = place_group(cluster, strategy.dp * strategy.cp, stride=t)
+    rate = (2.0 * all_gather_s(total * gather_bytes, group) + reduce_scatter_s(total * grad_bytes, group)) / total
+    for v_i, v in dense:
+        local = np.array([graph.tensors[v.param].numel * v.count / (t if s.outputs[0] >= 0 else 1)
+                          for s in v.strategies])
+        problem.unary[v_i] = problem.unary[v_i] + rate * local
+
+
+__all__ = ["DTYPE_WIDTH", "add_weight_traffic", "StageCost", "StageCosts", "add_optimizer_steps", "assign_chunks", "even_split",
            "stage_costs", "stage_memory", "working_copies"]
