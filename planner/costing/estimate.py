@@ -215,10 +215,10 @@ def estimate(
                             param_pins=param_pins, memory_constraint=True, facts=facts, solver=solver)
         short = worst_shortfall(cluster, (s.memory_bytes for s in costs.stages), workload.execution)
     bd, step, offload = step_breakdown(costs, cluster, workload, strategy, m)
-    if strategy.tp > 1 and strategy.zero >= 3 and workload.mode == "train":
+    if strategy.tp > 1 and strategy.zero >= 3 and workload.mode == "train" and bd["dp_comm"] + bd["offload"] > 0:
         # the layout program leaves out what ZeRO-3 moves per micro-batch (each weight's gathers and gradient
-        # scatter, and the activations offload shares the links with): the layouts that weigh the weights'
-        # traffic too, if they make a faster step
+        # scatter, and the activations offload shares the compute that hides them with); where some of it
+        # shows, the layouts that weigh the weights' traffic too, if they make a faster step
         alt = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
                           param_pins=param_pins, memory_constraint=short is not None, facts=facts, solver=solver,
                           weight_traffic=True)
