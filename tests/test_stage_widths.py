@@ -86,6 +86,17 @@ def test_stage_widths_keep_the_experts_folded():
     assert candidate_widths(Strategy(tp=2, pp=2, dp=4, ep=4), tp_limit=8) == [1, 2, 4]
 
 
+def test_a_stage_may_take_every_width_that_divides_the_replicas_ranks_and_the_heads():
+    """Not only half, equal or double the uniform width: a replica of 4 stages x TP4 has 16 tensor ranks, so a
+    stage may take 1, 2, 4 or 8 of them within an 8-device scale-up domain, where 64 heads divide; 12 heads
+    leave out 8; 3 of them leave 1; 6 stages x TP2 (12 ranks) offer 1, 2, 3, 4 and 6."""
+    s = Strategy(tp=4, pp=4, dp=2)
+    assert candidate_widths(s, tp_limit=8, heads=(64,)) == [1, 2, 4, 8]
+    assert candidate_widths(s, tp_limit=8, heads=(12,)) == [1, 2, 4]
+    assert candidate_widths(s, tp_limit=8, heads=(3,)) == [1]
+    assert candidate_widths(Strategy(tp=2, pp=6, dp=1), tp_limit=8, heads=(24,)) == [1, 2, 3, 4, 6]
+
+
 def test_strategy_checks_stage_widths():
     s = Strategy(tp=8, pp=3, dp=2, stage_tp=(4, 8, 4))
     assert s.devices == 32 and s.tp_of_stage(1) == 8 and "TP4+8+4" in s.short()

@@ -3,9 +3,9 @@
 A uniform pipeline gives every stage the same mesh, so the stage with the
 embedding or the vocabulary head, or a device count that does not factor
 into equal stages, leaves devices waiting on the slowest stage. Here each
-stage of one pipeline replica picks its own tensor-parallel width (half,
-equal or double the uniform one) and its layers, with the widths adding up
-to the replica's tensor ranks: `pipeline.unequal_split` solves that
+stage of one pipeline replica picks its own tensor-parallel width (any
+that divides the replica's tensor ranks and the heads) and its layers, with
+the widths adding up to the replica's tensor ranks: `pipeline.unequal_split` solves that
 exactly from per-layer costs measured at each width, and the planner then
 scores the cut like any other strategy.
 """
@@ -65,27 +65,31 @@ def width_costs(structure: Structure, costs: StageCosts, strategy: Strategy, tra
     )
 
 
-def candidate_widths(base: Strategy, tp_limit: int) -> list[int]:
-    """base.tp / 2, base.tp and 2 base.tp within `tp_limit`, each only if a stage of that width still folds the
-    experts: ep x etp must divide the stage's tp x cp x dp ranks (a narrower stage has fewer)."""
+def candidate_widths(base: Strategy, tp_limit: int, heads: tuple[int, ...] = ()) -> list[int]:
+    """Every width a stage may take: a divisor of the replica's tensor ranks (base.tp x base.pp) within
+    `tp_limit` that divides the attention heads and still folds the experts (ep x etp must divide the stage's
+    tp x cp x dp ranks: a narrower stage has fewer)."""
     def folds(w: int) -> bool:
         return (w * base.cp * base.dp) % (base.ep * (base.etp or w)) == 0
 
-    return sorted({w for w in (base.tp // 2, base.tp, 2 * base.tp) if 1 <= w <= tp_limit and folds(w)})
+    budget = base.tp * base.pp
+    return [w for w in range(1, min(budget, tp_limit) + 1)
+            if budget % w == 0 and folds(w) and all(h % w == 0 for h in heads)]
 
 
 def unequal_stage_strategies(structure: Structure, cluster: Cluster, workload: Workload, base: Strategy,
-                             costing: Costing, tp_limit: int, width: float) -> list[Strategy]:
+                             costing: Costing, tp_limit: int, width: float,
+                             heads: tuple[int, ...] = ()) -> list[Strategy]:
     """Strategies whose stages differ in width, one per stage count around `base.pp`; [] when none can.
 
-    Widths are base.tp / 2, base.tp and 2 base.tp (within `tp_limit`); the replica's tensor ranks
-    (base.tp x base.pp) are kept, so the data-parallel degree and micro-batches do not change.
+    Widths are every divisor of the replica's tensor ranks (base.tp x base.pp) that a stage can take
+    (`candidate_widths`); those ranks are kept, so the data-parallel degree and micro-batches do not change.
     """
     if base.pp < 2 or base.vpp > 1 or base.full_recompute_layers or base.stage_tp:
         return []
     training = workload.mode == "train"
     budget = base.tp * base.pp
-    widths = candidate_widths(base, tp_limit)
+    widths = candidate_widths(base, tp_limit, heads)
     if len(widths) < 2:
         return []
     per_width = {}
