@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cost_models import EfficiencyCurve, SpecError, load_cluster
@@ -37,9 +39,17 @@ def test_elementwise_ops_are_memory_bound_and_dtype_peaks_are_checked():
     assert t.bound == "memory"
     assert t.time_s == pytest.approx(4 * n / (3350e9 * c.memory_efficiency(4 * n)))
     assert t.compute_s == pytest.approx(5 * n / 67e12)
+    # the Ascend presets' vector peaks are their AI Vector cores' lanes at fp32 (bf16 elementwise math runs there):
+    # 48 AIV per die at 1.8 GHz (910B) or 1.85 GHz (910C), 64 fp32 lanes each, two dies per 910C
+    for name, cores, hz in (("ascend-910b", 48, 1.8e9), ("cloudmatrix384-die", 48, 1.85e9),
+                            ("cloudmatrix384", 96, 1.85e9)):
+        vector = load_cluster(name).device.vector_flops_per_s
+        assert vector == pytest.approx(cores * hz * 64, rel=0.01), name
     cm = load_cluster("cloudmatrix384")
-    assert cm.device.vector_flops_per_s is None
-    assert op_time(cm, 1e12, 1e6, kind="elementwise").compute_s == 0.0  # unknown vector peak: memory roof only
+    assert op_time(cm, 1e13, 1e6, kind="elementwise").bound == "compute"  # math-heavy on the vector units
+    assert op_time(cm, 1e8, 1e9, kind="elementwise").bound == "memory"  # a plain elementwise op: HBM
+    unknown = replace(cm, device=replace(cm.device, vector_flops_per_s=None))
+    assert op_time(unknown, 1e12, 1e6, kind="elementwise").compute_s == 0.0  # unknown vector peak: memory roof only
     assert op_time_s(c, 1e12, 0, dtype="fp8") < op_time_s(c, 1e12, 0, dtype="bf16")
     with pytest.raises(SpecError, match="A100-SXM4-80GB lists no fp8 peak; use one of"):
         op_time_s(load_cluster("dgx-a100"), 1e12, 0, dtype="fp8")
