@@ -236,6 +236,11 @@ def solve_intra_op_highs(
     edge variables form a transportation polytope with unit marginals, whose
     vertices are integral, and the summed-gradient variables sit at their
     lower bounds, so the relaxation of those costs nothing.
+
+    Presolve is off: these programs' relaxations are integral at the root as they are written, and HiGHS's
+    presolve cost more than the solve (deepseek-v3 on 384 CloudMatrix384 NPUs: 20 s of HiGHS for 34 programs
+    with it, 16 s without) or lost that integrality (llama3-405b on 64 of them with the Ascend vector peaks: five
+    programs of 1,886 branch-and-bound nodes and 15-17 s each, one node and under 1 s without it).
     """
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
@@ -332,7 +337,7 @@ def solve_intra_op_highs(
     with _native_stdout_silenced():
         res = milp(np.array(cost) * _NS, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
                    bounds=Bounds(lb, ub), options={"time_limit": float(time_limit_s), "node_limit": NODE_LIMIT,
-                                                   "disp": False, "mip_rel_gap": 1e-7})
+                                                   "disp": False, "mip_rel_gap": 1e-7, "presolve": False})
     if res.x is None:
         if res.status == 2:  # infeasible: no layout fits the memory budget
             raise Infeasible("no tensor layout fits the memory budget")
