@@ -237,11 +237,11 @@ def test_a_costing_restated_for_another_zero_level_and_offload_is_that_strategys
 
 def test_zero3_layouts_weigh_what_each_weight_moves_per_micro_batch():
     """The layout program prices one micro-batch's compute and tensor-axis traffic; under ZeRO-3 each weight's
-    stored shard is also gathered twice and its gradient scattered every micro-batch, and the activations
-    offloaded share the host links. On DeepSeek-V3's layers (MLA, 256 experts) at TP2 with ZeRO-3 and 90 % of
-    the activations offloaded, the plain program's layouts make a step 8.6 % slower than the layouts of the
-    program that also weighs each weight's traffic, which `estimate` keeps (the plan for deepseek-v3 on 72 GB200s
-    was 0.4 % slower than its own search's score of it before)."""
+    stored shard is also gathered twice and its gradient scattered every micro-batch. Where some of that shows,
+    `estimate` also solves the program that charges it (`weight_traffic`) and reports the faster of the two
+    layouts' steps. On DeepSeek-V3's layers (MLA, 256 experts) at TP2 with ZeRO-3 over 16 H100s (the weights
+    gathered over InfiniBand), the charged program's layouts make the step 12 % shorter; on 8 GB200s with one
+    sequence per micro-batch they make it longer, and the plain ones stay. Under ZeRO-1 nothing is charged."""
     from cost_models import load_cluster
     from planner.api import _graph_for_costing, make_workload
     from planner.costing.estimate import estimate
@@ -252,16 +252,21 @@ def test_zero3_layouts_weigh_what_each_weight_moves_per_micro_batch():
 
     graph = _graph_for_costing("deepseek-v3", 4096, None, {"layers": 4, "dense_layers": 1})
     st = discover_blocks(graph)
-    hw = load_cluster("gb200-nvl72", devices=8)
-    wl = make_workload("train", 32, 4096, "bf16", None)
-    s = Strategy(tp=2, dp=4, ep=4, etp=1, micro_batch=4, sp=True, zero=3, recompute="none",
-                 offload=(("activations", 0.9),),
-                 layouts="searched")
-    plain = stage_costs(graph, st, hw, wl, s)
-    weighed = stage_costs(graph, st, hw, wl, s, weight_traffic=True)
-    _, plain_s, _ = step_breakdown(plain, hw, wl, s, s.micro_batches(wl))
-    _, weighed_s, _ = step_breakdown(weighed, hw, wl, s, s.micro_batches(wl))
-    assert weighed_s < 0.95 * plain_s
-    assert estimate(graph, st, hw, wl, s).step_time_s == pytest.approx(weighed_s, rel=1e-12)
-    zero1 = Strategy(tp=2, dp=4, ep=4, micro_batch=4, sp=True, zero=1, layouts="searched")
-    assert stage_costs(graph, st, hw, wl, zero1, weight_traffic=True) == stage_costs(graph, st, hw, wl, zero1)
+    steps = {}
+    for cluster, n, mb, offload in (("dgx-h100", 16, 2, (("activations", 0.5),)), ("gb200-nvl72", 8, 1, ())):
+        hw = load_cluster(cluster, devices=n)
+        wl = make_workload("train", 4 * n, 4096, "bf16", None)
+        s = Strategy(tp=2, dp=n // 2, ep=4, etp=1, micro_batch=mb, sp=True, zero=3, recompute="none",
+                     offload=offload, layouts="searched")
+        plain = stage_costs(graph, st, hw, wl, s)
+        weighed = stage_costs(graph, st, hw, wl, s, weight_traffic=True)
+        plain_bd, plain_s, _ = step_breakdown(plain, hw, wl, s, s.micro_batches(wl))
+        _, weighed_s, _ = step_breakdown(weighed, hw, wl, s, s.micro_batches(wl))
+        assert plain_bd["dp_comm"] + plain_bd["offload"] > 0  # the traffic shows: estimate solves both
+        assert estimate(graph, st, hw, wl, s).step_time_s == pytest.approx(min(plain_s, weighed_s), rel=1e-12)
+        steps[cluster] = weighed_s / plain_s
+        if cluster == "gb200-nvl72":
+            zero1 = Strategy(tp=2, dp=4, ep=4, micro_batch=4, sp=True, zero=1, layouts="searched")
+            assert stage_costs(graph, st, hw, wl, zero1, weight_traffic=True) == stage_costs(graph, st, hw, wl,
+                                                                                             zero1)
+    assert steps["dgx-h100"] < 0.92 and steps["gb200-nvl72"] > 1.0, steps
