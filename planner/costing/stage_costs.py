@@ -328,41 +328,51 @@ def _unequal_stage_costs(graph: Graph, structure: Structure, cluster: Cluster, w
                       wide.block_params, wide.param_layouts)
 
 
+def _stored_shards(problem, graph: Graph, facts: GraphFacts, t: int) -> tuple[list, float]:
+    """The dense weights' vars, each with the parameters it stores per tensor rank under each of its strategies
+    (a weight left whole on the tensor axis stores all of it), and their total split t ways."""
+    dense = [(v_i, np.array([graph.tensors[v.param].numel * v.count / (t if s.outputs[0] >= 0 else 1)
+                             for s in v.strategies]))
+             for v_i, v in enumerate(problem.vars) if v.param is not None and not facts.is_expert(v.param)]
+    total = sum(graph.tensors[problem.vars[v_i].param].numel * problem.vars[v_i].count for v_i, _ in dense) / t
+    return dense, total
+
+
+def _charge(problem, dense: list, rate: float, share: float = 1.0) -> None:
+    """Add `rate` seconds per parameter to each dense weight's strategies (in place), on `share` of what each
+    stores."""
+    for v_i, local in dense:
+        problem.unary[v_i] = problem.unary[v_i] + rate * (local * share)
+
+
 def add_optimizer_steps(problem, graph: Graph, facts: GraphFacts, cluster: Cluster, workload: Workload, t: int,
                         zero_shards: int, micro_batches: int, offloaded: float) -> None:
     """Charge each dense weight's strategies their share of the optimizer step (in place): the step over the
     shard they store (a weight left whole on the tensor axis is updated on every rank of it) over the step's
     micro-batches, as the program's other costs are one micro-batch's. The cost per parameter is taken at
     the size of all dense weights split t ways (`optimizer_step_s` is nearly linear there)."""
-    dense = [(v_i, v) for v_i, v in enumerate(problem.vars) if v.param is not None and not facts.is_expert(v.param)]
+    dense, total = _stored_shards(problem, graph, facts, t)
     kept = (1 - offloaded) / zero_shards
-    total = sum(graph.tensors[v.param].numel * v.count for _, v in dense) / t * kept
+    total *= kept
     if total <= 0:
         return
-    rate = optimizer_step_s(cluster, workload, total) / total / micro_batches
-    for v_i, v in dense:
-        local = np.array([graph.tensors[v.param].numel * v.count / (t if s.outputs[0] >= 0 else 1)
-                          for s in v.strategies]) * kept
-        problem.unary[v_i] = problem.unary[v_i] + rate * local
+    _charge(problem, dense, optimizer_step_s(cluster, workload, total) / total / micro_batches, kept)
 
 
 def add_weight_traffic(problem, graph: Graph, facts: GraphFacts, cluster: Cluster, strategy: Strategy, t: int,
                        gather_bytes: float, grad_bytes: float) -> None:
     """ZeRO-3: charge each dense weight's strategies (in place) what its stored shard costs a micro-batch over
     the data-parallel group: gathered for the forward and again for the backward, its gradient reduce-scattered
-    (`step_time.stage_step`), at full rate, as each byte more costs once that traffic fills the compute it
-    hides behind. The rate per parameter is taken at the size of all dense weights split t ways."""
-    dense = [(v_i, v) for v_i, v in enumerate(problem.vars) if v.param is not None and not facts.is_expert(v.param)]
-    total = sum(graph.tensors[v.param].numel * v.count for _, v in dense) / t
+    (`step_time.stage_step`, which this module cannot import), at full rate, as each byte more costs once that
+    traffic fills the compute it hides behind. The rate per parameter is taken at the size of all dense weights
+    split t ways."""
+    dense, total = _stored_shards(problem, graph, facts, t)
     if total <= 0:
         return
     group = place_group(cluster, strategy.dp * strategy.cp, stride=t)
-    rate = (2.0 * all_gather_s(total * gather_bytes, group) + reduce_scatter_s(total * grad_bytes, group)) / total
-    for v_i, v in dense:
-        local = np.array([graph.tensors[v.param].numel * v.count / (t if s.outputs[0] >= 0 else 1)
-                          for s in v.strategies])
-        problem.unary[v_i] = problem.unary[v_i] + rate * local
+    _charge(problem, dense,
+            (2.0 * all_gather_s(total * gather_bytes, group) + reduce_scatter_s(total * grad_bytes, group)) / total)
 
 
-__all__ = ["DTYPE_WIDTH", "add_weight_traffic", "StageCost", "StageCosts", "add_optimizer_steps", "assign_chunks", "even_split",
-           "stage_costs", "stage_memory", "working_copies"]
+__all__ = ["DTYPE_WIDTH", "StageCost", "StageCosts", "add_optimizer_steps", "add_weight_traffic", "assign_chunks",
+           "even_split", "stage_costs", "stage_memory", "working_copies"]

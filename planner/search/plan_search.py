@@ -364,8 +364,7 @@ class _Search:
             for s in unequal_stage_strategies(self.structure, self.cluster, self.workload, cand.strategy,
                                               self.scorer.costs, limit, DTYPE_WIDTH.get(self.workload.dtype, 2.0),
                                               tuple(self.shape.heads)):
-                if self.c.allows(s, experts=bool(self.shape.experts), inout=self.shape.inout) and all(
-                        h % t == 0 for h in self.shape.heads for t in s.stage_tp):
+                if self.c.allows(s, experts=bool(self.shape.experts), inout=self.shape.inout):
                     self._score(s)
 
 

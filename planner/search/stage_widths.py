@@ -5,9 +5,9 @@ embedding or the vocabulary head, or a device count that does not factor
 into equal stages, leaves devices waiting on the slowest stage. Here each
 stage of one pipeline replica picks its own tensor-parallel width (any
 that divides the replica's tensor ranks and the heads) and its layers, with
-the widths adding up to the replica's tensor ranks: `pipeline.unequal_split` solves that
-exactly from per-layer costs measured at each width, and the planner then
-scores the cut like any other strategy.
+the widths adding up to the replica's tensor ranks: `pipeline.unequal_split`
+solves that exactly from per-layer costs measured at each width, and the
+planner then scores the cut like any other strategy.
 """
 
 from __future__ import annotations
