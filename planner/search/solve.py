@@ -22,10 +22,12 @@ from typing import Mapping
 import numpy as np
 
 from planner.errors import Infeasible, SolverTimeout
-from planner.search.charges import group_program, hide_caps, pair_costs, self_costs, total_cost
+from planner.search.charges import HIDDEN_CHARGE, group_program, hide_caps, pair_costs, self_costs, total_cost
 from planner.search.intra_op import IntraOpProblem
 
 _NS = 1e9
+#: CP-SAT's integer unit: a nanosecond over `HIDDEN_CHARGE`, so that what a hidden nanosecond saves is an integer.
+_TICKS = _NS / HIDDEN_CHARGE
 #: The solvers' own stops, counted in work so that the same problem gets the same answer on any machine: HiGHS's
 #: branch-and-bound nodes, CP-SAT's deterministic time (its count of work, in its "seconds"). The zoo's layer
 #: problems prove optimal in a few hundred nodes; a problem stopped here says so in its gap.
@@ -144,7 +146,7 @@ def solve_intra_op_cpsat(
             model.Add(sum(e[i][j] for i in range(m.shape[0])) == x[b][j])
         for i in range(m.shape[0]):
             for j in range(m.shape[1]):
-                c = int(round(m[i, j] * _NS))
+                c = int(round(m[i, j] * _TICKS))
                 if c:
                     terms.append((e[i][j], c))
     # read-by-many tensors: one move per distinct layout asked (forward), one per distinct gradient layout;
@@ -158,7 +160,7 @@ def solve_intra_op_cpsat(
             for v, s_i in askers:
                 model.AddImplication(x[v][s_i], z)
             for su_i, by in sorted(per_producer.items()):
-                c = int(round(sum(by.values()) * _NS))
+                c = int(round(sum(by.values()) * _TICKS))
                 if c:
                     w = model.NewBoolVar(f"w{src}_{out}_{d_i}_{su_i}")
                     model.Add(w >= z + x[src][su_i] - 1)
@@ -172,13 +174,13 @@ def solve_intra_op_cpsat(
                 continue
             h = model.NewIntVar(0, most, f"h{src}_{out}_{coll}_{backward}")
             model.Add(h <= sum(c * w for w, c in parts))
-            terms.append((h, -1))
+            terms.append((h, -round(_TICKS / _NS * (1.0 - HIDDEN_CHARGE))))
     # objective: compute per op plus resharding per edge
     for v in range(n):
         base = float(unary[v].min())
         const += base
         for s, c in enumerate(unary[v]):
-            ci = int(round((c - base) * _NS))
+            ci = int(round((c - base) * _TICKS))
             if ci:
                 terms.append((x[v][s], ci))
     for mem in problem.memory if problem.memory_budget is not None else ():  # each stage fits (KiB)
@@ -204,7 +206,7 @@ def solve_intra_op_cpsat(
     choice = tuple(next(s for s in range(len(x[v])) if solver.Value(x[v][s])) for v in range(n))
     cost = total_cost(problem, choice)
     obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
-    gap = 0.0 if status == cp_model.OPTIMAL else max(0.0, (obj - bound) / (obj + const * _NS or 1.0))
+    gap = 0.0 if status == cp_model.OPTIMAL else max(0.0, (obj - bound) / (obj + const * _TICKS or 1.0))
     return Solution(choice, cost, status == cp_model.OPTIMAL, gap, time.perf_counter() - t0)
 
 
@@ -237,10 +239,18 @@ def solve_intra_op_highs(
     vertices are integral, and the summed-gradient variables sit at their
     lower bounds, so the relaxation of those costs nothing.
 
-    Presolve is off: these programs' relaxations are integral at the root as they are written, and HiGHS's
-    presolve cost more than the solve (deepseek-v3 on 384 CloudMatrix384 NPUs: 20 s of HiGHS for 34 programs
-    with it, 16 s without) or lost that integrality (llama3-405b on 64 of them with the Ascend vector peaks: five
-    programs of 1,886 branch-and-bound nodes and 15-17 s each, one node and under 1 s without it).
+    A tensor read by several ops pays each producer-to-layout conversion once if any reader asks that
+    layout (z >= each asking one-hot): the conversion w_s of producer strategy s is at most x_s, and the ws
+    together are at least z + sum_s x_s - 1 (one row for all of them; one row per s, w_s >= z + x_s - 1, is
+    the same at integer points and much looser between them). On deepseek-v3 on 384 CloudMatrix384 NPUs the
+    root relaxation went from 21-29 % below the optimum to 10-19 %, and HiGHS's 34 programs from 15 s to 7 s
+    (each closes at the root either way). Aggregating a reader's asking strategies into one row (valid, and
+    tighter still) made one program run past ten minutes: it is not done.
+
+    Presolve is off: HiGHS's presolve cost more than the solve (deepseek-v3 on 384 CloudMatrix384 NPUs: 20 s of
+    HiGHS for 34 programs with it, 16 s without) or turned one-node solves into long searches (llama3-405b on 64
+    of them with the Ascend vector peaks: five programs of 1,886 branch-and-bound nodes and 15-17 s each, one
+    node and under 1 s without it).
     """
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
@@ -300,17 +310,21 @@ def solve_intra_op_highs(
             z = new_var(0.0)
             for v, s_i in askers:
                 row([(x[v][s_i], 1.0), (z, -1.0)], -np.inf, 0.0)
+            paid = []
             for su_i, by in sorted(per_producer.items()):
                 w = new_var(sum(by.values()))
-                row([(z, 1.0), (x[src][su_i], 1.0), (w, -1.0)], -np.inf, 1.0)
+                row([(w, 1.0), (x[src][su_i], -1.0)], -np.inf, 0.0)
+                paid += [(w, 1.0), (x[src][su_i], -1.0)]
                 for key, sec in by.items():
                     offered.setdefault(key, []).append((w, problem.overlap_share * sec))
+            if paid:
+                row(paid + [(z, -1.0)], -1.0, np.inf)
         caps = hide_caps(problem, prog)
         for key, parts in sorted(offered.items()):
             most = caps.get(key, 0.0) * _NS
             if most <= 0:
                 continue
-            h = new_var(-1.0 / _NS)  # in nanoseconds, like the objective, for well-scaled rows
+            h = new_var(-(1.0 - HIDDEN_CHARGE) / _NS)  # in nanoseconds, like the objective, for well-scaled rows
             hides[h] = most
             row([(h, 1.0)] + [(w, -sec * _NS) for w, sec in parts], -np.inf, 0.0)
     for v in range(n):
