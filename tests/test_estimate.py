@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -230,7 +231,9 @@ def test_a_costing_restated_for_another_zero_level_and_offload_is_that_strategys
             exact = stage_costs(graph, st, hw, wl, other, facts=facts)
             restated = with_states(first, other, wl)
             assert [s.memory_bytes for s in restated.stages] == [s.memory_bytes for s in exact.stages]
-            assert restated == exact
+            # the layouts themselves may be another of equal cost (the router's two splits tie exactly here, and
+            # the optimizer charge of each ZeRO level breaks the tie its own way): every time and byte agrees
+            assert replace(restated, layouts={}, param_layouts={}) == replace(exact, layouts={}, param_layouts={})
             compared.add(round(max(s.memory_bytes["peak"] for s in exact.stages)))
     assert len(compared) >= 10  # the variants keep different memory: the restatement had something to do
 
@@ -239,9 +242,10 @@ def test_zero3_layouts_weigh_what_each_weight_moves_per_micro_batch():
     """The layout program prices one micro-batch's compute and tensor-axis traffic; under ZeRO-3 each weight's
     stored shard is also gathered twice and its gradient scattered every micro-batch. Where some of that shows,
     `estimate` also solves the program that charges it (`weight_traffic`) and reports the faster of the two
-    layouts' steps. On DeepSeek-V3's layers (MLA, 256 experts) at TP2 with ZeRO-3 over 16 H100s (the weights
-    gathered over InfiniBand), the charged program's layouts make the step 12 % shorter; on 8 GB200s with one
-    sequence per micro-batch they make it longer, and the plain ones stay. Under ZeRO-1 nothing is charged."""
+    layouts' steps. On DeepSeek-V3's layers (MLA, 256 experts) at TP2 with ZeRO-3 over 16 H100s and 8 GB200s,
+    layouts that tie on exposed time used to be broken either way, 12 % apart in step on the H100s; the program
+    now charges hidden traffic a little (`charges.HIDDEN_CHARGE`, it fills the window ZeRO-3's gathers share)
+    and its layouts come out as good as the charged program's. Under ZeRO-1 nothing is charged."""
     from cost_models import load_cluster
     from planner.api import _graph_for_costing, make_workload
     from planner.costing.estimate import estimate
@@ -264,9 +268,9 @@ def test_zero3_layouts_weigh_what_each_weight_moves_per_micro_batch():
         _, weighed_s, _ = step_breakdown(weighed, hw, wl, s, s.micro_batches(wl))
         assert plain_bd["dp_comm"] + plain_bd["offload"] > 0  # the traffic shows: estimate solves both
         assert estimate(graph, st, hw, wl, s).step_time_s == pytest.approx(min(plain_s, weighed_s), rel=1e-12)
-        steps[cluster] = weighed_s / plain_s
+        steps[cluster] = plain_s / weighed_s
         if cluster == "gb200-nvl72":
             zero1 = Strategy(tp=2, dp=4, ep=4, micro_batch=4, sp=True, zero=1, layouts="searched")
             assert stage_costs(graph, st, hw, wl, zero1, weight_traffic=True) == stage_costs(graph, st, hw, wl,
                                                                                              zero1)
-    assert steps["dgx-h100"] < 0.92 and steps["gb200-nvl72"] > 1.0, steps
+    assert all(r <= 1.0 + 1e-9 for r in steps.values()), steps
