@@ -45,6 +45,10 @@ class GraphFacts:
         self.layer_inputs = {b.name: layer_inputs(graph, set(b.nodes), self.grad) for b in structure.blocks if b.is_layer}
         self.skeletons: dict = {}
         self.choices: dict = {}
+        #: Priced layout programs and their vars' seconds under a choice, per tensor-axis costing
+        #: (`stage_costs.tensor_axis_key`): strategies that differ only where the program does not look share them.
+        self.priced: dict = {}
+        self.var_seconds: dict = {}
         #: The planner sets this: layouts solved for one micro-batch and recompute policy are reused for the
         #: others of the same tensor axis (the final plan is re-estimated with its own solve).
         self.reuse_layouts = False

@@ -10,6 +10,7 @@ stage sums its blocks. `step_time` turns these into a step.
 
 from __future__ import annotations
 
+from copy import copy
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
@@ -143,29 +144,20 @@ def stage_costs(
     node_keys, param_keys = facts.node_keys, facts.param_keys
     space = ("megatron_sp" if strategy.sp else "megatron") if style == "megatron" else style
     skey = (t, space, training)
-    if skey not in facts.skeletons:
-        skel = build_skeleton(graph, node_keys, param_keys, t, training, space, grad)
-        if training:  # inputs a contraction keeps for its backward are gathered again there (`keeps_input`)
-            skel = replace(skel, regather=tuple(keeps_input(graph, skel.vars[e[2]].node, e[3], grad)
-                                                for e in skel.edges))
-        facts.skeletons[skey] = skel
-    skel = facts.skeletons[skey]
-    # forward-equivalents per node: 1 + its backward over its forward (at the tensor split) + a recomputed forward
-    passes = (1 + again).astype(float)
-    if training:
-        for v_i, v in enumerate(skel.vars):
-            if v.node is not None:
-                fwd = timer.forward(v.node, t)
-                passes[skel.members[v_i]] += timer.backward(v.node, t) / fwd if fwd > 0 else 0.0
-    problem = price(skel, lambda i, s: timer.forward(i, t if s.split else 1), passes, comm_time, tensor_bytes,
-                    1 + again)
-    detached = {v_i for v_i, v in enumerate(problem.vars) if v.node is not None and facts.in_routed[v.node]}
-    detach(problem, detached)
-    # TP overlap: the stack hides sequence-parallel gathers and scatters behind the GEMMs next to them
-    problem.overlap = cluster.dp_overlap_efficiency if (execution.overlap_tp_comm and strategy.sp and training) else 0.0
-    if problem.overlap:
-        problem.overlap_share = execution.tp_overlap_share
-        problem.gemm = gemm_windows(problem, timer, t)
+    # the program and its vars' seconds depend on the tensor axis, the micro-batch, the context degree and which
+    # nodes run again, not on the expert degrees (the routed experts are detached) or the pipeline
+    tkey = (skey, strategy.sp, cp, strategy.micro_batch, workload.seq_len, workload.dtype, execution, cluster,
+            again.tobytes())
+    if tkey not in facts.priced:
+        if skey not in facts.skeletons:
+            skel = build_skeleton(graph, node_keys, param_keys, t, training, space, grad)
+            if training:  # inputs a contraction keeps for its backward are gathered again there (`keeps_input`)
+                skel = replace(skel, regather=tuple(keeps_input(graph, skel.vars[e[2]].node, e[3], grad)
+                                                    for e in skel.edges))
+            facts.skeletons[skey] = skel
+        facts.priced[tkey] = _priced(facts, facts.skeletons[skey], timer, t, again, training, comm_time,
+                                     tensor_bytes, cluster, execution, strategy.sp)
+    problem, detached = facts.priced[tkey]
     # a weight's layout sets the optimizer's work on it, once a step: a micro-batch's share of the step over its
     # shard (layouts reused across micro-batch and ZeRO choices, `reuse_layouts`, take it unsharded, per step)
     opt_key = (1, 1, 0.0)
@@ -192,6 +184,8 @@ def stage_costs(
     elif ckey in facts.choices:
         choice, gap = facts.choices[ckey]
     else:
+        problem = copy(problem)  # the shared priced program stays as priced: this solve's charges go on a copy
+        problem.unary = list(problem.unary)
         if training:  # only the program reads them: a cached choice needs none
             add_optimizer_steps(problem, graph, facts, cluster, workload, t, *opt_key)
         if weight_traffic:
@@ -225,9 +219,13 @@ def stage_costs(
             sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed, backend=solver)
         choice, gap = sol.choice, sol.gap
         facts.choices[ckey] = (choice, gap)
+        problem = facts.priced[tkey][0]
 
     # -- time per block ----------------------------------------------------------------------------
-    parts_of_var = var_parts(problem, choice, timer, t, again, training, detached)
+    vkey = (tkey, choice)
+    if vkey not in facts.var_seconds:
+        facts.var_seconds[vkey] = var_parts(problem, choice, timer, t, again, training, detached)
+    parts_of_var = facts.var_seconds[vkey]
     bad = [v_i for v_i, vp in enumerate(parts_of_var) if vp.tp_kinds.get("impossible")] if param_pins else []
     if bad:
         node = graph.nodes[problem.vars[bad[0]].node]
@@ -305,6 +303,29 @@ def stage_costs(
     return StageCosts(tuple(stages), facts.model_flops_per_sample(),
                       layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block), block_params,
                       param_layout)
+
+
+def _priced(facts: GraphFacts, skel, timer: NodeTimes, t: int, again: np.ndarray, training: bool, comm_time,
+            tensor_bytes, cluster: Cluster, execution, sp: bool):
+    """The layout program of one tensor-axis costing, priced, with the routed experts detached and the TP
+    overlap windows set: (problem, detached vars)."""
+    # forward-equivalents per node: 1 + its backward over its forward (at the tensor split) + a recomputed forward
+    passes = (1 + again).astype(float)
+    if training:
+        for v_i, v in enumerate(skel.vars):
+            if v.node is not None:
+                fwd = timer.forward(v.node, t)
+                passes[skel.members[v_i]] += timer.backward(v.node, t) / fwd if fwd > 0 else 0.0
+    problem = price(skel, lambda i, s: timer.forward(i, t if s.split else 1), passes, comm_time, tensor_bytes,
+                    1 + again)
+    detached = {v_i for v_i, v in enumerate(problem.vars) if v.node is not None and facts.in_routed[v.node]}
+    detach(problem, detached)
+    # TP overlap: the stack hides sequence-parallel gathers and scatters behind the GEMMs next to them
+    problem.overlap = cluster.dp_overlap_efficiency if (execution.overlap_tp_comm and sp and training) else 0.0
+    if problem.overlap:
+        problem.overlap_share = execution.tp_overlap_share
+        problem.gemm = gemm_windows(problem, timer, t)
+    return problem, detached
 
 
 def _unequal_stage_costs(graph: Graph, structure: Structure, cluster: Cluster, workload: Workload,

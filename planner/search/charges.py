@@ -105,8 +105,10 @@ class GroupProgram:
     windows: dict[bool, float]
 
 
-def group_program(problem: IntraOpProblem, src: int, out: int, idx: Sequence[int]) -> GroupProgram:
-    """The demands and windows of the tensor that output `out` of var `src` hands to the edges `idx`."""
+def group_program(problem: IntraOpProblem, src: int, out: int, idx: Sequence[int],
+                  producer: int | None = None) -> GroupProgram:
+    """The demands and windows of the tensor that output `out` of var `src` hands to the edges `idx` (with
+    `producer`, the seconds of that producer strategy only)."""
     readers = [problem.edges[k] for k in idx]
     nbytes = readers[0].nbytes
     fwd_share = 1 / max(1, max(e.fwd_times / e.times for e in readers))
@@ -116,6 +118,8 @@ def group_program(problem: IntraOpProblem, src: int, out: int, idx: Sequence[int
         passes = max(p for _, _, p in options)
         per_producer = {}
         for su_i, su in enumerate(problem.vars[src].strategies):
+            if producer is not None and su_i != producer:
+                continue
             by: dict[tuple[str, bool], float] = defaultdict(float)
             for kind, sec in demand_cost(problem, src, direction, layout, su.outputs[out], nbytes, passes).items():
                 _split_passes(problem, kind, sec, fwd_share, regather, by)
@@ -143,7 +147,7 @@ def hide_caps(problem: IntraOpProblem, prog: GroupProgram) -> dict[tuple[str, bo
 def group_charges(problem: IntraOpProblem, src: int, out: int, idx: Sequence[int],
                   choice: Sequence[int]) -> list[Charge]:
     """The charges of a read-by-many tensor under an assignment."""
-    prog = group_program(problem, src, out, idx)
+    prog = group_program(problem, src, out, idx, choice[src])
     by: dict[tuple[str, bool], float] = defaultdict(float)
     for askers, per_producer in prog.demands:
         if any(choice[v] == s for v, s in askers):
