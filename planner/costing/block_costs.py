@@ -44,6 +44,11 @@ class Parts:
         return (self.forward + self.backward + self.recompute + self.tp_fwd + self.tp_bwd + self.cp_fwd
                 + self.cp_bwd + self.ep_fwd + self.ep_bwd)
 
+    def copy(self) -> "Parts":
+        out = Parts()
+        out.add(self)
+        return out
+
     def add(self, o: "Parts", k: float = 1.0) -> None:
         """Add k times `o`: every seconds field, and the collectives by kind."""
         self.forward += k * o.forward

@@ -96,16 +96,21 @@ def add_expert_exchange(facts, cluster: Cluster, strategy: Strategy, execution: 
     ep_spans = place_group(cluster, ep * etp, stride=1) if flex else (
         place_group(cluster, ep, stride=etp) if ep > 1 else ())
     etp_spans = place_group(cluster, etp, stride=1) if etp > 1 and not flex else ()
+    seconds: dict[tuple, float] = {}  # the layers of a model mostly share their shapes: each exchange timed once
     for name, f in facts.moe.items():
         tokens = f.tokens * batch_share / (cp * t)  # this rank's tokens per micro-batch
         token_bytes = f.hidden * width
-        outer, ranks = destinations(f.top_k, f.experts, ep, ep_spans, execution, etp if flex else 1) \
-            if ep_spans else (None, None)
-        one_way = exchange_s(tokens, f.top_k, token_bytes, ep_spans, hierarchical, outer, ranks) if ep_spans else 0.0
-        fwd = 2.0 * one_way  # dispatch, then combine
-        if etp_spans:
-            pairs = tokens * f.top_k * token_bytes * etp  # the expert-tensor group's routed tokens, gathered
-            fwd += all_gather_s(pairs, etp_spans) + reduce_scatter_s(pairs, etp_spans)
+        shape = (tokens, f.top_k, f.experts, token_bytes)
+        if shape not in seconds:
+            outer, ranks = destinations(f.top_k, f.experts, ep, ep_spans, execution, etp if flex else 1) \
+                if ep_spans else (None, None)
+            one_way = exchange_s(tokens, f.top_k, token_bytes, ep_spans, hierarchical, outer, ranks) \
+                if ep_spans else 0.0
+            seconds[shape] = 2.0 * one_way  # dispatch, then combine
+            if etp_spans:
+                pairs = tokens * f.top_k * token_bytes * etp  # the expert-tensor group's routed tokens, gathered
+                seconds[shape] += all_gather_s(pairs, etp_spans) + reduce_scatter_s(pairs, etp_spans)
+        fwd = seconds[shape]
         p = block_parts[name]
         again = reruns_exchange(policy.get(name, "none"), execution)
         p.ep_fwd += fwd

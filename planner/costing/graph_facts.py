@@ -45,7 +45,7 @@ class GraphFacts:
         self.layer_inputs = {b.name: layer_inputs(graph, set(b.nodes), self.grad) for b in structure.blocks if b.is_layer}
         self.skeletons: dict = {}
         self.choices: dict = {}
-        #: Priced layout programs and their vars' seconds under a choice, per tensor-axis costing
+        #: Priced layout programs and their vars' and blocks' seconds under a choice, per tensor-axis costing
         #: (`stage_costs.tensor_axis_key`): strategies that differ only where the program does not look share them.
         self.priced: dict = {}
         self.var_seconds: dict = {}

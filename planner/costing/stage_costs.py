@@ -224,8 +224,9 @@ def stage_costs(
     # -- time per block ----------------------------------------------------------------------------
     vkey = (tkey, choice)
     if vkey not in facts.var_seconds:
-        facts.var_seconds[vkey] = var_parts(problem, choice, timer, t, again, training, detached)
-    parts_of_var = facts.var_seconds[vkey]
+        by_var = var_parts(problem, choice, timer, t, again, training, detached)
+        facts.var_seconds[vkey] = by_var, block_parts(structure, problem, by_var)
+    parts_of_var, shared = facts.var_seconds[vkey]
     bad = [v_i for v_i, vp in enumerate(parts_of_var) if vp.tp_kinds.get("impossible")] if param_pins else []
     if bad:
         node = graph.nodes[problem.vars[bad[0]].node]
@@ -233,7 +234,7 @@ def stage_costs(
         raise InvalidInput(f"op {node.name!r} cannot read the declared layout of {read[0]} in the {space!r} "
                            "tensor-axis layout space (a stored weight would move, or a split become a pending sum); "
                            "declare the layout the estimator chose, or set layouts.space to searched")
-    parts_of_block = block_parts(structure, problem, parts_of_var)
+    parts_of_block = {name: p.copy() for name, p in shared.items()}  # the expert and context terms go on copies
     add_routed(facts, timer, t, again, training, parts_of_block)
     layout_of_output = Layouts(facts, problem, choice)
     add_context_exchange(facts, structure, cluster, strategy, execution, timer, tensor_bytes, layout_of_output,
