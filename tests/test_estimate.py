@@ -238,6 +238,37 @@ def test_a_costing_restated_for_another_zero_level_and_offload_is_that_strategys
     assert len(compared) >= 10  # the variants keep different memory: the restatement had something to do
 
 
+def test_a_costing_through_the_shared_programs_is_a_fresh_costing():
+    """A search shares one priced layout program (and its vars' seconds) between the strategies that differ only
+    where the program does not look: expert degrees, pipeline, ZeRO (`GraphFacts.priced`). Costed in sequence on
+    shared facts, each strategy must cost exactly what it costs on facts of its own, or the cache key misses
+    something the program depends on."""
+    from cost_models import load_cluster
+    from planner.api import _graph_for_costing, make_workload
+    from planner.costing.graph_facts import GraphFacts
+    from planner.costing.stage_costs import stage_costs
+    from planner.graph.blocks import discover_blocks
+    from planner.strategy import Strategy
+
+    graph = _graph_for_costing("mixtral-8x7b", 1024, None, dict(layers=4, hidden=512, heads=8, kv_heads=2, vocab=8000))
+    st = discover_blocks(graph)
+    shared = GraphFacts(graph, st)
+    hw = load_cluster("dgx-h100", devices=16)
+    wl = make_workload("train", 32, 1024, "bf16", None)
+    strategies = [Strategy(tp=2, pp=pp, dp=8 // pp, ep=ep, micro_batch=mb, sp=True, recompute=rc, zero=z,
+                           layouts="searched")
+                  for pp, ep, mb, rc, z in ((1, 2, 2, "none", 1), (1, 4, 2, "none", 1), (2, 2, 2, "none", 3),
+                                            (2, 4, 1, "selective", 1), (1, 8, 2, "full", 0), (2, 2, 1, "full", 3),
+                                            (1, 2, 2, "none", 1))]
+    seen = set()
+    for s in strategies:
+        once = stage_costs(graph, st, hw, wl, s, facts=shared)
+        fresh = stage_costs(graph, st, hw, wl, s, facts=GraphFacts(graph, st))
+        assert once == fresh, s
+        seen.add(round(sum(x.forward_s + x.backward_s for x in once.stages), 9))
+    assert len(shared.priced) < len(strategies) and len(seen) >= 5  # programs were shared; the strategies differ
+
+
 def test_zero3_layouts_weigh_what_each_weight_moves_per_micro_batch():
     """The layout program prices one micro-batch's compute and tensor-axis traffic; under ZeRO-3 each weight's
     stored shard is also gathered twice and its gradient scattered every micro-batch. Where some of that shows,
