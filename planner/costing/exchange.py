@@ -46,6 +46,31 @@ from planner.search.space import REPLICATED
 from planner.strategy import Strategy
 
 
+def attention_cores(facts, structure: Structure, flash: bool) -> dict[str, list[tuple[tuple[int, ...], tuple]]]:
+    """Per block, its attention cores as (the nodes whose times are the core's windows, the K and V tensors as
+    stored): a flash kernel's anchor, or an unfused core's ops (found once per graph and kernel kind)."""
+    key = ("attention_cores", flash)
+    if key in facts.derived:
+        return facts.derived[key]
+    graph = facts.graph
+    out: dict[str, list[tuple[tuple[int, ...], tuple]]] = {}
+    for blk in structure.blocks:
+        cores = []
+        if flash:
+            for r in {facts.region_of[i].anchor: facts.region_of[i] for i in blk.nodes if i in facts.region_of}.values():
+                cores.append(((r.anchor,), (facts.roots.get(r.k, r.k), facts.roots.get(r.v, r.v))))  # GQA: as stored
+        else:
+            ops = tuple(i for i in blk.nodes if i in facts.core)
+            kv = tuple(graph.nodes[i].inputs[1] for i in ops if graph.nodes[i].op_type in ("MatMul", "Einsum")
+                       and not any(x in facts.params for x in graph.nodes[i].inputs))
+            if kv:
+                cores.append((ops, kv))
+        if cores:
+            out[blk.name] = cores
+    facts.derived[key] = out
+    return out
+
+
 def add_context_exchange(facts, structure: Structure, cluster: Cluster, strategy: Strategy, execution: Execution,
                          timer, tensor_bytes, layout, policy, block_parts: dict[str, Parts]) -> None:
     """K/V ring of each attention core, per micro-batch, into the blocks' `cp_fwd` / `cp_bwd`."""
@@ -53,36 +78,23 @@ def add_context_exchange(facts, structure: Structure, cluster: Cluster, strategy
     if cp <= 1:
         return
     spans = place_group(cluster, cp, stride=t)
-    graph = facts.graph
-    flash = execution.attention == "flash"
     shard = lambda x: tensor_bytes(x) / (t if layout.get(x, REPLICATED) >= 0 else 1)  # noqa: E731
-    for blk in structure.blocks:
-        cores = []  # (K and V tensors, forward window, backward window)
-        if flash:
-            for r in {facts.region_of[i].anchor: facts.region_of[i] for i in blk.nodes if i in facts.region_of}.values():
-                kv = (facts.roots.get(r.k, r.k), facts.roots.get(r.v, r.v))  # as stored: GQA's heads not repeated
-                cores.append((kv, timer.forward(r.anchor, t), timer.backward(r.anchor, t)))
-        else:
-            kv, fwd, bwd = [], 0.0, 0.0
-            for i in blk.nodes:
-                if i not in facts.core:
-                    continue
-                n = graph.nodes[i]
-                fwd += timer.forward(i, t)
-                bwd += timer.backward(i, t)
-                if n.op_type in ("MatMul", "Einsum") and not any(x in facts.params for x in n.inputs):
-                    kv.append(n.inputs[1])
-            if kv:
-                cores.append((tuple(kv), fwd, bwd))
-        p = block_parts[blk.name]
-        for kv, fwd_window, bwd_window in cores:
+    hide = execution.overlap_cp_comm
+    seconds: dict[tuple, tuple[float, float]] = {}  # tied layers share their cores' shapes: each timed once
+    for name, cores in attention_cores(facts, structure, execution.attention == "flash").items():
+        p = block_parts[name]
+        for ops, kv in cores:
             moved = sum(shard(x) for x in kv if x) * cp
-            ag, rs = all_gather_s(moved, spans), reduce_scatter_s(moved, spans)
-            hide = execution.overlap_cp_comm
-            f = max(0.0, ag - fwd_window) if hide else ag
-            b = max(0.0, ag + rs - bwd_window) if hide else ag + rs
+            shape = (tuple(facts.node_keys[i] for i in ops), moved)
+            if shape not in seconds:
+                fwd_window = sum(timer.forward(i, t) for i in ops)
+                bwd_window = sum(timer.backward(i, t) for i in ops)
+                ag, rs = all_gather_s(moved, spans), reduce_scatter_s(moved, spans)
+                seconds[shape] = ((max(0.0, ag - fwd_window), max(0.0, ag + rs - bwd_window)) if hide
+                                  else (ag, ag + rs))
+            f, b = seconds[shape]
             p.cp_fwd += f
-            p.cp_bwd += b + (f if policy.get(blk.name) == "full" else 0.0)
+            p.cp_bwd += b + (f if policy.get(name) == "full" else 0.0)
 
 
 def add_expert_exchange(facts, cluster: Cluster, strategy: Strategy, execution: Execution, width: float,
@@ -155,4 +167,4 @@ def destinations(top_k: int, experts: int, ep: int, spans, execution: Execution,
     return None, ranks
 
 
-__all__ = ["add_context_exchange", "add_expert_exchange", "destinations", "reruns_exchange", "sort_chunks_s"]
+__all__ = ["add_context_exchange", "attention_cores", "add_expert_exchange", "destinations", "reruns_exchange", "sort_chunks_s"]

@@ -49,6 +49,7 @@ class GraphFacts:
         #: (`stage_costs.tensor_axis_key`): strategies that differ only where the program does not look share them.
         self.priced: dict = {}
         self.var_seconds: dict = {}
+        self.derived: dict = {}  # structural facts other modules find once per graph, by their own keys
         #: The planner sets this: layouts solved for one micro-batch and recompute policy are reused for the
         #: others of the same tensor axis (the final plan is re-estimated with its own solve).
         self.reuse_layouts = False
@@ -106,6 +107,15 @@ class GraphFacts:
     def is_expert(self, param: str) -> bool:
         """Whether `param` is a routed expert's weight (split over the expert-parallel group)."""
         return param in self.expert_params
+
+    def block_numels(self) -> dict[str, tuple[float, float]]:
+        """Per block, the elements of its dense and of its routed experts' weights."""
+        if "block_numels" not in self.derived:
+            self.derived["block_numels"] = {
+                b.name: (float(sum(self.graph.tensors[p].numel for p in b.params if not self.is_expert(p))),
+                         float(sum(self.graph.tensors[p].numel for p in b.params if self.is_expert(p))))
+                for b in self.structure.blocks}
+        return self.derived["block_numels"]
 
     def saved(self, width: float, flash: bool = False, fused: bool = False) -> dict[str, list]:
         """Saved tensors by the block of the op that saves them (`flash`: attention as fused kernels; `fused`:

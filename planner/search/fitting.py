@@ -57,10 +57,10 @@ def stage_floors(graph, structure, facts, costs, strategy: Strategy, exact: bool
     gathered parameters (when `exact`)."""
     chunk = assign_chunks(structure, strategy.pp * strategy.vpp, ())
     out = [[0.0, 0.0, 0.0, 0.0] for _ in range(strategy.pp)]
+    numels = facts.block_numels()
     for blk in structure.blocks:
-        dense = sum(graph.tensors[p].numel for p in blk.params if not facts.is_expert(p)) / strategy.tp
-        expert = sum(graph.tensors[p].numel for p in blk.params if facts.is_expert(p)) / (
-            strategy.ep * strategy.expert_tp)
+        dense = numels[blk.name][0] / strategy.tp
+        expert = numels[blk.name][1] / (strategy.ep * strategy.expert_tp)
         st = out[chunk[blk.name] % strategy.pp]
         st[0] += dense
         st[1] += expert
