@@ -25,9 +25,10 @@ from planner.costing.block_costs import (Layouts, Parts, activation_bytes, keeps
                                          residual_pins)
 from planner.costing.exchange import add_context_exchange, add_expert_exchange
 from planner.costing.graph_facts import GraphFacts
-from planner.costing.node_times import DTYPE_WIDTH, NodeTimes, optimizer_step_s
+from planner.costing.node_times import DTYPE_WIDTH, NodeTimes
 from planner.costing.node_work import FLOAT_DTYPES
 from planner.costing.pipeline_cut import assign_chunks, even_split, layer_policies
+from planner.costing.program_charges import add_optimizer_steps, add_weight_traffic
 from planner.costing.recompute import recompute_marks
 from planner.costing.stage_memory import gathered, stage_memory, working_copies
 from planner.errors import Infeasible, InvalidInput
@@ -244,20 +245,16 @@ def stage_costs(
     # -- memory per block ------------------------------------------------------------------------
     act_block = (activation_bytes(facts, structure, strategy, execution, problem, choice, layout_of_output, width,
                                   bs / cp, policy, fp8_inputs) if training else {})
-    param_layout = {p: layout_of_output[p] for p in graph.params}
+    if ("blocks", vkey) not in facts.derived:
+        facts.derived[("blocks", vkey)] = _block_weights(graph, structure, facts, layout_of_output, tensor_bytes, t)
+    param_layout, per_block = facts.derived[("blocks", vkey)]
 
     # -- stages ----------------------------------------------------------------------------------
     m = strategy.micro_batches(workload)
     schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
-    block_params: dict[str, tuple[float, float]] = {}
-    for blk in structure.blocks:
-        dense = expert = 0.0
-        for p in blk.params:
-            if facts.is_expert(p):
-                expert += graph.tensors[p].numel / (strategy.ep * strategy.expert_tp)
-            else:
-                dense += graph.tensors[p].numel / (t if param_layout.get(p, REPLICATED) >= 0 else 1)
-        block_params[blk.name] = (dense, expert)
+    experts = strategy.ep * strategy.expert_tp
+    numels = facts.block_numels()
+    block_params = {name: (b.dense, numels[name][1] / experts) for name, b in per_block.items()}
     stages = []
     names_of: list[list[str]] = [[] for _ in range(pp)]  # each stage's blocks, in model order
     for b in structure.blocks:
@@ -269,29 +266,19 @@ def stage_costs(
         acts = 0.0
         boundary = gather = 0.0
         widest = 0.0  # the largest layer's sharded parameters per device: what ZeRO-3 gathers at once
+        fp8_params = 0.0
         for name in names:
             parts.add(parts_of_block[name])
             acts += act_block.get(name, 0.0)
-            blk = structure.block(name)
             dense += block_params[name][0]
             expert += block_params[name][1]
             widest = max(widest, gathered(block_params[name], strategy))
-            if blk.is_layer:
-                ins = facts.layer_inputs[blk.name]
-                # Megatron-LM's scatter/gather (Narayanan 2021, section 4.1): each tensor rank sends 1/t of a
-                # boundary tensor it holds whole, and the receiving stage all-gathers it over its tensor group
-                boundary = max(boundary, sum(tensor_bytes(x) for x in ins) / t)
-                if t > 1:  # what the previous layer hands over whole (the first layer's input never crosses)
-                    whole = [x for x in ins if layout_of_output.get(x, REPLICATED) < 0 and x in facts.producer
-                             and structure.node_block[facts.producer[x][0]] >= 0
-                             and structure.blocks[structure.node_block[facts.producer[x][0]]].is_layer]
-                    gather = max(gather, sum(tensor_bytes(x) for x in whole))
+            b = per_block[name]
+            boundary, gather = max(boundary, b.boundary), max(gather, b.gather)
+            fp8_params += b.dense_fp8 + b.expert_fp8 / experts
+        fp8_params = fp8_params if timer.fp8 else 0.0
         held = (inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp)
                 if training else 1.0)
-        fp8_params = sum(graph.tensors[p].numel / (strategy.ep * strategy.expert_tp if facts.is_expert(p) else
-                                                   t if param_layout.get(p, REPLICATED) >= 0 else 1)
-                         for name in names for p in structure.block(name).params
-                         if p in facts.fp8_weights) if timer.fp8 else 0.0
         mem = stage_memory(dense, expert, acts * held, strategy, training, width, execution,
                            buffers=working_copies(widest, gathered((dense, expert), strategy), strategy, execution,
                                                   training, width),
@@ -329,6 +316,40 @@ def _priced(facts: GraphFacts, skel, timer: NodeTimes, t: int, again: np.ndarray
     return problem, detached
 
 
+@dataclass(frozen=True, slots=True)
+class _BlockWeights:
+    dense: float  # dense weights' elements per device under the layouts
+    dense_fp8: float  # of them, those that feed FP8 GEMMs
+    expert_fp8: float  # routed experts' weights that feed FP8 GEMMs, all of them (split ep x etp ways)
+    boundary: float  # a layer's inputs per tensor rank: what a pipeline stage starting with it receives
+    gather: float  # of them, what the previous layer hands over whole (all-gathered after the p2p)
+
+
+def _block_weights(graph: Graph, structure: Structure, facts: GraphFacts, layout, tensor_bytes, t: int):
+    """Each block's weights per device and pipeline boundary under one costing's layouts: (parameter -> its
+    layout, block name -> `_BlockWeights`)."""
+    param_layout = {p: layout[p] for p in graph.params}
+    out = {}
+    for blk in structure.blocks:
+        dense = {p: graph.tensors[p].numel / (t if param_layout.get(p, REPLICATED) >= 0 else 1)
+                 for p in blk.params if not facts.is_expert(p)}
+        expert_fp8 = sum(graph.tensors[p].numel for p in blk.params if facts.is_expert(p) and p in facts.fp8_weights)
+        boundary = gather = 0.0
+        if blk.is_layer:
+            ins = facts.layer_inputs[blk.name]
+            # Megatron-LM's scatter/gather (Narayanan 2021, section 4.1): each tensor rank sends 1/t of a
+            # boundary tensor it holds whole, and the receiving stage all-gathers it over its tensor group
+            boundary = sum(tensor_bytes(x) for x in ins) / t
+            if t > 1:  # what the previous layer hands over whole (the first layer's input never crosses)
+                whole = [x for x in ins if layout.get(x, REPLICATED) < 0 and x in facts.producer
+                         and structure.node_block[facts.producer[x][0]] >= 0
+                         and structure.blocks[structure.node_block[facts.producer[x][0]]].is_layer]
+                gather = sum(tensor_bytes(x) for x in whole)
+        out[blk.name] = _BlockWeights(sum(dense.values()), sum(v for p, v in dense.items() if p in facts.fp8_weights),
+                                      float(expert_fp8), boundary, gather)
+    return param_layout, out
+
+
 def _unequal_stage_costs(graph: Graph, structure: Structure, cluster: Cluster, workload: Workload,
                          strategy: Strategy, **options) -> StageCosts:
     """Stages of different tensor-parallel widths: stage s is costed as it would be in a pipeline whose every
@@ -350,51 +371,5 @@ def _unequal_stage_costs(graph: Graph, structure: Structure, cluster: Cluster, w
                       wide.block_params, wide.param_layouts)
 
 
-def _stored_shards(problem, graph: Graph, facts: GraphFacts, t: int) -> tuple[list, float]:
-    """The dense weights' vars, each with the parameters it stores per tensor rank under each of its strategies
-    (a weight left whole on the tensor axis stores all of it), and their total split t ways."""
-    dense = [(v_i, np.array([graph.tensors[v.param].numel * v.count / (t if s.outputs[0] >= 0 else 1)
-                             for s in v.strategies]))
-             for v_i, v in enumerate(problem.vars) if v.param is not None and not facts.is_expert(v.param)]
-    total = sum(graph.tensors[problem.vars[v_i].param].numel * problem.vars[v_i].count for v_i, _ in dense) / t
-    return dense, total
-
-
-def _charge(problem, dense: list, rate: float, share: float = 1.0) -> None:
-    """Add `rate` seconds per parameter to each dense weight's strategies (in place), on `share` of what each
-    stores."""
-    for v_i, local in dense:
-        problem.unary[v_i] = problem.unary[v_i] + rate * (local * share)
-
-
-def add_optimizer_steps(problem, graph: Graph, facts: GraphFacts, cluster: Cluster, workload: Workload, t: int,
-                        zero_shards: int, micro_batches: int, offloaded: float) -> None:
-    """Charge each dense weight's strategies their share of the optimizer step (in place): the step over the
-    shard they store (a weight left whole on the tensor axis is updated on every rank of it) over the step's
-    micro-batches, as the program's other costs are one micro-batch's. The cost per parameter is taken at
-    the size of all dense weights split t ways (`optimizer_step_s` is nearly linear there)."""
-    dense, total = _stored_shards(problem, graph, facts, t)
-    kept = (1 - offloaded) / zero_shards
-    total *= kept
-    if total <= 0:
-        return
-    _charge(problem, dense, optimizer_step_s(cluster, workload, total) / total / micro_batches, kept)
-
-
-def add_weight_traffic(problem, graph: Graph, facts: GraphFacts, cluster: Cluster, strategy: Strategy, t: int,
-                       gather_bytes: float, grad_bytes: float) -> None:
-    """ZeRO-3: charge each dense weight's strategies (in place) what its stored shard costs a micro-batch over
-    the data-parallel group: gathered for the forward and again for the backward, its gradient reduce-scattered
-    (`step_time.stage_step`, which this module cannot import), at full rate, as each byte more costs once that
-    traffic fills the compute it hides behind. The rate per parameter is taken at the size of all dense weights
-    split t ways."""
-    dense, total = _stored_shards(problem, graph, facts, t)
-    if total <= 0:
-        return
-    group = place_group(cluster, strategy.dp * strategy.cp, stride=t)
-    _charge(problem, dense,
-            (2.0 * all_gather_s(total * gather_bytes, group) + reduce_scatter_s(total * grad_bytes, group)) / total)
-
-
-__all__ = ["DTYPE_WIDTH", "StageCost", "StageCosts", "add_optimizer_steps", "add_weight_traffic", "assign_chunks",
-           "even_split", "stage_costs", "stage_memory", "working_copies"]
+__all__ = ["DTYPE_WIDTH", "StageCost", "StageCosts", "assign_chunks", "even_split", "stage_costs", "stage_memory",
+           "working_copies"]
