@@ -57,7 +57,8 @@ def attention_cores(facts, structure: Structure, flash: bool) -> dict[str, list[
     for blk in structure.blocks:
         cores = []
         if flash:
-            for r in {facts.region_of[i].anchor: facts.region_of[i] for i in blk.nodes if i in facts.region_of}.values():
+            regions = {facts.region_of[i].anchor: facts.region_of[i] for i in blk.nodes if i in facts.region_of}
+            for r in regions.values():
                 cores.append(((r.anchor,), (facts.roots.get(r.k, r.k), facts.roots.get(r.v, r.v))))  # GQA: as stored
         else:
             ops = tuple(i for i in blk.nodes if i in facts.core)
@@ -167,4 +168,5 @@ def destinations(top_k: int, experts: int, ep: int, spans, execution: Execution,
     return None, ranks
 
 
-__all__ = ["add_context_exchange", "attention_cores", "add_expert_exchange", "destinations", "reruns_exchange", "sort_chunks_s"]
+__all__ = ["add_context_exchange", "add_expert_exchange", "attention_cores", "destinations", "reruns_exchange",
+           "sort_chunks_s"]

@@ -45,8 +45,9 @@ class GraphFacts:
         self.layer_inputs = {b.name: layer_inputs(graph, set(b.nodes), self.grad) for b in structure.blocks if b.is_layer}
         self.skeletons: dict = {}
         self.choices: dict = {}
-        #: Priced layout programs and their vars' and blocks' seconds under a choice, per tensor-axis costing
-        #: (`stage_costs.tensor_axis_key`): strategies that differ only where the program does not look share them.
+        #: Priced layout programs per tensor-axis costing, and under each of their choices the vars' and blocks'
+        #: seconds and the blocks' weights (`stage_costs`): strategies that differ only where the program does
+        #: not look share them.
         self.priced: dict = {}
         self.var_seconds: dict = {}
         self.derived: dict = {}  # structural facts other modules find once per graph, by their own keys
@@ -108,12 +109,17 @@ class GraphFacts:
         """Whether `param` is a routed expert's weight (split over the expert-parallel group)."""
         return param in self.expert_params
 
-    def block_numels(self) -> dict[str, tuple[float, float]]:
-        """Per block, the elements of its dense and of its routed experts' weights."""
+    def block_numels(self) -> dict[str, tuple[float, float, float]]:
+        """Per block, the elements of its dense weights, of its routed experts' weights, and of those expert
+        weights that feed FP8 GEMMs."""
         if "block_numels" not in self.derived:
+            def numel(params) -> float:
+                return float(sum(self.graph.tensors[p].numel for p in params))
+
             self.derived["block_numels"] = {
-                b.name: (float(sum(self.graph.tensors[p].numel for p in b.params if not self.is_expert(p))),
-                         float(sum(self.graph.tensors[p].numel for p in b.params if self.is_expert(p))))
+                b.name: (numel(p for p in b.params if not self.is_expert(p)),
+                         numel(p for p in b.params if self.is_expert(p)),
+                         numel(p for p in b.params if self.is_expert(p) and p in self.fp8_weights))
                 for b in self.structure.blocks}
         return self.derived["block_numels"]
 

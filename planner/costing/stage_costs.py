@@ -185,20 +185,20 @@ def stage_costs(
     elif ckey in facts.choices:
         choice, gap = facts.choices[ckey]
     else:
-        problem = copy(problem)  # the shared priced program stays as priced: this solve's charges go on a copy
-        problem.unary = list(problem.unary)
+        program = copy(problem)  # the shared priced program stays as priced: this solve's charges go on a copy
+        program.unary = list(problem.unary)
         if training:  # only the program reads them: a cached choice needs none
-            add_optimizer_steps(problem, graph, facts, cluster, workload, t, *opt_key)
+            add_optimizer_steps(program, graph, facts, cluster, workload, t, *opt_key)
         if weight_traffic:
             gather = 1.0 if timer.fp8 and execution.fp8_all_gather else width
-            add_weight_traffic(problem, graph, facts, cluster, strategy, t, gather, execution.grad_bytes)
-        allowed = residual_pins(graph, structure, problem, workload.seq_len, strategy.sp)
+            add_weight_traffic(program, graph, facts, cluster, strategy, t, gather, execution.grad_bytes)
+        allowed = residual_pins(graph, structure, program, workload.seq_len, strategy.sp)
         pins = dict(param_pins or {})
         if space != "free":  # Megatron-Core keeps each MoE router whole on every tensor rank (TopKRouter)
             pins = {p: REPLICATED for p in facts.router_params if p in facts.param_keys} | pins
         for p, want in sorted(pins.items()):
-            v_i = problem.index[facts.param_keys[p]]
-            ok = frozenset(k for k, s in enumerate(problem.vars[v_i].strategies) if s.outputs[0] == want)
+            v_i = program.index[facts.param_keys[p]]
+            ok = frozenset(k for k, s in enumerate(program.vars[v_i].strategies) if s.outputs[0] == want)
             allowed[v_i] = ok & allowed.get(v_i, ok)
         for v_i in detached:
             allowed[v_i] = frozenset((0,))
@@ -208,26 +208,27 @@ def stage_costs(
             rows = [({b.name for b in structure.blocks if chunk[b.name] % pp == s},
                      inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp))
                     for s in range(pp)]
-            problem.memory = layout_memory(facts, structure, problem, strategy, execution, policy, rows, width,
+            program.memory = layout_memory(facts, structure, program, strategy, execution, policy, rows, width,
                                            bs / cp, fp8_inputs)
-            problem.memory_budget = execution.usable_hbm_bytes(cluster.device.hbm_bytes)
+            program.memory_budget = execution.usable_hbm_bytes(cluster.device.hbm_bytes)
         try:
-            sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed, backend=solver)
+            sol = solve_intra_op(program, time_limit_s=time_limit_s, allowed=allowed, backend=solver)
             if constrain and sol.cost_s >= IMPOSSIBLE_S:  # fitting would need a move no collective makes
                 raise Infeasible("no layout fits")
         except Infeasible:  # no layout fits: the fastest one, reported as over memory
-            problem.memory_budget = None
-            sol = solve_intra_op(problem, time_limit_s=time_limit_s, allowed=allowed, backend=solver)
+            program.memory_budget = None
+            sol = solve_intra_op(program, time_limit_s=time_limit_s, allowed=allowed, backend=solver)
         choice, gap = sol.choice, sol.gap
         facts.choices[ckey] = (choice, gap)
-        problem = facts.priced[tkey][0]
 
     # -- time per block ----------------------------------------------------------------------------
+    layout_of_output = Layouts(facts, problem, choice)
     vkey = (tkey, choice)
     if vkey not in facts.var_seconds:
         by_var = var_parts(problem, choice, timer, t, again, training, detached)
-        facts.var_seconds[vkey] = by_var, block_parts(structure, problem, by_var)
-    parts_of_var, shared = facts.var_seconds[vkey]
+        facts.var_seconds[vkey] = (by_var, block_parts(structure, problem, by_var),
+                                   *_block_weights(graph, structure, facts, layout_of_output, tensor_bytes, t))
+    parts_of_var, shared, param_layout, per_block = facts.var_seconds[vkey]
     bad = [v_i for v_i, vp in enumerate(parts_of_var) if vp.tp_kinds.get("impossible")] if param_pins else []
     if bad:
         node = graph.nodes[problem.vars[bad[0]].node]
@@ -237,7 +238,6 @@ def stage_costs(
                            "declare the layout the estimator chose, or set layouts.space to searched")
     parts_of_block = {name: p.copy() for name, p in shared.items()}  # the expert and context terms go on copies
     add_routed(facts, timer, t, again, training, parts_of_block)
-    layout_of_output = Layouts(facts, problem, choice)
     add_context_exchange(facts, structure, cluster, strategy, execution, timer, tensor_bytes, layout_of_output,
                          policy, parts_of_block)
     add_expert_exchange(facts, cluster, strategy, execution, width, bs, policy, parts_of_block)
@@ -245,9 +245,6 @@ def stage_costs(
     # -- memory per block ------------------------------------------------------------------------
     act_block = (activation_bytes(facts, structure, strategy, execution, problem, choice, layout_of_output, width,
                                   bs / cp, policy, fp8_inputs) if training else {})
-    if ("blocks", vkey) not in facts.derived:
-        facts.derived[("blocks", vkey)] = _block_weights(graph, structure, facts, layout_of_output, tensor_bytes, t)
-    param_layout, per_block = facts.derived[("blocks", vkey)]
 
     # -- stages ----------------------------------------------------------------------------------
     m = strategy.micro_batches(workload)
@@ -275,7 +272,7 @@ def stage_costs(
             widest = max(widest, gathered(block_params[name], strategy))
             b = per_block[name]
             boundary, gather = max(boundary, b.boundary), max(gather, b.gather)
-            fp8_params += b.dense_fp8 + b.expert_fp8 / experts
+            fp8_params += b.dense_fp8 + numels[name][2] / experts
         fp8_params = fp8_params if timer.fp8 else 0.0
         held = (inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp)
                 if training else 1.0)
@@ -320,7 +317,6 @@ def _priced(facts: GraphFacts, skel, timer: NodeTimes, t: int, again: np.ndarray
 class _BlockWeights:
     dense: float  # dense weights' elements per device under the layouts
     dense_fp8: float  # of them, those that feed FP8 GEMMs
-    expert_fp8: float  # routed experts' weights that feed FP8 GEMMs, all of them (split ep x etp ways)
     boundary: float  # a layer's inputs per tensor rank: what a pipeline stage starting with it receives
     gather: float  # of them, what the previous layer hands over whole (all-gathered after the p2p)
 
@@ -333,7 +329,6 @@ def _block_weights(graph: Graph, structure: Structure, facts: GraphFacts, layout
     for blk in structure.blocks:
         dense = {p: graph.tensors[p].numel / (t if param_layout.get(p, REPLICATED) >= 0 else 1)
                  for p in blk.params if not facts.is_expert(p)}
-        expert_fp8 = sum(graph.tensors[p].numel for p in blk.params if facts.is_expert(p) and p in facts.fp8_weights)
         boundary = gather = 0.0
         if blk.is_layer:
             ins = facts.layer_inputs[blk.name]
@@ -346,7 +341,7 @@ def _block_weights(graph: Graph, structure: Structure, facts: GraphFacts, layout
                          and structure.blocks[structure.node_block[facts.producer[x][0]]].is_layer]
                 gather = sum(tensor_bytes(x) for x in whole)
         out[blk.name] = _BlockWeights(sum(dense.values()), sum(v for p, v in dense.items() if p in facts.fp8_weights),
-                                      float(expert_fp8), boundary, gather)
+                                      boundary, gather)
     return param_layout, out
 
 
