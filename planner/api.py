@@ -231,6 +231,9 @@ def assumptions(hw: Any, workload: Any) -> list[str]:
         _, _, kernel = hw.attention_plateau(ex.attention_kernel) if hw.attention_plateaus else (0, 0, "")
         if kernel and kernel != ex.attention_kernel:
             out.append(f"{hw.name} lists no {ex.attention_kernel} attention efficiency; {kernel}'s is used")
+    if workload.mode == "train" and ex.moe_routing == "learned":
+        out.append(f"a learned router's expert loads spread with coefficient of variation {ex.moe_expert_load_cv:g} "
+                   "(fitted on Qwen3-235B's dropless runs on 256 H100s; for another model or router, an assumption)")
     return out
 
 

@@ -123,13 +123,14 @@ def add_expert_exchange(facts, cluster: Cluster, strategy: Strategy, execution: 
             if etp_spans:
                 pairs = tokens * f.top_k * token_bytes * etp  # the expert-tensor group's routed tokens, gathered
                 seconds[shape] += all_gather_s(pairs, etp_spans) + reduce_scatter_s(pairs, etp_spans)
-        fwd = seconds[shape]
+        load = execution.routed_load(ep, f.experts)  # the busiest rank's tokens: it ends each exchange last
+        fwd = seconds[shape] * load
         p = block_parts[name]
         again = reruns_exchange(policy.get(name, "none"), execution)
         p.ep_fwd += fwd
         p.ep_bwd += fwd * (2.0 if again else 1.0)
         if not hierarchical and ep > 1 and f.experts > ep:  # received chunks regrouped by local expert, and back
-            regroup = 2.0 * sort_chunks_s(cluster, tokens * f.top_k * max(etp, 1) * token_bytes)
+            regroup = 2.0 * load * sort_chunks_s(cluster, tokens * f.top_k * max(etp, 1) * token_bytes)
             p.forward += regroup
             p.backward += regroup
             p.recompute += regroup if again else 0.0

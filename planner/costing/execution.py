@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cost_models import SpecError
+from cost_models.expert_load import load_imbalance
 from cost_models.loader import GIB, Table
 from cost_models.memory import StateBytes
 
@@ -33,13 +34,13 @@ DEFAULT_STACK = "megatron-core"
 Attention = Literal["flash", "materialized"]
 Selective = Literal["modules", "every_other_matmul"]
 Dispatcher = Literal["alltoall", "deepep"]
-Routing = Literal["uniform", "contiguous"]
+Routing = Literal["uniform", "contiguous", "learned"]
 ATTENTION: tuple[str, ...] = ("flash", "materialized")
 SELECTIVE: tuple[str, ...] = ("modules", "every_other_matmul")
 RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj",
                                       "shared_experts")
 DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
-ROUTINGS: tuple[str, ...] = ("uniform", "contiguous")
+ROUTINGS: tuple[str, ...] = ("uniform", "contiguous", "learned")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,7 +92,13 @@ class Execution:
     # mixture of experts
     moe_dispatcher: Dispatcher = "alltoall"
     moe_routing: Routing = "uniform"  # where a token's top-k experts are: drawn uniformly (load-balanced
-    # routing, Megatron's forced balancing), or k consecutive experts (NeMo Automodel's FakeBalancedGate)
+    # routing, Megatron's forced balancing), k consecutive experts (NeMo Automodel's FakeBalancedGate), or
+    # by a learned router that is only pulled towards balance (an auxiliary loss or bias): expert loads spread
+    # and the busiest expert-parallel rank sets the pace (`cost_models.expert_load`)
+    moe_expert_load_cv: float = 1.12  # with "learned": per-expert load coefficient of variation; fitted on the
+    # Megatron MoE ModelZoo's forced-balance against dropless Qwen3-235B runs on 256 H100s, 16k and 64k tokens
+    # (benchmarks/fit_expert_load.py); another model, router or training stage is an assumption
+    moe_capacity_factor: float = 0.0  # tokens beyond this multiple of an expert's mean load dropped (0: dropless)
     moe_group_limit: int = 0  # routing picks at most this many expert groups (nodes) per token (0: no limit)
     moe_probs_in_activation: bool = False  # routing weights scale the experts' activation (before their last
     # GEMM), so combining their outputs keeps nothing for backward; else the combine keeps those outputs
@@ -104,6 +111,12 @@ class Execution:
     def usable_hbm_bytes(self, hbm_bytes: float) -> float:
         """What of a device's HBM the stack can hand to tensors."""
         return hbm_bytes * (1.0 - self.allocator_reserve) - self.runtime_reserve_gib * GIB
+
+    def routed_load(self, ep: int, experts: int) -> float:
+        """The busiest expert-parallel rank's routed work over the mean (1 unless the router is learned or tokens
+        are dropped; `cost_models.expert_load`)."""
+        cv = self.moe_expert_load_cv if self.moe_routing == "learned" else 0.0
+        return load_imbalance(ep, experts, cv, self.moe_capacity_factor)
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -153,7 +166,8 @@ _BOOLS = ("fuse_elementwise", "overlap_grad_reduce", "overlap_param_gather", "fs
           "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm", "overlap_pp_comm", "fp8_saves_inputs", "fp8_params",
           "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation")
 _NUMBERS = ("fp8_cast_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
-            "runtime_reserve_gib", "kernel_efficiency", "ep_overlap_share", "tp_overlap_share")
+            "runtime_reserve_gib", "kernel_efficiency", "ep_overlap_share", "tp_overlap_share",
+            "moe_expert_load_cv", "moe_capacity_factor")
 _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS}
 
 
@@ -166,7 +180,8 @@ _SECTIONS = {
     "states": ("param_bytes", "grad_bytes", "optimizer_bytes"),
     "recompute": ("selective", "recompute_modules"),
     "memory": ("allocator_reserve", "runtime_reserve_gib"),
-    "moe": ("moe_dispatcher", "moe_routing", "moe_group_limit", "moe_probs_in_activation"),
+    "moe": ("moe_dispatcher", "moe_routing", "moe_group_limit", "moe_probs_in_activation", "moe_expert_load_cv",
+            "moe_capacity_factor"),
 }
 FIELDS: tuple[str, ...] = tuple(k for keys in _SECTIONS.values() for k in keys)
 
@@ -193,7 +208,8 @@ def _value(t: Table, key: str) -> Any:
             raise t.error(key, f"expected a positive fraction (at most {most:g}), got {value:g}")
         return value
     if key in _NUMBERS:
-        return t.number(key, allow_zero=key in ("fp8_weight_bytes", "runtime_reserve_gib", "grad_bytes"))
+        return t.number(key, allow_zero=key in ("fp8_weight_bytes", "runtime_reserve_gib", "grad_bytes",
+                                                "moe_expert_load_cv", "moe_capacity_factor"))
     if key in _CHOICES:
         return t.choice(key, _CHOICES[key])
     if key == "moe_group_limit":

@@ -79,6 +79,10 @@ class GraphFacts:
         self.in_routed = np.zeros(len(graph.nodes), dtype=bool)
         for nodes in self.routed.values():
             self.in_routed[sorted(nodes)] = True
+        #: per node on routed tokens, its layer's routed expert count (0 elsewhere)
+        self.routed_experts = np.zeros(len(graph.nodes), dtype=np.int64)
+        for b, nodes in self.routed.items():
+            self.routed_experts[sorted(nodes)] = self.moe[b].experts
         self.weight_matmul = np.array([is_weight_matmul(graph, self.index, i) for i in range(len(graph.nodes))],
                                       dtype=bool)
         self.router_params = router_params = frozenset(p for f in self.moe.values() for p in f.router_params)
