@@ -82,7 +82,9 @@ def _print_cluster(c: Cluster) -> None:
             right=("capacity", "GB/s/dir", "latency"), prose=("link",)))
     console.print(f"matmul efficiency by FLOPs: {_curve(c.matmul_efficiency, render.flops)}; "
                   f"memory efficiency by bytes: {_curve(c.memory_efficiency, render.nbytes)}; "
-                  f"DP overlap efficiency: {c.dp_overlap_efficiency:g}", markup=False)
+                  f"DP overlap efficiency: {c.dp_overlap_efficiency:g}"
+                  + (f"; host overhead per training op: {render.seconds(c.host_overhead_s)}"
+                     if c.host_overhead_s else ""), markup=False)
     for src in c.sources:
         console.print(f"  source: {src}", markup=False)
 

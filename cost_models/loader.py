@@ -102,7 +102,7 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     sampled at eighth-decades; `matmul = [[size, eff], ...]` tables are taken as given instead.
     """
     eff.only("matmul", "memory", "matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us",
-             "attention", "overlap", "fitted_on", "not_fitted", "calibration")
+             "host_overhead_us", "attention", "overlap", "fitted_on", "not_fitted", "calibration")
     law = [k for k in ("matmul_plateau", "memory_plateau", "kernel_overhead_us") if k in eff.data]
     if law and len(law) != 3:
         missing = sorted({"matmul_plateau", "memory_plateau", "kernel_overhead_us"} - set(law))
@@ -140,6 +140,7 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     fitted_on = eff.texts("fitted_on")
     return dict(matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
                 attention_plateaus=tuple(attention), kernel_overhead_s=t0, **plateaus,
+                host_overhead_s=eff.number("host_overhead_us", default=0.0, allow_zero=True) * US,
                 dp_overlap_efficiency=eff.fraction("overlap", default=1.0),
                 calibration=eff.text("calibration", default=""), fitted_on=tuple(fitted_on),
                 not_fitted=tuple(eff.texts("not_fitted")))
@@ -156,13 +157,15 @@ def law_curves(device: Device, matmul_plateau: float, fp8_matmul_plateau: float 
 
 
 def with_law(cluster: Cluster, *, matmul_plateau: float, fp8_matmul_plateau: float | None, memory_plateau: float,
-             overhead_s: float, overlap: float) -> Cluster:
-    """`cluster` with its efficiency curves made anew from these law parameters (what a fit tries)."""
+             overhead_s: float, overlap: float, host_overhead_s: float | None = None) -> Cluster:
+    """`cluster` with its efficiency curves made anew from these law parameters (what a fit tries); the host's
+    per-op overhead as given, or kept."""
     matmul, memory, fp8 = law_curves(cluster.device, matmul_plateau, fp8_matmul_plateau, memory_plateau, overhead_s)
     return dataclasses.replace(cluster, matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
                                kernel_overhead_s=overhead_s, matmul_plateau=matmul_plateau,
                                fp8_matmul_plateau=fp8_matmul_plateau, memory_plateau=memory_plateau,
-                               dp_overlap_efficiency=overlap)
+                               dp_overlap_efficiency=overlap,
+                               host_overhead_s=cluster.host_overhead_s if host_overhead_s is None else host_overhead_s)
 
 
 def law_table(peak_per_s: float, plateau: float, overhead_s: float) -> EfficiencyCurve:

@@ -9,8 +9,8 @@ follow one physical law, a fixed per-kernel overhead t0 beside a rate,
 
 (Hockney's r_inf, n_1/2; `cost_models.curves`), so they stay monotone in
 size and below their plateau and carry to other sizes. Fitted: the bf16
-GEMM plateau, the fp8 GEMM plateau (when a fit run trains in FP8), t0, and
-the overlap efficiency (the fraction of compute that can hide
+GEMM plateau, the fp8 GEMM plateau (when a fit run trains in FP8), t0, the
+host's per-op overhead of an eager training step, and the overlap efficiency (the fraction of compute that can hide
 communication beside it, when a fit run overlaps any). The memory plateau,
 attention kernels' plateaus and the interconnect stay as the file gives
 them: the runs cannot tell them apart from the fitted terms.
@@ -40,8 +40,12 @@ from planner.errors import InvalidInput
 #: name, start, lower, upper (overhead in microseconds). The per-kernel overhead is held to what a launch and a
 #: minimal kernel cost (2-12 us on eager CUDA and CANN; the A100 fit gives 9.8): a fit that wants more is
 #: making up for a cost the model lacks, and would charge it to every small kernel (decode, most of all).
+#: The host's overhead is what an eager training step's host adds to each op it issues when the device waits
+#: for it (Python, the framework's dispatch, the launch; training only: serving replays CUDA graphs); held to
+#: 30 us, PyTorch eager's per-op cost under a Python-heavy framework.
 PARAMETERS = (("matmul_plateau", 0.75, 0.30, 1.00), ("fp8_matmul_plateau", 0.70, 0.25, 1.00),
-              ("kernel_overhead_us", 10.0, 2.0, 12.0), ("overlap", 0.8, 0.2, 1.0))
+              ("kernel_overhead_us", 10.0, 2.0, 12.0), ("host_overhead_us", 5.0, 0.0, 30.0),
+              ("overlap", 0.8, 0.2, 1.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +67,8 @@ FEW_RUNS = 6
 
 def fitted_names(runs: Sequence[Run]) -> list[str]:
     """Which parameters the runs can pin: the bf16 GEMM plateau with a 16-bit run, the fp8 one with an FP8 run;
-    with `FEW_RUNS` or more, the per-kernel overhead, and the overlap efficiency when a run overlaps anything.
+    with `FEW_RUNS` or more, the per-kernel and host overheads, and the overlap efficiency when a run overlaps
+    anything.
     The others keep the hardware file's values."""
     fp8 = any(r.dtype == "fp8" for r in runs)
     names = ["matmul_plateau"] if any(r.dtype != "fp8" for r in runs) or not fp8 else []
@@ -71,7 +76,7 @@ def fitted_names(runs: Sequence[Run]) -> list[str]:
         names.append("fp8_matmul_plateau")
     if len(runs) < FEW_RUNS:
         return names
-    names.append("kernel_overhead_us")
+    names += ["kernel_overhead_us", "host_overhead_us"]
     ex = [r.execution for r in runs]
     if any(e.overlap_grad_reduce or e.overlap_tp_comm or e.overlap_ep_comm or e.fsdp_prefetch for e in ex):
         names.append("overlap")
@@ -154,9 +159,10 @@ def law_values(base: Cluster, values: dict[str, float]) -> dict[str, float]:
     """The law's parameters of `base` with `values` changed (the overhead in seconds)."""
     out = {"matmul_plateau": base.matmul_plateau, "fp8_matmul_plateau": base.fp8_matmul_plateau,
            "memory_plateau": base.memory_plateau, "overhead_s": base.kernel_overhead_s,
-           "overlap": base.dp_overlap_efficiency}
+           "overlap": base.dp_overlap_efficiency, "host_overhead_s": base.host_overhead_s}
+    seconds = {"kernel_overhead_us": "overhead_s", "host_overhead_us": "host_overhead_s"}
     for k, v in values.items():
-        out["overhead_s" if k == "kernel_overhead_us" else k] = v * 1e-6 if k == "kernel_overhead_us" else v
+        out[seconds.get(k, k)] = v * 1e-6 if k in seconds else v
     return out
 
 
@@ -187,7 +193,8 @@ def write_fit(text: str, result: Fit, note: str) -> str:
         raise InvalidInput("the hardware file's [efficiency] gives [size, efficiency] tables; write it with "
                            "matmul_plateau, memory_plateau and kernel_overhead_us to fit it")
     values = {k: v for k, v in result.values.items() if is_device_value(k)}
-    kept = [k for k in ("matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us", "overlap")
+    kept = [k for k in ("matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us",
+                        "host_overhead_us", "overlap")
             if k not in values or k in result.tied]
     values |= {"fitted_on": list(result.runs), "not_fitted": kept, "calibration": note}
     for key, value in values.items():

@@ -16,6 +16,10 @@ Three kinds of kernels, each a roofline with the device's efficiency curves
   (`Execution.fp8_cast_bytes` per element), and the weight once per
   micro-batch unless the stack keeps FP8 weights (`Execution.fp8_params`:
   Transformer Engine's fp8_model_init casts them at the optimizer step).
+
+In training each kernel also carries what issuing it costs the host of an
+eager step (`Cluster.host_overhead_s`, fitted where a hardware has enough
+runs), which the device waits out whenever its kernels are shorter.
 """
 
 from __future__ import annotations
@@ -79,14 +83,19 @@ class NodeTimes:
     def forward(self, i: int, k: int) -> float:
         key = (i, k)
         if key not in self._fwd:
-            self._fwd[key] = self._time(i, k, backward=False)
+            self._fwd[key] = self._issued(self._time(i, k, backward=False), 1.0)
         return self._fwd[key]
 
     def backward(self, i: int, k: int) -> float:
         key = (i, k)
         if key not in self._bwd:
-            self._bwd[key] = self._time(i, k, backward=True) if self.training else 0.0
+            self._bwd[key] = self._issued(self._time(i, k, backward=True), 2.0) if self.training else 0.0
         return self._bwd[key]
+
+    def _issued(self, t: float, ops: float) -> float:
+        """An op's time with what issuing it costs the host of an eager training step (`Cluster.host_overhead_s`,
+        fitted): `ops` kernels per op, two for a backward (its input and its weight gradient)."""
+        return t + ops * self.cluster.host_overhead_s if t > 0.0 and self.training else t
 
     def _time(self, i: int, k: int, backward: bool) -> float:
         facts, work, cluster = self.facts, self.facts.work, self.cluster
