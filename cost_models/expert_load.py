@@ -27,6 +27,7 @@ times the mean on any expert, so no rank does more than c times its mean
 
 from __future__ import annotations
 
+import functools
 import math
 from statistics import NormalDist
 
@@ -40,6 +41,7 @@ def expected_max_normal(n: int) -> float:
     return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
+@functools.lru_cache(maxsize=None)  # a costing asks it per routed op and kept tensor: a few (ep, E) pairs
 def load_imbalance(ep: int, experts: int, cv: float, capacity_factor: float = 0.0) -> float:
     """Busiest rank's routed load over the mean, for `experts` experts spread over `ep` ranks whose per-expert
     loads vary with coefficient of variation `cv` (0: balanced); capped at `capacity_factor` when tokens beyond

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from planner.costing.activations import _CONTRACTIONS
-from planner.costing.recompute import fp8_scale, kept_tensors, load_scale
+from planner.costing.recompute import fp8_scale, kept_tensors
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.search.space import REPLICATED, layout_name
@@ -164,7 +164,7 @@ def activation_bytes(facts, structure: Structure, strategy, execution, problem, 
             out[blk.name] = per_type[(blk.type_id, rc)]
             continue
         total = sum(sv.nbytes * scale * fp8_scale(facts, sv, fp8_inputs)
-                    * load_scale(facts, sv, execution, strategy.ep) / (t if split(sv) else 1)
+                    * facts.routed_load(sv.saver, execution, strategy.ep) / (t if split(sv) else 1)
                     for sv in kept_tensors(facts, blk, rc, execution, width))
         out[blk.name] = total
         if tied:
@@ -237,7 +237,7 @@ def layout_memory(facts, structure: Structure, problem, strategy, execution, pol
                 k_st = stage_of[blk.name]
                 for sv in kept_by_node.get(int(i), ()):
                     nbytes = (sv.nbytes * scale * held[k_st] * keep_act * fp8_scale(facts, sv, fp8_inputs)
-                              * load_scale(facts, sv, execution, strategy.ep))
+                              * facts.routed_load(sv.saver, execution, strategy.ep))
                     for s_i, s in enumerate(v.strategies):
                         k = sv.input_index
                         split = facts.in_routed[int(i)] or (

@@ -113,6 +113,13 @@ class GraphFacts:
         """Whether `param` is a routed expert's weight (split over the expert-parallel group)."""
         return param in self.expert_params
 
+    def routed_load(self, i: int, execution, ep: int) -> float:
+        """How much more of node i's work the busiest expert-parallel rank does than the mean: its layer's
+        `Execution.routed_load` for a node on routed tokens, 1 for any other (or for no node, i < 0)."""
+        if 0 <= i < len(self.in_routed) and self.in_routed[i]:
+            return execution.routed_load(ep, int(self.routed_experts[i]))
+        return 1.0
+
     def block_numels(self) -> dict[str, tuple[float, float, float]]:
         """Per block, the elements of its dense weights, of its routed experts' weights, and of those expert
         weights that feed FP8 GEMMs."""

@@ -124,9 +124,7 @@ class NodeTimes:
             t *= 2.0
         if gemm:
             t += self._casts(i, k, share, backward)
-        if facts.in_routed[i]:  # the busiest expert-parallel rank's share of the routed tokens sets the pace
-            t *= self.execution.routed_load(self.ep, int(facts.routed_experts[i]))
-        return t
+        return t * facts.routed_load(i, self.execution, self.ep)  # the busiest expert-parallel rank sets the pace
 
     def _casts(self, i: int, k: int, share: float, backward: bool) -> float:
         """Quantising an FP8 GEMM's operands: its activation inputs forward (and its weight, once per

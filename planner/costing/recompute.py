@@ -211,15 +211,6 @@ def fp8_scale(facts, sv: Saved, fp8_inputs: bool) -> float:
     return 1.0
 
 
-def load_scale(facts, sv: Saved, execution: Execution, ep: int) -> float:
-    """What one kept tensor costs on the busiest expert-parallel rank relative to the mean: a routed op's are
-    that rank's larger share of the routed tokens (`Execution.routed_load`), the rest 1."""
-    i = sv.saver
-    if 0 <= i < len(facts.in_routed) and facts.in_routed[i]:
-        return execution.routed_load(ep, int(facts.routed_experts[i]))
-    return 1.0
-
-
 def _inputs_of(facts, blk: Block, nodes: frozenset[int], width: float) -> list[Saved]:
     """The activations a set of a layer's nodes reads from outside itself that carry a gradient (its layer
     inputs, for the whole layer), each kept by its first reader."""
