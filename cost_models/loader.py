@@ -157,15 +157,15 @@ def law_curves(device: Device, matmul_plateau: float, fp8_matmul_plateau: float 
 
 
 def with_law(cluster: Cluster, *, matmul_plateau: float, fp8_matmul_plateau: float | None, memory_plateau: float,
-             overhead_s: float, overlap: float, host_overhead_s: float | None = None) -> Cluster:
-    """`cluster` with its efficiency curves made anew from these law parameters (what a fit tries); the host's
-    per-op overhead as given, or kept."""
+             overhead_s: float, overlap: float, host_overhead_s: float) -> Cluster:
+    """`cluster` with its efficiency curves made anew from these law parameters and the host's per-op overhead
+    (what a fit tries)."""
     matmul, memory, fp8 = law_curves(cluster.device, matmul_plateau, fp8_matmul_plateau, memory_plateau, overhead_s)
     return dataclasses.replace(cluster, matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
                                kernel_overhead_s=overhead_s, matmul_plateau=matmul_plateau,
                                fp8_matmul_plateau=fp8_matmul_plateau, memory_plateau=memory_plateau,
                                dp_overlap_efficiency=overlap,
-                               host_overhead_s=cluster.host_overhead_s if host_overhead_s is None else host_overhead_s)
+                               host_overhead_s=host_overhead_s)
 
 
 def law_table(peak_per_s: float, plateau: float, overhead_s: float) -> EfficiencyCurve:

@@ -10,8 +10,9 @@ follow one physical law, a fixed per-kernel overhead t0 beside a rate,
 (Hockney's r_inf, n_1/2; `cost_models.curves`), so they stay monotone in
 size and below their plateau and carry to other sizes. Fitted: the bf16
 GEMM plateau, the fp8 GEMM plateau (when a fit run trains in FP8), t0, the
-host's per-op overhead of an eager training step, and the overlap efficiency (the fraction of compute that can hide
-communication beside it, when a fit run overlaps any). The memory plateau,
+host's per-op overhead of an eager training step, and the overlap
+efficiency (the fraction of compute that can hide communication beside it,
+when a fit run overlaps any). The memory plateau,
 attention kernels' plateaus and the interconnect stay as the file gives
 them: the runs cannot tell them apart from the fitted terms.
 
