@@ -193,6 +193,12 @@ SPECS |= _table([
         "strategy": {"tp": 2, "dp": 128, "ep": 8, "etp": 1, "micro_batch": 4, "sp": True, "zero": 3,
                      "recompute": "full"},
         "notes": [_MOE_BAL, "Megatron-FSDP as ZeRO-3"]}),
+    ("mz-qwen3-235b-256xh100-bf16-tp4-ep8-pp8", {
+        "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
+        "global_batch": 2048, "stack": _MC, "execution": {"moe_dispatcher": "deepep"},
+        "strategy": {"tp": 4, "pp": 8, "vpp": 4, "dp": 8, "ep": 8, "etp": 1, "micro_batch": 1, "sp": True,
+                     "zero": 1, "recompute": "none"},
+        "notes": [_MOE_BAL, "no recompute (the row's recompute column is empty)", _DIST_OPT]}),
     ("mz-qwen3-235b-256xh100-bf16-128k-cp8", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 131072,
         "global_batch": 256, "stack": _MC, "execution": {"moe_dispatcher": "deepep",

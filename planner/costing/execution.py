@@ -56,6 +56,9 @@ class Execution:
     attention_kernel: str = "flash"  # the kernel whose efficiency the hardware file gives ([efficiency.attention])
     fuse_elementwise: bool = True  # chains of memory-bound ops run as one kernel (fused kernels, torch.compile)
     kernel_efficiency: float = 1.0  # this stack's GEMM and attention kernels against the hardware file's fit
+    expert_gemm_streams: int = 0  # routed experts' GEMMs: one grouped kernel (0), or one GEMM per local expert
+    # issued round-robin over this many streams (Transformer Engine's GroupedLinear on cuBLAS: 4), so each
+    # round of that many GEMMs pays the per-kernel overhead once
     # (which is of today's Megatron-Core where it has run; fitted with it, see benchmarks/fit_presets.py)
     # overlaps: each hides behind the compute it runs beside; together they share that compute (see step_time)
     overlap_grad_reduce: bool = True  # data-parallel gradient reduction during the backward pass
@@ -172,7 +175,7 @@ _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DI
 
 
 _SECTIONS = {
-    "kernels": ("attention", "attention_kernel", "fuse_elementwise", "kernel_efficiency"),
+    "kernels": ("attention", "attention_kernel", "fuse_elementwise", "kernel_efficiency", "expert_gemm_streams"),
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("ep_overlap_share",
                                                                                   "tp_overlap_share"),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_weight_bytes", "fp8_saves_inputs", "fp8_params",
@@ -212,7 +215,7 @@ def _value(t: Table, key: str) -> Any:
                                                 "moe_expert_load_cv", "moe_capacity_factor"))
     if key in _CHOICES:
         return t.choice(key, _CHOICES[key])
-    if key == "moe_group_limit":
+    if key in ("moe_group_limit", "expert_gemm_streams"):
         return t.integer(key, minimum=0)
     if key == "recompute_modules":
         mods = t.texts(key)

@@ -118,6 +118,8 @@ class NodeTimes:
         gemm = self.fp8 and bool(facts.fp8_gemm[i])
         dtype = self.gemm_dtype if gemm else self.dtype
         t = op_time_s(cluster, flops, nbytes, "matmul" if matrix else "elementwise", dtype)
+        if matrix and facts.in_routed[i]:
+            t += self._expert_rounds(i) * cluster.kernel_overhead_s
         if matrix:
             t /= self.execution.kernel_efficiency
         if backward and matrix:
@@ -125,6 +127,14 @@ class NodeTimes:
         if gemm:
             t += self._casts(i, k, share, backward)
         return t * facts.routed_load(i, self.execution, self.ep)  # the busiest expert-parallel rank sets the pace
+
+    def _expert_rounds(self, i: int) -> int:
+        """Kernel launches beyond the first of a routed GEMM whose stack runs one GEMM per local expert over
+        `Execution.expert_gemm_streams` streams: one per further round of that many GEMMs (the overhead law's t0
+        is a kernel's fixed cost; the streams overlap theirs)."""
+        streams = self.execution.expert_gemm_streams
+        local = int(self.facts.routed_experts[i]) // max(1, self.ep)
+        return max(0, -(-local // streams) - 1) if streams > 0 else 0
 
     def _casts(self, i: int, k: int, share: float, backward: bool) -> float:
         """Quantising an FP8 GEMM's operands: its activation inputs forward (and its weight, once per
