@@ -143,6 +143,8 @@ def _bridge(rid, model, hw, gpus, seq, batch, strategy, dtype="fp8", execution=N
 
 
 _MOE_BAL = "routing forced balanced and dropless, as the source states: the balanced case this model costs"
+_MOE_BAL_ASSUMED = ("routing taken as forced balanced and dropless, as the table's other rows run it (this row does"
+                    " not say): the balanced case this model costs")
 SPECS |= _table([
     # -- DGX H100, Megatron-Bridge (NeMo 25.09-26.06) -------------------------------------------------
     _bridge("mb2606-llama31-405b-1024xh100-fp8", "llama3-405b", "dgx-h100", 1024, 8192, 1536,
@@ -192,13 +194,13 @@ SPECS |= _table([
         "global_batch": 2048, "stack": _MC, "execution": {"moe_dispatcher": "deepep"},
         "strategy": {"tp": 2, "dp": 128, "ep": 8, "etp": 1, "micro_batch": 4, "sp": True, "zero": 3,
                      "recompute": "full"},
-        "notes": [_MOE_BAL, "Megatron-FSDP as ZeRO-3"]}),
+        "notes": [_MOE_BAL_ASSUMED, "Megatron-FSDP as ZeRO-3"]}),
     ("mz-qwen3-235b-256xh100-bf16-tp4-ep8-pp8", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
         "global_batch": 2048, "stack": _MC, "execution": {"moe_dispatcher": "deepep"},
         "strategy": {"tp": 4, "pp": 8, "vpp": 4, "dp": 8, "ep": 8, "etp": 1, "micro_batch": 1, "sp": True,
                      "zero": 1, "recompute": "none"},
-        "notes": [_MOE_BAL, "no recompute (the row's recompute column is empty)", _DIST_OPT]}),
+        "notes": [_MOE_BAL_ASSUMED, "no recompute (the row's recompute column is empty)", _DIST_OPT]}),
     ("mz-qwen3-235b-256xh100-bf16-128k-cp8", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 131072,
         "global_batch": 256, "stack": _MC, "execution": {"moe_dispatcher": "deepep",
