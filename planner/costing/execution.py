@@ -56,10 +56,10 @@ class Execution:
     attention_kernel: str = "flash"  # the kernel whose efficiency the hardware file gives ([efficiency.attention])
     fuse_elementwise: bool = True  # chains of memory-bound ops run as one kernel (fused kernels, torch.compile)
     kernel_efficiency: float = 1.0  # this stack's GEMM and attention kernels against the hardware file's fit
+    # (which is of today's Megatron-Core where it has run; fitted with it, see benchmarks/fit_presets.py)
     expert_gemm_streams: int = 0  # routed experts' GEMMs: one grouped kernel (0), or one GEMM per local expert
     # issued round-robin over this many streams (Transformer Engine's GroupedLinear on cuBLAS: 4), so each
     # round of that many GEMMs pays the per-kernel overhead once
-    # (which is of today's Megatron-Core where it has run; fitted with it, see benchmarks/fit_presets.py)
     # overlaps: each hides behind the compute it runs beside; together they share that compute (see step_time)
     overlap_grad_reduce: bool = True  # data-parallel gradient reduction during the backward pass
     overlap_param_gather: bool = True  # distributed-optimizer parameter all-gather during the next forward
