@@ -205,11 +205,13 @@ SPECS |= _table([
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 131072,
         "global_batch": 256, "stack": _MC, "execution": {"moe_dispatcher": "deepep",
                                                          "recompute_modules": ["layernorm", "moe"]},
-        "strategy": {"tp": 4, "cp": 8, "pp": 8, "vpp": 4, "dp": 1, "ep": 8, "micro_batch": 1, "sp": True,
+        "strategy": {"tp": 4, "cp": 8, "pp": 8, "vpp": 4, "dp": 1, "ep": 8, "etp": 1, "micro_batch": 1, "sp": True,
                      "zero": 1, "recompute": "selective"},
         "variants": ({"step_s": 247.6, "what": "forced balance"},),
         "notes": [_MOE_BAL, "step time derived by the row from 389 TFLOP/s with Megatron's causal FLOP formula",
-                  "selective recompute of layernorm and the MoE block, as the command line sets"]}),
+                  "selective recompute of layernorm and the MoE block, as the command line sets",
+                  "expert tensor parallelism 1, as the ModelZoo's model_configs/benchmarking/Qwen3-235B-A22B.yaml "
+                  "sets (--expert-tensor-parallel-size 1; Megatron's default would be the tensor degree, 4)"]}),
     # -- DGX H100, NeMo Automodel (PyTorch FSDP2 + Transformer Engine) ------------------------------------
     ("automodel-llama3-70b-64xh100-bf16-fsdp-cp2", {
         "file": "h100", "hardware": "dgx-h100", "devices": 64, "model": "llama3-70b", "seq_len": 8192,
