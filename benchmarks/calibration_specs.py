@@ -73,12 +73,20 @@ def _nemo(rid, model, gpus, seq, batch, tp, pp, cp, vpp, dp, mb, tp_overlap=None
         strategy["vpp"] = vpp
     spec = {"file": "h100", "hardware": "dgx-h100", "devices": gpus, "model": model, "seq_len": seq,
             "global_batch": batch, "dtype": "fp8", "stack": _MC24, "strategy": strategy,
-            "notes": [_NEMO_FP8, _NOT_STATED, _DIST_OPT] + list(notes)}
+            "execution": dict(_APEX_ADAM), "notes": [_NEMO_FP8, _NOT_STATED, _DIST_OPT, _APEX_ADAM_NOTE] + list(notes)}
     if overrides:
         spec["overrides"] = overrides
     if tp_overlap is not None:
-        spec["execution"] = {"overlap_tp_comm": tp_overlap}
+        spec["execution"]["overlap_tp_comm"] = tp_overlap
     return rid, spec
+
+
+#: NeMo 24.07's launcher configs train with Apex's distributed_fused_adam, which NeMo sets to keep the 16 bits an
+#: fp32 master weight adds to the bf16 one (store_param_remainders) rather than the fp32 copy: 2 + 4 + 4 bytes
+_APEX_ADAM = {"optimizer_bytes": 10.0}
+_APEX_ADAM_NOTE = ("optimizer distributed_fused_adam (NeMo-Framework-Launcher conf/training): Apex keeps the fp32 "
+                   "master weight's low 16 bits beside the bf16 weight (NeMo megatron_base_model.py: "
+                   "store_param_remainders for bf16 weights and an fp32 optimizer), 10 bytes of state per parameter")
 
 
 _LLAMA2_13B = {"hidden": 5120, "layers": 40, "heads": 40, "kv_heads": 40, "ffn": 13824}
@@ -145,6 +153,16 @@ def _bridge(rid, model, hw, gpus, seq, batch, strategy, dtype="fp8", execution=N
 _MOE_BAL = "routing forced balanced and dropless, as the source states: the balanced case this model costs"
 _MOE_BAL_ASSUMED = ("routing taken as forced balanced and dropless, as the table's other rows run it (this row does"
                     " not say): the balanced case this model costs")
+#: The Megatron MoE ModelZoo runs Megatron-LM's own training script: BF16 gradients are accumulated and reduced in
+#: fp32 unless --grad-reduce-in-bf16, which its scripts never pass (megatron/training/arguments.py)
+_MZ_GRADS = {"grad_bytes": 4.0}
+_MZ_GRADS_NOTE = ("gradients reduced in fp32, Megatron-LM's default for BF16 (arguments.py: accumulate_allreduce_grads_in_fp32"
+                  " unless --grad-reduce-in-bf16, which the ModelZoo's scripts do not pass)")
+#: ... and its H100 tables predate --tp-comm-overlap in sbatch_benchmarking.sh (added 2025-12-16, b09773a; the
+#: 4k rows are of 2025-05-27, 8017e11, the 128k rows of 2025-11-04, b0b92ff)
+_MZ_H100 = _MZ_GRADS | {"overlap_tp_comm": False}
+_MZ_H100_NOTE = _MZ_GRADS_NOTE + ("; TP communication not overlapped: the table predates --tp-comm-overlap in the "
+                                  "ModelZoo's sbatch_benchmarking.sh (b09773a, 2025-12-16)")
 SPECS |= _table([
     # -- DGX H100, Megatron-Bridge (NeMo 25.09-26.06) -------------------------------------------------
     _bridge("mb2606-llama31-405b-1024xh100-fp8", "llama3-405b", "dgx-h100", 1024, 8192, 1536,
@@ -181,37 +199,45 @@ SPECS |= _table([
     # -- DGX H100, Megatron MoE ModelZoo (BF16, DeepEP) ---------------------------------------------------
     ("mz-qwen3-235b-256xh100-bf16-ep32-pp8", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
-        "global_batch": 2048, "stack": _MC, "execution": {"moe_dispatcher": "deepep", "overlap_ep_comm": True,
-                                                          "recompute_modules": ["moe_act", "layernorm"]},
+        "global_batch": 2048, "stack": _MC, "execution": _MZ_H100 | {"moe_dispatcher": "deepep", "overlap_ep_comm": True,
+                                                                     "recompute_modules": ["moe_act", "layernorm"]},
         "strategy": {"tp": 2, "pp": 8, "vpp": 4, "dp": 16, "ep": 32, "etp": 1, "micro_batch": 1, "sp": True,
                      "zero": 1, "recompute": "selective"},
         "variants": ({"what": "1F1B all-to-all overlap"},
                      {"suffix": "-no-a2a-overlap", "step_s": 19.7, "what": "without the 1F1B all-to-all overlap",
                       "execution": {"overlap_ep_comm": False}}),
-        "notes": [_MOE_BAL, "selective recompute of norms and the MoE activation, as the run script sets", _DIST_OPT]}),
+        "notes": [_MOE_BAL, "selective recompute of norms and the MoE activation, as the run script sets", _DIST_OPT,
+                  _MZ_H100_NOTE]}),
     ("mz-qwen3-235b-256xh100-bf16-ep8-fsdp", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
-        "global_batch": 2048, "stack": _MC, "execution": {"moe_dispatcher": "deepep"},
+        "global_batch": 2048, "stack": _MC, "execution": {"overlap_tp_comm": False, "moe_dispatcher": "deepep"},
         "strategy": {"tp": 2, "dp": 128, "ep": 8, "etp": 1, "micro_batch": 4, "sp": True, "zero": 3,
                      "recompute": "full"},
-        "notes": [_MOE_BAL_ASSUMED, "Megatron-FSDP as ZeRO-3"]}),
+        "notes": [_MOE_BAL_ASSUMED, "Megatron-FSDP as ZeRO-3",
+                  "TP communication not overlapped: the table predates --tp-comm-overlap in the ModelZoo's "
+                  "sbatch_benchmarking.sh (b09773a, 2025-12-16)",
+                  "ASSUMPTION: gradients reduced in bf16, against Megatron-LM's fp32 default: Megatron-FSDP "
+                  "reduce-scatters every micro-batch's gradients (optim_grads_params), and in fp32 the four micro-batches' "
+                  "expert gathers and reduce-scatters over the 32 expert-data-parallel nodes would move 909 GB per GPU, "
+                  "18.2 s at the 50 GB/s link rate, more than the measured 17.6 s step"]}),
     ("mz-qwen3-235b-256xh100-bf16-tp4-ep8-pp8", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
-        "global_batch": 2048, "stack": _MC, "execution": {"moe_dispatcher": "deepep"},
+        "global_batch": 2048, "stack": _MC, "execution": _MZ_H100 | {"moe_dispatcher": "deepep"},
         "strategy": {"tp": 4, "pp": 8, "vpp": 4, "dp": 8, "ep": 8, "etp": 1, "micro_batch": 1, "sp": True,
                      "zero": 1, "recompute": "none"},
-        "notes": [_MOE_BAL_ASSUMED, "no recompute (the row's recompute column is empty)", _DIST_OPT]}),
+        "notes": [_MOE_BAL_ASSUMED, "no recompute (the row's recompute column is empty)", _DIST_OPT, _MZ_H100_NOTE]}),
     ("mz-qwen3-235b-256xh100-bf16-128k-cp8", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 131072,
-        "global_batch": 256, "stack": _MC, "execution": {"moe_dispatcher": "deepep",
-                                                         "recompute_modules": ["layernorm", "moe"]},
+        "global_batch": 256, "stack": _MC, "execution": _MZ_H100 | {"moe_dispatcher": "deepep",
+                                                                    "recompute_modules": ["layernorm", "moe"]},
         "strategy": {"tp": 4, "cp": 8, "pp": 8, "vpp": 4, "dp": 1, "ep": 8, "etp": 1, "micro_batch": 1, "sp": True,
                      "zero": 1, "recompute": "selective"},
         "variants": ({"step_s": 247.6, "what": "forced balance"},),
         "notes": [_MOE_BAL, "step time derived by the row from 389 TFLOP/s with Megatron's causal FLOP formula",
                   "selective recompute of layernorm and the MoE block, as the command line sets",
                   "expert tensor parallelism 1, as the ModelZoo's model_configs/benchmarking/Qwen3-235B-A22B.yaml "
-                  "sets (--expert-tensor-parallel-size 1; Megatron's default would be the tensor degree, 4)"]}),
+                  "sets (--expert-tensor-parallel-size 1; Megatron's default would be the tensor degree, 4)",
+                  _MZ_H100_NOTE]}),
     # -- DGX H100, NeMo Automodel (PyTorch FSDP2 + Transformer Engine) ------------------------------------
     ("automodel-llama3-70b-64xh100-bf16-fsdp-cp2", {
         "file": "h100", "hardware": "dgx-h100", "devices": 64, "model": "llama3-70b", "seq_len": 8192,
@@ -331,9 +357,12 @@ SPECS |= _table([
             {"dp": 8, "micro_batch": 2}, file="b200"),
     _bridge("mb2604-gpt-oss-120b-64xb200-bf16", "gpt-oss-120b", "dgx-b200", 64, 4096, 1280,
             {"dp": 64, "ep": 8, "etp": 1, "micro_batch": 4, "recompute": "selective"}, dtype="bf16", file="b200",
-            execution={"recompute_modules": ["layernorm", "moe_act"]},
+            execution={"recompute_modules": ["layernorm", "moe_act"], "moe_dispatcher": "deepep"},
             notes=[_MOE_BAL, "selective recompute of layernorm and the MoE activation, as the recipe sets "
-                   "(Megatron-Bridge perf_recipes/gpt_oss/b200/gpt_oss.py)"]),
+                   "(Megatron-Bridge perf_recipes/gpt_oss/b200/gpt_oss.py)",
+                   "HybridEP (flex) dispatch without all-to-all overlap: the 26.04 table ran Megatron-Bridge v0.4.0, "
+                   "whose scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py gives the B200 BF16 V2 "
+                   "config moe_flex_dispatcher_backend='hybridep' (all-to-all only from 14b537eac, 2026-05-05)"]),
     # -- GB200 NVL72, Megatron-Bridge and the MoE ModelZoo -----------------------------------------------------
     _bridge("mb2606-llama31-405b-256xgb200-fp8", "llama3-405b", "gb200-nvl72", 256, 8192, 1536,
             {"tp": 4, "pp": 16, "vpp": 4, "dp": 4}, file="gb200"),
@@ -359,11 +388,12 @@ SPECS |= _table([
             notes=[_MOE_BAL, _HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
     ("mz-qwen3-235b-256xgb200-bf16-pp8-ep8", {
         "file": "gb200", "hardware": "gb200-nvl72", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
-        "global_batch": 8192, "stack": _MC, "execution": {"moe_dispatcher": "deepep"},
+        "global_batch": 8192, "stack": _MC, "execution": _MZ_GRADS | {"moe_dispatcher": "deepep"},
         "strategy": {"pp": 8, "dp": 32, "ep": 8, "micro_batch": 1, "zero": 1, "recompute": "none"},
         "variants": ({"step_s": 25.83},),
         "notes": [_MOE_BAL, "HybridEP dispatch (DISPATCHER=hybridep in the command) without all-to-all overlap",
-                  "step time derived by the row from 750 TFLOP/s with the FLOPs per token of the H100 rows"]}),
+                  "step time derived by the row from 750 TFLOP/s with the FLOPs per token of the H100 rows",
+                  _MZ_GRADS_NOTE]}),
 ])
 
 _MS = "mindspeed"

@@ -70,6 +70,8 @@ class Execution:
     overlap_cp_comm: bool = True  # ring attention's K/V exchange during the attention kernel
     overlap_ep_comm: bool = False  # expert all-to-all during another micro-batch's compute
     overlap_pp_comm: bool = False  # pipeline sends and receives during compute
+    overlap_pp_comm_1f1b: bool = True  # ... in the non-interleaved schedule too (Megatron-Core overlaps them
+    # only between virtual stages: schedules.py refuses overlap_p2p_comm without interleaving)
     ep_overlap_share: float = 1.0  # at most this share of the expert all-to-all the overlap can hide
     tp_overlap_share: float = 1.0  # at most this share of each TP all-gather / reduce-scatter its GEMM can hide
     # precision (FP8 applies when the workload's dtype is fp8: its GEMMs run at the fp8 peak)
@@ -78,6 +80,8 @@ class Execution:
     fp8_weight_bytes: float = 2.0  # FP8 weight copies kept per parameter (the weight and its transpose)
     fp8_saves_inputs: bool = True  # GEMM inputs saved for backward in FP8 (1 byte per element, not 2)
     fp8_params: bool = False  # FP8 weights instead of 16-bit ones (TE's fp8_model_init, NeMo's fp8_param_gather)
+    fp8_weight_cache: bool = False  # without FP8 weights: each weight cast on a step's first micro-batch and its
+    # FP8 copies (fp8_weight_bytes) reused by the rest (TE's is_first_microbatch); else cast in every forward
     fp8_all_gather: bool = False  # the data-parallel all-gathers of weights that feed FP8 GEMMs move FP8 (1 byte):
     # NeMo's fp8_param_gather, torchao's enable_fsdp_float8_all_gather under FSDP2
     fp8_tp_all_gather: bool = False  # sequence-parallel all-gathers of FP8 GEMM inputs move FP8: the stack
@@ -98,7 +102,7 @@ class Execution:
     # routing, Megatron's forced balancing), k consecutive experts (NeMo Automodel's FakeBalancedGate), or
     # by a learned router that is only pulled towards balance (an auxiliary loss or bias): expert loads spread
     # and the busiest expert-parallel rank sets the pace (`cost_models.expert_load`)
-    moe_expert_load_cv: float = 1.59  # with "learned": per-expert load coefficient of variation; fitted on the
+    moe_expert_load_cv: float = 1.67  # with "learned": per-expert load coefficient of variation; fitted on the
     # Megatron MoE ModelZoo's forced-balance against dropless Qwen3-235B runs on 256 H100s, 16k and 64k tokens
     # (benchmarks/fit_expert_load.py); another model, router or training stage is an assumption
     moe_capacity_factor: float = 0.0  # tokens beyond this multiple of an expert's mean load dropped (0: dropless)
@@ -166,8 +170,8 @@ def parse_execution(text: str, *, source: str, default_name: str) -> Execution:
 
 
 _BOOLS = ("fuse_elementwise", "overlap_grad_reduce", "overlap_param_gather", "fsdp_prefetch", "fsdp_gathered_with_pp",
-          "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm", "overlap_pp_comm", "fp8_saves_inputs", "fp8_params",
-          "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation")
+          "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm", "overlap_pp_comm", "overlap_pp_comm_1f1b",
+          "fp8_saves_inputs", "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation")
 _NUMBERS = ("fp8_cast_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
             "runtime_reserve_gib", "kernel_efficiency", "ep_overlap_share", "tp_overlap_share",
             "moe_expert_load_cv", "moe_capacity_factor")
@@ -179,7 +183,7 @@ _SECTIONS = {
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("ep_overlap_share",
                                                                                   "tp_overlap_share"),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_weight_bytes", "fp8_saves_inputs", "fp8_params",
-                  "fp8_all_gather", "fp8_tp_all_gather"),
+                  "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather"),
     "states": ("param_bytes", "grad_bytes", "optimizer_bytes"),
     "recompute": ("selective", "recompute_modules"),
     "memory": ("allocator_reserve", "runtime_reserve_gib"),

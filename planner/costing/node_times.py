@@ -15,7 +15,9 @@ Three kinds of kernels, each a roofline with the device's efficiency curves
   and each output gradient backward read in 16 bits and written in 8
   (`Execution.fp8_cast_bytes` per element), and the weight once per
   micro-batch unless the stack keeps FP8 weights (`Execution.fp8_params`:
-  Transformer Engine's fp8_model_init casts them at the optimizer step).
+  Transformer Engine's fp8_model_init casts them at the optimizer step) or
+  caches their FP8 copies over a step's micro-batches
+  (`Execution.fp8_weight_cache`: TE's is_first_microbatch, once per step).
 
 In training each kernel also carries what issuing it costs the host of an
 eager step (`Cluster.host_overhead_s`, fitted where a hardware has enough
@@ -73,6 +75,9 @@ class NodeTimes:
                     else facts.work.act_bytes)
         self.fp8 = self.training and workload.dtype in LOW_PRECISION_GEMMS
         self.gemm_dtype = workload.dtype if self.fp8 else self.dtype
+        # micro-batches a weight's FP8 cast is spread over: all of a step's when the stack caches the copies
+        self.weight_casts_per_mb = 1.0 / strategy.micro_batches(workload) if (
+            self.fp8 and execution.fp8_weight_cache and not execution.fp8_params) else 1.0
         self._fwd: dict[tuple[int, int], float] = {}
         self._bwd: dict[tuple[int, int], float] = {}
 
@@ -151,7 +156,8 @@ class NodeTimes:
                     continue
                 if facts.index.is_weight(x):  # this rank's shard of the weight (its experts, for routed ones),
                     if not self.execution.fp8_params:  # unless the stack keeps FP8 weights (cast at the update)
-                        elements += t.numel / (self.ep * self.etp if facts.in_routed[i] else k)
+                        elements += t.numel / (self.ep * self.etp if facts.in_routed[i] else k) \
+                            * self.weight_casts_per_mb
                 else:
                     elements += t.numel * share
         nbytes = self.execution.fp8_cast_bytes * elements

@@ -139,7 +139,7 @@ def step_breakdown(
         # the receiver all-gathers what was sent scattered (see stage_costs), over its own tensor group
         p2p += max(all_gather_s(s.gather_bytes, place_group(cluster, s.tp, stride=1)) if s.tp > 1 else 0.0
                    for s in stages)
-        if ex.overlap_pp_comm:  # sends and receives run beside the next chunk's compute
+        if ex.overlap_pp_comm and (strategy.vpp > 1 or ex.overlap_pp_comm_1f1b):  # beside the next chunk's compute
             p2p = exposed_s(p2p, min(x.forward_s for x in steps), cluster.dp_overlap_efficiency)
     schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
     pipe = pipeline_time([x.forward_s for x in steps], [x.backward_s for x in steps], m, schedule, strategy.vpp, p2p)

@@ -1,0 +1,88 @@
+"""What a stack does across a step's micro-batches: FP8 weight copies cast once per step, and pipeline sends
+overlapped only where its schedule can.
+
+- Transformer Engine casts a 16-bit weight to FP8 on a step's first micro-batch and reuses the copy on the rest
+  (`is_first_microbatch`, which Megatron-Core sets: pipeline_parallel/schedules.py set_is_first_microbatch), so
+  the weight's cast costs 1/m of it per micro-batch; torchao's Float8Linear casts in every forward. By hand on
+  a small Llama layer: the cast traffic of a weight-fed GEMM differs by cast_bytes x numel x (1 - 1/m).
+- Megatron-Core overlaps pipeline sends and receives with compute only between virtual stages
+  (forward_backward_pipelining_without_interleaving refuses overlap_p2p_comm): a 1F1B pipeline pays them whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import planner.costing.node_times as nt
+from cost_models import load_cluster
+from planner.api import load_graph
+from planner.costing.execution import load_execution
+from planner.costing.graph_facts import GraphFacts
+from planner.costing.node_times import NodeTimes
+from planner.graph.blocks import discover_blocks
+from planner.strategy import Strategy, Workload
+
+SMALL = dict(layers=1, hidden=512, heads=8, kv_heads=2, ffn=1024, vocab=1024)
+
+
+@pytest.fixture(scope="module")
+def small():
+    g = load_graph("llama3-8b", batch=1, seq_len=512, overrides=SMALL)
+    st = discover_blocks(g)
+    return g, GraphFacts(g, st)
+
+
+def _cast_bytes(monkeypatch, facts, execution, node: int, m: int) -> float:
+    """HBM bytes of the FP8 casts of one forward GEMM on one device, as the costing passes them on."""
+    seen: list[float] = []
+    real = nt.op_time_s
+    monkeypatch.setattr(nt, "op_time_s", lambda c, f, b, kind, dtype=None: seen.append(b) or real(c, f, b, kind, dtype))
+    work = Workload(global_batch=m, seq_len=512, dtype="fp8", execution=execution)
+    timer = NodeTimes(facts, load_cluster("dgx-h100", devices=1), work, Strategy(micro_batch=1), execution)
+    timer._casts(node, 1, timer.bs, backward=False)
+    monkeypatch.setattr(nt, "op_time_s", real)
+    return sum(seen)
+
+
+def test_a_cached_fp8_weight_is_cast_once_per_step(monkeypatch, small):
+    g, facts = small
+    node = next(i for i, n in enumerate(g.nodes) if facts.fp8_gemm[i] and any(facts.index.is_weight(x) for x in n.inputs))
+    weight = next(g.tensors[x] for x in g.nodes[node].inputs if facts.index.is_weight(x))
+    base = dataclasses.replace(load_execution("megatron-core"), fp8_params=False)
+    m = 8
+    cached = _cast_bytes(monkeypatch, facts, dataclasses.replace(base, fp8_weight_cache=True), node, m)
+    every = _cast_bytes(monkeypatch, facts, dataclasses.replace(base, fp8_weight_cache=False), node, m)
+    assert every - cached == pytest.approx(base.fp8_cast_bytes * weight.numel * (1 - 1 / m), rel=1e-9)
+    # FP8 weights kept by the stack are never cast in the step, cached or not
+    kept = dataclasses.replace(base, fp8_params=True, fp8_weight_cache=True)
+    assert _cast_bytes(monkeypatch, facts, kept, node, m) == pytest.approx(every - base.fp8_cast_bytes * weight.numel)
+
+
+def test_the_stacks_say_who_caches_fp8_weights():
+    assert load_execution("megatron-core").fp8_weight_cache  # TE's is_first_microbatch
+    assert not load_execution("torchtitan").fp8_weight_cache  # Float8Linear casts in every forward
+    # NeMo 24.07's pretraining configs leave fp8_params unset (False): 16-bit weights, gathered in 16 bits
+    old = load_execution("megatron-core-2024")
+    assert (old.fp8_params, old.fp8_all_gather, old.fp8_weight_cache) == (False, False, True)
+
+
+def _p2p(tmp_path, **overlap) -> float:
+    from planner.api import estimate_model
+
+    stack = tmp_path / f"s{len(list(tmp_path.iterdir()))}.toml"
+    stack.write_text('[stack]\nbase = "megatron-core"\n[overlap]\n'
+                     + "".join(f"{k} = {str(v).lower()}\n" for k, v in overlap.items()), encoding="utf-8")
+    est = estimate_model("llama3-8b", cluster="dgx-h100", devices=16, global_batch=16, seq_len=2048, pp=2, dp=8,
+                         overrides=dict(layers=4, vocab=32000), stack=str(stack))
+    return est["breakdown_s"]["pp_p2p"]
+
+
+def test_megatron_core_overlaps_pipeline_sends_only_between_virtual_stages(tmp_path):
+    plain = _p2p(tmp_path)
+    assert plain > 0
+    assert plain == pytest.approx(_p2p(tmp_path, overlap_pp_comm=False), rel=1e-12)
+    assert _p2p(tmp_path, overlap_pp_comm_1f1b=True) < plain
+    assert not load_execution("megatron-core").overlap_pp_comm_1f1b
+    assert load_execution("torchtitan").overlap_pp_comm_1f1b
