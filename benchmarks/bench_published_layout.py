@@ -6,8 +6,9 @@ The published layout is Megatron-Bridge's DeepSeek-V3 pre-training on 1,024 H100
 VPP4, EP64, FP8, sequences of 4096, global batch 8192; measured 1,297 tokens/s per GPU, a 25.26 s step:
 planner/calibration/runs/h100.json). Each is scored twice: under the default megatron-core stack, and under
 the recipe's own settings (DeepEP dispatch, routing limited to 4 node groups, MLA up-projection and MLP
-recompute, no gradient-reduce overlap), written as a stack file on top of megatron-core. Prints the step
-times, what the plan chose, and its runners-up. Takes about two minutes.
+recompute, no gradient-reduce overlap, the 1F1B expert all-to-all overlap, no TP overlap, bf16 Adam
+moments), written as a stack file on top of megatron-core. Prints the step times, what the plan chose, and
+its runners-up. Takes about four minutes.
 """
 
 from __future__ import annotations
@@ -24,11 +25,16 @@ from planner.api import estimate_model, plan_model  # noqa: E402
 RECIPE = """[stack]
 name = "megatron-bridge-dsv3"
 base = "megatron-core"
-description = "Megatron-Bridge's DeepSeek-V3 H100 recipe"
-sources = ["NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/perf_recipes/deepseek/h100/deepseek_v3.py"]
+description = "Megatron-Bridge's DeepSeek-V3 H100 recipe, as its 25.09 release ran it"
+sources = ["NVIDIA-NeMo/Megatron-Bridge r0.1.0 scripts/performance/run_script.py and recipes/deepseek/deepseek_v3.py"]
 
 [overlap]
 overlap_grad_reduce = false
+overlap_ep_comm = true   # A2A_1F1B on H100
+overlap_tp_comm = false  # no comm_overlap_config: the recipe's CommOverlapConfig(tp_comm_overlap=False)
+
+[states]
+optimizer_bytes = 8.0  # precision-aware optimizer: fp32 master weights, bf16 Adam moments
 
 [recompute]
 recompute_modules = ["mla_up_proj", "mlp"]

@@ -25,12 +25,19 @@ _HYBRIDEP_NOTE = ("HybridEP dispatch with the expert all-to-all overlapped (over
                   "the recipe's full-iteration MXFP8 settings set")
 _TT_EAGER = {"fuse_elementwise": False}
 _AUTOMODEL: dict = {}
-_AUTOMODEL_MOE = {"moe_routing": "contiguous"}
+_AUTOMODEL_MOE = {"moe_routing": "contiguous", "grad_bytes": 4.0}
+_AUTOMODEL_MOE_GRADS = ("gradients reduce-scattered in fp32: Automodel's MoE parallelizer defaults to "
+                        "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32) (components/moe/parallelizer.py)")
 _AUTOMODEL_NOTE = "NeMo Automodel: PyTorch FSDP2 with Transformer Engine kernels (the torchtitan stack, cuDNN attention)"
 _FAKE_GATE = ("routing by Automodel's FakeBalancedGate (nemo_automodel/components/moe/layers.py): token i takes "
               "the k consecutive experts from i*k, so its experts sit on one or two ranks")
 _DSV3_HYBRIDEP = ("HybridEP (flex) dispatch: the DeepSeek-V3 perf recipes build on recipes/deepseek/h100/"
                   "deepseek_v3.py, which ends in apply_flex_dispatcher_backend(model, 'hybridep')")
+#: Megatron-Bridge's DeepSeek-V3 recipes run the precision-aware optimizer with bf16 Adam moments beside fp32
+#: master weights (recipes/deepseek/deepseek_v3.py: use_precision_aware_optimizer, exp_avg_dtype bf16): 4 + 2 + 2
+_DSV3_OPT = {"optimizer_bytes": 8.0}
+_DSV3_OPT_NOTE = ("precision-aware optimizer: fp32 master weights, bf16 Adam moments (Megatron-Bridge "
+                  "recipes/deepseek/deepseek_v3.py), 8 bytes of state per parameter")
 _DSV3_GROUPS = ("DeepSeek-V3's node-limited routing: experts in 8 groups, each token in at most 4 "
                 "(its config's n_group and topk_group; Megatron's router applies them to forced-balance logits)")
 
@@ -137,16 +144,19 @@ SPECS |= _table([
 # are fine-tuning steps of another stack (MindSpore); the DeepSeek-V3 GB200 guide was withdrawn as a draft.
 
 
-def _bridge(rid, model, hw, gpus, seq, batch, strategy, dtype="fp8", execution=None, notes=(), file="h100"):
+def _bridge(rid, model, hw, gpus, seq, batch, strategy, dtype="fp8", execution=None, notes=(), file="h100",
+            corrects=None):
     strategy = {"micro_batch": 1, "zero": 1, "recompute": "none"} | strategy
     strategy.setdefault("sp", strategy.get("tp", 1) > 1)
     ex = (_CS if dtype == "fp8" else {}) | (execution or {})
     base = [_CS_NOTE] if dtype == "fp8" and "fp8_recipe" not in (execution or {}) else []
+    base += [_DIST_OPT + " (Megatron-Bridge recipes)"] if strategy["zero"] == 1 else []
     spec = {"file": file, "hardware": hw, "devices": gpus, "model": model, "seq_len": seq, "global_batch": batch,
-            "dtype": dtype, "stack": _MC, "strategy": strategy,
-            "notes": base + [_DIST_OPT + " (Megatron-Bridge recipes)"] + list(notes)}
+            "dtype": dtype, "stack": _MC, "strategy": strategy, "notes": base + list(notes)}
     if ex:
         spec["execution"] = ex
+    if corrects:
+        spec["corrects"] = corrects  # a table column the code that produced the figure contradicts (notes say why)
     return rid, spec
 
 
@@ -169,10 +179,14 @@ SPECS |= _table([
             {"tp": 8, "pp": 8, "cp": 2, "vpp": 8, "dp": 8}),
     _bridge("mb2604-llama3-70b-64xh100-fp8", "llama3-70b", "dgx-h100", 64, 8192, 256,
             {"tp": 4, "pp": 8, "vpp": 5, "dp": 2},
-            notes=["the recipe's uneven pipeline layout (2-3 layers per virtual stage) read as an even split"]),
+            notes=["2 layers per virtual stage: v0.4.0's recipe sets no pipeline layout (recipes/llama/llama3.py)"]),
     _bridge("mb2511-llama3-8b-8xh100-fp8cs-fsdp", "llama3-8b", "dgx-h100", 8, 8192, 128,
-            {"dp": 8, "zero": 3, "full_recompute_layers": 5},
-            notes=["Megatron-FSDP over the 8 GPUs (ZeRO-3); full recompute of 5 layers from the current recipe"]),
+            {"dp": 8, "zero": 1, "full_recompute_layers": 5},
+            corrects={"fsdp": "the table's FSDP column was carried over from 25.09"},
+            notes=["distributed optimizer and full recompute of 5 layers, as the 25.11 release's config sets "
+                   "(Megatron-Bridge v0.2.0 scripts/performance/configs/llama3/workload_base_configs.py "
+                   "LLAMA3_8B_H100_FP8_CS_BASE_CONFIG: recompute_num_layers=5, no use_megatron_fsdp; the table's "
+                   "FSDP column was carried over from 25.09)"]),
     _bridge("mb2606-qwen3-30b-a3b-16xh100-fp8", "qwen3-30b-a3b", "dgx-h100", 16, 4096, 1024,
             {"dp": 16, "ep": 16, "etp": 1}, execution={"moe_dispatcher": "deepep"},
             notes=[_MOE_BAL, "HybridEP (flex) dispatch without all-to-all overlap, as the recipe sets "
@@ -188,11 +202,17 @@ SPECS |= _table([
             notes=[_MOE_BAL, "selective recompute of layernorm and the MoE activation, as the recipe sets"]),
     _bridge("mb2509-deepseek-v3-1024xh100-fp8", "deepseek-v3", "dgx-h100", 1024, 4096, 8192,
             {"tp": 2, "pp": 8, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
-            execution={"overlap_grad_reduce": False, "moe_dispatcher": "deepep", "moe_group_limit": 4,
-                       "recompute_modules": ["mla_up_proj", "mlp"]},
-            notes=[_MOE_BAL, _DSV3_GROUPS, "DeepEP dispatcher and no gradient-reduce overlap, as the recipe sets",
-                   "selective recompute of MLA's up-projections and the MLP, from the current recipe",
-                   "FP8 inferred from the table's footnote (the release has no precision column)"]),
+            execution=_DSV3_OPT | {"overlap_grad_reduce": False, "moe_dispatcher": "deepep", "moe_group_limit": 4,
+                                   "recompute_modules": ["mla_up_proj", "mlp"], "overlap_ep_comm": True,
+                                   "overlap_tp_comm": False},
+            notes=[_MOE_BAL, _DSV3_GROUPS, _DSV3_OPT_NOTE,
+                   "DeepEP dispatcher, no gradient-reduce overlap, the expert all-to-all overlapped (1F1B, on H100) and "
+                   "TP communication not, selective recompute of MLA's up-projections and the MLP, as the 25.09 "
+                   "release's scripts/performance/run_script.py sets (Megatron-Bridge r0.1.0: A2A_1F1B for h100, "
+                   "no comm_overlap_config so the recipe's CommOverlapConfig(tp_comm_overlap=False))",
+                   "FP8 inferred from the table's footnote (the release has no precision column)",
+                   "the run's multi-token-prediction layer (mtp_num_layers=1) is not in the deepseek-v3 preset: "
+                   "about 4 % of the FLOPs per token left out"]),
 ])
 
 SPECS |= _table([
@@ -242,23 +262,33 @@ SPECS |= _table([
     ("automodel-llama3-70b-64xh100-bf16-fsdp-cp2", {
         "file": "h100", "hardware": "dgx-h100", "devices": 64, "model": "llama3-70b", "seq_len": 8192,
         "global_batch": 128, "stack": "automodel",
+        "execution": {"optimizer_bytes": 8.0, "attention_kernel": "flash2"},
         "strategy": {"cp": 2, "dp": 32, "micro_batch": 1, "zero": 3, "recompute": "full"},
-        "notes": [_AUTOMODEL_NOTE]}),
+        "notes": [_AUTOMODEL_NOTE,
+                  "Transformer Engine's FusedAdam with its defaults on bf16 parameters: fp32 moments, no master "
+                  "weights (TE optimizers/fused_adam.py), 8 bytes of state per parameter (its benchmark config "
+                  "examples/llm_pretrain/custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml)",
+                  "attention by torch SDPA, which under context parallelism Automodel limits to the flash and "
+                  "memory-efficient backends (cp_utils.py): FlashAttention-2"]}),
     ("automodel-deepseek-v3-256xh100-bf16", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "deepseek-v3", "seq_len": 4096,
         "global_batch": 512, "stack": "automodel", "execution": _AUTOMODEL_MOE,
         "strategy": {"pp": 4, "vpp": 8, "dp": 64, "ep": 64, "micro_batch": 1, "zero": 3, "recompute": "full"},
-        "notes": [_AUTOMODEL_NOTE, _MOE_BAL, _FAKE_GATE, "local batch 8 per rank as 8 micro-batches of 1"]}),
+        "notes": [_AUTOMODEL_NOTE, _MOE_BAL, _FAKE_GATE, "local batch 8 per rank as 8 micro-batches of 1",
+                  _AUTOMODEL_MOE_GRADS]}),
     ("automodel-kimi-k2-256xh100-bf16", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "kimi-k2", "seq_len": 4096,
         "global_batch": 512, "stack": "automodel", "execution": _AUTOMODEL_MOE,
         "strategy": {"pp": 8, "vpp": 4, "dp": 32, "ep": 32, "micro_batch": 1, "zero": 3, "recompute": "full"},
-        "notes": [_AUTOMODEL_NOTE, _MOE_BAL, _FAKE_GATE]}),
+        "notes": [_AUTOMODEL_NOTE, _MOE_BAL, _FAKE_GATE, _AUTOMODEL_MOE_GRADS,
+                  "costed as one pipeline schedule of 16 micro-batches; the benchmark runs two of 8 each "
+                  "(recipes/llm/benchmark.py: two gradient-accumulation steps), whose second bubble is not "
+                  "charged (about 7/64 of the pipeline time)"]}),
     ("automodel-qwen3-moe-30b-8xh100-bf16", {
         "file": "h100", "hardware": "dgx-h100", "devices": 8, "model": "qwen3-30b-a3b", "seq_len": 4096,
         "global_batch": 512, "stack": "automodel", "execution": _AUTOMODEL_MOE,
         "strategy": {"dp": 8, "ep": 8, "micro_batch": 4, "zero": 3, "recompute": "full"},
-        "notes": [_AUTOMODEL_NOTE, _MOE_BAL, _FAKE_GATE]}),
+        "notes": [_AUTOMODEL_NOTE, _MOE_BAL, _FAKE_GATE, _AUTOMODEL_MOE_GRADS]}),
 ])
 
 _TT = "torchtitan"
@@ -278,6 +308,9 @@ def _titan(rid, model, gpus, batch, strategy, variants, notes=(), seq=8192, hard
 
 _COMPILE = {"what": "torch.compile"}
 _ASYNC = {"overlap_tp_comm": True}
+#: FSDP2's FP8 weight all-gather, set where the row's config sets it (llama3_405b.toml: enable_fsdp_float8_all_gather
+#: and precompute_float8_dynamic_scale_for_fsdp; off by default, and off in the 8B and 70B configs)
+_FP8_AG = {"fp8_all_gather": True}
 SPECS |= _table([
     # -- Grand Teton H100 (96 GB, 500 W), torchtitan ---------------------------------------------------------
     _titan("torchtitan-405b-128xh100-bf16-fsdp16tp8", "llama3-405b", 128, 32,
@@ -289,8 +322,9 @@ SPECS |= _table([
                   "held-out rows by at most 1.1 points"]),
     _titan("torchtitan-405b-128xh100-fp8-fsdp16tp8", "llama3-405b", 128, 32,
            {"tp": 8, "dp": 16, "micro_batch": 2, "sp": True, "recompute": "full"},
-           ({"dtype": "fp8"}, {"suffix": "-asynctp", "dtype": "fp8", "tokens_per_s": 185, "what": "Float8 + async TP",
-                               "execution": _ASYNC}),
+           ({"dtype": "fp8", "execution": _FP8_AG},
+            {"suffix": "-asynctp", "dtype": "fp8", "tokens_per_s": 185, "what": "Float8 + async TP",
+             "execution": _ASYNC | _FP8_AG}),
            notes=["Float8 linears, tensorwise scaling, with FP8 all-gather and compiled (torchtitan's float8 recipe "
                   "then, docs/float8.md)"]),
     _titan("torchtitan-8b-8xh100-fsdp8-bf16", "llama3-8b", 8, 16,
@@ -310,13 +344,13 @@ SPECS |= _table([
     _titan("torchtitan-405b-512xh100-fsdp8tp8pp8-fp8", "llama3-405b", 512, 256,
            {"tp": 8, "pp": 8, "dp": 8, "micro_batch": 4, "sp": True, "recompute": "full"},
            ({"suffix": "-1f1b", "tokens_per_s": 100, "dtype": "fp8", "memory_gib": 82.5, "what": "1F1B",
-             "execution": _ASYNC},),
+             "execution": _ASYNC | _FP8_AG},),
            notes=["micro-batches not stated: as many as stages (8, torchtitan's default then), so 4 sequences each",
                   "async TP, as the row states"]),
     ("torchtitan-405b-512xh100-fsdp8tp8pp8-fp8-interleaved", {
         "row": "torchtitan-405b-512xh100-fsdp8tp8pp8-fp8", "file": "h100-96gb", "hardware": _GT, "devices": 512,
         "model": "llama3-405b", "seq_len": 8192, "global_batch": 256, "stack": _TT, "dtype": "fp8",
-        "execution": _ASYNC,
+        "execution": _ASYNC | _FP8_AG,
         "strategy": {"tp": 8, "pp": 8, "vpp": 2, "dp": 8, "micro_batch": 4, "sp": True, "zero": 3, "recompute": "full"},
         "variants": ({"tokens_per_s": 128, "memory_gib": 72.7, "what": "Interleaved 1F1B"},),
         "notes": [_TT_NOTE, "virtual stages not stated: 2 per rank",
@@ -338,11 +372,11 @@ SPECS |= _table([
              "execution": _ASYNC})),
     # -- H200 (WhiteFiber), torchtitan via Trainy --------------------------------------------------------------
     _titan("torchtitan-trainy-8b-h200-32", "llama3-8b", 32, 64, {"dp": 32, "micro_batch": 2, "recompute": "selective"},
-           ({"tokens_per_s": 10938, "memory_gib": 47.96, "dtype": "fp8", "what": "4 nodes"},),
+           ({"tokens_per_s": 10938, "memory_gib": 47.96, "dtype": "fp8", "what": "4 nodes", "execution": _FP8_AG},),
            hardware="dgx-h200", file="h200", row="torchtitan-trainy-8b-h200-fsdp-fp8",
            notes=["Float8 linears with FP8 all-gather, compiled"]),
     _titan("torchtitan-trainy-8b-h200-64", "llama3-8b", 64, 128, {"dp": 64, "micro_batch": 2, "recompute": "selective"},
-           ({"tokens_per_s": 10753, "memory_gib": 46.97, "dtype": "fp8", "what": "8 nodes"},),
+           ({"tokens_per_s": 10753, "memory_gib": 46.97, "dtype": "fp8", "what": "8 nodes", "execution": _FP8_AG},),
            hardware="dgx-h200", file="h200", row="torchtitan-trainy-8b-h200-fsdp-fp8",
            notes=["Float8 linears with FP8 all-gather, compiled"]),
 ])
@@ -350,9 +384,14 @@ SPECS |= _table([
 SPECS |= _table([
     # -- DGX B200, Megatron-Bridge ----------------------------------------------------------------------------
     _bridge("mb2604-deepseek-v3-256xb200-mxfp8", "deepseek-v3", "dgx-b200", 256, 4096, 4096,
-            {"pp": 16, "dp": 16, "ep": 8, "etp": 1}, execution=_MX | {"moe_group_limit": 4, "moe_dispatcher": "deepep"},
+            {"pp": 16, "dp": 16, "ep": 8, "etp": 1, "recompute": "selective"},
+            execution=_MX | _DSV3_OPT | {"moe_group_limit": 4, "moe_dispatcher": "deepep",
+                                         "recompute_modules": ["mla_up_proj"]},
             file="b200", notes=[_MOE_BAL, _DSV3_GROUPS, "MXFP8 (block scales computed in the cast: 3 bytes per element)",
-                                _DSV3_HYBRIDEP]),
+                                _DSV3_OPT_NOTE, "HybridEP without all-to-all overlap and selective recompute of MLA's "
+                                "up-projections, as the 26.04 release sets (Megatron-Bridge v0.4.0 scripts/performance/"
+                                "configs/deepseek/deepseek_workload_base_configs.py B200_V1/V2, deepseek_llm_pretrain.py)",
+                                "the run's multi-token-prediction layer is not in the deepseek-v3 preset"]),
     _bridge("mb2511-llama31-405b-128xb200-fp8cs", "llama3-405b", "dgx-b200", 128, 8192, 64,
             {"tp": 4, "pp": 8, "cp": 2, "vpp": 8, "dp": 2}, file="b200"),
     _bridge("mb2511-llama3-8b-8xb200-fp8cs", "llama3-8b", "dgx-b200", 8, 8192, 128,
@@ -374,14 +413,16 @@ SPECS |= _table([
                    "the activations in Grace memory"]),
     _bridge("mb2606-deepseek-v3-256xgb200-mxfp8", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
             {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
-            execution=_MX | _HYBRIDEP_OVERLAP | {"recompute_modules": ["mla_up_proj"], "moe_group_limit": 4},
+            execution=_MX | _HYBRIDEP_OVERLAP | _DSV3_OPT | {"recompute_modules": ["mla_up_proj"], "moe_group_limit": 4},
             file="gb200", notes=[_MOE_BAL, _DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
-                                 "sets", _HYBRIDEP_NOTE + " (perf_recipes/deepseek/common.py)"]),
+                                 "sets", _HYBRIDEP_NOTE + " (perf_recipes/deepseek/common.py)", _DSV3_OPT_NOTE,
+                                 "the run's multi-token-prediction layer is not in the deepseek-v3 preset"]),
     _bridge("mb2511-deepseek-v3-256xgb200-bf16", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
             {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"}, dtype="bf16",
-            execution={"moe_group_limit": 4, "recompute_modules": ["mla_up_proj"], "moe_dispatcher": "deepep"},
+            execution=_DSV3_OPT | {"moe_group_limit": 4, "recompute_modules": ["mla_up_proj"], "moe_dispatcher": "deepep"},
             file="gb200", notes=[_MOE_BAL, _DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
-                                 "sets (Megatron-Bridge perf_recipes/deepseek/gb200/deepseek_v3.py)", _DSV3_HYBRIDEP]),
+                                 "sets (Megatron-Bridge perf_recipes/deepseek/gb200/deepseek_v3.py)", _DSV3_HYBRIDEP,
+                                 _DSV3_OPT_NOTE]),
     _bridge("mb2606-qwen3-235b-a22b-256xgb200-mxfp8", "qwen3-235b-a22b", "gb200-nvl72", 256, 4096, 8192,
             {"pp": 8, "vpp": 3, "dp": 32, "ep": 32}, execution=_MX | _HYBRIDEP_OVERLAP, file="gb200",
             notes=[_MOE_BAL, _HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
@@ -414,19 +455,23 @@ def _ascend(rid, model, npus, seq, batch, strategy, notes=(), row=None):
 SPECS |= _table([
     # -- Ascend 910B, MindSpeed-LLM ---------------------------------------------------------------------------
     _ascend("mindspeed-llama2-7b-8npu", "llama2-7b", 8, 4096, 256, {"pp": 2, "dp": 4, "zero": 1},
-            notes=["distributed optimizer and overlapped gradient reduction, as the row states"]),
+            notes=["distributed optimizer and overlapped gradient reduction, as the row states",
+                   "parameter all-gather overlapped too: the script of the commit that published the figure "
+                   "(b2915bd2, examples/llama2/pretrain_llama2_7b_ptd.sh) passes --overlap-param-gather"]),
     _ascend("mindspeed-llama3-8b-8npu", "llama3-8b", 8, 8192, 64, {"tp": 8, "micro_batch": 2, "sp": True}),
     _ascend("mindspeed-llama2-70b-32x910b-bf16", "llama2-70b", 32, 4096, 1024,
             {"tp": 8, "pp": 4, "vpp": 4, "dp": 1, "sp": True},
             notes=["MC2 (fused matmul and collective) as overlapped TP communication"]),
     _ascend("mindspeed-llama3-70b-64x910b-bf16", "llama3-70b", 64, 8192, 512, {"tp": 8, "pp": 8, "dp": 1, "sp": True}),
     _ascend("mindspeed-qwen3-30b-a3b-16x910b-bf16", "qwen3-30b-a3b", 16, 4096, 256,
-            {"pp": 2, "dp": 8, "ep": 8, "recompute": "full"},
+            {"pp": 2, "dp": 8, "ep": 8, "recompute": "full", "zero": 1},
             notes=["recompute 'full, uniform, 1 layer' recomputes every layer",
+                   "distributed optimizer (--use-distributed-optimizer in examples/mcore/qwen3_moe/"
+                   "pretrain_qwen3_30b_a3b_4K_ptd.sh)",
                    "real (auxiliary-loss) routing, not forced balance: costed as a learned router, the busiest "
                    "of the 8 expert-parallel ranks at the load spread fitted on Qwen3-235B's dropless H100 runs "
                    "(the same 128 experts, top-8; another model and hardware: an assumption)"]),
 ])
 SPECS["mindspeed-llama2-70b-32x910b-bf16"]["execution"] = {"overlap_tp_comm": True}
-SPECS["mindspeed-llama2-7b-8npu"]["execution"] = {"overlap_grad_reduce": True}
+SPECS["mindspeed-llama2-7b-8npu"]["execution"] = {"overlap_grad_reduce": True, "overlap_param_gather": True}
 SPECS["mindspeed-qwen3-30b-a3b-16x910b-bf16"]["execution"] = {"moe_routing": "learned"}

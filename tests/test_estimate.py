@@ -195,8 +195,9 @@ def test_fp8_all_gather_moves_one_byte_per_fp8_weight():
     def stage(dense, expert, fp8):
         return StageCost(0, (), None, 0.0, 0.0, dense, expert, {}, 0.0, 1.0, fp8_params=fp8)
 
-    titan = load_stack("torchtitan")
-    assert titan.fp8_all_gather and load_stack("megatron-core").fp8_all_gather
+    # torchtitan gathers FP8 weights where a config sets enable_fsdp_float8_all_gather (off by default)
+    assert not load_stack("torchtitan").fp8_all_gather and load_stack("megatron-core").fp8_all_gather
+    titan = with_changes(load_stack("torchtitan"), {"fp8_all_gather": True}, "test")
     assert gather_width(stage(100.0, 0.0, 100.0), titan, 2.0) == 1.0
     assert gather_width(stage(60.0, 40.0, 25.0), titan, 2.0) == 1.75
     assert gather_width(stage(100.0, 0.0, 0.0), titan, 2.0) == 2.0  # a BF16 run
