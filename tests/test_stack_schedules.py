@@ -86,3 +86,16 @@ def test_megatron_core_overlaps_pipeline_sends_only_between_virtual_stages(tmp_p
     assert _p2p(tmp_path, overlap_pp_comm_1f1b=True) < plain
     assert not load_execution("megatron-core").overlap_pp_comm_1f1b
     assert load_execution("torchtitan").overlap_pp_comm_1f1b
+
+
+def test_an_overlapped_expert_exchange_is_stated_as_an_assumption(tmp_path):
+    from planner.api import estimate_model
+
+    stack = tmp_path / "a2a.toml"
+    stack.write_text('[stack]\nbase = "megatron-core"\n[overlap]\noverlap_ep_comm = true\n', encoding="utf-8")
+    kw = dict(cluster="dgx-h100", devices=8, global_batch=8, seq_len=1024, ep=8,
+              overrides=dict(layers=2, hidden=512, heads=8, kv_heads=2, ffn=256, experts=16, top_k=2, vocab=1024))
+    overlapped = estimate_model("qwen3-30b-a3b", stack=str(stack), **kw)
+    plain = estimate_model("qwen3-30b-a3b", **kw)
+    assert any("expert all-to-all is taken to hide" in a for a in overlapped["assumptions"])
+    assert not any("expert all-to-all" in a for a in plain["assumptions"])
