@@ -5,266 +5,152 @@ One entry per published row (its id), read by `calibration_readings.py`.
 settings (compile on/off, FP8, async TP, a schedule); `row` names the
 published row when the entry's own id differs. Every strategy degree is
 the row's own (tests/test_calibration_readings.py checks them); a note
-says where a value is not in the row.
+says where a value is not in the row. The notes several rows share and one
+builder per source's table live in `calibration_spec_helpers.py`; the order
+of the entries is the order the fit's alternate split reads, so a new row
+goes after its hardware's last.
 """
 
 from __future__ import annotations
 
-_MC = "megatron-core"
-_MC24 = "megatron-core-2024"
-_NEMO_FP8 = "FP8: Transformer Engine delayed scaling, NeMo 24.07's default recipe"
-_NOT_STATED = "recompute not stated: none, as NeMo's dense performance recipes set (NeMo recipes, helpers.py)"
-_DIST_OPT = "distributed optimizer (ZeRO-1), NeMo's default"
-_CS: dict = {}
-_CS_NOTE = "FP8 by per-tensor current scaling (the stack's recipe)"
-_MX = {"fp8_recipe": "mxfp8"}
-#: Megatron-Bridge's GB200 MXFP8 MoE recipes (the layouts of the 26.06 rows): HybridEP dispatch and the expert
-#: all-to-all overlapped with the other micro-batch's compute
-_HYBRIDEP_OVERLAP = {"moe_dispatcher": "deepep", "overlap_ep_comm": True}
-_HYBRIDEP_NOTE = ("HybridEP dispatch with the expert all-to-all overlapped (overlap_moe_expert_parallel_comm), as "
-                  "the recipe's full-iteration MXFP8 settings set")
-_TT_EAGER = {"fuse_elementwise": False}
-_AUTOMODEL: dict = {}
-_AUTOMODEL_MOE = {"moe_routing": "contiguous", "grad_bytes": 4.0}
-_AUTOMODEL_MOE_GRADS = ("gradients reduce-scattered in fp32: Automodel's MoE parallelizer defaults to "
-                        "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32) (components/moe/parallelizer.py)")
-_AUTOMODEL_NOTE = "NeMo Automodel: PyTorch FSDP2 with Transformer Engine kernels (the torchtitan stack, cuDNN attention)"
-_FAKE_GATE = ("routing by Automodel's FakeBalancedGate (nemo_automodel/components/moe/layers.py): token i takes "
-              "the k consecutive experts from i*k, so its experts sit on one or two ranks")
-_DSV3_HYBRIDEP = ("HybridEP (flex) dispatch: the DeepSeek-V3 perf recipes build on recipes/deepseek/h100/"
-                  "deepseek_v3.py, which ends in apply_flex_dispatcher_backend(model, 'hybridep')")
-#: Megatron-Bridge's DeepSeek-V3 recipes run the precision-aware optimizer with bf16 Adam moments beside fp32
-#: master weights (recipes/deepseek/deepseek_v3.py: use_precision_aware_optimizer, exp_avg_dtype bf16): 4 + 2 + 2
-_DSV3_OPT = {"optimizer_bytes": 8.0}
-_DSV3_OPT_NOTE = ("precision-aware optimizer: fp32 master weights, bf16 Adam moments (Megatron-Bridge "
-                  "recipes/deepseek/deepseek_v3.py), 8 bytes of state per parameter")
-_DSV3_GROUPS = ("DeepSeek-V3's node-limited routing: experts in 8 groups, each token in at most 4 "
-                "(its config's n_group and topk_group; Megatron's router applies them to forced-balance logits)")
+from benchmarks.calibration_spec_helpers import (
+    ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT, DSV3_GROUPS, DSV3_HYBRIDEP, DSV3_OPT,
+    DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, GPT3_20B, GT, HYBRIDEP_NOTE, HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MOE_BAL,
+    MOE_BAL_ASSUMED, MX, MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE, TT, TT_EAGER, TT_NOTE, a100, ascend, bridge,
+    nemo, table, titan, ws,
+)
 
-
-def _a100(rid, h, layers, heads, gpus, batch, tp, pp, dp, recompute, vpp=1, mb=None, sp=False, notes=()):
-    strategy = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": mb if mb else (1 if pp > 1 else "largest fitting"),
-                "recompute": recompute, "sp": sp, "zero": 0}
-    if vpp > 1:
-        strategy["vpp"] = vpp
-    extra = [] if mb else ["micro-batch not stated: 1 with a pipeline, else the largest of 8, 4, 2, 1 that fits"]
-    return rid, {"file": "a100", "hardware": "dgx-a100", "devices": gpus, "model": "gpt",
-                 "overrides": {"hidden": h, "layers": layers, "heads": heads, "vocab": 51200}, "seq_len": 2048,
-                 "global_batch": batch, "stack": "megatron-2021", "strategy": strategy, "notes": extra + list(notes)}
-
-
-def _table(rows):
-    return dict(rows)
-
-
-SPECS: dict[str, dict] = _table([
+SPECS: dict[str, dict] = table([
     # -- A100, Megatron-LM 2021-22 ---------------------------------------------------------------------
-    _a100("narayanan21-t1-1.7b", 2304, 24, 24, 32, 512, 1, 1, 32, "full"),
-    _a100("narayanan21-t1-3.6b", 3072, 30, 32, 64, 512, 2, 1, 32, "full"),
-    _a100("narayanan21-t1-7.5b", 4096, 36, 32, 128, 512, 4, 1, 32, "full"),
-    _a100("narayanan21-t1-18.4b", 6144, 40, 48, 256, 1024, 8, 1, 32, "full"),
-    _a100("narayanan21-t1-76.1b", 10240, 60, 80, 1024, 1792, 8, 4, 32, "full"),
-    _a100("narayanan21-t1-310.1b", 16384, 96, 128, 1920, 2160, 8, 16, 15, "full"),
-    _a100("narayanan21-t1-1008b", 25600, 128, 160, 3072, 3072, 8, 64, 6, "full"),
-    _a100("korthikanti22-22b-full", 6144, 48, 64, 8, 4, 8, 1, 1, "full", mb=4),
-    _a100("korthikanti22-22b-sel", 6144, 48, 64, 8, 4, 8, 1, 1, "selective", mb=4, sp=True),
-    _a100("korthikanti22-530b-full", 20480, 105, 128, 280, 280, 8, 35, 1, "full", vpp=3, mb=1),
-    _a100("korthikanti22-530b-sel", 20480, 105, 128, 280, 280, 8, 35, 1, "selective", vpp=3, mb=1, sp=True),
+    a100("narayanan21-t1-1.7b", 2304, 24, 24, 32, 512, 1, 1, 32, "full"),
+    a100("narayanan21-t1-3.6b", 3072, 30, 32, 64, 512, 2, 1, 32, "full"),
+    a100("narayanan21-t1-7.5b", 4096, 36, 32, 128, 512, 4, 1, 32, "full"),
+    a100("narayanan21-t1-18.4b", 6144, 40, 48, 256, 1024, 8, 1, 32, "full"),
+    a100("narayanan21-t1-76.1b", 10240, 60, 80, 1024, 1792, 8, 4, 32, "full"),
+    a100("narayanan21-t1-310.1b", 16384, 96, 128, 1920, 2160, 8, 16, 15, "full"),
+    a100("narayanan21-t1-1008b", 25600, 128, 160, 3072, 3072, 8, 64, 6, "full"),
+    a100("korthikanti22-22b-full", 6144, 48, 64, 8, 4, 8, 1, 1, "full", mb=4),
+    a100("korthikanti22-22b-sel", 6144, 48, 64, 8, 4, 8, 1, 1, "selective", mb=4, sp=True),
+    a100("korthikanti22-530b-full", 20480, 105, 128, 280, 280, 8, 35, 1, "full", vpp=3, mb=1),
+    a100("korthikanti22-530b-sel", 20480, 105, 128, 280, 280, 8, 35, 1, "selective", vpp=3, mb=1, sp=True),
 ])
 
-
-def _nemo(rid, model, gpus, seq, batch, tp, pp, cp, vpp, dp, mb, tp_overlap=None, overrides=None, notes=()):
-    strategy = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "micro_batch": mb, "sp": tp > 1, "zero": 1,
-                "recompute": "none"}
-    if vpp > 1:
-        strategy["vpp"] = vpp
-    spec = {"file": "h100", "hardware": "dgx-h100", "devices": gpus, "model": model, "seq_len": seq,
-            "global_batch": batch, "dtype": "fp8", "stack": _MC24, "strategy": strategy,
-            "execution": dict(_APEX_ADAM), "notes": [_NEMO_FP8, _NOT_STATED, _DIST_OPT, _APEX_ADAM_NOTE] + list(notes)}
-    if overrides:
-        spec["overrides"] = overrides
-    if tp_overlap is not None:
-        spec["execution"]["overlap_tp_comm"] = tp_overlap
-    return rid, spec
-
-
-#: NeMo 24.07's launcher configs train with Apex's distributed_fused_adam, which NeMo sets to keep the 16 bits an
-#: fp32 master weight adds to the bf16 one (store_param_remainders) rather than the fp32 copy: 2 + 4 + 4 bytes
-_APEX_ADAM = {"optimizer_bytes": 10.0}
-_APEX_ADAM_NOTE = ("optimizer distributed_fused_adam (NeMo-Framework-Launcher conf/training): Apex keeps the fp32 "
-                   "master weight's low 16 bits beside the bf16 weight (NeMo megatron_base_model.py: "
-                   "store_param_remainders for bf16 weights and an fp32 optimizer), 10 bytes of state per parameter")
-
-
-_LLAMA2_13B = {"hidden": 5120, "layers": 40, "heads": 40, "kv_heads": 40, "ffn": 13824}
-_GPT3_20B = {"hidden": 6144, "layers": 44, "heads": 48}
-
-SPECS |= _table([
+SPECS |= table([
     # -- DGX H100, NeMo 24.07 (FP8) ----------------------------------------------------------------------
-    _nemo("nemo2407-gpt3-175b-128-h100-fp8", "gpt3-175b", 128, 2048, 256, 4, 8, 1, 6, 4, 1),
-    _nemo("nemo2407-gpt3-175b-512-h100-fp8", "gpt3-175b", 512, 2048, 2048, 4, 8, 1, 6, 16, 2),
-    _nemo("nemo2407-llama3-8b-8-h100-fp8", "llama3-8b", 8, 8192, 128, 1, 1, 2, 1, 4, 1),
-    _nemo("nemo2407-llama3-70b-64-h100-fp8", "llama3-70b", 64, 8192, 128, 4, 4, 2, 5, 2, 1),
-    _nemo("nemo2407-llama2-70b-64-h100-fp8", "llama2-70b", 64, 4096, 128, 4, 4, 1, 20, 4, 1),
-    _nemo("nemo2407-nemotron4-340b-128-h100-fp8", "nemotron4-340b", 128, 4096, 32, 8, 8, 1, 12, 2, 1),
-    _nemo("nemo2407-gpt3-20b-64-h100-fp8", "gpt", 64, 2048, 256, 2, 1, 1, 1, 32, 2, overrides=_GPT3_20B,
-          notes=["GPT-3 20B as NeMo's GPTConfig20B: hidden 6144, 44 layers, 48 heads (the zoo's gpt family)"]),
-    _nemo("nemo2407-llama2-7b-8-h100-fp8", "llama2-7b", 8, 4096, 128, 1, 1, 1, 1, 8, 1),
-    _nemo("nemo2407-llama2-13b-16-h100-fp8", "llama2-7b", 16, 4096, 128, 1, 4, 1, 10, 4, 1, overrides=_LLAMA2_13B,
-          notes=["Llama 2 13B as the llama2-7b preset with 13B's hidden 5120, 40 layers, 40 heads, ffn 13824"]),
+    nemo("nemo2407-gpt3-175b-128-h100-fp8", "gpt3-175b", 128, 2048, 256, 4, 8, 1, 6, 4, 1),
+    nemo("nemo2407-gpt3-175b-512-h100-fp8", "gpt3-175b", 512, 2048, 2048, 4, 8, 1, 6, 16, 2),
+    nemo("nemo2407-llama3-8b-8-h100-fp8", "llama3-8b", 8, 8192, 128, 1, 1, 2, 1, 4, 1),
+    nemo("nemo2407-llama3-70b-64-h100-fp8", "llama3-70b", 64, 8192, 128, 4, 4, 2, 5, 2, 1),
+    nemo("nemo2407-llama2-70b-64-h100-fp8", "llama2-70b", 64, 4096, 128, 4, 4, 1, 20, 4, 1),
+    nemo("nemo2407-nemotron4-340b-128-h100-fp8", "nemotron4-340b", 128, 4096, 32, 8, 8, 1, 12, 2, 1),
+    nemo("nemo2407-gpt3-20b-64-h100-fp8", "gpt", 64, 2048, 256, 2, 1, 1, 1, 32, 2, overrides=GPT3_20B,
+         notes=["GPT-3 20B as NeMo's GPTConfig20B: hidden 6144, 44 layers, 48 heads (the zoo's gpt family)"]),
+    nemo("nemo2407-llama2-7b-8-h100-fp8", "llama2-7b", 8, 4096, 128, 1, 1, 1, 1, 8, 1),
+    nemo("nemo2407-llama2-13b-16-h100-fp8", "llama2-7b", 16, 4096, 128, 1, 4, 1, 10, 4, 1, overrides=LLAMA2_13B,
+         notes=["Llama 2 13B as the llama2-7b preset with 13B's hidden 5120, 40 layers, 40 heads, ffn 13824"]),
 ])
 
-
-def _ws(size, gpus, batch, h, layers, heads, tp, pp, step):
-    return f"megatron-ws-gpt-{size}-{gpus}xh100-bf16", {
-        "file": "h100", "hardware": "dgx-h100", "devices": gpus, "model": "gpt",
-        "overrides": {"hidden": h, "layers": layers, "heads": heads, "vocab": 131072}, "seq_len": 4096,
-        "global_batch": batch, "stack": _MC24, "execution": {"grad_bytes": 4.0},
-        "strategy": {"tp": tp, "pp": pp, "dp": 48, "micro_batch": 1 if pp > 1 else "largest fitting",
-                     "sp": tp > 1, "zero": 1, "recompute": "none"},
-        "variants": ({"step_s": step},),
-        "notes": ["Megatron-Core r0.8 with --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap and the "
-                  "distributed optimizer, as the README's benchmark section says; fp32 gradient accumulation "
-                  "(Megatron-LM's default)", "micro-batch, vpp and recompute not stated: 1 with a pipeline (else the "
-                  "largest of 8, 4, 2, 1 that fits), no interleaving, no recompute",
-                  "step time derived by the row from TFLOP/s with Megatron's FLOP formula and ffn = 4h"]}
-
-
-SPECS |= _table([
+SPECS |= table([
     # -- DGX H100, Megatron-LM r0.8 weak scaling (BF16) ---------------------------------------------
-    _ws("1.7b", 48, 192, 2048, 24, 16, 1, 1, 0.452),
-    _ws("7.1b", 96, 192, 4096, 30, 32, 2, 1, 0.8),
-    _ws("16b", 192, 192, 6144, 32, 48, 4, 1, 0.85),
-    _ws("32b", 384, 192, 7168, 48, 56, 8, 1, 0.892),
+    ws("1.7b", 48, 192, 2048, 24, 16, 1, 1, 0.452),
+    ws("7.1b", 96, 192, 4096, 30, 32, 2, 1, 0.8),
+    ws("16b", 192, 192, 6144, 32, 48, 4, 1, 0.85),
+    ws("32b", 384, 192, 7168, 48, 56, 8, 1, 0.892),
 ])
-# Not read: the table's 70B, 177B and 462B rows run pipelines whose schedule (virtual stages) is not stated, and
-# their bubbles differ by 2-4x between the readings; NeMo's long-sequence table (nemo-longseq-llama2-7b-h100-fp8-cp)
-# gives TFLOP/s under a FLOP count it does not state, which at 128K tokens moves the step time by 40%; torchtitan's
-# long-sequence rows (torchtitan-405b-512xh100-cp-longseq-fp8) leave the batch ambiguous; the MindFormers rows
-# are fine-tuning steps of another stack (MindSpore); the DeepSeek-V3 GB200 guide was withdrawn as a draft.
 
-
-def _bridge(rid, model, hw, gpus, seq, batch, strategy, dtype="fp8", execution=None, notes=(), file="h100",
-            corrects=None):
-    strategy = {"micro_batch": 1, "zero": 1, "recompute": "none"} | strategy
-    strategy.setdefault("sp", strategy.get("tp", 1) > 1)
-    ex = (_CS if dtype == "fp8" else {}) | (execution or {})
-    base = [_CS_NOTE] if dtype == "fp8" and "fp8_recipe" not in (execution or {}) else []
-    base += [_DIST_OPT + " (Megatron-Bridge recipes)"] if strategy["zero"] == 1 else []
-    spec = {"file": file, "hardware": hw, "devices": gpus, "model": model, "seq_len": seq, "global_batch": batch,
-            "dtype": dtype, "stack": _MC, "strategy": strategy, "notes": base + list(notes)}
-    if ex:
-        spec["execution"] = ex
-    if corrects:
-        spec["corrects"] = corrects  # a table column the code that produced the figure contradicts (notes say why)
-    return rid, spec
-
-
-_MOE_BAL = "routing forced balanced and dropless, as the source states: the balanced case this model costs"
-_MOE_BAL_ASSUMED = ("routing taken as forced balanced and dropless, as the table's other rows run it (this row does"
-                    " not say): the balanced case this model costs")
-#: The Megatron MoE ModelZoo runs Megatron-LM's own training script: BF16 gradients are accumulated and reduced in
-#: fp32 unless --grad-reduce-in-bf16, which its scripts never pass (megatron/training/arguments.py)
-_MZ_GRADS = {"grad_bytes": 4.0}
-_MZ_GRADS_NOTE = ("gradients reduced in fp32, Megatron-LM's default for BF16 (arguments.py: accumulate_allreduce_grads_in_fp32"
-                  " unless --grad-reduce-in-bf16, which the ModelZoo's scripts do not pass)")
-#: ... and its H100 tables predate --tp-comm-overlap in sbatch_benchmarking.sh (added 2025-12-16, b09773a; the
-#: 4k rows are of 2025-05-27, 8017e11, the 128k rows of 2025-11-04, b0b92ff)
-_MZ_H100 = _MZ_GRADS | {"overlap_tp_comm": False}
-_MZ_H100_NOTE = _MZ_GRADS_NOTE + ("; TP communication not overlapped: the table predates --tp-comm-overlap in the "
-                                  "ModelZoo's sbatch_benchmarking.sh (b09773a, 2025-12-16)")
-SPECS |= _table([
+SPECS |= table([
     # -- DGX H100, Megatron-Bridge (NeMo 25.09-26.06) -------------------------------------------------
-    _bridge("mb2606-llama31-405b-1024xh100-fp8", "llama3-405b", "dgx-h100", 1024, 8192, 1536,
-            {"tp": 8, "pp": 8, "cp": 2, "vpp": 8, "dp": 8}),
-    _bridge("mb2604-llama3-70b-64xh100-fp8", "llama3-70b", "dgx-h100", 64, 8192, 256,
-            {"tp": 4, "pp": 8, "vpp": 5, "dp": 2},
-            notes=["2 layers per virtual stage: v0.4.0's recipe sets no pipeline layout (recipes/llama/llama3.py)"]),
-    _bridge("mb2511-llama3-8b-8xh100-fp8cs-fsdp", "llama3-8b", "dgx-h100", 8, 8192, 128,
-            {"dp": 8, "zero": 1, "full_recompute_layers": 5},
-            corrects={"fsdp": "the table's FSDP column was carried over from 25.09"},
-            notes=["distributed optimizer and full recompute of 5 layers, as the 25.11 release's config sets "
-                   "(Megatron-Bridge v0.2.0 scripts/performance/configs/llama3/workload_base_configs.py "
-                   "LLAMA3_8B_H100_FP8_CS_BASE_CONFIG: recompute_num_layers=5, no use_megatron_fsdp; the table's "
-                   "FSDP column was carried over from 25.09)"]),
-    _bridge("mb2606-qwen3-30b-a3b-16xh100-fp8", "qwen3-30b-a3b", "dgx-h100", 16, 4096, 1024,
-            {"dp": 16, "ep": 16, "etp": 1}, execution={"moe_dispatcher": "deepep"},
-            notes=[_MOE_BAL, "HybridEP (flex) dispatch without all-to-all overlap, as the recipe sets "
-                   "(Megatron-Bridge perf_recipes/qwen/h100/qwen3_moe.py)"]),
-    _bridge("mb2604-qwen3-235b-a22b-256xh100-fp8", "qwen3-235b-a22b", "dgx-h100", 256, 4096, 8192,
-            {"tp": 2, "pp": 8, "vpp": 4, "dp": 16, "ep": 32, "etp": 1},
-            execution={"overlap_ep_comm": True, "overlap_tp_comm": False},
-            notes=[_MOE_BAL, "expert all-to-all overlapped and TP communication not (overlap_moe_expert_parallel_comm "
-                   "True, tp_comm_overlap False in the recipe: perf_recipes/qwen/h100/qwen3_moe.py)"]),
-    _bridge("mb2604-gpt-oss-120b-64xh100-bf16", "gpt-oss-120b", "dgx-h100", 64, 4096, 1280,
-            {"pp": 4, "dp": 16, "ep": 8, "etp": 1, "recompute": "selective"}, dtype="bf16",
-            execution={"recompute_modules": ["layernorm", "moe_act"]},
-            notes=[_MOE_BAL, "selective recompute of layernorm and the MoE activation, as the recipe sets"]),
-    _bridge("mb2509-deepseek-v3-1024xh100-fp8", "deepseek-v3", "dgx-h100", 1024, 4096, 8192,
-            {"tp": 2, "pp": 8, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
-            execution=_DSV3_OPT | {"overlap_grad_reduce": False, "moe_dispatcher": "deepep", "moe_group_limit": 4,
-                                   "recompute_modules": ["mla_up_proj", "mlp"], "overlap_ep_comm": True,
-                                   "overlap_tp_comm": False},
-            notes=[_MOE_BAL, _DSV3_GROUPS, _DSV3_OPT_NOTE,
-                   "DeepEP dispatcher, no gradient-reduce overlap, the expert all-to-all overlapped (1F1B, on H100) and "
-                   "TP communication not, selective recompute of MLA's up-projections and the MLP, as the 25.09 "
-                   "release's scripts/performance/run_script.py sets (Megatron-Bridge r0.1.0: A2A_1F1B for h100, "
-                   "no comm_overlap_config so the recipe's CommOverlapConfig(tp_comm_overlap=False))",
-                   "FP8 inferred from the table's footnote (the release has no precision column)",
-                   "the run's multi-token-prediction layer (mtp_num_layers=1) is not in the deepseek-v3 preset: "
-                   "about 4 % of the FLOPs per token left out"]),
+    bridge("mb2606-llama31-405b-1024xh100-fp8", "llama3-405b", "dgx-h100", 1024, 8192, 1536,
+           {"tp": 8, "pp": 8, "cp": 2, "vpp": 8, "dp": 8}),
+    bridge("mb2604-llama3-70b-64xh100-fp8", "llama3-70b", "dgx-h100", 64, 8192, 256,
+           {"tp": 4, "pp": 8, "vpp": 5, "dp": 2},
+           notes=["2 layers per virtual stage: v0.4.0's recipe sets no pipeline layout (recipes/llama/llama3.py)"]),
+    bridge("mb2511-llama3-8b-8xh100-fp8cs-fsdp", "llama3-8b", "dgx-h100", 8, 8192, 128,
+           {"dp": 8, "zero": 1, "full_recompute_layers": 5},
+           corrects={"fsdp": "the table's FSDP column was carried over from 25.09"},
+           notes=["distributed optimizer and full recompute of 5 layers, as the 25.11 release's config sets "
+                  "(Megatron-Bridge v0.2.0 scripts/performance/configs/llama3/workload_base_configs.py "
+                  "LLAMA3_8B_H100_FP8_CS_BASE_CONFIG: recompute_num_layers=5, no use_megatron_fsdp; the table's "
+                  "FSDP column was carried over from 25.09)"]),
+    bridge("mb2606-qwen3-30b-a3b-16xh100-fp8", "qwen3-30b-a3b", "dgx-h100", 16, 4096, 1024,
+           {"dp": 16, "ep": 16, "etp": 1}, execution={"moe_dispatcher": "deepep"},
+           notes=[MOE_BAL, "HybridEP (flex) dispatch without all-to-all overlap, as the recipe sets "
+                  "(Megatron-Bridge perf_recipes/qwen/h100/qwen3_moe.py)"]),
+    bridge("mb2604-qwen3-235b-a22b-256xh100-fp8", "qwen3-235b-a22b", "dgx-h100", 256, 4096, 8192,
+           {"tp": 2, "pp": 8, "vpp": 4, "dp": 16, "ep": 32, "etp": 1},
+           execution={"overlap_ep_comm": True, "overlap_tp_comm": False},
+           notes=[MOE_BAL, "expert all-to-all overlapped and TP communication not (overlap_moe_expert_parallel_comm "
+                  "True, tp_comm_overlap False in the recipe: perf_recipes/qwen/h100/qwen3_moe.py)"]),
+    bridge("mb2604-gpt-oss-120b-64xh100-bf16", "gpt-oss-120b", "dgx-h100", 64, 4096, 1280,
+           {"pp": 4, "dp": 16, "ep": 8, "etp": 1, "recompute": "selective"}, dtype="bf16",
+           execution={"recompute_modules": ["layernorm", "moe_act"]},
+           notes=[MOE_BAL, "selective recompute of layernorm and the MoE activation, as the recipe sets"]),
+    bridge("mb2509-deepseek-v3-1024xh100-fp8", "deepseek-v3", "dgx-h100", 1024, 4096, 8192,
+           {"tp": 2, "pp": 8, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
+           execution=DSV3_OPT | {"overlap_grad_reduce": False, "moe_dispatcher": "deepep", "moe_group_limit": 4,
+                                 "recompute_modules": ["mla_up_proj", "mlp"], "overlap_ep_comm": True,
+                                 "overlap_tp_comm": False},
+           notes=[MOE_BAL, DSV3_GROUPS, DSV3_OPT_NOTE,
+                  "DeepEP dispatcher, no gradient-reduce overlap, the expert all-to-all overlapped (1F1B, on H100) and "
+                  "TP communication not, selective recompute of MLA's up-projections and the MLP, as the 25.09 "
+                  "release's scripts/performance/run_script.py sets (Megatron-Bridge r0.1.0: A2A_1F1B for h100, "
+                  "no comm_overlap_config so the recipe's CommOverlapConfig(tp_comm_overlap=False))",
+                  "FP8 inferred from the table's footnote (the release has no precision column)",
+                  "the run's multi-token-prediction layer (mtp_num_layers=1) is not in the deepseek-v3 preset: "
+                  "about 4 % of the FLOPs per token left out"]),
 ])
 
-SPECS |= _table([
+SPECS |= table([
     # -- DGX H100, Megatron MoE ModelZoo (BF16, DeepEP) ---------------------------------------------------
     ("mz-qwen3-235b-256xh100-bf16-ep32-pp8", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
-        "global_batch": 2048, "stack": _MC, "execution": _MZ_H100 | {"moe_dispatcher": "deepep", "overlap_ep_comm": True,
-                                                                     "recompute_modules": ["moe_act", "layernorm"]},
+        "global_batch": 2048, "stack": MC, "execution": MZ_H100 | {"moe_dispatcher": "deepep", "overlap_ep_comm": True,
+                                                                   "recompute_modules": ["moe_act", "layernorm"]},
         "strategy": {"tp": 2, "pp": 8, "vpp": 4, "dp": 16, "ep": 32, "etp": 1, "micro_batch": 1, "sp": True,
                      "zero": 1, "recompute": "selective"},
         "variants": ({"what": "1F1B all-to-all overlap"},
                      {"suffix": "-no-a2a-overlap", "step_s": 19.7, "what": "without the 1F1B all-to-all overlap",
                       "execution": {"overlap_ep_comm": False}}),
-        "notes": [_MOE_BAL, "selective recompute of norms and the MoE activation, as the run script sets", _DIST_OPT,
-                  _MZ_H100_NOTE]}),
+        "notes": [MOE_BAL, "selective recompute of norms and the MoE activation, as the run script sets", DIST_OPT,
+                  MZ_H100_NOTE]}),
     ("mz-qwen3-235b-256xh100-bf16-ep8-fsdp", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
-        "global_batch": 2048, "stack": _MC, "execution": {"overlap_tp_comm": False, "moe_dispatcher": "deepep"},
+        "global_batch": 2048, "stack": MC, "execution": {"overlap_tp_comm": False, "moe_dispatcher": "deepep"},
         "strategy": {"tp": 2, "dp": 128, "ep": 8, "etp": 1, "micro_batch": 4, "sp": True, "zero": 3,
                      "recompute": "full"},
-        "notes": [_MOE_BAL_ASSUMED, "Megatron-FSDP as ZeRO-3",
+        "notes": [MOE_BAL_ASSUMED, "Megatron-FSDP as ZeRO-3",
                   "TP communication not overlapped: the table predates --tp-comm-overlap in the ModelZoo's "
                   "sbatch_benchmarking.sh (b09773a, 2025-12-16)",
                   "ASSUMPTION: gradients reduced in bf16, against Megatron-LM's fp32 default: Megatron-FSDP "
-                  "reduce-scatters every micro-batch's gradients (optim_grads_params), and in fp32 the four micro-batches' "
-                  "expert gathers and reduce-scatters over the 32 expert-data-parallel nodes would move 909 GB per GPU, "
+                  "reduce-scatters every micro-batch's gradients (optim_grads_params), and in fp32 the four "
+                  "micro-batches' expert gathers and reduce-scatters over the 32 expert-data-parallel nodes would "
+                  "move 909 GB per GPU, "
                   "18.2 s at the 50 GB/s link rate, more than the measured 17.6 s step"]}),
     ("mz-qwen3-235b-256xh100-bf16-tp4-ep8-pp8", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
-        "global_batch": 2048, "stack": _MC, "execution": _MZ_H100 | {"moe_dispatcher": "deepep"},
+        "global_batch": 2048, "stack": MC, "execution": MZ_H100 | {"moe_dispatcher": "deepep"},
         "strategy": {"tp": 4, "pp": 8, "vpp": 4, "dp": 8, "ep": 8, "etp": 1, "micro_batch": 1, "sp": True,
                      "zero": 1, "recompute": "none"},
-        "notes": [_MOE_BAL_ASSUMED, "no recompute (the row's recompute column is empty)", _DIST_OPT, _MZ_H100_NOTE]}),
+        "notes": [MOE_BAL_ASSUMED, "no recompute (the row's recompute column is empty)", DIST_OPT, MZ_H100_NOTE]}),
     ("mz-qwen3-235b-256xh100-bf16-128k-cp8", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 131072,
-        "global_batch": 256, "stack": _MC, "execution": _MZ_H100 | {"moe_dispatcher": "deepep",
-                                                                    "recompute_modules": ["layernorm", "moe"]},
+        "global_batch": 256, "stack": MC, "execution": MZ_H100 | {"moe_dispatcher": "deepep",
+                                                                  "recompute_modules": ["layernorm", "moe"]},
         "strategy": {"tp": 4, "cp": 8, "pp": 8, "vpp": 4, "dp": 1, "ep": 8, "etp": 1, "micro_batch": 1, "sp": True,
                      "zero": 1, "recompute": "selective"},
         "variants": ({"step_s": 247.6, "what": "forced balance"},),
-        "notes": [_MOE_BAL, "step time derived by the row from 389 TFLOP/s with Megatron's causal FLOP formula",
+        "notes": [MOE_BAL, "step time derived by the row from 389 TFLOP/s with Megatron's causal FLOP formula",
                   "selective recompute of layernorm and the MoE block, as the command line sets",
                   "expert tensor parallelism 1, as the ModelZoo's model_configs/benchmarking/Qwen3-235B-A22B.yaml "
                   "sets (--expert-tensor-parallel-size 1; Megatron's default would be the tensor degree, 4)",
-                  _MZ_H100_NOTE]}),
+                  MZ_H100_NOTE]}),
     # -- DGX H100, NeMo Automodel (PyTorch FSDP2 + Transformer Engine) ------------------------------------
     ("automodel-llama3-70b-64xh100-bf16-fsdp-cp2", {
         "file": "h100", "hardware": "dgx-h100", "devices": 64, "model": "llama3-70b", "seq_len": 8192,
         "global_batch": 128, "stack": "automodel",
         "execution": {"optimizer_bytes": 8.0, "attention_kernel": "flash2"},
         "strategy": {"cp": 2, "dp": 32, "micro_batch": 1, "zero": 3, "recompute": "full"},
-        "notes": [_AUTOMODEL_NOTE,
+        "notes": [AUTOMODEL_NOTE,
                   "Transformer Engine's FusedAdam with its defaults on bf16 parameters: fp32 moments, no master "
                   "weights (TE optimizers/fused_adam.py), 8 bytes of state per parameter (its benchmark config "
                   "examples/llm_pretrain/custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml)",
@@ -272,206 +158,176 @@ SPECS |= _table([
                   "memory-efficient backends (cp_utils.py): FlashAttention-2"]}),
     ("automodel-deepseek-v3-256xh100-bf16", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "deepseek-v3", "seq_len": 4096,
-        "global_batch": 512, "stack": "automodel", "execution": _AUTOMODEL_MOE,
+        "global_batch": 512, "stack": "automodel", "execution": AUTOMODEL_MOE,
         "strategy": {"pp": 4, "vpp": 8, "dp": 64, "ep": 64, "micro_batch": 1, "zero": 3, "recompute": "full"},
-        "notes": [_AUTOMODEL_NOTE, _MOE_BAL, _FAKE_GATE, "local batch 8 per rank as 8 micro-batches of 1",
-                  _AUTOMODEL_MOE_GRADS]}),
+        "notes": [AUTOMODEL_NOTE, MOE_BAL, FAKE_GATE, "local batch 8 per rank as 8 micro-batches of 1",
+                  AUTOMODEL_MOE_GRADS]}),
     ("automodel-kimi-k2-256xh100-bf16", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "kimi-k2", "seq_len": 4096,
-        "global_batch": 512, "stack": "automodel", "execution": _AUTOMODEL_MOE,
+        "global_batch": 512, "stack": "automodel", "execution": AUTOMODEL_MOE,
         "strategy": {"pp": 8, "vpp": 4, "dp": 32, "ep": 32, "micro_batch": 1, "zero": 3, "recompute": "full"},
-        "notes": [_AUTOMODEL_NOTE, _MOE_BAL, _FAKE_GATE, _AUTOMODEL_MOE_GRADS,
+        "notes": [AUTOMODEL_NOTE, MOE_BAL, FAKE_GATE, AUTOMODEL_MOE_GRADS,
                   "costed as one pipeline schedule of 16 micro-batches; the benchmark runs two of 8 each "
                   "(recipes/llm/benchmark.py: two gradient-accumulation steps), whose second bubble is not "
                   "charged (about 7/64 of the pipeline time)"]}),
     ("automodel-qwen3-moe-30b-8xh100-bf16", {
         "file": "h100", "hardware": "dgx-h100", "devices": 8, "model": "qwen3-30b-a3b", "seq_len": 4096,
-        "global_batch": 512, "stack": "automodel", "execution": _AUTOMODEL_MOE,
+        "global_batch": 512, "stack": "automodel", "execution": AUTOMODEL_MOE,
         "strategy": {"dp": 8, "ep": 8, "micro_batch": 4, "zero": 3, "recompute": "full"},
-        "notes": [_AUTOMODEL_NOTE, _MOE_BAL, _FAKE_GATE, _AUTOMODEL_MOE_GRADS]}),
+        "notes": [AUTOMODEL_NOTE, MOE_BAL, FAKE_GATE, AUTOMODEL_MOE_GRADS]}),
 ])
 
-_TT = "torchtitan"
-_GT = "h100-grand-teton"
-_TT_NOTE = "torchtitan on Meta's Grand Teton H100s (96 GB HBM2e, 500 W)"
-
-
-def _titan(rid, model, gpus, batch, strategy, variants, notes=(), seq=8192, hardware=_GT, file="h100-96gb",
-           row=None):
-    spec = {"file": file, "hardware": hardware, "devices": gpus, "model": model, "seq_len": seq,
-            "global_batch": batch, "stack": _TT, "strategy": {"zero": 3} | strategy, "variants": variants,
-            "notes": [_TT_NOTE if hardware == _GT else "torchtitan"] + list(notes)}
-    if row:
-        spec["row"] = row
-    return rid, spec
-
-
-_COMPILE = {"what": "torch.compile"}
-_ASYNC = {"overlap_tp_comm": True}
-#: FSDP2's FP8 weight all-gather, set where the row's config sets it (llama3_405b.toml: enable_fsdp_float8_all_gather
-#: and precompute_float8_dynamic_scale_for_fsdp; off by default, and off in the 8B and 70B configs)
-_FP8_AG = {"fp8_all_gather": True}
-SPECS |= _table([
+SPECS |= table([
     # -- Grand Teton H100 (96 GB, 500 W), torchtitan ---------------------------------------------------------
-    _titan("torchtitan-405b-128xh100-bf16-fsdp16tp8", "llama3-405b", 128, 32,
-           {"tp": 8, "dp": 16, "micro_batch": 2, "sp": True, "recompute": "full"},
-           ({"execution": _TT_EAGER, "what": "eager"},),
-           notes=["the table lists this row's optimizations as 'None' beside the Float8 rows' own: TP not overlapped",
-                  "ASSUMPTION: eager; the table does not say, and the 405B train config of that commit (3faaa1a0d) "
-                  "sets compile = true. Costed compiled, the Grand Teton fit moves its overlap 0.48 -> 0.47 and its "
-                  "held-out rows by at most 1.1 points"]),
-    _titan("torchtitan-405b-128xh100-fp8-fsdp16tp8", "llama3-405b", 128, 32,
-           {"tp": 8, "dp": 16, "micro_batch": 2, "sp": True, "recompute": "full"},
-           ({"dtype": "fp8", "execution": _FP8_AG},
-            {"suffix": "-asynctp", "dtype": "fp8", "tokens_per_s": 185, "what": "Float8 + async TP",
-             "execution": _ASYNC | _FP8_AG}),
-           notes=["Float8 linears, tensorwise scaling, with FP8 all-gather and compiled (torchtitan's float8 recipe "
-                  "then, docs/float8.md)"]),
-    _titan("torchtitan-8b-8xh100-fsdp8-bf16", "llama3-8b", 8, 16,
-           {"dp": 8, "micro_batch": 2, "recompute": "selective"},
-           ({"suffix": "-eager", "memory_gib": 82.4, "execution": _TT_EAGER, "what": "eager"},
-            {"suffix": "-compile", "tokens_per_s": 6667, "what": "FSDP + torch.compile"},
-            {"suffix": "-compile-fp8", "tokens_per_s": 8532, "dtype": "fp8", "what": "FSDP + compile + Float8"})),
-    _titan("torchtitan-8b-128xh100-fsdp128-bf16", "llama3-8b", 128, 256,
-           {"dp": 128, "micro_batch": 2, "recompute": "selective"},
-           ({"suffix": "-eager", "memory_gib": 67.0, "execution": _TT_EAGER, "what": "eager"},
-            {"suffix": "-compile", "tokens_per_s": 6514, "what": "FSDP + torch.compile"},
-            {"suffix": "-compile-fp8", "tokens_per_s": 8380, "dtype": "fp8", "what": "FSDP + compile + Float8"})),
-    _titan("torchtitan-70b-256xh100-fsdp32tp8-fp8", "llama3-70b", 256, 512,
-           {"tp": 8, "dp": 32, "micro_batch": 16, "sp": True, "recompute": "full"},
-           ({"dtype": "fp8", "memory_gib": 71.9},
-            {"suffix": "-asynctp", "dtype": "fp8", "tokens_per_s": 876, "what": "2D + async TP", "execution": _ASYNC})),
-    _titan("torchtitan-405b-512xh100-fsdp8tp8pp8-fp8", "llama3-405b", 512, 256,
-           {"tp": 8, "pp": 8, "dp": 8, "micro_batch": 4, "sp": True, "recompute": "full"},
-           ({"suffix": "-1f1b", "tokens_per_s": 100, "dtype": "fp8", "memory_gib": 82.5, "what": "1F1B",
-             "execution": _ASYNC | _FP8_AG},),
-           notes=["micro-batches not stated: as many as stages (8, torchtitan's default then), so 4 sequences each",
-                  "async TP, as the row states"]),
+    titan("torchtitan-405b-128xh100-bf16-fsdp16tp8", "llama3-405b", 128, 32,
+          {"tp": 8, "dp": 16, "micro_batch": 2, "sp": True, "recompute": "full"},
+          ({"execution": TT_EAGER, "what": "eager"},),
+          notes=["the table lists this row's optimizations as 'None' beside the Float8 rows' own: TP not overlapped",
+                 "ASSUMPTION: eager; the table does not say, and the 405B train config of that commit (3faaa1a0d) "
+                 "sets compile = true. Costed compiled, the Grand Teton fit moves its overlap 0.48 -> 0.47 and its "
+                 "held-out rows by at most 1.1 points"]),
+    titan("torchtitan-405b-128xh100-fp8-fsdp16tp8", "llama3-405b", 128, 32,
+          {"tp": 8, "dp": 16, "micro_batch": 2, "sp": True, "recompute": "full"},
+          ({"dtype": "fp8", "execution": FP8_AG},
+           {"suffix": "-asynctp", "dtype": "fp8", "tokens_per_s": 185, "what": "Float8 + async TP",
+            "execution": ASYNC | FP8_AG}),
+          notes=["Float8 linears, tensorwise scaling, with FP8 all-gather and compiled (torchtitan's float8 recipe "
+                 "then, docs/float8.md)"]),
+    titan("torchtitan-8b-8xh100-fsdp8-bf16", "llama3-8b", 8, 16,
+          {"dp": 8, "micro_batch": 2, "recompute": "selective"},
+          ({"suffix": "-eager", "memory_gib": 82.4, "execution": TT_EAGER, "what": "eager"},
+           {"suffix": "-compile", "tokens_per_s": 6667, "what": "FSDP + torch.compile"},
+           {"suffix": "-compile-fp8", "tokens_per_s": 8532, "dtype": "fp8", "what": "FSDP + compile + Float8"})),
+    titan("torchtitan-8b-128xh100-fsdp128-bf16", "llama3-8b", 128, 256,
+          {"dp": 128, "micro_batch": 2, "recompute": "selective"},
+          ({"suffix": "-eager", "memory_gib": 67.0, "execution": TT_EAGER, "what": "eager"},
+           {"suffix": "-compile", "tokens_per_s": 6514, "what": "FSDP + torch.compile"},
+           {"suffix": "-compile-fp8", "tokens_per_s": 8380, "dtype": "fp8", "what": "FSDP + compile + Float8"})),
+    titan("torchtitan-70b-256xh100-fsdp32tp8-fp8", "llama3-70b", 256, 512,
+          {"tp": 8, "dp": 32, "micro_batch": 16, "sp": True, "recompute": "full"},
+          ({"dtype": "fp8", "memory_gib": 71.9},
+           {"suffix": "-asynctp", "dtype": "fp8", "tokens_per_s": 876, "what": "2D + async TP", "execution": ASYNC})),
+    titan("torchtitan-405b-512xh100-fsdp8tp8pp8-fp8", "llama3-405b", 512, 256,
+          {"tp": 8, "pp": 8, "dp": 8, "micro_batch": 4, "sp": True, "recompute": "full"},
+          ({"suffix": "-1f1b", "tokens_per_s": 100, "dtype": "fp8", "memory_gib": 82.5, "what": "1F1B",
+            "execution": ASYNC | FP8_AG},),
+          notes=["micro-batches not stated: as many as stages (8, torchtitan's default then), so 4 sequences each",
+                 "async TP, as the row states"]),
     ("torchtitan-405b-512xh100-fsdp8tp8pp8-fp8-interleaved", {
-        "row": "torchtitan-405b-512xh100-fsdp8tp8pp8-fp8", "file": "h100-96gb", "hardware": _GT, "devices": 512,
-        "model": "llama3-405b", "seq_len": 8192, "global_batch": 256, "stack": _TT, "dtype": "fp8",
-        "execution": _ASYNC | _FP8_AG,
+        "row": "torchtitan-405b-512xh100-fsdp8tp8pp8-fp8", "file": "h100-96gb", "hardware": GT, "devices": 512,
+        "model": "llama3-405b", "seq_len": 8192, "global_batch": 256, "stack": TT, "dtype": "fp8",
+        "execution": ASYNC | FP8_AG,
         "strategy": {"tp": 8, "pp": 8, "vpp": 2, "dp": 8, "micro_batch": 4, "sp": True, "zero": 3, "recompute": "full"},
         "variants": ({"tokens_per_s": 128, "memory_gib": 72.7, "what": "Interleaved 1F1B"},),
-        "notes": [_TT_NOTE, "virtual stages not stated: 2 per rank",
+        "notes": [TT_NOTE, "virtual stages not stated: 2 per rank",
                   "micro-batches not stated: as many as stages (8, torchtitan's default then), so 4 sequences each"]}),
-    _titan("torchtitan-asynctp-70b-256xh100-bf16", "llama3-70b", 256, 512,
-           {"tp": 8, "dp": 32, "micro_batch": 16, "sp": True, "recompute": "full"},
-           ({"suffix": "-vanilla", "tokens_per_s": 597.3, "what": "BF16, vanilla TP"},
-            {"suffix": "-async", "tokens_per_s": 652.4, "what": "BF16, async TP", "execution": _ASYNC},
-            {"suffix": "-fp8-vanilla", "tokens_per_s": 809.8, "dtype": "fp8", "what": "FP8 tensorwise, vanilla TP"},
-            {"suffix": "-fp8-async", "tokens_per_s": 942.4, "dtype": "fp8", "what": "FP8 tensorwise, async TP",
-             "execution": _ASYNC}),
-           notes=["FP8 rowwise columns left out: that nightly's rowwise kernels ran at BF16 speed"]),
-    _titan("torchtitan-asynctp-8b-64xh100-bf16", "llama3-8b", 64, 96,
-           {"tp": 8, "dp": 8, "micro_batch": 12, "sp": True, "recompute": "selective"},
-           ({"suffix": "-vanilla", "tokens_per_s": 4378, "what": "BF16, vanilla TP"},
-            {"suffix": "-async", "tokens_per_s": 4809.4, "what": "BF16, async TP", "execution": _ASYNC},
-            {"suffix": "-fp8-vanilla", "tokens_per_s": 5078.1, "dtype": "fp8", "what": "FP8 tensorwise, vanilla TP"},
-            {"suffix": "-fp8-async", "tokens_per_s": 5570.1, "dtype": "fp8", "what": "FP8 tensorwise, async TP",
-             "execution": _ASYNC})),
+    titan("torchtitan-asynctp-70b-256xh100-bf16", "llama3-70b", 256, 512,
+          {"tp": 8, "dp": 32, "micro_batch": 16, "sp": True, "recompute": "full"},
+          ({"suffix": "-vanilla", "tokens_per_s": 597.3, "what": "BF16, vanilla TP"},
+           {"suffix": "-async", "tokens_per_s": 652.4, "what": "BF16, async TP", "execution": ASYNC},
+           {"suffix": "-fp8-vanilla", "tokens_per_s": 809.8, "dtype": "fp8", "what": "FP8 tensorwise, vanilla TP"},
+           {"suffix": "-fp8-async", "tokens_per_s": 942.4, "dtype": "fp8", "what": "FP8 tensorwise, async TP",
+            "execution": ASYNC}),
+          notes=["FP8 rowwise columns left out: that nightly's rowwise kernels ran at BF16 speed"]),
+    titan("torchtitan-asynctp-8b-64xh100-bf16", "llama3-8b", 64, 96,
+          {"tp": 8, "dp": 8, "micro_batch": 12, "sp": True, "recompute": "selective"},
+          ({"suffix": "-vanilla", "tokens_per_s": 4378, "what": "BF16, vanilla TP"},
+           {"suffix": "-async", "tokens_per_s": 4809.4, "what": "BF16, async TP", "execution": ASYNC},
+           {"suffix": "-fp8-vanilla", "tokens_per_s": 5078.1, "dtype": "fp8", "what": "FP8 tensorwise, vanilla TP"},
+           {"suffix": "-fp8-async", "tokens_per_s": 5570.1, "dtype": "fp8", "what": "FP8 tensorwise, async TP",
+            "execution": ASYNC})),
     # -- H200 (WhiteFiber), torchtitan via Trainy --------------------------------------------------------------
-    _titan("torchtitan-trainy-8b-h200-32", "llama3-8b", 32, 64, {"dp": 32, "micro_batch": 2, "recompute": "selective"},
-           ({"tokens_per_s": 10938, "memory_gib": 47.96, "dtype": "fp8", "what": "4 nodes", "execution": _FP8_AG},),
-           hardware="dgx-h200", file="h200", row="torchtitan-trainy-8b-h200-fsdp-fp8",
-           notes=["Float8 linears with FP8 all-gather, compiled"]),
-    _titan("torchtitan-trainy-8b-h200-64", "llama3-8b", 64, 128, {"dp": 64, "micro_batch": 2, "recompute": "selective"},
-           ({"tokens_per_s": 10753, "memory_gib": 46.97, "dtype": "fp8", "what": "8 nodes", "execution": _FP8_AG},),
-           hardware="dgx-h200", file="h200", row="torchtitan-trainy-8b-h200-fsdp-fp8",
-           notes=["Float8 linears with FP8 all-gather, compiled"]),
+    titan("torchtitan-trainy-8b-h200-32", "llama3-8b", 32, 64, {"dp": 32, "micro_batch": 2, "recompute": "selective"},
+          ({"tokens_per_s": 10938, "memory_gib": 47.96, "dtype": "fp8", "what": "4 nodes", "execution": FP8_AG},),
+          hardware="dgx-h200", file="h200", row="torchtitan-trainy-8b-h200-fsdp-fp8",
+          notes=["Float8 linears with FP8 all-gather, compiled"]),
+    titan("torchtitan-trainy-8b-h200-64", "llama3-8b", 64, 128, {"dp": 64, "micro_batch": 2, "recompute": "selective"},
+          ({"tokens_per_s": 10753, "memory_gib": 46.97, "dtype": "fp8", "what": "8 nodes", "execution": FP8_AG},),
+          hardware="dgx-h200", file="h200", row="torchtitan-trainy-8b-h200-fsdp-fp8",
+          notes=["Float8 linears with FP8 all-gather, compiled"]),
 ])
 
-SPECS |= _table([
+SPECS |= table([
     # -- DGX B200, Megatron-Bridge ----------------------------------------------------------------------------
-    _bridge("mb2604-deepseek-v3-256xb200-mxfp8", "deepseek-v3", "dgx-b200", 256, 4096, 4096,
-            {"pp": 16, "dp": 16, "ep": 8, "etp": 1, "recompute": "selective"},
-            execution=_MX | _DSV3_OPT | {"moe_group_limit": 4, "moe_dispatcher": "deepep",
-                                         "recompute_modules": ["mla_up_proj"]},
-            file="b200", notes=[_MOE_BAL, _DSV3_GROUPS, "MXFP8 (block scales computed in the cast: 3 bytes per element)",
-                                _DSV3_OPT_NOTE, "HybridEP without all-to-all overlap and selective recompute of MLA's "
-                                "up-projections, as the 26.04 release sets (Megatron-Bridge v0.4.0 scripts/performance/"
-                                "configs/deepseek/deepseek_workload_base_configs.py B200_V1/V2, deepseek_llm_pretrain.py)",
-                                "the run's multi-token-prediction layer is not in the deepseek-v3 preset"]),
-    _bridge("mb2511-llama31-405b-128xb200-fp8cs", "llama3-405b", "dgx-b200", 128, 8192, 64,
-            {"tp": 4, "pp": 8, "cp": 2, "vpp": 8, "dp": 2}, file="b200"),
-    _bridge("mb2511-llama3-8b-8xb200-fp8cs", "llama3-8b", "dgx-b200", 8, 8192, 128,
-            {"dp": 8, "micro_batch": 2}, file="b200"),
-    _bridge("mb2604-gpt-oss-120b-64xb200-bf16", "gpt-oss-120b", "dgx-b200", 64, 4096, 1280,
-            {"dp": 64, "ep": 8, "etp": 1, "micro_batch": 4, "recompute": "selective"}, dtype="bf16", file="b200",
-            execution={"recompute_modules": ["layernorm", "moe_act"], "moe_dispatcher": "deepep"},
-            notes=[_MOE_BAL, "selective recompute of layernorm and the MoE activation, as the recipe sets "
-                   "(Megatron-Bridge perf_recipes/gpt_oss/b200/gpt_oss.py)",
-                   "HybridEP (flex) dispatch without all-to-all overlap: the 26.04 table ran Megatron-Bridge v0.4.0, "
-                   "whose scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py gives the B200 BF16 V2 "
-                   "config moe_flex_dispatcher_backend='hybridep' (all-to-all only from 14b537eac, 2026-05-05)"]),
+    bridge("mb2604-deepseek-v3-256xb200-mxfp8", "deepseek-v3", "dgx-b200", 256, 4096, 4096,
+           {"pp": 16, "dp": 16, "ep": 8, "etp": 1, "recompute": "selective"},
+           execution=MX | DSV3_OPT | {"moe_group_limit": 4, "moe_dispatcher": "deepep",
+                                      "recompute_modules": ["mla_up_proj"]},
+           file="b200", notes=[MOE_BAL, DSV3_GROUPS, "MXFP8 (block scales computed in the cast: 3 bytes per element)",
+                               DSV3_OPT_NOTE, "HybridEP without all-to-all overlap and selective recompute of MLA's "
+                               "up-projections, as the 26.04 release sets (Megatron-Bridge v0.4.0 scripts/performance/"
+                               "configs/deepseek/deepseek_workload_base_configs.py B200_V1/V2, deepseek_llm_pretrain.py)",
+                               "the run's multi-token-prediction layer is not in the deepseek-v3 preset"]),
+    bridge("mb2511-llama31-405b-128xb200-fp8cs", "llama3-405b", "dgx-b200", 128, 8192, 64,
+           {"tp": 4, "pp": 8, "cp": 2, "vpp": 8, "dp": 2}, file="b200"),
+    bridge("mb2511-llama3-8b-8xb200-fp8cs", "llama3-8b", "dgx-b200", 8, 8192, 128,
+           {"dp": 8, "micro_batch": 2}, file="b200"),
+    bridge("mb2604-gpt-oss-120b-64xb200-bf16", "gpt-oss-120b", "dgx-b200", 64, 4096, 1280,
+           {"dp": 64, "ep": 8, "etp": 1, "micro_batch": 4, "recompute": "selective"}, dtype="bf16", file="b200",
+           execution={"recompute_modules": ["layernorm", "moe_act"], "moe_dispatcher": "deepep"},
+           notes=[MOE_BAL, "selective recompute of layernorm and the MoE activation, as the recipe sets "
+                  "(Megatron-Bridge perf_recipes/gpt_oss/b200/gpt_oss.py)",
+                  "HybridEP (flex) dispatch without all-to-all overlap: the 26.04 table ran Megatron-Bridge v0.4.0, "
+                  "whose scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py gives the B200 BF16 V2 "
+                  "config moe_flex_dispatcher_backend='hybridep' (all-to-all only from 14b537eac, 2026-05-05)"]),
     # -- GB200 NVL72, Megatron-Bridge and the MoE ModelZoo -----------------------------------------------------
-    _bridge("mb2606-llama31-405b-256xgb200-fp8", "llama3-405b", "gb200-nvl72", 256, 8192, 1536,
-            {"tp": 4, "pp": 16, "vpp": 4, "dp": 4}, file="gb200"),
-    _bridge("mb2604-llama3-70b-64xgb200-fp8-fsdp", "llama3-70b", "gb200-nvl72", 64, 8192, 256,
-            {"dp": 64, "micro_batch": 2, "zero": 3, "offload": {"activations": 0.5}}, file="gb200",
-            notes=["Megatron-FSDP as ZeRO-3", "the recipe's CPU activation offload of 40 of 80 layers as half of "
-                   "the activations in Grace memory"]),
-    _bridge("mb2606-deepseek-v3-256xgb200-mxfp8", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
-            {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
-            execution=_MX | _HYBRIDEP_OVERLAP | _DSV3_OPT | {"recompute_modules": ["mla_up_proj"], "moe_group_limit": 4},
-            file="gb200", notes=[_MOE_BAL, _DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
-                                 "sets", _HYBRIDEP_NOTE + " (perf_recipes/deepseek/common.py)", _DSV3_OPT_NOTE,
-                                 "the run's multi-token-prediction layer is not in the deepseek-v3 preset"]),
-    _bridge("mb2511-deepseek-v3-256xgb200-bf16", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
-            {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"}, dtype="bf16",
-            execution=_DSV3_OPT | {"moe_group_limit": 4, "recompute_modules": ["mla_up_proj"], "moe_dispatcher": "deepep"},
-            file="gb200", notes=[_MOE_BAL, _DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
-                                 "sets (Megatron-Bridge perf_recipes/deepseek/gb200/deepseek_v3.py)", _DSV3_HYBRIDEP,
-                                 _DSV3_OPT_NOTE]),
-    _bridge("mb2606-qwen3-235b-a22b-256xgb200-mxfp8", "qwen3-235b-a22b", "gb200-nvl72", 256, 4096, 8192,
-            {"pp": 8, "vpp": 3, "dp": 32, "ep": 32}, execution=_MX | _HYBRIDEP_OVERLAP, file="gb200",
-            notes=[_MOE_BAL, _HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
-    _bridge("mb2606-qwen3-30b-a3b-8xgb200-mxfp8", "qwen3-30b-a3b", "gb200-nvl72", 8, 4096, 512,
-            {"dp": 8, "ep": 8, "micro_batch": 4}, execution=_MX | _HYBRIDEP_OVERLAP, file="gb200",
-            notes=[_MOE_BAL, _HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
+    bridge("mb2606-llama31-405b-256xgb200-fp8", "llama3-405b", "gb200-nvl72", 256, 8192, 1536,
+           {"tp": 4, "pp": 16, "vpp": 4, "dp": 4}, file="gb200"),
+    bridge("mb2604-llama3-70b-64xgb200-fp8-fsdp", "llama3-70b", "gb200-nvl72", 64, 8192, 256,
+           {"dp": 64, "micro_batch": 2, "zero": 3, "offload": {"activations": 0.5}}, file="gb200",
+           notes=["Megatron-FSDP as ZeRO-3", "the recipe's CPU activation offload of 40 of 80 layers as half of "
+                  "the activations in Grace memory"]),
+    bridge("mb2606-deepseek-v3-256xgb200-mxfp8", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
+           {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
+           execution=MX | HYBRIDEP_OVERLAP | DSV3_OPT | {"recompute_modules": ["mla_up_proj"], "moe_group_limit": 4},
+           file="gb200", notes=[MOE_BAL, DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
+                                "sets", HYBRIDEP_NOTE + " (perf_recipes/deepseek/common.py)", DSV3_OPT_NOTE,
+                                "the run's multi-token-prediction layer is not in the deepseek-v3 preset"]),
+    bridge("mb2511-deepseek-v3-256xgb200-bf16", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
+           {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"}, dtype="bf16",
+           execution=DSV3_OPT | {"moe_group_limit": 4, "recompute_modules": ["mla_up_proj"], "moe_dispatcher": "deepep"},
+           file="gb200", notes=[MOE_BAL, DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
+                                "sets (Megatron-Bridge perf_recipes/deepseek/gb200/deepseek_v3.py)", DSV3_HYBRIDEP,
+                                DSV3_OPT_NOTE]),
+    bridge("mb2606-qwen3-235b-a22b-256xgb200-mxfp8", "qwen3-235b-a22b", "gb200-nvl72", 256, 4096, 8192,
+           {"pp": 8, "vpp": 3, "dp": 32, "ep": 32}, execution=MX | HYBRIDEP_OVERLAP, file="gb200",
+           notes=[MOE_BAL, HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
+    bridge("mb2606-qwen3-30b-a3b-8xgb200-mxfp8", "qwen3-30b-a3b", "gb200-nvl72", 8, 4096, 512,
+           {"dp": 8, "ep": 8, "micro_batch": 4}, execution=MX | HYBRIDEP_OVERLAP, file="gb200",
+           notes=[MOE_BAL, HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
     ("mz-qwen3-235b-256xgb200-bf16-pp8-ep8", {
         "file": "gb200", "hardware": "gb200-nvl72", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
-        "global_batch": 8192, "stack": _MC, "execution": _MZ_GRADS | {"moe_dispatcher": "deepep"},
+        "global_batch": 8192, "stack": MC, "execution": MZ_GRADS | {"moe_dispatcher": "deepep"},
         "strategy": {"pp": 8, "dp": 32, "ep": 8, "micro_batch": 1, "zero": 1, "recompute": "none"},
         "variants": ({"step_s": 25.83},),
-        "notes": [_MOE_BAL, "HybridEP dispatch (DISPATCHER=hybridep in the command) without all-to-all overlap",
+        "notes": [MOE_BAL, "HybridEP dispatch (DISPATCHER=hybridep in the command) without all-to-all overlap",
                   "step time derived by the row from 750 TFLOP/s with the FLOPs per token of the H100 rows",
-                  _MZ_GRADS_NOTE]}),
+                  MZ_GRADS_NOTE]}),
 ])
 
-_MS = "mindspeed"
-_MS_NOTE = "MindSpeed-LLM's example script at the same commit: flash attention, fused RMSNorm/SwiGLU/RoPE"
-
-
-def _ascend(rid, model, npus, seq, batch, strategy, notes=(), row=None):
-    spec = {"file": "ascend-910b", "hardware": "ascend-910b", "devices": npus, "model": model, "seq_len": seq,
-            "global_batch": batch, "stack": _MS, "strategy": {"micro_batch": 1, "recompute": "none"} | strategy,
-            "notes": [_MS_NOTE] + list(notes)}
-    if row:
-        spec["row"] = row
-    return rid, spec
-
-
-SPECS |= _table([
+SPECS |= table([
     # -- Ascend 910B, MindSpeed-LLM ---------------------------------------------------------------------------
-    _ascend("mindspeed-llama2-7b-8npu", "llama2-7b", 8, 4096, 256, {"pp": 2, "dp": 4, "zero": 1},
-            notes=["distributed optimizer and overlapped gradient reduction, as the row states",
-                   "parameter all-gather overlapped too: the script of the commit that published the figure "
-                   "(b2915bd2, examples/llama2/pretrain_llama2_7b_ptd.sh) passes --overlap-param-gather"]),
-    _ascend("mindspeed-llama3-8b-8npu", "llama3-8b", 8, 8192, 64, {"tp": 8, "micro_batch": 2, "sp": True}),
-    _ascend("mindspeed-llama2-70b-32x910b-bf16", "llama2-70b", 32, 4096, 1024,
-            {"tp": 8, "pp": 4, "vpp": 4, "dp": 1, "sp": True},
-            notes=["MC2 (fused matmul and collective) as overlapped TP communication"]),
-    _ascend("mindspeed-llama3-70b-64x910b-bf16", "llama3-70b", 64, 8192, 512, {"tp": 8, "pp": 8, "dp": 1, "sp": True}),
-    _ascend("mindspeed-qwen3-30b-a3b-16x910b-bf16", "qwen3-30b-a3b", 16, 4096, 256,
-            {"pp": 2, "dp": 8, "ep": 8, "recompute": "full", "zero": 1},
-            notes=["recompute 'full, uniform, 1 layer' recomputes every layer",
-                   "distributed optimizer (--use-distributed-optimizer in examples/mcore/qwen3_moe/"
-                   "pretrain_qwen3_30b_a3b_4K_ptd.sh)",
-                   "real (auxiliary-loss) routing, not forced balance: costed as a learned router, the busiest "
-                   "of the 8 expert-parallel ranks at the load spread fitted on Qwen3-235B's dropless H100 runs "
-                   "(the same 128 experts, top-8; another model and hardware: an assumption)"]),
+    ascend("mindspeed-llama2-7b-8npu", "llama2-7b", 8, 4096, 256, {"pp": 2, "dp": 4, "zero": 1},
+           notes=["distributed optimizer and overlapped gradient reduction, as the row states",
+                  "parameter all-gather overlapped too: the script of the commit that published the figure "
+                  "(b2915bd2, examples/llama2/pretrain_llama2_7b_ptd.sh) passes --overlap-param-gather"]),
+    ascend("mindspeed-llama3-8b-8npu", "llama3-8b", 8, 8192, 64, {"tp": 8, "micro_batch": 2, "sp": True}),
+    ascend("mindspeed-llama2-70b-32x910b-bf16", "llama2-70b", 32, 4096, 1024,
+           {"tp": 8, "pp": 4, "vpp": 4, "dp": 1, "sp": True},
+           notes=["MC2 (fused matmul and collective) as overlapped TP communication"]),
+    ascend("mindspeed-llama3-70b-64x910b-bf16", "llama3-70b", 64, 8192, 512, {"tp": 8, "pp": 8, "dp": 1, "sp": True}),
+    ascend("mindspeed-qwen3-30b-a3b-16x910b-bf16", "qwen3-30b-a3b", 16, 4096, 256,
+           {"pp": 2, "dp": 8, "ep": 8, "recompute": "full", "zero": 1},
+           notes=["recompute 'full, uniform, 1 layer' recomputes every layer",
+                  "distributed optimizer (--use-distributed-optimizer in examples/mcore/qwen3_moe/"
+                  "pretrain_qwen3_30b_a3b_4K_ptd.sh)",
+                  "real (auxiliary-loss) routing, not forced balance: costed as a learned router, the busiest "
+                  "of the 8 expert-parallel ranks at the load spread fitted on Qwen3-235B's dropless H100 runs "
+                  "(the same 128 experts, top-8; another model and hardware: an assumption)"]),
 ])
+
 SPECS["mindspeed-llama2-70b-32x910b-bf16"]["execution"] = {"overlap_tp_comm": True}
+
 SPECS["mindspeed-llama2-7b-8npu"]["execution"] = {"overlap_grad_reduce": True, "overlap_param_gather": True}
+
 SPECS["mindspeed-qwen3-30b-a3b-16x910b-bf16"]["execution"] = {"moe_routing": "learned"}

@@ -1,0 +1,147 @@
+"""What the calibration specs (`calibration_specs.py`) share: the stacks' names, the notes that say where a
+value comes from, and a builder per source's table layout (Narayanan et al., NeMo, Megatron-LM's scaling runs,
+Megatron-Bridge, torchtitan, MindSpeed-LLM), each filling in what that source's runs have in common.
+"""
+
+from __future__ import annotations
+
+MC = "megatron-core"
+MC24 = "megatron-core-2024"
+NEMO_FP8 = "FP8: Transformer Engine delayed scaling, NeMo 24.07's default recipe"
+NOT_STATED = "recompute not stated: none, as NeMo's dense performance recipes set (NeMo recipes, helpers.py)"
+DIST_OPT = "distributed optimizer (ZeRO-1), NeMo's default"
+CS: dict = {}
+CS_NOTE = "FP8 by per-tensor current scaling (the stack's recipe)"
+MX = {"fp8_recipe": "mxfp8"}
+#: Megatron-Bridge's GB200 MXFP8 MoE recipes (the layouts of the 26.06 rows): HybridEP dispatch and the expert
+#: all-to-all overlapped with the other micro-batch's compute
+HYBRIDEP_OVERLAP = {"moe_dispatcher": "deepep", "overlap_ep_comm": True}
+HYBRIDEP_NOTE = ("HybridEP dispatch with the expert all-to-all overlapped (overlap_moe_expert_parallel_comm), as "
+                 "the recipe's full-iteration MXFP8 settings set")
+TT_EAGER = {"fuse_elementwise": False}
+AUTOMODEL_MOE = {"moe_routing": "contiguous", "grad_bytes": 4.0}
+AUTOMODEL_MOE_GRADS = ("gradients reduce-scattered in fp32: Automodel's MoE parallelizer defaults to "
+                       "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32) (components/moe/parallelizer.py)")
+AUTOMODEL_NOTE = "NeMo Automodel: PyTorch FSDP2 with Transformer Engine kernels (the torchtitan stack, cuDNN attention)"
+FAKE_GATE = ("routing by Automodel's FakeBalancedGate (nemo_automodel/components/moe/layers.py): token i takes "
+             "the k consecutive experts from i*k, so its experts sit on one or two ranks")
+DSV3_HYBRIDEP = ("HybridEP (flex) dispatch: the DeepSeek-V3 perf recipes build on recipes/deepseek/h100/"
+                 "deepseek_v3.py, which ends in apply_flex_dispatcher_backend(model, 'hybridep')")
+#: Megatron-Bridge's DeepSeek-V3 recipes run the precision-aware optimizer with bf16 Adam moments beside fp32
+#: master weights (recipes/deepseek/deepseek_v3.py: use_precision_aware_optimizer, exp_avg_dtype bf16): 4 + 2 + 2
+DSV3_OPT = {"optimizer_bytes": 8.0}
+DSV3_OPT_NOTE = ("precision-aware optimizer: fp32 master weights, bf16 Adam moments (Megatron-Bridge "
+                 "recipes/deepseek/deepseek_v3.py), 8 bytes of state per parameter")
+DSV3_GROUPS = ("DeepSeek-V3's node-limited routing: experts in 8 groups, each token in at most 4 "
+               "(its config's n_group and topk_group; Megatron's router applies them to forced-balance logits)")
+#: NeMo 24.07's launcher configs train with Apex's distributed_fused_adam, which NeMo sets to keep the 16 bits an
+#: fp32 master weight adds to the bf16 one (store_param_remainders) rather than the fp32 copy: 2 + 4 + 4 bytes
+APEX_ADAM = {"optimizer_bytes": 10.0}
+APEX_ADAM_NOTE = ("optimizer distributed_fused_adam (NeMo-Framework-Launcher conf/training): Apex keeps the fp32 "
+                  "master weight's low 16 bits beside the bf16 weight (NeMo megatron_base_model.py: "
+                  "store_param_remainders for bf16 weights and an fp32 optimizer), 10 bytes of state per parameter")
+LLAMA2_13B = {"hidden": 5120, "layers": 40, "heads": 40, "kv_heads": 40, "ffn": 13824}
+GPT3_20B = {"hidden": 6144, "layers": 44, "heads": 48}
+MOE_BAL = "routing forced balanced and dropless, as the source states: the balanced case this model costs"
+MOE_BAL_ASSUMED = ("routing taken as forced balanced and dropless, as the table's other rows run it (this row does"
+                   " not say): the balanced case this model costs")
+#: The Megatron MoE ModelZoo runs Megatron-LM's own training script: BF16 gradients are accumulated and reduced in
+#: fp32 unless --grad-reduce-in-bf16, which its scripts never pass (megatron/training/arguments.py)
+MZ_GRADS = {"grad_bytes": 4.0}
+MZ_GRADS_NOTE = ("gradients reduced in fp32, Megatron-LM's default for BF16 (arguments.py: "
+                 "accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16, which the ModelZoo's scripts do "
+                 "not pass)")
+#: ... and its H100 tables predate --tp-comm-overlap in sbatch_benchmarking.sh (added 2025-12-16, b09773a; the
+#: 4k rows are of 2025-05-27, 8017e11, the 128k rows of 2025-11-04, b0b92ff)
+MZ_H100 = MZ_GRADS | {"overlap_tp_comm": False}
+MZ_H100_NOTE = MZ_GRADS_NOTE + ("; TP communication not overlapped: the table predates --tp-comm-overlap in the "
+                                "ModelZoo's sbatch_benchmarking.sh (b09773a, 2025-12-16)")
+TT = "torchtitan"
+GT = "h100-grand-teton"
+TT_NOTE = "torchtitan on Meta's Grand Teton H100s (96 GB HBM2e, 500 W)"
+ASYNC = {"overlap_tp_comm": True}
+#: FSDP2's FP8 weight all-gather, set where the row's config sets it (llama3_405b.toml: enable_fsdp_float8_all_gather
+#: and precompute_float8_dynamic_scale_for_fsdp; off by default, and off in the 8B and 70B configs)
+FP8_AG = {"fp8_all_gather": True}
+MS = "mindspeed"
+MS_NOTE = "MindSpeed-LLM's example script at the same commit: flash attention, fused RMSNorm/SwiGLU/RoPE"
+
+
+def a100(rid, h, layers, heads, gpus, batch, tp, pp, dp, recompute, vpp=1, mb=None, sp=False, notes=()):
+    strategy = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": mb if mb else (1 if pp > 1 else "largest fitting"),
+                "recompute": recompute, "sp": sp, "zero": 0}
+    if vpp > 1:
+        strategy["vpp"] = vpp
+    extra = [] if mb else ["micro-batch not stated: 1 with a pipeline, else the largest of 8, 4, 2, 1 that fits"]
+    return rid, {"file": "a100", "hardware": "dgx-a100", "devices": gpus, "model": "gpt",
+                 "overrides": {"hidden": h, "layers": layers, "heads": heads, "vocab": 51200}, "seq_len": 2048,
+                 "global_batch": batch, "stack": "megatron-2021", "strategy": strategy, "notes": extra + list(notes)}
+
+
+def table(rows):
+    return dict(rows)
+
+
+def nemo(rid, model, gpus, seq, batch, tp, pp, cp, vpp, dp, mb, tp_overlap=None, overrides=None, notes=()):
+    strategy = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "micro_batch": mb, "sp": tp > 1, "zero": 1,
+                "recompute": "none"}
+    if vpp > 1:
+        strategy["vpp"] = vpp
+    spec = {"file": "h100", "hardware": "dgx-h100", "devices": gpus, "model": model, "seq_len": seq,
+            "global_batch": batch, "dtype": "fp8", "stack": MC24, "strategy": strategy,
+            "execution": dict(APEX_ADAM), "notes": [NEMO_FP8, NOT_STATED, DIST_OPT, APEX_ADAM_NOTE] + list(notes)}
+    if overrides:
+        spec["overrides"] = overrides
+    if tp_overlap is not None:
+        spec["execution"]["overlap_tp_comm"] = tp_overlap
+    return rid, spec
+
+
+def ws(size, gpus, batch, h, layers, heads, tp, pp, step):
+    return f"megatron-ws-gpt-{size}-{gpus}xh100-bf16", {
+        "file": "h100", "hardware": "dgx-h100", "devices": gpus, "model": "gpt",
+        "overrides": {"hidden": h, "layers": layers, "heads": heads, "vocab": 131072}, "seq_len": 4096,
+        "global_batch": batch, "stack": MC24, "execution": {"grad_bytes": 4.0},
+        "strategy": {"tp": tp, "pp": pp, "dp": 48, "micro_batch": 1 if pp > 1 else "largest fitting",
+                     "sp": tp > 1, "zero": 1, "recompute": "none"},
+        "variants": ({"step_s": step},),
+        "notes": ["Megatron-Core r0.8 with --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap and the "
+                  "distributed optimizer, as the README's benchmark section says; fp32 gradient accumulation "
+                  "(Megatron-LM's default)", "micro-batch, vpp and recompute not stated: 1 with a pipeline (else the "
+                  "largest of 8, 4, 2, 1 that fits), no interleaving, no recompute",
+                  "step time derived by the row from TFLOP/s with Megatron's FLOP formula and ffn = 4h"]}
+
+
+def bridge(rid, model, hw, gpus, seq, batch, strategy, dtype="fp8", execution=None, notes=(), file="h100",
+           corrects=None):
+    strategy = {"micro_batch": 1, "zero": 1, "recompute": "none"} | strategy
+    strategy.setdefault("sp", strategy.get("tp", 1) > 1)
+    ex = (CS if dtype == "fp8" else {}) | (execution or {})
+    base = [CS_NOTE] if dtype == "fp8" and "fp8_recipe" not in (execution or {}) else []
+    base += [DIST_OPT + " (Megatron-Bridge recipes)"] if strategy["zero"] == 1 else []
+    spec = {"file": file, "hardware": hw, "devices": gpus, "model": model, "seq_len": seq, "global_batch": batch,
+            "dtype": dtype, "stack": MC, "strategy": strategy, "notes": base + list(notes)}
+    if ex:
+        spec["execution"] = ex
+    if corrects:
+        spec["corrects"] = corrects  # a table column the code that produced the figure contradicts (notes say why)
+    return rid, spec
+
+
+def titan(rid, model, gpus, batch, strategy, variants, notes=(), seq=8192, hardware=GT, file="h100-96gb",
+          row=None):
+    spec = {"file": file, "hardware": hardware, "devices": gpus, "model": model, "seq_len": seq,
+            "global_batch": batch, "stack": TT, "strategy": {"zero": 3} | strategy, "variants": variants,
+            "notes": [TT_NOTE if hardware == GT else "torchtitan"] + list(notes)}
+    if row:
+        spec["row"] = row
+    return rid, spec
+
+
+def ascend(rid, model, npus, seq, batch, strategy, notes=(), row=None):
+    spec = {"file": "ascend-910b", "hardware": "ascend-910b", "devices": npus, "model": model, "seq_len": seq,
+            "global_batch": batch, "stack": MS, "strategy": {"micro_batch": 1, "recompute": "none"} | strategy,
+            "notes": [MS_NOTE] + list(notes)}
+    if row:
+        spec["row"] = row
+    return rid, spec
