@@ -145,3 +145,13 @@ def ascend(rid, model, npus, seq, batch, strategy, notes=(), row=None):
     if row:
         spec["row"] = row
     return rid, spec
+
+
+def asynctp_variants(bf16, bf16_async, fp8, fp8_async):
+    """The four runs of one layout in torchtitan's asyncTP benchmark (tokens/s per GPU): BF16 and FP8 tensorwise,
+    each with vanilla and async TP."""
+    return ({"suffix": "-vanilla", "tokens_per_s": bf16, "what": "BF16, vanilla TP"},
+            {"suffix": "-async", "tokens_per_s": bf16_async, "what": "BF16, async TP", "execution": ASYNC},
+            {"suffix": "-fp8-vanilla", "tokens_per_s": fp8, "dtype": "fp8", "what": "FP8 tensorwise, vanilla TP"},
+            {"suffix": "-fp8-async", "tokens_per_s": fp8_async, "dtype": "fp8", "what": "FP8 tensorwise, async TP",
+             "execution": ASYNC})

@@ -16,8 +16,8 @@ from __future__ import annotations
 from benchmarks.calibration_spec_helpers import (
     ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT, DSV3_GROUPS, DSV3_HYBRIDEP, DSV3_OPT,
     DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, GPT3_20B, GT, HYBRIDEP_NOTE, HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MOE_BAL,
-    MOE_BAL_ASSUMED, MX, MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE, TT, TT_EAGER, TT_NOTE, a100, ascend, bridge,
-    nemo, table, titan, ws,
+    MOE_BAL_ASSUMED, MX, MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE, TT, TT_EAGER, TT_NOTE, a100, ascend,
+    asynctp_variants, bridge, nemo, table, titan, ws,
 )
 
 SPECS: dict[str, dict] = table([
@@ -223,19 +223,11 @@ SPECS |= table([
                   "micro-batches not stated: as many as stages (8, torchtitan's default then), so 4 sequences each"]}),
     titan("torchtitan-asynctp-70b-256xh100-bf16", "llama3-70b", 256, 512,
           {"tp": 8, "dp": 32, "micro_batch": 16, "sp": True, "recompute": "full"},
-          ({"suffix": "-vanilla", "tokens_per_s": 597.3, "what": "BF16, vanilla TP"},
-           {"suffix": "-async", "tokens_per_s": 652.4, "what": "BF16, async TP", "execution": ASYNC},
-           {"suffix": "-fp8-vanilla", "tokens_per_s": 809.8, "dtype": "fp8", "what": "FP8 tensorwise, vanilla TP"},
-           {"suffix": "-fp8-async", "tokens_per_s": 942.4, "dtype": "fp8", "what": "FP8 tensorwise, async TP",
-            "execution": ASYNC}),
+          asynctp_variants(597.3, 652.4, 809.8, 942.4),
           notes=["FP8 rowwise columns left out: that nightly's rowwise kernels ran at BF16 speed"]),
     titan("torchtitan-asynctp-8b-64xh100-bf16", "llama3-8b", 64, 96,
           {"tp": 8, "dp": 8, "micro_batch": 12, "sp": True, "recompute": "selective"},
-          ({"suffix": "-vanilla", "tokens_per_s": 4378, "what": "BF16, vanilla TP"},
-           {"suffix": "-async", "tokens_per_s": 4809.4, "what": "BF16, async TP", "execution": ASYNC},
-           {"suffix": "-fp8-vanilla", "tokens_per_s": 5078.1, "dtype": "fp8", "what": "FP8 tensorwise, vanilla TP"},
-           {"suffix": "-fp8-async", "tokens_per_s": 5570.1, "dtype": "fp8", "what": "FP8 tensorwise, async TP",
-            "execution": ASYNC})),
+          asynctp_variants(4378, 4809.4, 5078.1, 5570.1)),
     # -- H200 (WhiteFiber), torchtitan via Trainy --------------------------------------------------------------
     titan("torchtitan-trainy-8b-h200-32", "llama3-8b", 32, 64, {"dp": 32, "micro_batch": 2, "recompute": "selective"},
           ({"tokens_per_s": 10938, "memory_gib": 47.96, "dtype": "fp8", "what": "4 nodes", "execution": FP8_AG},),
