@@ -99,3 +99,42 @@ def test_an_overlapped_expert_exchange_is_stated_as_an_assumption(tmp_path):
     plain = estimate_model("qwen3-30b-a3b", **kw)
     assert any("expert all-to-all is taken to hide" in a for a in overlapped["assumptions"])
     assert not any("expert all-to-all" in a for a in plain["assumptions"])
+
+
+def _fp8_case(layers: int):
+    g = load_graph("llama3-8b", batch=1, seq_len=256, overrides=SMALL | {"layers": layers})
+    return g, discover_blocks(g), load_cluster("dgx-h100", devices=8)
+
+
+def test_a_cached_weight_cast_is_priced_for_each_strategys_micro_batches():
+    """Costings share a graph's priced programs (`GraphFacts`): one with 8 micro-batches costed after one with 4
+    must still spread each weight's FP8 cast over its own 8, as a fresh costing does."""
+    from planner.costing.estimate import estimate
+
+    g, st, cluster = _fp8_case(2)
+    work = Workload(global_batch=32, seq_len=256, dtype="fp8", execution=load_execution("megatron-core-2024"))
+    few, many = Strategy(dp=8, micro_batch=1), Strategy(pp=2, dp=4, micro_batch=1)
+    for first, second in ((few, many), (many, few)):
+        shared = GraphFacts(g, st)
+        estimate(g, st, cluster, work, first, facts=shared)
+        assert estimate(g, st, cluster, work, second, facts=shared).step_time_s == pytest.approx(
+            estimate(g, st, cluster, work, second, facts=GraphFacts(g, st)).step_time_s, rel=1e-12)
+
+
+def test_the_search_bound_stays_under_an_estimate_that_spreads_its_weight_casts():
+    """A region's representative runs one micro-batch; the strategies it bounds may run 64, each paying 1/64 of a
+    cached weight cast: the bound prices the cast at the least any of them pays, and stays under their estimates."""
+    from planner.costing.estimate import estimate
+    from planner.costing.stage_costs import stage_costs
+    from planner.search.bounds import layer_times, pipeline_bound_s
+    from planner.search.representatives import Representatives
+
+    g, st, cluster = _fp8_case(8)
+    for stack in ("megatron-core-2024", "torchtitan"):
+        work = Workload(global_batch=64, seq_len=256, dtype="fp8", execution=load_execution(stack))
+        rep, rep_work = Representatives(None, work, 8, "megatron", None).representative(1, 1, 1, 1, 1)
+        times = layer_times(stage_costs(g, st, cluster, rep_work, rep, facts=GraphFacts(g, st)), work.execution,
+                            False, 1, True)
+        s = Strategy(pp=8, micro_batch=1)
+        step = estimate(g, st, cluster, work, s, facts=GraphFacts(g, st)).step_time_s
+        assert pipeline_bound_s(times, 8, s.micro_batches(work), 1) <= step

@@ -143,7 +143,8 @@ class NodeTimes:
 
     def _casts(self, i: int, k: int, share: float, backward: bool) -> float:
         """Quantising an FP8 GEMM's operands: its activation inputs forward (and its weight, once per
-        micro-batch), its output gradient backward."""
+        micro-batch, or its share of one cast per step when the stack caches FP8 copies), its output gradient
+        backward."""
         graph, facts = self.facts.graph, self.facts
         node = graph.nodes[i]
         if backward:

@@ -146,9 +146,10 @@ def stage_costs(
     space = ("megatron_sp" if strategy.sp else "megatron") if style == "megatron" else style
     skey = (t, space, training)
     # the program and its vars' seconds depend on the tensor axis, the micro-batch, the context degree and which
-    # nodes run again, not on the expert degrees (the routed experts are detached) or the pipeline
+    # nodes run again, not on the expert degrees (the routed experts are detached) or the pipeline; with a stack
+    # that casts FP8 weights once per step, also on the micro-batches the cast is spread over
     tkey = (skey, strategy.sp, cp, strategy.micro_batch, workload.seq_len, workload.dtype, execution, cluster,
-            again.tobytes())
+            again.tobytes(), timer.weight_casts_per_mb)
     if tkey not in facts.priced:
         if skey not in facts.skeletons:
             skel = build_skeleton(graph, node_keys, param_keys, t, training, space, grad)

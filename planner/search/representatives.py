@@ -13,10 +13,16 @@ from dataclasses import replace
 from typing import Any
 
 from planner.costing.block_costs import Parts
+from planner.costing.node_times import LOW_PRECISION_GEMMS
 from planner.errors import HyperplanError
 from planner.search.bounds import LayerTimes, exchange_parts, layer_times
 from planner.search.budget import Budget
 from planner.strategy import Strategy, Workload
+
+
+#: Micro-batches a representative's step is spread over when the stack caches FP8 weights: its weight casts then
+#: cost a millionth of one micro-batch's (`Representatives._spread`).
+CAST_SPREAD = 1 << 20
 
 
 class Representatives:
@@ -34,7 +40,15 @@ class Representatives:
         dp = ep * etp
         s = Strategy(tp=tp, cp=cp, pp=max(1, self.layers), dp=dp, ep=ep, etp=0 if etp == tp else etp,
                      micro_batch=mb, recompute=recompute, sp=tp > 1, layouts=self.layouts)
-        return s, replace(self.workload, global_batch=dp * mb)
+        return s, replace(self.workload, global_batch=dp * mb * self._spread())
+
+    def _spread(self) -> int:
+        """Micro-batches the representative's step is taken to have: one, unless the stack casts FP8 weights
+        once per step (`Execution.fp8_weight_cache`), whose cost per micro-batch falls with their count, a
+        choice left open in the region: then so many that the cast it pays is the least any strategy pays."""
+        ex = self.workload.execution
+        caches = self.workload.mode == "train" and ex.fp8_weight_cache and not ex.fp8_params
+        return CAST_SPREAD if caches and self.workload.dtype in LOW_PRECISION_GEMMS else 1
 
     def times(self, tp: int, cp: int, mb: int, ep: int, etp: int, recompute: str = "none") -> LayerTimes:
         """Per-layer unavoidable seconds of one representative (one layer per stage), costed once."""
