@@ -233,7 +233,7 @@ def assumptions(hw: Any, workload: Any) -> list[str]:
             out.append(f"{hw.name} lists no {ex.attention_kernel} attention efficiency; {kernel}'s is used")
     if workload.mode == "train" and ex.overlap_ep_comm:
         out.append("the expert all-to-all is taken to hide behind another micro-batch's compute, up to "
-                   f"{ex.ep_overlap_share:g} of each exchange, which measurements question (the ModelZoo's Qwen3-235B "
+                   f"{ex.ep_overlap_share:.0%} of each exchange, which measurements question (the ModelZoo's Qwen3-235B "
                    "EP32 pair on 256 H100s gained 2.1 s where this model hides 6.2 s; DeepSeek-V3 on 1,024 H100s "
                    "comes out 22 % fast)")
     if workload.mode == "train" and ex.moe_routing == "learned":

@@ -129,7 +129,8 @@ def test_the_search_bound_stays_under_an_estimate_that_spreads_its_weight_casts(
     from planner.search.bounds import layer_times, pipeline_bound_s
     from planner.search.representatives import Representatives
 
-    g, st, cluster = _fp8_case(8)
+    g = load_graph("llama3-8b", batch=1, seq_len=256, overrides=dict(layers=8, vocab=8000))  # 8B's layers: big casts
+    st, cluster = discover_blocks(g), load_cluster("dgx-h100", devices=8)
     for stack in ("megatron-core-2024", "torchtitan"):
         work = Workload(global_batch=64, seq_len=256, dtype="fp8", execution=load_execution(stack))
         rep, rep_work = Representatives(None, work, 8, "megatron", None).representative(1, 1, 1, 1, 1)
