@@ -45,7 +45,8 @@ def test_each_run_keeps_its_rows_degrees(rid):
     run = RUNS[rid]
     row = RAW[run.source.split("#")[1].split(" (")[0]]
     layout = {k: v for k, v in _layout(row, run).items() if k not in CORRECTED[rid]}
-    for why in CORRECTED[rid].values():
+    for key, why in CORRECTED[rid].items():  # a correction names a column the row has, and says why in a note
+        assert key in _layout(row, run), f"{rid}: corrects {key!r}, which the row does not state"
         assert any(why in note for note in run.notes), f"{rid}: no note says {why!r}"
     strategy = run.strategy_with(1 if run.strategy.get("micro_batch") == "largest fitting"
                                  else run.strategy.get("micro_batch", 1))
