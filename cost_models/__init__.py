@@ -3,7 +3,8 @@
 Imports nothing of the project. Modules, one idea each: `spec` (devices,
 interconnect levels, memory tiers), `loader` (TOML presets and user files),
 `curves` (efficiency by size), `placement` (which levels a device group
-crosses), `compute`, `collectives`, `memory`, `schedule`, `offload`, `overlap`.
+crosses), `compute`, `collectives`, `memory`, `schedule`, `offload`, `overlap`,
+`streams` (a compute and a communication stream running dependent tasks).
 """
 
 from __future__ import annotations

@@ -8,7 +8,12 @@ the pace of the slowest stage, and the fill and drain cost each stage once:
   1F1B / interleaved: T = (m - 1/v) * max_i t_i + sum_i t_i / v,   t_i = f_i + b_i (+ 2 p2p)
   GPipe:              T = (m - 1) * (max_i f_i + max_i b_i) + sum_i (f_i + b_i)
 
-which reduce to (m + (p-1)/v) * t for equal stages. Each micro-batch's
+which reduce to (m + (p-1)/v) * t for equal stages. A stack that runs a
+forward and a backward of two micro-batches together in the steady state
+(Megatron-Core's 1F1B all-to-all overlap) takes `steady_i` <= t_i for each
+such pair: the m - 1/v steady steps take max_i steady_i, the fill and drain
+still the unpaired t_i (with one stage, the first forward and the last
+backward run alone). Each micro-batch's
 activation send after the forward and gradient send after the backward are
 charged on the critical path (blocking p2p, as in Megatron-LM's default;
 v sends each way per micro-batch when interleaved, the extra traffic
@@ -48,30 +53,36 @@ def pipeline_time(
     schedule: PipelineSchedule = "1f1b",
     virtual_stages: int = 1,
     p2p_s: float = 0.0,
+    stage_steady_s: Sequence[float] | None = None,
 ) -> PipelineTime:
-    """Step time of one pipeline from per-stage forward/backward times of one micro-batch (whole stage, all chunks)."""
+    """Step time of one pipeline from per-stage forward/backward times of one micro-batch (whole stage, all chunks)
+    and, for 1F1B schedules that pair them, the seconds of a steady-state forward-backward pair (see above)."""
     if len(stage_forward_s) != len(stage_backward_s) or not stage_forward_s:
         raise ValueError("need one forward and one backward time per stage")
     if min(stage_forward_s) < 0 or min(stage_backward_s) < 0 or p2p_s < 0:
         raise ValueError("stage and p2p times must be >= 0")
     pp = len(stage_forward_s)
     _check(schedule, pp, microbatches, virtual_stages)
-    busy = microbatches * max(f + b for f, b in zip(stage_forward_s, stage_backward_s))
-    bare = _span_s(stage_forward_s, stage_backward_s, microbatches, schedule, virtual_stages, 0.0)
-    total = _span_s(stage_forward_s, stage_backward_s, microbatches, schedule, virtual_stages, p2p_s if pp > 1 else 0.0)
+    alone = [f + b for f, b in zip(stage_forward_s, stage_backward_s)]
+    steady = alone if stage_steady_s is None or schedule == "gpipe" else list(stage_steady_s)
+    if len(steady) != pp or any(not 0 <= x <= y * (1 + 1e-12) for x, y in zip(steady, alone)):
+        raise ValueError("need one steady-state time per stage, between 0 and its forward plus backward")
+    busy = microbatches * max(steady)
+    bare = _span_s(stage_forward_s, stage_backward_s, steady, microbatches, schedule, virtual_stages, 0.0)
+    total = _span_s(stage_forward_s, stage_backward_s, steady, microbatches, schedule, virtual_stages,
+                    p2p_s if pp > 1 else 0.0)
     return PipelineTime(total_s=total, busy_s=busy, bubble_s=bare - busy, p2p_s=total - bare)
 
 
-def _span_s(
-    fwd: Sequence[float], bwd: Sequence[float], m: int, schedule: PipelineSchedule, v: int, p2p: float
-) -> float:
+def _span_s(fwd: Sequence[float], bwd: Sequence[float], steady: Sequence[float], m: int, schedule: PipelineSchedule,
+            v: int, p2p: float) -> float:
     v = v if schedule == "interleaved" else 1
     f = [x + v * p2p for x in fwd]  # each of the v chunks sends its output on
     b = [x + v * p2p for x in bwd]
     if schedule == "gpipe":
         return (m - 1) * (max(f) + max(b)) + sum(f) + sum(b)
     t = [x + y for x, y in zip(f, b)]
-    return (m - 1 / v) * max(t) + sum(t) / v
+    return (m - 1 / v) * max(x + 2 * v * p2p for x in steady) + sum(t) / v
 
 
 def _check(schedule: PipelineSchedule, pp: int, microbatches: int, virtual_stages: int) -> None:

@@ -111,9 +111,11 @@ def add_routed(facts, timer, t: int, again, training: bool, parts: dict[str, Par
                 timed[key] = (timer.forward(i, t), timer.backward(i, t) if training else 0.0)
             f, b = timed[key]
             p.forward += f
+            p.experts_fwd += f
             if training:
                 p.backward += b
                 p.recompute += float(again[i]) * f
+                p.experts_bwd += b + float(again[i]) * f
 
 
 __all__ = ["add_routed", "block_parts", "gemm_windows", "var_parts"]

@@ -38,6 +38,13 @@ class Parts:
     cp_bwd: float = 0.0
     ep_fwd: float = 0.0
     ep_bwd: float = 0.0
+    # of forward and backward (+ recompute): the routed experts' share, and the MoE layers' whole compute with
+    # their count, where an exchange runs (for the 1F1B all-to-all overlap's pairing, `moe_pairing`)
+    experts_fwd: float = 0.0
+    experts_bwd: float = 0.0
+    moe_layers: float = 0.0
+    moe_fwd: float = 0.0
+    moe_bwd: float = 0.0
     tp_kinds: dict = field(default_factory=lambda: defaultdict(float))
 
     def total(self) -> float:
@@ -62,6 +69,11 @@ class Parts:
         self.cp_bwd += k * o.cp_bwd
         self.ep_fwd += k * o.ep_fwd
         self.ep_bwd += k * o.ep_bwd
+        self.experts_fwd += k * o.experts_fwd
+        self.experts_bwd += k * o.experts_bwd
+        self.moe_layers += k * o.moe_layers
+        self.moe_fwd += k * o.moe_fwd
+        self.moe_bwd += k * o.moe_bwd
         for kk, v in o.tp_kinds.items():
             self.tp_kinds[kk] += k * v
 

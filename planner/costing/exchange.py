@@ -134,6 +134,9 @@ def add_expert_exchange(facts, cluster: Cluster, strategy: Strategy, execution: 
             p.forward += regroup
             p.backward += regroup
             p.recompute += regroup if again else 0.0
+        p.moe_layers += 1.0
+        p.moe_fwd += p.forward
+        p.moe_bwd += p.backward + p.recompute
 
 
 def sort_chunks_s(cluster: Cluster, nbytes: float) -> float:

@@ -68,11 +68,11 @@ class Execution:
     # torchtitan's pipelining does not reshard after forward), gathered and reduce-scattered once per step
     overlap_tp_comm: bool = False  # tensor-parallel all-gather / reduce-scatter inside the GEMMs they feed
     overlap_cp_comm: bool = True  # ring attention's K/V exchange during the attention kernel
-    overlap_ep_comm: bool = False  # expert all-to-all during another micro-batch's compute
+    overlap_ep_comm: bool = False  # expert all-to-all beside another micro-batch's layer (Megatron-Core's 1F1B
+    # all-to-all overlap with delayed wgrad: `moe_pairing`)
     overlap_pp_comm: bool = False  # pipeline sends and receives during compute
     overlap_pp_comm_1f1b: bool = True  # ... in the non-interleaved schedule too (Megatron-Core overlaps them
     # only between virtual stages: schedules.py refuses overlap_p2p_comm without interleaving)
-    ep_overlap_share: float = 1.0  # at most this share of the expert all-to-all the overlap can hide
     tp_overlap_share: float = 1.0  # at most this share of each TP all-gather / reduce-scatter its GEMM can hide
     # precision (FP8 applies when the workload's dtype is fp8: its GEMMs run at the fp8 peak)
     fp8_recipe: str = "delayed"
@@ -173,15 +173,14 @@ _BOOLS = ("fuse_elementwise", "overlap_grad_reduce", "overlap_param_gather", "fs
           "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm", "overlap_pp_comm", "overlap_pp_comm_1f1b",
           "fp8_saves_inputs", "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation")
 _NUMBERS = ("fp8_cast_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
-            "runtime_reserve_gib", "kernel_efficiency", "ep_overlap_share", "tp_overlap_share",
+            "runtime_reserve_gib", "kernel_efficiency", "tp_overlap_share",
             "moe_expert_load_cv", "moe_capacity_factor")
 _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS}
 
 
 _SECTIONS = {
     "kernels": ("attention", "attention_kernel", "fuse_elementwise", "kernel_efficiency", "expert_gemm_streams"),
-    "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("ep_overlap_share",
-                                                                                  "tp_overlap_share"),
+    "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_weight_bytes", "fp8_saves_inputs", "fp8_params",
                   "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather"),
     "states": ("param_bytes", "grad_bytes", "optimizer_bytes"),
@@ -208,7 +207,7 @@ def _value(t: Table, key: str) -> Any:
     """One checked field of a stack file's section."""
     if key in _BOOLS:
         return t.boolean(key)
-    if key in ("kernel_efficiency", "ep_overlap_share", "tp_overlap_share"):
+    if key in ("kernel_efficiency", "tp_overlap_share"):
         value = t.number(key)
         most = 1.5 if key == "kernel_efficiency" else 1.0
         if value > most:

@@ -3,15 +3,18 @@
 Per micro-batch, each stage runs its forward and backward compute; the
 communication beside it is overlapped as the stack does (`Execution`):
 tensor-parallel collectives inside the GEMMs they feed (Transformer
-Engine's userbuffers, torch's AsyncTP; sequence parallelism only), the
-expert all-to-all behind another micro-batch's compute (Megatron-Core's
-1F1B all-to-all overlap, DualPipe), ZeRO-3/FSDP's parameter gathers one
-layer ahead and its gradient reduce-scatters behind the backward. All of
-them share one compute window, of which a fraction (the hardware file's
-`overlap`: communication kernels take compute units and memory bandwidth)
-can hide communication (`cost_models.overlap.shared_window_exposed`); the
-rest is exposed on the stage's critical path. The context-parallel ring is
-already net of its kernel's overlap (`exchange`).
+Engine's userbuffers, torch's AsyncTP; sequence parallelism only),
+ZeRO-3/FSDP's parameter gathers one layer ahead and its gradient
+reduce-scatters behind the backward. They share one compute window, of
+which a fraction (the hardware file's `overlap`: communication kernels take
+compute units and memory bandwidth) can hide communication
+(`cost_models.overlap.shared_window_exposed`); the rest is exposed on the
+stage's critical path. The context-parallel ring is already net of its
+kernel's overlap (`exchange`). The expert all-to-all is on the critical
+path of a micro-batch's forward and backward; under the stack's 1F1B
+all-to-all overlap, a steady-state forward and backward of two
+micro-batches run together, layer by layer (`moe_pairing`), and take
+`steady_s` together, less than the two alone.
 
 step = pipeline (busy + bubble + p2p) + the slowest stage's tail: the
 gradient reduction of the last micro-batch's backward not hidden behind it
@@ -33,6 +36,7 @@ from cost_models.offload import offload_tier, transfer_s
 from cost_models.overlap import exposed_s, shared_window_exposed
 from cost_models.schedule import pipeline_time
 
+from planner.costing.moe_pairing import MoELayerTimes, paired_s
 from planner.costing.node_times import ADAM_BYTES_PER_PARAM, activation_dtype, optimizer_step_s
 from planner.costing.stage_costs import DTYPE_WIDTH, StageCost, StageCosts
 from planner.errors import InvalidInput
@@ -46,12 +50,14 @@ class StageStep:
 
     forward_s: float  # compute and exposed communication
     backward_s: float  # backward and recompute compute and exposed communication
-    exposed: dict[str, float]  # exposed seconds by kind: tp, cp, ep, and dp (ZeRO-2/3's per-micro-batch traffic)
+    exposed: dict[str, float]  # exposed seconds of a steady-state micro-batch by kind: tp, cp, ep, and dp
+    # (ZeRO-2/3's per-micro-batch traffic)
     backward_room_s: float  # hiding capacity left in one backward after its own overlaps: for the DP tail
+    steady_s: float  # a forward and a backward in the schedule's steady state (paired: see the module docstring)
 
 
 def stage_step(s: StageCost, cluster: Cluster, workload: Workload, strategy: Strategy, width: float) -> StageStep:
-    """Exposed communication of one stage's micro-batch, forward and backward."""
+    """Exposed communication of one stage's micro-batch, forward and backward, and of a steady-state pair."""
     ex = workload.execution
     p, eta = s.parts, cluster.dp_overlap_efficiency
     gather_f = gather_b = scatter_b = 0.0
@@ -64,31 +70,36 @@ def stage_step(s: StageCost, cluster: Cluster, workload: Workload, strategy: Str
     # TP collectives hide only behind the GEMM each feeds or follows (stage_costs: tp_*_hidden, already at the
     # overlap efficiency): their own window is what lets that much hide; the others may use the whole phase
     tp_window = (p.tp_fwd_hidden / eta if eta else 0.0, p.tp_bwd_hidden / eta if eta else 0.0)
-    # the expert all-to-all hides behind another micro-batch's compute, but only up to the stack's share of it
-    # (dependencies between the two micro-batches' layers leave the rest exposed)
-    ep_window = (ex.ep_overlap_share * p.ep_fwd / eta if eta else 0.0, ex.ep_overlap_share * p.ep_bwd / eta if eta else 0.0)
     phases = (
-        (fwd_c, [("tp", p.tp_fwd, tp_hidden, tp_window[0]), ("ep", p.ep_fwd, ex.overlap_ep_comm, ep_window[0]),
-                 ("dp", gather_f, ex.fsdp_prefetch, fwd_c)]),
-        (bwd_c, [("tp", p.tp_bwd, tp_hidden, tp_window[1]), ("ep", p.ep_bwd, ex.overlap_ep_comm, ep_window[1]),
-                 ("dp", gather_b, ex.fsdp_prefetch, bwd_c), ("dp", scatter_b, ex.overlap_grad_reduce, bwd_c)]),
+        (fwd_c, [("tp", p.tp_fwd, tp_hidden, tp_window[0]), ("dp", gather_f, ex.fsdp_prefetch, fwd_c)]),
+        (bwd_c, [("tp", p.tp_bwd, tp_hidden, tp_window[1]), ("dp", gather_b, ex.fsdp_prefetch, bwd_c),
+                 ("dp", scatter_b, ex.overlap_grad_reduce, bwd_c)]),
     )
-    exposed = {"tp": 0.0, "cp": p.cp_fwd + p.cp_bwd, "ep": 0.0, "dp": 0.0}
-    shown_by_phase, hidden_bwd = [], 0.0
-    for phase, (window, items) in enumerate(phases):
-        items = [(kind, sec, hide) for kind, sec, hide, _ in items], [(sec, own) for _, sec, hide, own in items if hide]
-        items, overlapped = items
-        hidden = iter(shared_window_exposed(overlapped, window, eta))
-        total = 0.0
-        for kind, sec, hide in items:
+    exposed = {"tp": 0.0, "cp": p.cp_fwd + p.cp_bwd, "ep": p.ep_fwd + p.ep_bwd, "dp": 0.0}
+    shown_by_phase, hidden_by_phase = [], []
+    for window, items in phases:
+        hidden = iter(shared_window_exposed([(sec, own) for _, sec, hide, own in items if hide], window, eta))
+        shown_all = hidden_all = 0.0
+        for kind, sec, hide, _ in items:
             shown = next(hidden) if hide else sec
             exposed[kind] += shown
-            total += shown
-            if hide and phase == 1:
-                hidden_bwd += sec - shown
-        shown_by_phase.append(total)
-    return StageStep(forward_s=fwd_c + p.cp_fwd + shown_by_phase[0], backward_s=bwd_c + p.cp_bwd + shown_by_phase[1],
-                     exposed=exposed, backward_room_s=max(0.0, eta * bwd_c - hidden_bwd))
+            shown_all += shown
+            hidden_all += sec - shown
+        shown_by_phase.append(shown_all)
+        hidden_by_phase.append(hidden_all)
+    forward_s = fwd_c + p.cp_fwd + p.ep_fwd + shown_by_phase[0]
+    backward_s = bwd_c + p.cp_bwd + p.ep_bwd + shown_by_phase[1]
+    saved = 0.0
+    if ex.overlap_ep_comm and p.moe_layers > 0:
+        n = p.moe_layers
+        layer = MoELayerTimes((p.moe_fwd - p.experts_fwd) / n, p.experts_fwd / n, (p.moe_bwd - p.experts_bwd) / n,
+                              p.experts_bwd / n, p.ep_fwd / n, p.ep_bwd / n)
+        saved = max(0.0, n * layer.unpaired_s - paired_s(layer, n, strategy.vpp, eta))
+        # overlaps share one compute window: the pair's two phases, less what the others hid in them
+        saved = min(saved, max(0.0, eta * (fwd_c + bwd_c) - sum(hidden_by_phase)))
+        exposed["ep"] -= saved
+    return StageStep(forward_s=forward_s, backward_s=backward_s, exposed=exposed,
+                     backward_room_s=max(0.0, eta * bwd_c - hidden_by_phase[1]), steady_s=forward_s + backward_s - saved)
 
 
 def gather_width(s: StageCost, ex, width: float) -> float:
@@ -142,16 +153,20 @@ def step_breakdown(
         if ex.overlap_pp_comm and (strategy.vpp > 1 or ex.overlap_pp_comm_1f1b):  # beside the next chunk's compute
             p2p = exposed_s(p2p, min(x.forward_s for x in steps), cluster.dp_overlap_efficiency)
     schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
-    pipe = pipeline_time([x.forward_s for x in steps], [x.backward_s for x in steps], m, schedule, strategy.vpp, p2p)
-    slow = max(range(len(stages)), key=lambda i: (steps[i].forward_s + steps[i].backward_s, -i))
+    pipe = pipeline_time([x.forward_s for x in steps], [x.backward_s for x in steps], m, schedule, strategy.vpp, p2p,
+                         [x.steady_s for x in steps])
+    slow = max(range(len(stages)), key=lambda i: (steps[i].steady_s, -i))
     sp_, st_ = stages[slow].parts, steps[slow]
+    # the fill and drain run unpaired: what that adds over the paired pace is expert exchange, not idle time
+    v = strategy.vpp if schedule == "interleaved" else 1
+    unpaired = 0.0 if schedule == "gpipe" else max(0.0, pipe.bubble_s - (sum(x.steady_s for x in steps) - st_.steady_s) / v)
     bd = {
         "compute": m * (sp_.forward + sp_.backward),
         "recompute": m * sp_.recompute,
         "tp_comm": m * st_.exposed["tp"],
         "cp_comm": m * st_.exposed["cp"],
-        "ep_comm": m * st_.exposed["ep"],
-        "pp_bubble": pipe.bubble_s,
+        "ep_comm": m * st_.exposed["ep"] + unpaired,
+        "pp_bubble": pipe.bubble_s - unpaired,
         "pp_p2p": pipe.p2p_s,
     }
     dp_mb = m * st_.exposed["dp"]

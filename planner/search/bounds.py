@@ -8,8 +8,8 @@ pipeline stage and no recompute) and keeps only what no choice left open can rem
 - per stage and micro-batch, the forward and backward compute (and the recomputed forward, for a region
   of one recompute policy), the context-parallel ring as exposed
   (already net of its overlap), and the tensor- and expert-parallel collectives less what their overlap
-  can hide at most (a tensor collective only behind the GEMM it feeds, `tp_*_hidden`; the expert exchange
-  only its `ep_overlap_share`; `cost_models.overlap`): recompute, ZeRO-3's gathers, offload,
+  can hide at most (a tensor collective only behind the GEMM it feeds, `tp_*_hidden`, `cost_models.overlap`;
+  the expert exchange, under the 1F1B all-to-all overlap, all of it, `moe_pairing`): recompute, ZeRO-3's gathers, offload,
   the point-to-point sends, the data-parallel tail and the optimizer step only add to it;
 - per pipeline: a 1F1B step of stages with those times is (m - 1/v) max_i t_i + sum_i t_i / v
   (`cost_models.schedule`); over every contiguous cut, the least max_i t_i is the bottleneck of the
@@ -65,7 +65,7 @@ def layer_times(costs: StageCosts, execution: Execution, sp: bool, micro_batch: 
     With `own`, the costing's own expert exchange (`exchange_parts` of its strategy) is taken out, the
     dispatcher's local regrouping with it, and `exchange` (another expert degree's, or none) counted instead."""
     out = []
-    hide = (1.0 - execution.ep_overlap_share) if execution.overlap_ep_comm else 1.0
+    hide = 0.0 if execution.overlap_ep_comm else 1.0
     for st in costs.stages:
         p = st.parts
         t = p.forward + p.backward + p.recompute + p.cp_fwd + p.cp_bwd

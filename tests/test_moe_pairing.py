@@ -1,0 +1,108 @@
+"""The 1F1B all-to-all overlap's pairing of two micro-batches' layers, and the two-stream runs it rests on:
+timelines worked out by hand from Megatron-LM's TransformerLayerSchedulePlan.run."""
+
+from __future__ import annotations
+
+import pytest
+
+from cost_models.overlap import exposed_s
+from cost_models.schedule import pipeline_time
+from cost_models.streams import COMM, COMPUTE, Task, run_streams
+from planner.costing.moe_pairing import MoELayerTimes, _chain_s, paired_s
+
+
+def test_a_transfer_beside_compute_hides_as_the_overlap_law_says():
+    for eff in (1.0, 0.5, 0.4):
+        ends = run_streams([Task(COMPUTE, 2.0), Task(COMM, 1.0)], eff)
+        assert ends[0] == pytest.approx(2.0)
+        assert max(ends) - 2.0 == pytest.approx(exposed_s(1.0, 2.0, eff))  # 0, 0, 0.2 s
+    # a transfer that waits for its input starts when the compute ends, and then runs alone at full rate
+    assert run_streams([Task(COMPUTE, 1.0), Task(COMM, 1.0, (0,))], 0.5) == pytest.approx([1.0, 2.0])
+
+
+def test_streams_refuse_what_cannot_run():
+    with pytest.raises(ValueError):
+        run_streams([Task(COMPUTE, 1.0, (1,)), Task(COMM, 1.0)])  # waits on a later task
+    with pytest.raises(ValueError):
+        run_streams([Task(COMPUTE, 1.0)], 1.5)
+
+
+#: One layer: pre-dispatch 1 s forward, 2 s backward; experts 1 s and 2 s.
+LAYER = dict(pre_fwd=1.0, experts_fwd=1.0, pre_bwd=2.0, experts_bwd=2.0)
+
+
+def test_small_exchanges_hide_entirely_behind_the_paired_layer():
+    # combine bwd [0,1] | pre fwd [0,1]; experts dgrad [1,2] | dispatch fwd [1,2]; wgrad [2,3] | dispatch bwd
+    # [2,3]; experts fwd [3,4]; combine fwd [4,5] | pre dgrad [4,5]; pre wgrad [5,6]: the compute, 6 s
+    layer = MoELayerTimes(**LAYER, exchange_fwd=2.0, exchange_bwd=2.0)
+    assert layer.unpaired_s == pytest.approx(10.0)
+    assert _chain_s(layer, 1, 1.0) == pytest.approx(6.0)
+    assert _chain_s(layer, 2, 1.0) == pytest.approx(12.0)
+
+
+def test_large_exchanges_wait_on_the_layers_dependencies():
+    # combine bwd [0,2] | pre fwd [0,1]; experts dgrad waits for it [2,3] | dispatch fwd [2,4]; wgrad [3,4];
+    # dispatch bwd [4,6] | experts fwd [4,5]; combine fwd [6,8] | pre dgrad waits for the dispatch [6,7], wgrad
+    # [7,8]: 8 s, where the shared-window law would give max(6, 8) = 8 only by hiding 6 s of the 8 s exchanged
+    layer = MoELayerTimes(**LAYER, exchange_fwd=4.0, exchange_bwd=4.0)
+    assert _chain_s(layer, 1, 1.0) == pytest.approx(8.0)
+    # the combine before the forward's pre-dispatch: with a short forward it shows although compute is left
+    lopsided = MoELayerTimes(pre_fwd=0.25, experts_fwd=2.0, pre_bwd=0.5, experts_bwd=4.0, exchange_fwd=2.0,
+                             exchange_bwd=2.0)
+    # combine bwd [0,1] | pre fwd [0,.25]; dgrad [1,3] | dispatch fwd [1,2]; dispatch bwd [3,4] | wgrad [3,5];
+    # experts fwd [5,7]; combine fwd [7,8] | pre dgrad [7,7.25], wgrad [7.25,7.5]: 8 s for 6.75 s of compute
+    assert _chain_s(lopsided, 1, 1.0) == pytest.approx(8.0)
+
+
+def test_long_chunks_repeat_the_simulated_layers_increment():
+    layer = MoELayerTimes(pre_fwd=0.3, experts_fwd=0.7, pre_bwd=0.6, experts_bwd=1.4, exchange_fwd=1.1,
+                          exchange_bwd=1.3)
+    for eff in (1.0, 0.8):
+        assert paired_s(layer, 12, 1, eff) == pytest.approx(_chain_s(layer, 12, eff), rel=1e-9)
+        assert paired_s(layer, 12, 3, eff) == pytest.approx(3 * _chain_s(layer, 4, eff), rel=1e-9)
+        assert paired_s(layer, 2, 4, eff) == pytest.approx(2 * _chain_s(layer, 1, eff), rel=1e-9)
+        assert paired_s(layer, 3, 2, eff) == pytest.approx(3 * _chain_s(layer, 1, eff), rel=1e-9)  # 1.5 a chunk
+        assert paired_s(layer, 12, 1, eff) <= 12 * layer.unpaired_s
+
+
+def test_a_pipeline_runs_its_steady_state_at_the_paired_pace():
+    # 4 equal stages, 8 micro-batches: 7 steady steps of 2 s and the fill and drain unpaired, 4 x 3 s
+    t = pipeline_time([1.0] * 4, [2.0] * 4, 8, stage_steady_s=[2.0] * 4)
+    assert t.total_s == pytest.approx(7 * 2.0 + 12.0)
+    assert (t.busy_s, t.bubble_s) == pytest.approx((16.0, 10.0))
+    assert pipeline_time([1.0] * 4, [2.0] * 4, 8).total_s == pytest.approx(33.0)
+    # one stage: the first forward and the last backward alone
+    assert pipeline_time([1.0], [2.0], 8, stage_steady_s=[2.5]).total_s == pytest.approx(7 * 2.5 + 3.0)
+    with pytest.raises(ValueError):
+        pipeline_time([1.0], [2.0], 8, stage_steady_s=[3.5])  # a pair cannot take longer than both alone
+
+
+def _step(parts, **strategy):
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from cost_models import load_cluster
+    from planner.costing.execution import load_execution
+    from planner.costing.stage_costs import StageCost
+    from planner.costing.step_time import stage_step
+    from planner.strategy import Strategy
+
+    cluster = replace(load_cluster("dgx-h100", devices=8), dp_overlap_efficiency=1.0)
+    execution = replace(load_execution("megatron-core"), overlap_ep_comm=True)
+    cost = StageCost(0, ("layer",), parts, 0.0, 0.0, 0.0, 0.0, {}, 0.0, 1.0)
+    return stage_step(cost, cluster, SimpleNamespace(execution=execution), Strategy(**strategy), 2.0)
+
+
+def test_a_stage_pairs_its_moe_layers_in_the_window_the_other_overlaps_leave():
+    from planner.costing.block_costs import Parts
+
+    moe = dict(forward=2.0, backward=4.0, ep_fwd=2.0, ep_bwd=2.0, moe_layers=1.0, moe_fwd=2.0, moe_bwd=4.0,
+               experts_fwd=1.0, experts_bwd=2.0)
+    alone = _step(Parts(**moe))
+    assert (alone.forward_s, alone.backward_s) == pytest.approx((4.0, 6.0))  # unpaired: the exchange shows
+    assert alone.steady_s == pytest.approx(6.0)  # paired: the hand timeline above
+    assert alone.exposed["ep"] == pytest.approx(0.0)
+    # TP overlap already hides 6 s behind the same 6 s of compute: nothing is left for the pairing to hide in
+    busy = _step(Parts(**moe, tp_fwd=2.0, tp_bwd=4.0, tp_fwd_hidden=2.0, tp_bwd_hidden=4.0), tp=2, dp=4, sp=True)
+    assert busy.steady_s == pytest.approx(busy.forward_s + busy.backward_s) == pytest.approx(10.0)
+    assert busy.exposed["ep"] == pytest.approx(4.0)
