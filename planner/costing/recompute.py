@@ -86,14 +86,18 @@ def _up_to_attention(facts, blk: Block, seeds: frozenset[int], core) -> frozense
 
 
 def _recomputed(facts, blk: Block, execution: Execution) -> frozenset[int]:
-    """Nodes a selective policy runs again, by the stack's selective recompute."""
-    if execution.selective == "every_other_matmul":
-        return frozenset(blk.nodes) - sac_saved_nodes(facts, blk)
+    """Nodes a selective policy runs again, by the stack's selective recompute (found once per layer and stack)."""
     flash = execution.attention == "flash"
-    out: set[int] = set()
-    for module in execution.recompute_modules:
-        out |= module_nodes(facts, blk, module, flash)
-    return frozenset(out)
+    key = ("recomputed", blk.name, execution.selective, tuple(execution.recompute_modules), flash)
+    hit = facts.derived.get(key)
+    if hit is not None:
+        return hit
+    if execution.selective == "every_other_matmul":
+        out = frozenset(blk.nodes) - sac_saved_nodes(facts, blk)
+    else:
+        out = frozenset().union(*(module_nodes(facts, blk, module, flash) for module in execution.recompute_modules))
+    facts.derived[key] = out
+    return out
 
 
 def _outputs_rebuilt(facts, blk: Block, execution: Execution) -> frozenset[str]:
