@@ -111,3 +111,19 @@ def test_what_megatron_cannot_run_is_refused_in_one_sentence(name, words):
     with pytest.raises(InvalidInput, match="the megatron backend cannot express this plan's") as err:
         export(plan(name), "megatron")
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.launch
+def test_the_all_to_all_overlap_goes_out_with_the_delayed_weight_gradients_it_is_costed_with(tmp_path, monkeypatch):
+    pytest.importorskip("megatron.core")
+    from launch_plans import COMMON, MOE
+    from planner.hypershard import declare
+
+    stack = tmp_path / "a2a.toml"
+    stack.write_text('[stack]\nbase = "megatron-core"\n[overlap]\noverlap_ep_comm = true\n', encoding="utf-8")
+    doc = declare("mixtral-8x7b", overrides=MOE, **COMMON, ep=8, zero=1, stack=str(stack))
+    words = launch_config(doc, "megatron")["config"]["args"]
+    assert "--overlap-moe-expert-parallel-comm" in words and "--delay-wgrad-compute" in words
+    ns, given = parse(words)
+    tc, *_ = core_configs(ns, given, "moe", monkeypatch)  # megatron-core's own checks of the pair pass
+    assert tc.overlap_moe_expert_parallel_comm and tc.delay_wgrad_compute

@@ -148,8 +148,8 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
             args.append(("--moe-token-dispatcher-type", "flex" if ex.moe_dispatcher == "deepep" else "alltoall"))
             if ex.moe_dispatcher == "deepep":
                 args.append(("--moe-flex-dispatcher-backend", "deepep"))
-            if ex.overlap_ep_comm:
-                args.append(("--overlap-moe-expert-parallel-comm", None))
+            if ex.overlap_ep_comm:  # with the weight gradients delayed, as the estimate pairs them (moe_pairing)
+                args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
     if s.sp:
         args.append(("--sequence-parallel", None))
         if ex.overlap_tp_comm:
