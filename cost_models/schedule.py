@@ -11,9 +11,17 @@ the pace of the slowest stage, and the fill and drain cost each stage once:
 which reduce to (m + (p-1)/v) * t for equal stages. A stack that runs a
 forward and a backward of two micro-batches together in the steady state
 (Megatron-Core's 1F1B all-to-all overlap) takes `steady_i` <= t_i for each
-such pair: the m - 1/v steady steps take max_i steady_i, the fill and drain
-still the unpaired t_i (with one stage, the first forward and the last
-backward run alone). Each micro-batch's
+such pair, except for the chunk steps the first stage runs alone: its
+warm-up forwards and as many cool-down backwards, w = 2(p-1) + (v-1)p + 1
+chunk steps interleaved, p in plain 1F1B (Megatron-LM schedules.py
+get_pp_rank_microbatches, one more than without the overlap, so that a
+stage without a pipeline runs its first forward and last backward alone):
+
+  paired: T = (m - w/v) * max_i steady_i + (w - 1)/v * max_i t_i + sum_i t_i / v
+
+which is the formula above when steady = t, and (m-1) steady + t for one
+stage. `unpaired_s` is what the steps run alone add over the paired pace.
+Each micro-batch's
 activation send after the forward and gradient send after the backward are
 charged on the critical path (blocking p2p, as in Megatron-LM's default;
 v sends each way per micro-batch when interleaved, the extra traffic
@@ -37,6 +45,7 @@ class PipelineTime:
     busy_s: float
     bubble_s: float
     p2p_s: float
+    unpaired_s: float = 0.0  # of bubble_s: the paired schedule's steps run alone, over the paired pace
 
 
 def bubble_fraction(schedule: PipelineSchedule, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
@@ -68,21 +77,36 @@ def pipeline_time(
     if len(steady) != pp or any(not 0 <= x <= y * (1 + 1e-12) for x, y in zip(steady, alone)):
         raise ValueError("need one steady-state time per stage, between 0 and its forward plus backward")
     busy = microbatches * max(steady)
-    bare = _span_s(stage_forward_s, stage_backward_s, steady, microbatches, schedule, virtual_stages, 0.0)
-    total = _span_s(stage_forward_s, stage_backward_s, steady, microbatches, schedule, virtual_stages,
-                    p2p_s if pp > 1 else 0.0)
-    return PipelineTime(total_s=total, busy_s=busy, bubble_s=bare - busy, p2p_s=total - bare)
+    v = virtual_stages if schedule == "interleaved" else 1
+    bare = _span_s(stage_forward_s, stage_backward_s, steady, microbatches, schedule, v, 0.0)
+    total = _span_s(stage_forward_s, stage_backward_s, steady, microbatches, schedule, v, p2p_s if pp > 1 else 0.0)
+    unpaired = 0.0 if steady is alone else bare - _one_f_one_b_s(steady, steady, microbatches, schedule, v)
+    return PipelineTime(total_s=total, busy_s=busy, bubble_s=bare - busy, p2p_s=total - bare,
+                        unpaired_s=max(0.0, unpaired))
+
+
+def paired_alone_steps(schedule: PipelineSchedule, pp: int, microbatches: int, virtual_stages: int = 1) -> int:
+    """Chunk steps the first stage runs alone, forward and backward each, under a schedule that pairs a forward
+    with a backward (see the module docstring), at most all of its m x v."""
+    v = virtual_stages if schedule == "interleaved" else 1
+    w = 2 * (pp - 1) + (v - 1) * pp + 1 if schedule == "interleaved" else pp
+    return min(w, microbatches * v)
 
 
 def _span_s(fwd: Sequence[float], bwd: Sequence[float], steady: Sequence[float], m: int, schedule: PipelineSchedule,
             v: int, p2p: float) -> float:
-    v = v if schedule == "interleaved" else 1
     f = [x + v * p2p for x in fwd]  # each of the v chunks sends its output on
     b = [x + v * p2p for x in bwd]
     if schedule == "gpipe":
         return (m - 1) * (max(f) + max(b)) + sum(f) + sum(b)
-    t = [x + y for x, y in zip(f, b)]
-    return (m - 1 / v) * max(x + 2 * v * p2p for x in steady) + sum(t) / v
+    return _one_f_one_b_s([x + y for x, y in zip(f, b)], [x + 2 * v * p2p for x in steady], m, schedule, v)
+
+
+def _one_f_one_b_s(t: Sequence[float], steady: Sequence[float], m: int, schedule: PipelineSchedule, v: int) -> float:
+    """1F1B and interleaved: (m - w/v) max steady + (w-1)/v max t + sum t / v, which is
+    (m - 1/v) max t + sum t / v when nothing pairs (steady = t)."""
+    w = paired_alone_steps(schedule, len(t), m, v)
+    return (m - w / v) * max(steady) + (w - 1) / v * max(t) + sum(t) / v
 
 
 def _check(schedule: PipelineSchedule, pp: int, microbatches: int, virtual_stages: int) -> None:

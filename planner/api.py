@@ -134,6 +134,7 @@ def estimate_model(
     from cost_models import load_cluster
 
     from planner.costing.estimate import estimate
+    from planner.costing.moe_pairing import unpaired_warnings
     from planner.graph.blocks import discover_blocks
     from planner.strategy import Strategy
 
@@ -158,7 +159,7 @@ def estimate_model(
     est = estimate(graph, structure, hw, workload, strat, solver=solver)
     out = est.to_dict()
     out.update(_describe(model, graph, hw, workload))
-    out["warnings"] = scale_warnings(est.step_time_s, est.microbatches, workload.mode)
+    out["warnings"] = scale_warnings(est.step_time_s, est.microbatches, workload.mode) + unpaired_warnings(strat, workload)
     from planner.plan import strategy_dict
 
     out["strategy"] = strategy_dict(strat)

@@ -54,6 +54,49 @@ def test_large_exchanges_wait_on_the_layers_dependencies():
     assert _chain_s(lopsided, 1, 1.0) == pytest.approx(8.0)
 
 
+def test_each_dependency_of_the_schedule_shows_in_two_layers():
+    # worked by hand from run()'s order; each case changes if one dependency or the delayed wgrad goes
+    combine_waits_for_dgrad = MoELayerTimes(0.1, 1.0, 2.0, 1.0, 0.2, 6.0)  # 15.1 without that wait
+    delayed = MoELayerTimes(1.0, 1.0, 4.0, 1.0, 1.0, 4.0)
+    forward_waits_for_combine = MoELayerTimes(1.0, 1.0, 1.0, 1.0, 6.0, 1.0)  # 15.5 without that wait
+    assert _chain_s(combine_waits_for_dgrad, 2, 1.0) == pytest.approx(16.0)
+    assert _chain_s(forward_waits_for_combine, 2, 1.0) == pytest.approx(16.0)
+    # combine bwd [0,2] | pre fwd [0,1]; experts dgrad [2,2.5] | dispatch fwd [2,2.5]; wgrad [2.5,3] | dispatch
+    # bwd [2.5,4.5]; experts fwd [3,4]; combine fwd [4.5,5] | pre dgrad [4.5,6.5], wgrad [6.5,8.5]; the next
+    # layer's combine bwd waits for that dgrad: [6.5,8.5], and so on to 16 s
+    assert _chain_s(delayed, 2, 1.0) == pytest.approx(16.0)
+    # not delayed (Megatron-FSDP): the dispatch bwd waits for the experts' whole backward, the next combine bwd
+    # for the attention side's: 18 s
+    assert _chain_s(delayed, 2, 1.0, delayed=False) == pytest.approx(18.0)
+
+
+def test_the_overlap_efficiency_slows_a_transfer_beside_compute():
+    # combine bwd (1 s) beside a 2 s pre-dispatch forward at efficiency 0.5 ends with it; the dispatch bwd (1 s)
+    # then runs alone: 3 s. At 0.4 the combine has 0.2 s left at 2 s: 3.2 s
+    layer = MoELayerTimes(2.0, 0.0, 0.0, 0.0, 0.0, 2.0)
+    assert _chain_s(layer, 1, 0.5) == pytest.approx(3.0)
+    assert _chain_s(layer, 1, 0.4) == pytest.approx(3.2)
+
+
+def test_the_pairing_runs_only_where_megatron_core_allows_the_overlap():
+    from dataclasses import replace
+
+    from planner.costing.execution import load_execution
+    from planner.costing.moe_pairing import delays_wgrad, unpaired_why
+    from planner.strategy import Strategy
+
+    on = replace(load_execution("megatron-core"), overlap_ep_comm=True)
+    assert unpaired_why(Strategy(ep=8, dp=8), on) is None
+    assert unpaired_why(Strategy(ep=4, dp=4, pp=2, vpp=2), on) is None
+    assert "interleaved" in unpaired_why(Strategy(ep=4, dp=4, pp=2), on)
+    assert "expert parallelism" in unpaired_why(Strategy(dp=8), on)
+    assert "full recompute" in unpaired_why(Strategy(ep=8, dp=8, recompute="full"), on)
+    moe = replace(on, selective="modules", recompute_modules=("moe",))
+    assert "moe module" in unpaired_why(Strategy(ep=8, dp=8, recompute="selective"), moe)
+    assert unpaired_why(Strategy(ep=8, dp=8), load_execution("megatron-core")) is not None
+    assert delays_wgrad(Strategy(ep=8, dp=8, zero=1)) and not delays_wgrad(Strategy(ep=8, dp=8, zero=3))
+
+
 def test_long_chunks_repeat_the_simulated_layers_increment():
     layer = MoELayerTimes(pre_fwd=0.3, experts_fwd=0.7, pre_bwd=0.6, experts_bwd=1.4, exchange_fwd=1.1,
                           exchange_bwd=1.3)
@@ -66,13 +109,16 @@ def test_long_chunks_repeat_the_simulated_layers_increment():
 
 
 def test_a_pipeline_runs_its_steady_state_at_the_paired_pace():
-    # 4 equal stages, 8 micro-batches: 7 steady steps of 2 s and the fill and drain unpaired, 4 x 3 s
-    t = pipeline_time([1.0] * 4, [2.0] * 4, 8, stage_steady_s=[2.0] * 4)
-    assert t.total_s == pytest.approx(7 * 2.0 + 12.0)
-    assert (t.busy_s, t.bubble_s) == pytest.approx((16.0, 10.0))
-    assert pipeline_time([1.0] * 4, [2.0] * 4, 8).total_s == pytest.approx(33.0)
-    # one stage: the first forward and the last backward alone
-    assert pipeline_time([1.0], [2.0], 8, stage_steady_s=[2.5]).total_s == pytest.approx(7 * 2.5 + 3.0)
+    # one stage: the first forward and the last backward alone, 7 pairs between them
+    one = pipeline_time([1.0], [2.0], 8, stage_steady_s=[2.5])
+    assert one.total_s == pytest.approx(7 * 2.5 + 3.0)
+    assert one.unpaired_s == pytest.approx(0.5)  # over 8 steps at the paired pace
+    # interleaved, 2 stages of 2 chunks, 4 micro-batches: the first stage runs w = 2(p-1) + (v-1)p + 1 = 5 of its
+    # 8 chunk steps alone each way; 3 s a micro-batch alone, 2 s paired: (4 - 5/2) 2 + (5-1)/2 3 + 6/2 = 12 s
+    t = pipeline_time([1.0] * 2, [2.0] * 2, 4, "interleaved", 2, stage_steady_s=[2.0] * 2)
+    assert t.total_s == pytest.approx(12.0)
+    assert (t.busy_s, t.bubble_s, t.unpaired_s) == pytest.approx((8.0, 4.0, 3.0))  # paced: 3.5 x 2 + 4/2 = 9 s
+    assert pipeline_time([1.0] * 2, [2.0] * 2, 4, "interleaved", 2).total_s == pytest.approx(3.5 * 3 + 3.0)
     with pytest.raises(ValueError):
         pipeline_time([1.0], [2.0], 8, stage_steady_s=[3.5])  # a pair cannot take longer than both alone
 
@@ -98,11 +144,13 @@ def test_a_stage_pairs_its_moe_layers_in_the_window_the_other_overlaps_leave():
 
     moe = dict(forward=2.0, backward=4.0, ep_fwd=2.0, ep_bwd=2.0, moe_layers=1.0, moe_fwd=2.0, moe_bwd=4.0,
                experts_fwd=1.0, experts_bwd=2.0)
-    alone = _step(Parts(**moe))
+    alone = _step(Parts(**moe), ep=8, dp=8)
     assert (alone.forward_s, alone.backward_s) == pytest.approx((4.0, 6.0))  # unpaired: the exchange shows
     assert alone.steady_s == pytest.approx(6.0)  # paired: the hand timeline above
     assert alone.exposed["ep"] == pytest.approx(0.0)
     # TP overlap already hides 6 s behind the same 6 s of compute: nothing is left for the pairing to hide in
-    busy = _step(Parts(**moe, tp_fwd=2.0, tp_bwd=4.0, tp_fwd_hidden=2.0, tp_bwd_hidden=4.0), tp=2, dp=4, sp=True)
+    busy = _step(Parts(**moe, tp_fwd=2.0, tp_bwd=4.0, tp_fwd_hidden=2.0, tp_bwd_hidden=4.0), tp=2, dp=4, ep=4, sp=True)
     assert busy.steady_s == pytest.approx(busy.forward_s + busy.backward_s) == pytest.approx(10.0)
     assert busy.exposed["ep"] == pytest.approx(4.0)
+    # a pipeline without interleaving: Megatron-Core refuses the overlap, so nothing pairs
+    assert _step(Parts(**moe), ep=4, dp=4, pp=2).steady_s == pytest.approx(10.0)

@@ -100,7 +100,9 @@ def add_context_exchange(facts, structure: Structure, cluster: Cluster, strategy
 
 def add_expert_exchange(facts, cluster: Cluster, strategy: Strategy, execution: Execution, width: float,
                         batch_share: float, policy, block_parts: dict[str, Parts]) -> None:
-    """Dispatch and combine of each MoE layer, per micro-batch, into the blocks' `ep_fwd` / `ep_bwd`."""
+    """Dispatch and combine of each MoE layer, per micro-batch, into the blocks' `ep_fwd` / `ep_bwd`; and, for the
+    1F1B overlap's pairing, the layer's whole compute (`moe_fwd`, `moe_bwd`): after `add_routed`, so with its
+    experts in it."""
     t, cp, ep, etp = strategy.tp, strategy.cp, strategy.ep, strategy.expert_tp
     if not facts.moe or (ep <= 1 and etp <= 1):
         return

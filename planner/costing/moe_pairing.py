@@ -23,11 +23,19 @@ the compute the schedule puts beside it, and the layers' dependencies
 leave the rest on the critical path (`cost_models.streams` runs the two
 streams). Warm-up forwards and cool-down backwards run unpaired.
 
+Megatron-Core pairs only where its config allows the overlap
+(transformer_config.py): expert parallelism, no pipeline or an interleaved
+one, no full recompute and no recompute of the `moe` module (`unpaired_why`
+says which). Megatron-FSDP does not delay weight gradients
+(mcore_fsdp_adapter.py refuses delay_wgrad_compute): under ZeRO-2/3 the
+backward's dispatch waits for the experts' whole backward.
+
 ASSUMPTIONS: layers of a chunk are alike (the stage's MoE layers averaged);
 a node's backward splits half into dgrad, half into wgrad (a GEMM's two
-gradients have equal FLOPs; the attention core has no wgrad); dispatch and
-combine each take half of an exchange; tensor-parallel communication stays
-outside the pairing, as in the unpaired step.
+gradients have equal FLOPs; the attention side's dgrad is larger, its core
+having no weights); dispatch and combine each take half of an exchange;
+tensor-parallel communication stays outside the pairing, as in the unpaired
+step.
 """
 
 from __future__ import annotations
@@ -60,29 +68,58 @@ class MoELayerTimes:
                 + self.exchange_bwd)
 
 
-def paired_s(layer: MoELayerTimes, layers: float, chunks: int, efficiency: float) -> float:
+def unpaired_why(strategy, execution) -> str | None:
+    """Why Megatron-Core would not run the stack's 1F1B all-to-all overlap for `strategy` (None: it pairs)."""
+    if not execution.overlap_ep_comm:
+        return "the stack does not overlap the expert all-to-all"
+    if strategy.ep <= 1:
+        return "it needs expert parallelism"
+    if strategy.pp > 1 and (strategy.vpp <= 1 or strategy.schedule == "gpipe"):
+        return "with a pipeline it needs the interleaved schedule"
+    if strategy.recompute == "full" or strategy.full_recompute_layers:
+        return "it refuses full recompute"
+    if strategy.recompute == "selective" and execution.selective == "modules" and "moe" in execution.recompute_modules:
+        return "it refuses recompute of the moe module"
+    return None
+
+
+def unpaired_warnings(strategy, workload) -> list[str]:
+    """One sentence when the stack asks for the overlap and the layout cannot have it."""
+    why = unpaired_why(strategy, workload.execution) if workload.mode == "train" and strategy.ep > 1 else None
+    if why is None or not workload.execution.overlap_ep_comm:
+        return []
+    return [f"the stack's 1F1B expert all-to-all overlap does not apply to this layout ({why}, as in Megatron-Core): "
+            "its exchange is costed on the critical path"]
+
+
+def delays_wgrad(strategy) -> bool:
+    """Whether the pairing runs with weight gradients delayed: not under Megatron-FSDP (ZeRO-2/3 over data ranks)."""
+    return not (strategy.zero >= 2 and strategy.dp * strategy.cp > 1)
+
+
+def paired_s(layer: MoELayerTimes, layers: float, chunks: int, efficiency: float, delayed: bool = True) -> float:
     """Seconds of `layers` MoE layers of a stage (in `chunks` virtual chunks) running one micro-batch's forward
-    beside another's backward (see the module docstring)."""
+    beside another's backward (see the module docstring), with the weight gradients `delayed` or not."""
     if layers <= 0:
         return 0.0
     per_chunk = layers / max(1, chunks)
     if per_chunk < 1.0:  # chunks hold a layer or none: each pair stands alone
-        return layers * _layer_ends(layer, 1, efficiency)[0]
+        return layers * _layer_ends(layer, 1, efficiency, delayed)[0]
     n = min(_SIMULATED, int(per_chunk))
-    ends = _layer_ends(layer, n, efficiency)
+    ends = _layer_ends(layer, n, efficiency, delayed)
     total = ends[-1]
     if per_chunk > n:  # the last simulated layer's increment, repeated
         total += (per_chunk - n) * (ends[-1] - (ends[-2] if n > 1 else 0.0))
     return chunks * total
 
 
-def _chain_s(layer: MoELayerTimes, n: int, efficiency: float) -> float:
+def _chain_s(layer: MoELayerTimes, n: int, efficiency: float, delayed: bool = True) -> float:
     """End of `n` paired layers of one chunk on the two streams."""
-    return _layer_ends(layer, n, efficiency)[-1] if n > 0 else 0.0
+    return _layer_ends(layer, n, efficiency, delayed)[-1] if n > 0 else 0.0
 
 
 @lru_cache(maxsize=4096)
-def _layer_ends(layer: MoELayerTimes, n: int, efficiency: float) -> tuple[float, ...]:
+def _layer_ends(layer: MoELayerTimes, n: int, efficiency: float, delayed: bool) -> tuple[float, ...]:
     """When each of `n` paired layers of one chunk has ended on both streams."""
     tasks: list[Task] = []
 
@@ -92,20 +129,21 @@ def _layer_ends(layer: MoELayerTimes, n: int, efficiency: float) -> tuple[float,
 
     d_f = c_f = layer.exchange_fwd / 2
     d_b = c_b = layer.exchange_bwd / 2
+    late = 0.5 if delayed else 0.0  # the share of each backward run after its dgrad's consumer is released
     fwd_out = bwd_out = None  # the forward layer's combine, the backward layer's pre-dispatch dgrad
     spans = []
     for _ in range(n):  # in the order run() issues them
         first = len(tasks)
         combine_b = add(COMM, c_b, bwd_out)
         pre_f = add(COMPUTE, layer.pre_fwd, fwd_out)
-        experts_dgrad = add(COMPUTE, layer.experts_bwd / 2, combine_b)
+        experts_dgrad = add(COMPUTE, layer.experts_bwd * (1 - late), combine_b)
         dispatch_f = add(COMM, d_f, pre_f)
-        add(COMPUTE, layer.experts_bwd / 2)  # delayed wgrad
+        add(COMPUTE, layer.experts_bwd * late)  # delayed wgrad
         dispatch_b = add(COMM, d_b, experts_dgrad)
         experts_f = add(COMPUTE, layer.experts_fwd, dispatch_f)
         fwd_out = add(COMM, c_f, experts_f)
-        bwd_out = add(COMPUTE, layer.pre_bwd / 2, dispatch_b)
-        add(COMPUTE, layer.pre_bwd / 2)  # its wgrad, delayed behind the dgrad
+        bwd_out = add(COMPUTE, layer.pre_bwd * (1 - late), dispatch_b)
+        add(COMPUTE, layer.pre_bwd * late)  # its wgrad, delayed behind the dgrad
         spans.append((first, len(tasks)))
     ends = run_streams(tasks, efficiency)
     out, reached = [], 0.0
@@ -115,4 +153,4 @@ def _layer_ends(layer: MoELayerTimes, n: int, efficiency: float) -> tuple[float,
     return tuple(out)
 
 
-__all__ = ["MoELayerTimes", "paired_s"]
+__all__ = ["MoELayerTimes", "delays_wgrad", "paired_s", "unpaired_warnings", "unpaired_why"]

@@ -36,7 +36,7 @@ from cost_models.offload import offload_tier, transfer_s
 from cost_models.overlap import exposed_s, shared_window_exposed
 from cost_models.schedule import pipeline_time
 
-from planner.costing.moe_pairing import MoELayerTimes, paired_s
+from planner.costing.moe_pairing import MoELayerTimes, delays_wgrad, paired_s, unpaired_why
 from planner.costing.node_times import ADAM_BYTES_PER_PARAM, activation_dtype, optimizer_step_s
 from planner.costing.stage_costs import DTYPE_WIDTH, StageCost, StageCosts
 from planner.errors import InvalidInput
@@ -90,14 +90,14 @@ def stage_step(s: StageCost, cluster: Cluster, workload: Workload, strategy: Str
     forward_s = fwd_c + p.cp_fwd + p.ep_fwd + shown_by_phase[0]
     backward_s = bwd_c + p.cp_bwd + p.ep_bwd + shown_by_phase[1]
     saved = 0.0
-    if ex.overlap_ep_comm and p.moe_layers > 0:
+    if p.moe_layers > 0 and unpaired_why(strategy, ex) is None:
         n = p.moe_layers
         layer = MoELayerTimes((p.moe_fwd - p.experts_fwd) / n, p.experts_fwd / n, (p.moe_bwd - p.experts_bwd) / n,
                               p.experts_bwd / n, p.ep_fwd / n, p.ep_bwd / n)
-        saved = max(0.0, n * layer.unpaired_s - paired_s(layer, n, strategy.vpp, eta))
+        saved = max(0.0, n * layer.unpaired_s - paired_s(layer, n, strategy.vpp, eta, delays_wgrad(strategy)))
         # overlaps share one compute window: the pair's two phases, less what the others hid in them
         saved = min(saved, max(0.0, eta * (fwd_c + bwd_c) - sum(hidden_by_phase)))
-        exposed["ep"] -= saved
+        exposed["ep"] = max(0.0, exposed["ep"] - saved)
     return StageStep(forward_s=forward_s, backward_s=backward_s, exposed=exposed,
                      backward_room_s=max(0.0, eta * bwd_c - hidden_by_phase[1]), steady_s=forward_s + backward_s - saved)
 
@@ -157,9 +157,8 @@ def step_breakdown(
                          [x.steady_s for x in steps])
     slow = max(range(len(stages)), key=lambda i: (steps[i].steady_s, -i))
     sp_, st_ = stages[slow].parts, steps[slow]
-    # the fill and drain run unpaired: what that adds over the paired pace is expert exchange, not idle time
-    v = strategy.vpp if schedule == "interleaved" else 1
-    unpaired = 0.0 if schedule == "gpipe" else max(0.0, pipe.bubble_s - (sum(x.steady_s for x in steps) - st_.steady_s) / v)
+    # the steps run unpaired add expert exchange over the paired pace, not idle time
+    unpaired = min(pipe.unpaired_s, pipe.bubble_s)
     bd = {
         "compute": m * (sp_.forward + sp_.backward),
         "recompute": m * sp_.recompute,
