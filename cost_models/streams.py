@@ -50,7 +50,9 @@ def run_streams(tasks: Sequence[Task], efficiency: float = 1.0) -> list[float]:
         if comp is None and comm is None:
             raise ValueError("the tasks wait on each other in a cycle")
         rate = efficiency if comp is not None else 1.0  # the transfer's pace beside compute, or alone
-        if comm is None:
+        if comm is not None and left[comm] <= 0.0:  # an empty transfer ends at once, whatever its pace
+            step = 0.0
+        elif comm is None:
             step = left[comp]
         elif comp is None or rate > 0 and left[comm] / rate < left[comp]:
             step = left[comm] / rate

@@ -18,6 +18,7 @@ def test_a_transfer_beside_compute_hides_as_the_overlap_law_says():
         assert max(ends) - 2.0 == pytest.approx(exposed_s(1.0, 2.0, eff))  # 0, 0, 0.2 s
     # a transfer that waits for its input starts when the compute ends, and then runs alone at full rate
     assert run_streams([Task(COMPUTE, 1.0), Task(COMM, 1.0, (0,))], 0.5) == pytest.approx([1.0, 2.0])
+    assert run_streams([Task(COMPUTE, 5.0), Task(COMM, 0.0)], 0.0) == pytest.approx([5.0, 0.0])
 
 
 def test_streams_refuse_what_cannot_run():
@@ -154,3 +155,16 @@ def test_a_stage_pairs_its_moe_layers_in_the_window_the_other_overlaps_leave():
     assert busy.exposed["ep"] == pytest.approx(4.0)
     # a pipeline without interleaving: Megatron-Core refuses the overlap, so nothing pairs
     assert _step(Parts(**moe), ep=4, dp=4, pp=2).steady_s == pytest.approx(10.0)
+
+
+def test_an_estimate_says_when_the_stacks_overlap_cannot_apply(tmp_path):
+    from planner.api import estimate_model
+
+    stack = tmp_path / "a2a.toml"
+    stack.write_text('[stack]\nbase = "megatron-core"\n[overlap]\noverlap_ep_comm = true\n', encoding="utf-8")
+    kw = dict(cluster="dgx-h100", devices=8, global_batch=16, seq_len=512, ep=4, stack=str(stack),
+              overrides=dict(layers=4, hidden=256, heads=4, kv_heads=2, ffn=128, experts=8, top_k=2, vocab=512))
+    piped = estimate_model("qwen3-30b-a3b", pp=2, **kw)
+    assert any("does not apply to this layout (with a pipeline it needs the interleaved" in w
+               for w in piped["warnings"])
+    assert not any("does not apply" in w for w in estimate_model("qwen3-30b-a3b", pp=2, vpp=2, **kw)["warnings"])
