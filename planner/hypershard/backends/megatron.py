@@ -149,9 +149,10 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
             args.append(("--moe-token-dispatcher-type", "flex" if ex.moe_dispatcher == "deepep" else "alltoall"))
             if ex.moe_dispatcher == "deepep":
                 args.append(("--moe-flex-dispatcher-backend", "deepep"))
-            if unpaired_why(s, ex) is None:  # weight gradients delayed but under Megatron-FSDP (moe_pairing)
+            if unpaired_why(s, ex) is None:  # weight gradients delayed, except under Megatron-FSDP (moe_pairing)
                 args.append(("--overlap-moe-expert-parallel-comm", None))
-                args += [("--delay-wgrad-compute", None)] if delays_wgrad(s) else []
+                if delays_wgrad(s):
+                    args.append(("--delay-wgrad-compute", None))
     if s.sp:
         args.append(("--sequence-parallel", None))
         if ex.overlap_tp_comm:
@@ -163,9 +164,10 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     fsdp = s.zero >= 2 and s.dp * s.cp > 1
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (s.tp > 1 or s.cp > 1) and not fsdp else {}
     notes = launch.layout_notes(t, "Megatron-LM")
-    if t.moe and ex.overlap_ep_comm and unpaired_why(s, ex):
+    left_off = unpaired_why(s, ex) if t.moe and ex.overlap_ep_comm else None
+    if left_off:
         notes.append(f"the stack's 1F1B expert all-to-all overlap is left off, as the estimate costs it: Megatron-Core "
-                     f"runs it only where its config allows ({unpaired_why(s, ex)})")
+                     f"runs it only where its config allows ({left_off})")
     if ex.fp8_params and t.dtype == "fp8" and not _fp8_params(t):
         notes.append("the stack keeps FP8 weights, which Megatron-LM's --fp8-param-gather does only with a "
                      "distributed optimizer or Megatron-FSDP (this plan has neither)")
