@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cost_models.loader import PRESET_DIR, load_file, preset_names  # noqa: E402
+from cost_models.loader import PRESET_DIR, load_text, preset_names  # noqa: E402
 from planner.calibration import alternate_split, read_runs  # noqa: E402
 from planner.calibration.report import calibrate_runs  # noqa: E402
 from planner.costing.execution import STACK_DIR  # noqa: E402
@@ -48,12 +48,14 @@ TRANSFERRED = {"matmul_plateau": 0.749, "memory_plateau": 0.741, "kernel_overhea
 TIED_TO = {"dgx-b200": "dgx-h100", "gb200-nvl72": "dgx-h100"}
 
 
-def ties_for(hardware: str) -> tuple[dict, str]:
-    """The plateau ties of a preset (`fit.fit`'s `ties`) and the sentence its file gives them."""
+def ties_for(hardware: str, fitted: dict[str, str]) -> tuple[dict, str]:
+    """The plateau ties of a preset (`fit.fit`'s `ties`) and the sentence its file gives them; the reference
+    preset as this run fitted it (`fitted`: hardware -> file text) when it did, else as installed."""
     ref = TIED_TO.get(hardware)
     if ref is None:
         return {}, ""
-    c = load_file(PRESET_DIR / f"{ref}.toml")  # as written by this run's fit, not as cached before it
+    text = fitted.get(ref) or (PRESET_DIR / f"{ref}.toml").read_text(encoding="utf-8")
+    c = load_text(text, source=f"{ref}.toml", default_name=ref)
     if c.fp8_matmul_plateau is None:
         return {}, ""
     ratio = round(c.matmul_plateau / c.fp8_matmul_plateau, 3)
@@ -61,21 +63,20 @@ def ties_for(hardware: str) -> tuple[dict, str]:
             f"matmul_plateau = {ratio:g} x fp8_matmul_plateau, {ref}'s fitted ratio (no 16-bit fit run)")
 
 
-def reset_transferred(hardware: str) -> None:
-    """Put the transferred values back in a preset before fitting it, so a fit never starts from an earlier one
-    (the result depends only on the runs), and drop an earlier fp8 plateau."""
+def start_text(hardware: str) -> str:
+    """A preset's file with the transferred values put back and an earlier fp8 plateau dropped, so a fit never
+    starts from an earlier one (the result depends only on the runs); the A100 preset, the reference, as it is."""
+    text = (PRESET_DIR / f"{hardware}.toml").read_text(encoding="utf-8")
     if hardware == "dgx-a100":
-        return  # the reference: its own parameters are fitted from the A100 start values
-    path = PRESET_DIR / f"{hardware}.toml"
-    lines = path.read_text(encoding="utf-8").splitlines()
+        return text  # the reference: its own parameters are fitted from the A100 start values
     out = []
-    for line in lines:
+    for line in text.splitlines():
         key = line.split("=")[0].strip()
         if key in TRANSFERRED:
             out.append(f"{key} = {TRANSFERRED[key]:g}")
         elif key != "fp8_matmul_plateau":
             out.append(line)
-    path.write_text("\n".join(out) + "\n", encoding="utf-8")
+    return "\n".join(out) + "\n"
 
 
 def write_stack_field(stack: str, key: str, value: float, hardware: str) -> None:
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = read_runs()
     split = alternate_split(runs)
     chosen = sorted(args.hardware or split, key=lambda h: (h not in TIED_TO.values(), h))  # references first
+    fitted: dict[str, str] = {}  # hardware -> its fitted file text, this run's
     for hw in chosen:
         if hw not in preset_names():
             print(f"{hw}: not a preset; skipped", file=sys.stderr)
@@ -114,11 +116,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         start = time.perf_counter()
         stacks, tp_shares = STACK_FITS.get(hw, ()), TP_SHARE_FITS.get(hw, ())
-        preset = PRESET_DIR / f"{hw}.toml"
-        before = preset.read_text(encoding="utf-8")
-        reset_transferred(hw)
-        ties, note = ties_for(hw)
-        result = calibrate_runs(mine, fit=fit_ids, stacks=stacks, ties=ties, note=note, tp_shares=tp_shares)
+        ties, note = ties_for(hw, fitted)
+        result = calibrate_runs(mine, fit=fit_ids, stacks=stacks, ties=ties, note=note, tp_shares=tp_shares,
+                                start_text=start_text(hw))
+        fitted[hw] = result.fitted_text
         took = time.perf_counter() - start
         values = ", ".join(f"{k} {v:g}" for k, v in result.fit.values.items())
         print(f"{hw}: fitted on {len(fit_ids)} of {len(mine)} runs in {result.fit.evaluations} evaluations, "
@@ -129,9 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in result.predictions:
             print(f"    {'fit' if p.fitted else 'held':<4} {p.run.id:<56} {100 * p.error:+6.1f}%"
                   + ("" if p.estimate.fits else "  (predicted not to fit)"))
-        if args.dry_run:
-            preset.write_text(before, encoding="utf-8")  # the fit started from the reset values: put the file back
-        else:
+        if not args.dry_run:
             (PRESET_DIR / f"{hw}.toml").write_text(result.fitted_text, encoding="utf-8")
             print(f"  wrote {PRESET_DIR / f'{hw}.toml'}")
             for stack in stacks:

@@ -57,16 +57,22 @@ def _load_preset(name: str) -> Cluster:
 
 def load_file(path: Path) -> Cluster:
     """Parse and check one hardware file."""
-    source = path.name
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"cannot read hardware file {str(path)!r} ({exc.strerror or exc}); check the path.") from None
     except UnicodeDecodeError:
-        raise SpecError(f"{source}: not a UTF-8 text file; give a TOML hardware file.") from None
+        raise SpecError(f"{path.name}: not a UTF-8 text file; give a TOML hardware file.") from None
+    return load_text(text, source=path.name, default_name=path.stem)
+
+
+def load_text(text: str, *, source: str, default_name: str) -> Cluster:
+    """Parse and check the text of one hardware file (`source` names it in errors)."""
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{source}: not valid TOML ({exc}); fix the syntax.") from None
-    return parse_cluster(data, source=source, default_name=path.stem)
+    return parse_cluster(data, source=source, default_name=default_name)
 
 
 def parse_cluster(data: dict[str, Any], *, source: str, default_name: str) -> Cluster:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from cost_models import load_cluster
+from cost_models.loader import load_text
 
 from planner.calibration.fit import Fit, fit as fit_runs, hardware_text, is_device_value, with_stack_values, write_fit
 from planner.calibration.predict import Prediction, Predictor, predict_all, summarise
@@ -69,11 +70,13 @@ def select(runs: Sequence[Run], hardware: str | None, category: str | None) -> l
 
 
 def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks: Sequence[str] = (),
-                   ties=None, note: str = "", tp_shares: Sequence[str] = ()) -> CalibrationResult:
+                   ties=None, note: str = "", tp_shares: Sequence[str] = (),
+                   start_text: str | None = None) -> CalibrationResult:
     """Predict every run; with `fit`, first fit the hardware of those runs on them (then every prediction on
     that hardware uses the fitted parameters, and the fitted runs count as fit); with `stacks` too, the kernel
     efficiency of those stacks, with `tp_shares` their TP overlap share (every run of them is then predicted
-    with it); `ties` as `fit.fit` takes them, and `note` added to the calibration sentence written into the file."""
+    with it); `ties` as `fit.fit` takes them, and `note` added to the calibration sentence written into the file.
+    `start_text` is the hardware file to fit from, in place of the installed one (which is then not read)."""
 
     predictor = Predictor()
     result_fit, text, override = None, None, None
@@ -88,7 +91,8 @@ def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks
             raise InvalidInput(f"--fit runs are on {len(hardware)} kinds of hardware ({', '.join(sorted(hardware))});"
                                " fit one hardware file at a time")
         hw_name = hardware.pop()
-        base = load_cluster(hw_name)
+        base = (load_cluster(hw_name) if start_text is None else
+                load_text(start_text, source=f"{hw_name}.toml", default_name=hw_name))
         result_fit = fit_runs(chosen, base, predictor, stacks=stacks, ties=ties, tp_shares=tp_shares)
         runs = with_stack_values(runs, result_fit.values)
         from cost_models.loader import with_law
@@ -97,7 +101,7 @@ def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks
 
         device_values = {k: v for k, v in result_fit.values.items() if is_device_value(k)}
         override = (hw_name, with_law(base, **law_values(base, device_values)))
-        source, _ = hardware_text(hw_name)
+        source = start_text if start_text is not None else hardware_text(hw_name)[0]
         note = f"fitted on {len(chosen)} measured runs (hyperplan calibrate --fit)" + (f"; {note}" if note else "")
         text = write_fit(source, result_fit, note)
         override = (hw_name, _with_fitted(override[1], result_fit.runs, note))

@@ -1,0 +1,61 @@
+"""`hyperplan calibrate --fit`: fitting a hardware file on measured runs, as a user fits one to their cluster.
+
+The A100 preset was fitted on five of the 2021-22 Megatron-LM rows (its `fitted_on`); fitting it again on
+them from the shipped file must give the shipped plateau, and the fit must start from the text it is handed
+(benchmarks/fit_presets.py hands it a reset copy, and a dry run must not touch the installed preset).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.app import app
+from cost_models.loader import PRESET_DIR
+from planner.calibration import read_runs
+from planner.calibration.report import calibrate_runs
+
+pytestmark = pytest.mark.calibration
+
+A100 = PRESET_DIR / "dgx-a100.toml"
+
+
+def _efficiency(text: str) -> dict:
+    return tomllib.loads(text)["efficiency"]
+
+
+@pytest.fixture(scope="module")
+def a100_runs():
+    return [r for r in read_runs() if r.hardware == "dgx-a100"]
+
+
+def test_refitting_the_a100_preset_on_its_rows_gives_the_shipped_plateau(tmp_path):
+    shipped = _efficiency(A100.read_text(encoding="utf-8"))
+    out = tmp_path / "a100.toml"
+    res = CliRunner().invoke(app, ["calibrate", "--hardware", "dgx-a100", "--fit", ",".join(shipped["fitted_on"]),
+                                   "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    fitted = _efficiency(out.read_text(encoding="utf-8"))
+    assert fitted["matmul_plateau"] == pytest.approx(shipped["matmul_plateau"], abs=0.002)
+    assert fitted["fitted_on"] == shipped["fitted_on"]
+    report = json.loads(res.output)
+    assert all(abs(r["error"]) < 0.05 for r in report["runs"])  # the A100 rows, fit and held-out, within 5 %
+    # the written file is the user's now: a second fit does not replace it without --force
+    before = out.read_text(encoding="utf-8")
+    again = CliRunner().invoke(app, ["calibrate", "--hardware", "dgx-a100", "--fit", shipped["fitted_on"][0],
+                                     "-o", str(out)])
+    assert again.exit_code != 0 and "--force" in again.output
+    assert out.read_text(encoding="utf-8") == before
+
+
+def test_the_fit_starts_from_the_text_it_is_given_and_leaves_the_preset_alone(a100_runs):
+    installed = A100.read_text(encoding="utf-8")
+    ids = _efficiency(installed)["fitted_on"][:2]
+    start = "# a user's starting copy\n" + installed
+    res = calibrate_runs(a100_runs, fit=ids, start_text=start)
+    assert "# a user's starting copy" in res.fitted_text
+    assert _efficiency(res.fitted_text)["fitted_on"] == ids
+    assert A100.read_text(encoding="utf-8") == installed
