@@ -19,8 +19,11 @@ from models_zoo.common import finish
 from models_zoo.graph_builder import GraphBuilder
 from models_zoo.layers import causal_mask, linear, rms_norm, rope_tables
 
-#: Emits the layers in the ``model`` scope: (builder, hidden [B, S, H], cos, sin, causal mask) -> hidden.
-Stack = Callable[[GraphBuilder, str, str, str, str], str]
+#: Emits the layers in the ``model`` scope: (builder, hidden [B, S, H], cos, sin, causal mask) -> hidden, or
+#: (hidden, [(value, name)]): further [B, S, V] logits the graph outputs after ``logits`` (DeepSeek-V3's MTP heads).
+Stack = Callable[[GraphBuilder, str, str, str, str], "str | tuple[str, list[tuple[str, str]]]"]
+#: The graph input every layer may read: the token ids [B, S].
+INPUT_IDS = "input_ids"
 
 
 def build_decoder_lm(
@@ -29,14 +32,17 @@ def build_decoder_lm(
     """``input_ids`` [B, S] int64 -> ``logits`` [B, S, V] around `stack`; `counts` is the (total, active) formula."""
     b = GraphBuilder(preset or family, cfg.dtype, flat=flat)
     B, S, H = cfg.batch, cfg.seq_len, cfg.hidden
-    ids = b.input("input_ids", TensorProto.INT64, [B, S])
+    ids = b.input(INPUT_IDS, TensorProto.INT64, [B, S])
     with b.scope("model"):
         with b.scope("embed_tokens"):
             h = b.op("Gather", [b.param("weight", [cfg.vocab, H]), ids], axis=0)
         with b.scope("rotary_emb"):
             cos, sin = rope_tables(b, S, rope_dim, cfg.rope_theta)
-        h = stack(b, h, cos, sin, causal_mask(b, S))
+        out = stack(b, h, cos, sin, causal_mask(b, S))
+        h, extra = (out, []) if isinstance(out, str) else out
         h = rms_norm(b, h, H, "norm", cfg.norm_eps)
     logits = linear(b, h, H, cfg.vocab, "lm_head")
     b.output(logits, "logits", b.elem, [B, S, cfg.vocab])
+    for value, name in extra:
+        b.output(value, name, b.elem, [B, S, cfg.vocab])
     return finish(b, family, preset, cfg, *counts)

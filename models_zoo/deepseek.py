@@ -9,10 +9,22 @@ layers hold ``experts`` routed experts (sigmoid scores, top-k) plus
 have a dense MLP. Names and shapes follow transformers 5's
 ``DeepseekV3ForCausalLM``.
 
-Left out (they change no parameter count of the main model, or are listed
-here): the multi-token-prediction module (14B parameters in the released
-checkpoint, 671B + 14B = 685B; it is a training-time auxiliary head); the
-routing bias ``e_score_correction_bias`` (a buffer, not a parameter);
+Multi-token prediction (DeepSeek-V3 report, section 2.2, Eq. 21-23), off
+by default as in transformers' model and on with ``mtp_layers`` (HF
+``num_nextn_predict_layers``; DeepSeek-V3 trains with 1, and the released
+checkpoint's 685B = 671B + 14B counts it): each depth after the main layers
+embeds the tokens again, RMS-normalises that and the previous depth's hidden
+state (``enorm``, ``hnorm``), projects their concatenation back to the
+hidden size (``eh_proj``), runs one MoE layer and its own output head
+(``shared_head.norm``, ``shared_head.head``), named as the checkpoint's
+``model.layers.61``. Megatron-LM builds the same module (``mtp.layers.N``:
+enorm, hnorm, eh_proj, a transformer layer) and places it, with its copies of
+the embedding and the output head, on the last pipeline stage. The
+one-token shift of each depth's input ids changes values, not cost: left
+out.
+
+Left out (they change no parameter count): the routing bias
+``e_score_correction_bias`` (a buffer, not a parameter);
 group-limited routing and the routed scaling factor (they change which
 experts run, not how much compute); YaRN's attention scale (long-context
 only).
@@ -25,8 +37,8 @@ from dataclasses import dataclass
 
 from onnx import ModelProto
 
-from models_zoo.common import check_dtype, check_positive, require
-from models_zoo.decoder_lm import build_decoder_lm
+from models_zoo.common import check_dtype, check_positive, require, switch
+from models_zoo.decoder_lm import INPUT_IDS, build_decoder_lm
 from models_zoo.graph_builder import GraphBuilder
 from models_zoo.layer_functions import call_layer
 from models_zoo.layers import (
@@ -64,6 +76,7 @@ class DeepseekConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     expert_layout: str = "fused"
+    mtp_layers: int = switch(0)  # multi-token-prediction depths (HF num_nextn_predict_layers); 0: none, as transformers
     dtype: str = "bfloat16"
 
     @property
@@ -82,6 +95,7 @@ class DeepseekConfig:
         )
         require(self.q_lora_rank >= 0, f"q_lora_rank must be >= 0, got {self.q_lora_rank}.")
         require(self.shared_experts >= 0, f"shared_experts must be >= 0, got {self.shared_experts}.")
+        require(self.mtp_layers >= 0, f"mtp_layers must be >= 0, got {self.mtp_layers}.")
         require(self.top_k <= self.experts, f"top_k={self.top_k} must not exceed experts={self.experts}.")
         require(self.qk_rope_dim % 2 == 0, f"qk_rope_dim={self.qk_rope_dim} must be even for rotary embeddings.")
         require(
@@ -108,9 +122,11 @@ def param_counts(cfg: DeepseekConfig) -> tuple[int, int]:
     dense = base + 3 * h * cfg.ffn
     moe = base + routed_params(h, cfg.expert_ffn, cfg.experts) + 3 * h * cfg.expert_ffn * cfg.shared_experts
     idle = (cfg.experts - cfg.top_k) * 3 * h * cfg.expert_ffn
-    n_moe = cfg.layers - cfg.dense_layers
+    n_moe = cfg.layers - cfg.dense_layers + cfg.mtp_layers
     rest = 2 * cfg.vocab * h + h
-    total = cfg.dense_layers * dense + n_moe * moe + rest
+    # each MTP depth: its embedding and output head copies, enorm, hnorm, eh_proj, shared_head.norm, an MoE layer
+    mtp = 2 * cfg.vocab * h + 3 * h + 2 * h * h
+    total = cfg.dense_layers * dense + n_moe * moe + rest + cfg.mtp_layers * mtp
     return total, total - n_moe * idle
 
 
@@ -168,11 +184,22 @@ def decoder_layer(b: GraphBuilder, cfg: DeepseekConfig, h: str, cos: str, sin: s
     return b.op("Add", [h, y])
 
 
+def mtp_layer(b: GraphBuilder, cfg: DeepseekConfig, h: str, ids: str, cos: str, sin: str, mask: str) -> list[str]:
+    """One multi-token-prediction depth in the current ``layers.N`` scope: (its hidden state, its logits)."""
+    H, V = cfg.hidden, cfg.vocab
+    with b.scope("embed_tokens"):
+        e = b.op("Gather", [b.param("weight", [V, H]), ids], axis=0)
+    x = b.op("Concat", [rms_norm(b, e, H, "enorm", cfg.norm_eps), rms_norm(b, h, H, "hnorm", cfg.norm_eps)], axis=-1)
+    x = decoder_layer(b, cfg, linear(b, x, 2 * H, H, "eh_proj"), cos, sin, mask, moe=True)
+    with b.scope("shared_head"):
+        return [x, linear(b, rms_norm(b, x, H, "norm", cfg.norm_eps), H, V, "head")]
+
+
 def build(cfg: DeepseekConfig, family: str = "deepseek", preset: str = "", flat: bool = False) -> ModelProto:
     """``input_ids`` [B, S] int64 -> ``logits`` [B, S, V]; layers as functions unless `flat`."""
     cfg.validate()
 
-    def stack(b: GraphBuilder, h: str, cos: str, sin: str, mask: str) -> str:
+    def stack(b: GraphBuilder, h: str, cos: str, sin: str, mask: str) -> tuple[str, list[tuple[str, str]]]:
         for i in range(cfg.layers):
             moe = i >= cfg.dense_layers
             h = call_layer(
@@ -180,6 +207,14 @@ def build(cfg: DeepseekConfig, family: str = "deepseek", preset: str = "", flat:
                 lambda lb, x, c, s, m, moe=moe: decoder_layer(lb, cfg, x, c, s, m, moe),
                 {"hidden_states": h, "cos": cos, "sin": sin, "attention_mask": mask},
             )
-        return h
+        extra, x = [], h
+        for d in range(cfg.mtp_layers):  # after the main layers, so the pipeline cut puts them last
+            x, logits = call_layer(
+                b, "DeepseekV3MTPLayer", f"layers.{cfg.layers + d}",
+                lambda lb, x, ids, c, s, m: mtp_layer(lb, cfg, x, ids, c, s, m),
+                {"hidden_states": x, "input_ids": INPUT_IDS, "cos": cos, "sin": sin, "attention_mask": mask},
+            )
+            extra.append((logits, f"mtp_logits.{d}"))
+        return h, extra
 
     return build_decoder_lm(cfg, family, preset, flat, cfg.qk_rope_dim, stack, param_counts(cfg))

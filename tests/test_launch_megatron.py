@@ -136,3 +136,43 @@ def test_the_all_to_all_overlap_goes_out_where_megatron_runs_it_as_it_is_costed(
                         "megatron")
     assert "--overlap-moe-expert-parallel-comm" not in out["config"]["args"]
     assert any("needs the interleaved schedule" in n for n in out["notes"])
+
+
+#: A small DeepSeek-V3 with one multi-token-prediction depth (the zoo's mtp_layers).
+MTP_MODEL = dict(layers=4, dense_layers=1, hidden=64, heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_dim=16,
+                 qk_rope_dim=8, v_head_dim=16, ffn=128, expert_ffn=32, experts=8, top_k=2, shared_experts=1, vocab=128,
+                 mtp_layers=1)
+
+
+@pytest.mark.launch
+def test_an_mtp_layer_goes_out_as_megatron_builds_it_last_in_the_layout():
+    """The plan's last chunk holds the MTP layer: --mtp-num-layers 1, and a layout whose 'm' megatron-core's own
+    parser puts in the last virtual stage of the last stage, beside the loss, with the plan's decoder chunks."""
+    torch = pytest.importorskip("torch")
+    from launch_plans import COMMON
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from planner.hypershard import declare
+
+    doc = declare("deepseek-v3", overrides=MTP_MODEL, **COMMON, pp=2, vpp=2, dp=4, ep=4, zero=1,
+                  stage_layers=(1, 2, 1, 1))
+    out = launch_config(doc, "megatron")
+    words = out["config"]["args"]
+    ns, given = parse(words)  # both flags pinned
+    assert words[words.index("--mtp-num-layers") + 1] == "1" and out["config"]["layers"] == 4
+    layout = words[words.index("--pipeline-model-parallel-layout") + 1]
+    tc = TransformerConfig(num_layers=4, hidden_size=64, num_attention_heads=4, pipeline_model_parallel_size=2,
+                           virtual_pipeline_model_parallel_size=2, pipeline_model_parallel_layout=layout,
+                           mtp_num_layers=1, pipeline_dtype=torch.bfloat16, params_dtype=torch.bfloat16, bf16=True)
+    chunks = tc.pipeline_model_parallel_layout.layout
+    assert [x.name for x in chunks[1][1]] == ["mtp", "loss"]
+    decoders = [sum(x.name == "decoder" for x in chunks[c % 2][c // 2]) for c in range(4)]
+    assert decoders == [1, 2, 1, 0]  # the plan's chunks, its MTP layer not counted as a decoder
+    assert "4 decoder layers and 1 MTP layer." in export(doc, "megatron")
+    # the other launch formats build no MTP layer: refused in one sentence rather than dropped
+    for backend in ("torchtitan", "deepspeed", "mindformers"):
+        with pytest.raises(InvalidInput, match="1 multi-token-prediction layer .its model has none to build"):
+            export(doc, backend)
+    # the MTP layer split from the last chunk cannot be said: refused in one sentence
+    with pytest.raises(InvalidInput, match="MTP layers over more than the last pipeline chunk"):
+        export(declare("deepseek-v3", overrides=dict(MTP_MODEL, mtp_layers=2), **COMMON, pp=2, vpp=2, dp=4, ep=4,
+                       zero=1, stage_layers=(1, 2, 2, 1)), "megatron")

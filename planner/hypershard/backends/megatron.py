@@ -14,6 +14,8 @@ PyPI matches:
   when only the first and last stage differ, else by
   --pipeline-model-parallel-layout ("Et*20|t*20|...L", chunk c = the c-th
   entry, on stage c mod pp, as Megatron flattens it);
+- multi-token prediction (a zoo DeepSeek-V3 with mtp_layers): --mtp-num-layers,
+  and with a pipeline the layout, whose last chunk holds them ('m');
 - recompute: full = --recompute-granularity full --recompute-method uniform
   --recompute-num-layers 1 (every layer), the first k layers of each chunk =
   method block with k (Megatron's block method counts per model chunk),
@@ -52,7 +54,7 @@ _SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 
 def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem]:
     s, ex = t.s, t.execution
-    out = launch.common_problems(t, "1F1B and interleaved 1F1B")
+    out = launch.common_problems(t, "1F1B and interleaved 1F1B", mtp=True)
     out += launch.offload_problems(t, {"optimizer": "fraction"} if s.zero == 1 else {}, (
         ("params", "grads", "optimizer"), "--zero 1 --offload optimizer=F (Megatron-LM offloads a fraction of the "
                                           "distributed optimizer's states)"))
@@ -68,6 +70,10 @@ def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem
     elif t.dtype == "fp8" and _fp8_params(t) and t.offload("optimizer") and FP8_RECIPES[ex.fp8_recipe] != "delayed":
         out.append((f"FP8 weights with optimizer offload under the {ex.fp8_recipe} recipe (Megatron-LM offloads them "
                     "only with --fp8-recipe delayed)", "plan with --no-offload or a stack with fp8_params = false"))
+    mtp = t.mtp  # Megatron-LM builds them beside the decoder layers (--mtp-num-layers), last
+    if mtp and s.pp > 1 and t.chunks[-1] < mtp:
+        out.append((f"{mtp} MTP layers over more than the last pipeline chunk (Megatron-Core keeps them all in the "
+                    "last virtual stage of the last stage)", f"plan with stage_layers whose last entry is at least {mtp}"))
     return out + launch.ends_problem(t, doc)
 
 
@@ -76,18 +82,30 @@ def _fp8_params(t: launch.Training) -> bool:
     return t.execution.fp8_params and t.s.zero > 0 and t.s.dp * t.s.cp > 1
 
 
-def _pipeline(t: launch.Training) -> list[tuple[str, Any]]:
+def _pipeline(t: launch.Training, mtp: int) -> list[tuple[str, Any]]:
     s, chunks = t.s, t.chunks
     if s.pp == 1:
         return []
+    if mtp:  # where the MTP layers go is said only by a layout ('m'); else Megatron-LM puts them last itself
+        return [("--pipeline-model-parallel-layout", _layout(chunks, mtp))]
     if t.equal_chunks:
         return [("--num-layers-per-virtual-pipeline-stage", chunks[0])] if s.vpp > 1 else []
     middle = chunks[1:-1]
     if s.vpp == 1 and len(set(middle)) <= 1:
         return [("--decoder-first-pipeline-num-layers", chunks[0]), ("--decoder-last-pipeline-num-layers", chunks[-1])]
-    parts = [("t*%d" % n) if n > 1 else "t" * n for n in chunks]
+    return [("--pipeline-model-parallel-layout", _layout(chunks, 0))]
+
+
+def _layout(chunks: tuple[int, ...], mtp: int) -> str:
+    """Megatron-LM's layout string: per chunk its decoder layers ('t', 't*n') and MTP layers ('m', the model's last
+    `mtp` layers), 'E' before the first and 'L' (the loss) after the last, chunks joined by '|'."""
+    first_mtp, parts, at = sum(chunks) - mtp, [], 0
+    for n in chunks:
+        dec = max(0, min(n, first_mtp - at))
+        parts.append(("t*%d" % dec if dec > 1 else "t" * dec) + "m" * (n - dec))
+        at += n
     parts[0], parts[-1] = "E" + parts[0], parts[-1] + "L"
-    return [("--pipeline-model-parallel-layout", "|".join(parts))]
+    return "|".join(parts)
 
 
 def _recompute(t: launch.Training) -> list[tuple[str, Any]]:
@@ -138,9 +156,11 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     environment validate_args asks for and notes (InvalidInput, one sentence, for what it cannot express)."""
     t = launch.training(doc, "megatron", base_dir)
     launch.refuse("megatron", _problems(t, doc))
-    s, ex = t.s, t.execution
+    s, ex, mtp = t.s, t.execution, t.mtp
     args: list[tuple[str, Any]] = [("--tensor-model-parallel-size", s.tp), ("--pipeline-model-parallel-size", s.pp)]
-    args += _pipeline(t)
+    args += _pipeline(t, mtp)
+    if mtp:
+        args.append(("--mtp-num-layers", mtp))
     if s.cp > 1:
         args.append(("--context-parallel-size", s.cp))
     if t.moe:
@@ -171,7 +191,7 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     if ex.fp8_params and t.dtype == "fp8" and not _fp8_params(t):
         notes.append("the stack keeps FP8 weights, which Megatron-LM's --fp8-param-gather does only with a "
                      "distributed optimizer or Megatron-FSDP (this plan has neither)")
-    return launch.Written(config={"env": env, "args": argv(args), "layers": t.layers}, notes=tuple(notes))
+    return launch.Written(config={"env": env, "args": argv(args), "layers": t.layers - mtp}, notes=tuple(notes))
 
 
 def argv(args: list[tuple[str, Any]]) -> list[str]:
@@ -194,7 +214,9 @@ def render(doc: Mapping[str, Any], base_dir: str | None = None) -> str:
     t = launch.training(doc, "megatron", base_dir)
     node = launch.node_size(doc, base_dir)
     lines = [f"# {line}" for line in launch.header(t, "Megatron-LM / NeMo / MindSpeed-LLM arguments")]
-    lines.append(f"# Flags of {SOURCE}; for a model of {w.config['layers']} decoder layers. MODEL_ARGS and DATA_ARGS "
+    mtp = t.mtp
+    lines.append(f"# Flags of {SOURCE}; for a model of {w.config['layers']} decoder layers"
+                 + (f" and {mtp} MTP layer{'s' if mtp > 1 else ''}" if mtp else "") + ". MODEL_ARGS and DATA_ARGS "
                  "are yours (model shape, tokenizer, data, optimizer).")
     lines += [f"# Note: {n}." for n in w.notes]
     lines += [f"export {k}={shlex.quote(v)}  # validate_args asks for it with TP or CP (before Blackwell)"
