@@ -7,8 +7,9 @@ VPP4, EP64, FP8, sequences of 4096, global batch 8192; measured 1,297 tokens/s p
 planner/calibration/runs/h100.json). Each is scored twice: under the default megatron-core stack, and under
 the recipe's own settings (DeepEP dispatch, routing limited to 4 node groups, MLA up-projection and MLP
 recompute, no gradient-reduce overlap, the 1F1B expert all-to-all overlap, no TP overlap, bf16 Adam
-moments), written as a stack file on top of megatron-core. Prints the step times, what the plan chose, and
-its runners-up. Takes about four minutes.
+moments), written as a stack file on top of megatron-core; then under the recipe's settings as the run was
+laid out, with its multi-token-prediction depth and its pipeline layout (the plan then plans that depth
+too). Prints the step times, what the plan chose, and its runners-up. Takes about six minutes.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ moe_group_limit = 4
 JOB = dict(cluster="dgx-h100", devices=1024, global_batch=8192, seq_len=4096, dtype="fp8")
 PUBLISHED = dict(tp=2, pp=8, vpp=4, ep=64, etp=1, sp=True, micro_batch=1, zero=1, recompute="selective")
 MEASURED_S = 8192 * 4096 / (1297 * 1024)
+#: As the run was laid out: one multi-token-prediction depth (the recipe's mtp_num_layers = 1, the zoo's
+#: mtp_layers) and the pipeline layout 'Et|(tt|)*30mL' (r0.1.0 run_script.py): the embedding and 1 layer, 30
+#: chunks of 2, then the MTP depth with the loss.
+AS_RUN = dict(stage_layers=(1,) + (2,) * 30 + (1,))
 
 
 def main() -> int:
@@ -53,10 +58,13 @@ def main() -> int:
         recipe = Path(tmp) / "megatron-bridge-dsv3.toml"
         recipe.write_text(RECIPE)
         print(f"DeepSeek-V3, 1,024 x H100, FP8, seq 4096, batch 8192; published layout measured {MEASURED_S:.2f} s")
-        for label, stack in (("megatron-core", None), ("the recipe's settings", str(recipe))):
+        for label, stack, as_run in (("megatron-core", None, {}), ("the recipe's settings", str(recipe), {}),
+                                     ("the recipe's settings, its MTP depth and its pipeline layout", str(recipe),
+                                      AS_RUN)):
             t0 = time.perf_counter()
-            pub = estimate_model("deepseek-v3", stack=stack, **JOB, **PUBLISHED)
-            got = plan_model("deepseek-v3", stack=stack, time_limit_s=600, **JOB)
+            overrides = {"mtp_layers": 1} if as_run else None
+            pub = estimate_model("deepseek-v3", stack=stack, overrides=overrides, **JOB, **(PUBLISHED | as_run))
+            got = plan_model("deepseek-v3", stack=stack, overrides=overrides, time_limit_s=600, **JOB)
             wall = time.perf_counter() - t0
             est, mp = got["estimate"], got.get("mpmd") or {}  # no mpmd entry when no HyperMPMD split was tried
             chosen = mp["label"] if mp.get("used") else got["strategy"]["summary"]

@@ -109,3 +109,17 @@ def test_cli_plan_errors_are_one_line():
                             "--global-batch", "8", "--seq-len", "4096", "--no-offload"])
     assert r.exit_code == 3
     assert "Traceback" not in r.output and "no strategy fits" in r.output
+
+
+def test_a_runner_up_scored_as_fast_as_the_plan_says_so_rather_than_negative_slower():
+    """A runner-up's figure is its search score, the plan's its final estimate: within the search's gap the
+    runner-up may come out a hair faster, which is not "-0.0% slower"."""
+    from planner.plan import why_slower
+    from planner.search.scoring import Candidate
+    from planner.strategy import Strategy
+
+    win = {"compute": 10.0, "tp_comm": 1.0}
+    close = Candidate(Strategy(tp=2, dp=4), 10.9993, True, 0.0, {"compute": 9.9993, "tp_comm": 1.0})
+    assert why_slower(close, win, 11.0) == "as fast (-0.01%, within the search's optimality gap)"
+    slow = Candidate(Strategy(tp=2, dp=4), 12.1, True, 0.0, {"compute": 11.0, "tp_comm": 1.1})
+    assert why_slower(slow, win, 11.0) == "10.0% slower (compute +1 s, tp_comm +100 ms)"
