@@ -32,6 +32,10 @@ DSV3_HYBRIDEP = ("HybridEP (flex) dispatch: the DeepSeek-V3 perf recipes build o
 DSV3_OPT = {"optimizer_bytes": 8.0}
 DSV3_OPT_NOTE = ("precision-aware optimizer: fp32 master weights, bf16 Adam moments (Megatron-Bridge "
                  "recipes/deepseek/deepseek_v3.py), 8 bytes of state per parameter")
+#: The DeepSeek-V3 runs train with one MTP depth and lay their pipelines out by hand (README: DeepSeek-V3 as run)
+DSV3_AS_SHIPPED = ("ASSUMPTION: costed without the run's multi-token-prediction layer and with the layers split "
+                   "evenly over the pipeline chunks; as run (overrides mtp_layers 1, the recipe's pipeline layout as "
+                   "stage_layers) the estimate is faster still (README: calibration, DeepSeek-V3 as run)")
 DSV3_GROUPS = ("DeepSeek-V3's node-limited routing: experts in 8 groups, each token in at most 4 "
                "(its config's n_group and topk_group; Megatron's router applies them to forced-balance logits)")
 #: NeMo 24.07's launcher configs train with Apex's distributed_fused_adam, which NeMo sets to keep the 16 bits an
