@@ -24,6 +24,8 @@ from models_zoo.layers import causal_mask, linear, rms_norm, rope_tables
 Stack = Callable[[GraphBuilder, str, str, str, str], "str | tuple[str, list[tuple[str, str]]]"]
 #: The graph input every layer may read: the token ids [B, S].
 INPUT_IDS = "input_ids"
+#: The output layer's weight [V, H], which a layer may share (DeepSeek-V3's MTP logits).
+OUTPUT_WEIGHT = "lm_head.weight"
 
 
 def build_decoder_lm(

@@ -15,11 +15,15 @@ by default as in transformers' model and on with ``mtp_layers`` (HF
 checkpoint's 685B = 671B + 14B counts it): each depth after the main layers
 embeds the tokens again, RMS-normalises that and the previous depth's hidden
 state (``enorm``, ``hnorm``), projects their concatenation back to the
-hidden size (``eh_proj``), runs one MoE layer and its own output head
-(``shared_head.norm``, ``shared_head.head``), named as the checkpoint's
-``model.layers.61``. Megatron-LM builds the same module (``mtp.layers.N``:
-enorm, hnorm, eh_proj, a transformer layer) and places it, with its copies of
-the embedding and the output head, on the last pipeline stage. The
+hidden size (``eh_proj``), runs one MoE layer, normalises
+(``shared_head.norm``) and computes logits with the main model's output
+weight, named as the checkpoint's ``model.layers.61``. As training runs it:
+Megatron-LM builds the same module (``mtp.layers.N``: enorm, hnorm, eh_proj,
+a transformer layer), computes its logits with the main ``output_layer``
+(gpt_model.py) and, on the MTP's pipeline stage, keeps a copy of the word
+embedding: so here the depth has its own ``embed_tokens`` (683.6B in all with
+one depth) and shares ``lm_head``. DeepSeek's README_WEIGHTS calls both
+tables shared; the released checkpoint stores them again (685B). The
 one-token shift of each depth's input ids changes values, not cost: left
 out.
 
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 from onnx import ModelProto
 
 from models_zoo.common import check_dtype, check_positive, require, switch
-from models_zoo.decoder_lm import INPUT_IDS, build_decoder_lm
+from models_zoo.decoder_lm import INPUT_IDS, OUTPUT_WEIGHT, build_decoder_lm
 from models_zoo.graph_builder import GraphBuilder
 from models_zoo.layer_functions import call_layer
 from models_zoo.layers import (
@@ -124,8 +128,9 @@ def param_counts(cfg: DeepseekConfig) -> tuple[int, int]:
     idle = (cfg.experts - cfg.top_k) * 3 * h * cfg.expert_ffn
     n_moe = cfg.layers - cfg.dense_layers + cfg.mtp_layers
     rest = 2 * cfg.vocab * h + h
-    # each MTP depth: its embedding and output head copies, enorm, hnorm, eh_proj, shared_head.norm, an MoE layer
-    mtp = 2 * cfg.vocab * h + 3 * h + 2 * h * h
+    # each MTP depth: its embedding copy, enorm, hnorm, eh_proj, shared_head.norm and an MoE layer (its logits
+    # share the main output weight)
+    mtp = cfg.vocab * h + 3 * h + 2 * h * h
     total = cfg.dense_layers * dense + n_moe * moe + rest + cfg.mtp_layers * mtp
     return total, total - n_moe * idle
 
@@ -184,15 +189,19 @@ def decoder_layer(b: GraphBuilder, cfg: DeepseekConfig, h: str, cos: str, sin: s
     return b.op("Add", [h, y])
 
 
-def mtp_layer(b: GraphBuilder, cfg: DeepseekConfig, h: str, ids: str, cos: str, sin: str, mask: str) -> list[str]:
-    """One multi-token-prediction depth in the current ``layers.N`` scope: (its hidden state, its logits)."""
+def mtp_layer(b: GraphBuilder, cfg: DeepseekConfig, h: str, ids: str, head: str, cos: str, sin: str,
+              mask: str) -> list[str]:
+    """One multi-token-prediction depth in the current ``layers.N`` scope: (its hidden state, its logits); `head`
+    is the main model's output weight [V, H], which the depth's logits share."""
     H, V = cfg.hidden, cfg.vocab
     with b.scope("embed_tokens"):
         e = b.op("Gather", [b.param("weight", [V, H]), ids], axis=0)
     x = b.op("Concat", [rms_norm(b, e, H, "enorm", cfg.norm_eps), rms_norm(b, h, H, "hnorm", cfg.norm_eps)], axis=-1)
     x = decoder_layer(b, cfg, linear(b, x, 2 * H, H, "eh_proj"), cos, sin, mask, moe=True)
     with b.scope("shared_head"):
-        return [x, linear(b, rms_norm(b, x, H, "norm", cfg.norm_eps), H, V, "head")]
+        y = rms_norm(b, x, H, "norm", cfg.norm_eps)
+        with b.scope("head"):
+            return [x, b.op("MatMul", [y, b.op("Transpose", [head], perm=[1, 0])])]
 
 
 def build(cfg: DeepseekConfig, family: str = "deepseek", preset: str = "", flat: bool = False) -> ModelProto:
@@ -211,8 +220,9 @@ def build(cfg: DeepseekConfig, family: str = "deepseek", preset: str = "", flat:
         for d in range(cfg.mtp_layers):  # after the main layers, so the pipeline cut puts them last
             x, logits = call_layer(
                 b, "DeepseekV3MTPLayer", f"layers.{cfg.layers + d}",
-                lambda lb, x, ids, c, s, m: mtp_layer(lb, cfg, x, ids, c, s, m),
-                {"hidden_states": x, "input_ids": INPUT_IDS, "cos": cos, "sin": sin, "attention_mask": mask},
+                lambda lb, x, ids, w, c, s, m: mtp_layer(lb, cfg, x, ids, w, c, s, m),
+                {"hidden_states": x, "input_ids": INPUT_IDS, "head_weight": OUTPUT_WEIGHT, "cos": cos, "sin": sin,
+                 "attention_mask": mask},
             )
             extra.append((logits, f"mtp_logits.{d}"))
         return h, extra

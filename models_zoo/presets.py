@@ -158,9 +158,9 @@ PRESETS: tuple[Preset, ...] = (
                           top_k=8, shared_experts=1, vocab=129280, seq_len=4096, rope_theta=10000.0),
            "DeepSeek-AI 2024 (DeepSeek-V3 Technical Report, arXiv 2412.19437): 671B total, 37B activated, "
            "4K pre-training context; HF deepseek-ai/DeepSeek-V3 config.json", 671e9, 37e9, tolerance=0.02,
-           note="MTP module off, as in transformers' model (--set mtp_layers=1 adds it: 684.5B, the checkpoint's "
-           "685B); our active count 37.55B includes both 0.93B embedding tables (36.6B without the input one): "
-           "'37B' is rounded"),
+           note="MTP module off, as in transformers' model (--set mtp_layers=1 adds it as training keeps it: "
+           "683.6B; the checkpoint's 685B stores its output head again); our active count 37.55B includes both "
+           "0.93B embedding tables (36.6B without the input one): '37B' is rounded"),
     Preset("kimi-k2", "deepseek",
            DeepseekConfig(hidden=7168, layers=61, dense_layers=1, heads=64, q_lora_rank=1536, kv_lora_rank=512,
                           qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128, ffn=18432, expert_ffn=2048, experts=384,

@@ -137,6 +137,7 @@ def estimate_model(
     from planner.costing.estimate import estimate
     from planner.costing.moe_pairing import unpaired_warnings
     from planner.graph.blocks import discover_blocks
+    from planner.graph.mtp import mtp_depths
     from planner.strategy import Strategy
 
     workload = make_workload(mode, global_batch, seq_len, dtype, stack)
@@ -160,7 +161,8 @@ def estimate_model(
     est = estimate(graph, structure, hw, workload, strat, solver=solver)
     out = est.to_dict()
     out.update(_describe(model, graph, hw, workload))
-    out["warnings"] = scale_warnings(est.step_time_s, est.microbatches, workload.mode) + unpaired_warnings(strat, workload)
+    out["warnings"] = scale_warnings(est.step_time_s, est.microbatches, workload.mode) + unpaired_warnings(
+        strat, workload, mtp_depths(graph, structure))
     from planner.plan import strategy_dict
 
     out["strategy"] = strategy_dict(strat)

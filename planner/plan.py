@@ -85,8 +85,10 @@ def why_slower(loser: Candidate, winner_breakdown: Mapping[str, float], winner_s
                     for k in set(loser.breakdown_s) | set(winner_breakdown)), reverse=True)
     grew = [f"{k} +{seconds(d)}" for d, k in diffs[:2] if d > 1e-9]
     pct = (loser.step_s / winner_step - 1.0) * 100
-    if pct < 0.05:  # scored in the search; the plan's own figure comes from its final estimate
-        return f"as fast ({pct:+.2f}%, within the search's optimality gap)"
+    if abs(pct) < 0.05:  # scored in the search; the plan's own figure comes from its final estimate
+        return f"as fast ({pct:+.2f}%)"
+    if pct < 0:
+        return f"{-pct:.1f}% faster by its search score; the plan's final estimate ranked it first"
     return f"{pct:.1f}% slower" + (f" ({', '.join(grew)})" if grew else "")
 
 

@@ -1,10 +1,11 @@
-"""DeepSeek-V3's multi-token prediction (the zoo's mtp_layers): the module the report describes and the checkpoint
-counts, placed last, and costed as one more MoE layer with its own output head.
+"""DeepSeek-V3's multi-token prediction (the zoo's mtp_layers): the module the report describes, placed last, with
+the weights training keeps for it, and costed as one more MoE layer with an output head.
 
 DeepSeek-V3 report (arXiv 2412.19437) section 2.2: each depth concatenates RMSNorm(embedding) and RMSNorm(the
-previous depth's hidden state), projects 2h -> h, runs one Transformer block and an output head. The released
-checkpoint's README_WEIGHTS.md: 685B in all, 671B of the main model, and MTP modules of 11.5B unique parameters
-besides their 0.9B embedding and 0.9B output head.
+previous depth's hidden state), projects 2h -> h, runs one Transformer block and the shared output head. The
+released checkpoint's README_WEIGHTS.md: 685B in all, 671B of the main model, and MTP modules of 11.5B unique
+parameters besides the 0.9B embedding and 0.9B output head they share. Megatron-LM computes the MTP logits with
+the main output layer and keeps a copy of the embedding on the MTP's pipeline stage: the zoo does the same.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 import models_zoo
 from planner.api import load_graph
 from planner.graph.blocks import discover_blocks
+from planner.graph.mtp import mtp_depths
 
 SMALL = dict(layers=4, dense_layers=1, hidden=64, heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_dim=16,
              qk_rope_dim=8, v_head_dim=16, ffn=128, expert_ffn=32, experts=8, top_k=2, shared_experts=1, vocab=128)
@@ -22,12 +24,11 @@ SMALL = dict(layers=4, dense_layers=1, hidden=64, heads=4, q_lora_rank=32, kv_lo
 def test_the_released_checkpoint_counts():
     main, _ = models_zoo.param_counts("deepseek-v3")
     total, active = models_zoo.param_counts("deepseek-v3", mtp_layers=1)
-    mtp = total - main
-    copies = 2 * 129280 * 7168  # its embedding and output head
-    assert mtp - copies == pytest.approx(11.5e9, rel=0.015)
-    assert total == pytest.approx(685e9, rel=0.005)
-    # per token the depth runs its copies, eh_proj, attention and 8 of its 256 experts: under 1B of its 11.5B
-    assert copies < active - models_zoo.param_counts("deepseek-v3")[1] < copies + 1e9
+    table = 129280 * 7168  # one embedding or output-head table
+    assert total - main - table == pytest.approx(11.5e9, rel=0.015)  # its unique parameters, beside its embedding
+    assert total + table == pytest.approx(685e9, rel=0.005)  # the checkpoint stores the shared head once more
+    # per token the depth runs its embedding copy, eh_proj, attention and 8 of its 256 experts: under 1B of 11.5B
+    assert table < active - models_zoo.param_counts("deepseek-v3")[1] < table + 1e9
 
 
 def test_the_mtp_depth_is_the_last_layer_and_has_its_own_logits():
@@ -38,8 +39,11 @@ def test_the_mtp_depth_is_the_last_layer_and_has_its_own_logits():
     mtp = layers[-1]
     gathers = [g.nodes[i] for i in mtp.nodes if g.nodes[i].op_type == "Gather"]
     assert any("input_ids" in n.inputs for n in gathers)  # it embeds the tokens again
-    assert {"model.layers.4.eh_proj.weight", "model.layers.4.shared_head.head.weight",
-            "model.layers.4.embed_tokens.weight"} <= set(g.params)
+    assert {"model.layers.4.eh_proj.weight", "model.layers.4.embed_tokens.weight"} <= set(g.params)
+    assert "model.layers.4.shared_head.head.weight" not in g.params  # its logits use the main output weight
+    heads = [g.nodes[i] for i in mtp.nodes if g.nodes[i].op_type == "Transpose"
+             and "lm_head.weight" in g.nodes[i].inputs]
+    assert len(heads) == 1 and mtp_depths(g, discover_blocks(g)) == 1
 
 
 def test_its_flops_are_a_moe_layer_the_projection_and_a_head():
@@ -56,6 +60,9 @@ def test_its_flops_are_a_moe_layer_the_projection_and_a_head():
 
 def test_off_by_default_as_in_transformers():
     g = load_graph("deepseek-v3", batch=1, seq_len=64, overrides=SMALL)
-    assert g.outputs == ("logits",) and len(discover_blocks(g).layers()) == 4
+    st = discover_blocks(g)
+    assert g.outputs == ("logits",) and len(st.layers()) == 4 and mtp_depths(g, st) == 0
+    two = load_graph("deepseek-v3", batch=1, seq_len=64, overrides=dict(SMALL, mtp_layers=2))
+    assert mtp_depths(two, discover_blocks(two)) == 2 and len(two.outputs) == 3
     with pytest.raises(ValueError, match="mtp_layers must be >= 0"):
         models_zoo.build("deepseek-v3", **SMALL, mtp_layers=-1, seq_len=64)

@@ -170,9 +170,65 @@ def test_an_mtp_layer_goes_out_as_megatron_builds_it_last_in_the_layout():
     assert "4 decoder layers and 1 MTP layer." in export(doc, "megatron")
     # the other launch formats build no MTP layer: refused in one sentence rather than dropped
     for backend in ("torchtitan", "deepspeed", "mindformers"):
-        with pytest.raises(InvalidInput, match="1 multi-token-prediction layer .its model has none to build"):
+        with pytest.raises(InvalidInput, match="1 multi-token-prediction layer .its model code builds none"):
             export(doc, backend)
+    # PP without interleaving, the MTP layer sharing the last stage with decoder layers; megatron-core reads it so
+    flat = declare("deepseek-v3", overrides=MTP_MODEL, **COMMON, pp=2, dp=4, ep=4, zero=1)
+    layout = launch_config(flat, "megatron")["config"]["args"]
+    layout = layout[layout.index("--pipeline-model-parallel-layout") + 1]
+    tc = TransformerConfig(num_layers=4, hidden_size=64, num_attention_heads=4, pipeline_model_parallel_size=2,
+                           pipeline_model_parallel_layout=layout, mtp_num_layers=1, pipeline_dtype=torch.bfloat16,
+                           params_dtype=torch.bfloat16, bf16=True)
+    last = [x.name for x in tc.pipeline_model_parallel_layout.layout[1][0]]
+    assert last[-2:] == ["mtp", "loss"] and "decoder" in last
     # the MTP layer split from the last chunk cannot be said: refused in one sentence
     with pytest.raises(InvalidInput, match="MTP layers over more than the last pipeline chunk"):
         export(declare("deepseek-v3", overrides=dict(MTP_MODEL, mtp_layers=2), **COMMON, pp=2, vpp=2, dp=4, ep=4,
                        zero=1, stage_layers=(1, 2, 2, 1)), "megatron")
+
+
+@pytest.mark.launch
+def test_an_mtp_layer_is_read_off_the_graph_and_keeps_the_all_to_all_overlap_where_megatron_core_takes_it(
+        tmp_path, monkeypatch):
+    """A zoo graph saved to ONNX keeps its MTP layer (it embeds the token ids again), so the export still builds it;
+    and megatron-core's 1F1B all-to-all overlap takes one MTP layer, and only with a pipeline: without one the
+    estimate costs the exchange unpaired and the export leaves the overlap off, saying why."""
+    torch = pytest.importorskip("torch")
+    import models_zoo
+    import onnx
+    from launch_plans import COMMON
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from planner.hypershard import declare
+
+    path = tmp_path / "ds.onnx"
+    onnx.save(models_zoo.build("deepseek-v3", **MTP_MODEL, seq_len=32), str(path))
+    doc = declare(str(path), **COMMON, pp=2, vpp=2, dp=4, ep=4, zero=1, stage_layers=(1, 2, 1, 1))
+    assert doc["model"]["mtp_layers"] == 1
+    words = launch_config(doc, "megatron")["config"]["args"]
+    assert words[words.index("--mtp-num-layers") + 1] == "1"
+    stack = tmp_path / "a2a.toml"
+    stack.write_text('[stack]\nbase = "megatron-core"\n[overlap]\noverlap_ep_comm = true\n', encoding="utf-8")
+    piped = launch_config(declare("deepseek-v3", overrides=MTP_MODEL, **COMMON, pp=2, vpp=2, dp=4, ep=4, zero=1,
+                                  stage_layers=(1, 2, 1, 1), stack=str(stack)), "megatron")["config"]["args"]
+    assert "--overlap-moe-expert-parallel-comm" in piped
+    _moe_config(piped, torch, TransformerConfig)  # megatron-core's own checks of the pair with MTP pass
+    alone = declare("deepseek-v3", overrides=MTP_MODEL, **COMMON, dp=8, ep=8, zero=1, stack=str(stack))
+    out = launch_config(alone, "megatron")
+    assert "--overlap-moe-expert-parallel-comm" not in out["config"]["args"]
+    assert any("with a multi-token-prediction layer it needs a pipeline" in n for n in out["notes"])
+    with pytest.raises(AssertionError, match="Pipeline model parallel size must be larger than 1"):
+        _moe_config(out["config"]["args"] + ["--overlap-moe-expert-parallel-comm"], torch, TransformerConfig)
+
+
+def _moe_config(words: list[str], torch, config):
+    """megatron-core's TransformerConfig of MTP_MODEL's shape and the exported arguments (as `core_configs`)."""
+    ns, given = parse(words)
+    args = {PINNED["renames"].get(k, k): getattr(ns, k) for k in given}
+    pp = args.get("pipeline_model_parallel_size", 1)
+    if "pipeline_model_parallel_layout" in args:
+        vpp = args["pipeline_model_parallel_layout"].count("|") // pp + 1
+        args["virtual_pipeline_model_parallel_size"] = vpp if vpp > 1 else None
+    fields = {f.name for f in dataclasses.fields(config)}
+    return config(num_layers=4, hidden_size=64, num_attention_heads=4, num_moe_experts=8, moe_router_topk=2,
+                  pipeline_dtype=torch.bfloat16, params_dtype=torch.bfloat16,
+                  **{k: v for k, v in args.items() if k in fields})

@@ -70,14 +70,19 @@ class MoELayerTimes:
                 + self.exchange_bwd)
 
 
-def unpaired_why(strategy, execution) -> str | None:
-    """Why Megatron-Core would not run the stack's 1F1B all-to-all overlap for `strategy` (None: it pairs)."""
+def unpaired_why(strategy, execution, mtp: int = 0) -> str | None:
+    """Why Megatron-Core would not run the stack's 1F1B all-to-all overlap for `strategy` on a model with `mtp`
+    multi-token-prediction depths (None: it pairs)."""
     if not execution.overlap_ep_comm:
         return "the stack does not overlap the expert all-to-all"
     if strategy.ep <= 1:
         return "it needs expert parallelism"
     if strategy.pp > 1 and (strategy.vpp <= 1 or strategy.schedule == "gpipe"):
         return "with a pipeline it needs the interleaved schedule"
+    if mtp > 1:  # TransformerConfig: 'MTP layernum only supports 1 when enabling overlap_moe_expert_parallel_comm'
+        return f"it takes at most one multi-token-prediction layer ({mtp} here)"
+    if mtp and strategy.pp <= 1:  # and with that one layer, 'Pipeline model parallel size must be larger than 1'
+        return "with a multi-token-prediction layer it needs a pipeline"
     if strategy.recompute == "full" or strategy.full_recompute_layers:
         return "it refuses full recompute"
     if strategy.recompute == "selective" and execution.selective == "modules" and "moe" in execution.recompute_modules:
@@ -85,9 +90,9 @@ def unpaired_why(strategy, execution) -> str | None:
     return None
 
 
-def unpaired_warnings(strategy, workload) -> list[str]:
+def unpaired_warnings(strategy, workload, mtp: int = 0) -> list[str]:
     """One sentence when the stack asks for the overlap and the layout cannot have it."""
-    why = unpaired_why(strategy, workload.execution) if workload.mode == "train" and strategy.ep > 1 else None
+    why = unpaired_why(strategy, workload.execution, mtp) if workload.mode == "train" and strategy.ep > 1 else None
     if why is None or not workload.execution.overlap_ep_comm:
         return []
     return [f"the stack's 1F1B expert all-to-all overlap does not apply to this layout ({why}, as in Megatron-Core): "

@@ -34,6 +34,7 @@ from planner.costing.stage_memory import gathered, stage_memory, working_copies
 from planner.errors import Infeasible, InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
+from planner.graph.mtp import mtp_depths
 from planner.search.intra_op import IMPOSSIBLE_S, detach
 from planner.search.skeleton import build_skeleton, price
 from planner.search.solve import WALL_LIMIT_S, solve_intra_op
@@ -70,6 +71,7 @@ class StageCosts:
     block_act_bytes: Mapping[str, float] = field(default_factory=dict)  # kept for backward, per micro-batch
     block_params: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # (dense, expert) per device
     param_layouts: Mapping[str, int] = field(default_factory=dict)  # parameter -> dim split over tp, or REPLICATED
+    mtp_layers: int = 0  # of the layers, the last ones that are multi-token-prediction depths (`graph.mtp`)
 
 
 def stage_costs(
@@ -288,7 +290,7 @@ def stage_costs(
     block_s = {name: p.total() for name, p in parts_of_block.items()}
     return StageCosts(tuple(stages), facts.model_flops_per_sample(),
                       layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block), block_params,
-                      param_layout)
+                      param_layout, mtp_depths(graph, structure))
 
 
 def _priced(facts: GraphFacts, skel, timer: NodeTimes, t: int, again: np.ndarray, training: bool, comm_time,
@@ -364,7 +366,7 @@ def _unequal_stage_costs(graph: Graph, structure: Structure, cluster: Cluster, w
     wide = by_width[widths[0]]
     return StageCosts(stages, wide.forward_flops_per_sample, wide.layouts,
                       max(c.solver_gap for c in by_width.values()), wide.block_s, wide.block_act_bytes,
-                      wide.block_params, wide.param_layouts)
+                      wide.block_params, wide.param_layouts, wide.mtp_layers)
 
 
 __all__ = ["DTYPE_WIDTH", "StageCost", "StageCosts", "assign_chunks", "even_split", "stage_costs", "stage_memory",

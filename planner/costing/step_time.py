@@ -56,8 +56,10 @@ class StageStep:
     steady_s: float  # a forward and a backward in the schedule's steady state (paired: see the module docstring)
 
 
-def stage_step(s: StageCost, cluster: Cluster, workload: Workload, strategy: Strategy, width: float) -> StageStep:
-    """Exposed communication of one stage's micro-batch, forward and backward, and of a steady-state pair."""
+def stage_step(s: StageCost, cluster: Cluster, workload: Workload, strategy: Strategy, width: float,
+               mtp: int = 0) -> StageStep:
+    """Exposed communication of one stage's micro-batch, forward and backward, and of a steady-state pair (on a
+    model with `mtp` multi-token-prediction depths, which decide whether Megatron-Core pairs: `unpaired_why`)."""
     ex = workload.execution
     p, eta = s.parts, cluster.dp_overlap_efficiency
     gather_f = gather_b = scatter_b = 0.0
@@ -90,7 +92,7 @@ def stage_step(s: StageCost, cluster: Cluster, workload: Workload, strategy: Str
     forward_s = fwd_c + p.cp_fwd + p.ep_fwd + shown_by_phase[0]
     backward_s = bwd_c + p.cp_bwd + p.ep_bwd + shown_by_phase[1]
     saved = 0.0
-    if p.moe_layers > 0 and unpaired_why(strategy, ex) is None:
+    if p.moe_layers > 0 and unpaired_why(strategy, ex, mtp) is None:
         n = p.moe_layers
         layer = MoELayerTimes((p.moe_fwd - p.experts_fwd) / n, p.experts_fwd / n, (p.moe_bwd - p.experts_bwd) / n,
                               p.experts_bwd / n, p.ep_fwd / n, p.ep_bwd / n)
@@ -142,7 +144,7 @@ def step_breakdown(
               "pp_other_stages": total - f[slow]}
         return bd, sum(bd.values()), {}
 
-    steps = [stage_step(s, cluster, workload, strategy, width) for s in stages]
+    steps = [stage_step(s, cluster, workload, strategy, width, costs.mtp_layers) for s in stages]
     p2p = 0.0
     if pp > 1:
         spans = place_group(cluster, 2, stride=t * cp * dp)

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 from planner.errors import InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
+from planner.graph.mtp import mtp_depths
 from planner.hypershard.layouts import activation_layouts, param_layouts
 from planner.hypershard.patterns import compress
 from planner.hypershard.roles import param_roles
@@ -204,11 +205,15 @@ def sections(graph: Graph, structure: Structure, s: Strategy, seq_len: int,
     }
 
 
-def _head(plan: Mapping[str, Any], graph: Graph, request: Request) -> dict[str, Any]:
+def _head(plan: Mapping[str, Any], graph: Graph, request: Request, structure: Structure) -> dict[str, Any]:
     wl = plan["workload"]
+    model = model_section(request, graph)
+    mtp = mtp_depths(graph, structure)
+    if mtp:  # frameworks build these apart from the decoder layers (Megatron-LM: --mtp-num-layers)
+        model["mtp_layers"] = mtp
     return {
         "hypershard": FORMAT_VERSION,
-        "model": model_section(request, graph),
+        "model": model,
         "workload": {k: wl[k] for k in ("mode", "global_batch", "seq_len", "dtype", "stack") if k in wl},
         "cluster": {"name": plan["cluster"]["name"], "spec": request.cluster, "devices": plan["cluster"]["devices"],
                     "memory_gib": request.memory_gib},
@@ -222,7 +227,7 @@ def build_document(plan: Mapping[str, Any], graph: Graph, structure: Structure, 
     s = strategy_from_dict(plan["strategy"])
     est = _figures(plan["estimate"])
     n = plan["cluster"]["devices"]
-    doc = _head(plan, graph, request)
+    doc = _head(plan, graph, request, structure)
     doc["meshes"] = [_mesh("world", list(plan["mesh"]), n, PLACEMENT)]
     doc["programs"] = [_program("main", "world", [sm.name for sm in structure.submodels], structure, s, 0, n,
                                 int(est.get("microbatches", 1)))]
@@ -242,7 +247,7 @@ def _multi_document(plan: Mapping[str, Any], graph: Graph, structure: Structure,
         raise InvalidInput(f"this plan runs the programs {' | '.join(names)}, and declarations hold the encoders | "
                            f"backbone split ({' | '.join(split) or 'none for this model'}) only; re-plan with "
                            "--no-mpmd to write one")
-    doc = _head(plan, graph, request)
+    doc = _head(plan, graph, request, structure)
     doc["meshes"], doc["programs"] = [], []
     for entry in plan["programs"]:
         program = split[entry["name"]]

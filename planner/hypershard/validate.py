@@ -26,6 +26,7 @@ from planner.errors import InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.moe import expert_params
+from planner.graph.mtp import mtp_depths
 from planner.hypershard.declared import (Scored, chunk_layers, program_parts, program_workloads, request_of,
                                          score_as, view_strategy, workload_of)
 from planner.hypershard.document import Request, build_document, file_sha256
@@ -106,8 +107,9 @@ def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_di
     except (InvalidInput, SpecError) as exc:
         rep.add("model", [str(exc)], "")
         return rep
-    rep.add("model", model_problems(doc, graph), f"{m['name']}: {graph.param_count:,} parameters in "
-            f"{len(graph.params)} tensors" + (f", {len(parts)} programs" if multi else ""))
+    rep.add("model", model_problems(doc, graph, None if multi else parts[0][1]),
+            f"{m['name']}: {graph.param_count:,} parameters in {len(graph.params)} tensors"
+            + (f", {len(parts)} programs" if multi else ""))
     pipeline, layouts = [], []
     for k, (v, s, (g, st)) in enumerate(zip(vs, strategies, parts)):
         pipeline += [label[k] + p for p in _pipeline_problems(v, st, s, wls[k], m_batches[k], k)]
@@ -230,13 +232,16 @@ def _cluster_problems(v: Mapping[str, Any], s: Strategy, k: int, first: int, mul
     return out
 
 
-def model_problems(doc: Mapping[str, Any], graph: Graph) -> list[str]:
+def model_problems(doc: Mapping[str, Any], graph: Graph, structure: Structure | None = None) -> list[str]:
     m = doc["model"]
     out = []
     if m["params"] != graph.param_count:
         out.append(f"model.params is {m['params']:,}, but the model has {graph.param_count:,} parameters")
     if m["tensors"] != len(graph.params):
         out.append(f"model.tensors is {m['tensors']}, but the model has {len(graph.params)} parameter tensors")
+    if structure is not None and m.get("mtp_layers", 0) != (have := mtp_depths(graph, structure)):
+        out.append(f"model.mtp_layers is {m.get('mtp_layers', 0)}, but {have} of the model's last layers are "
+                   "multi-token-prediction depths (layers that embed the token ids again)")
     return out
 
 

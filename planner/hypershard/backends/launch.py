@@ -52,7 +52,7 @@ class Training:
     embedding: str  # how the token embedding is split over tp: "vocab", "hidden" or "whole"
     step_s: float | None
     peak_gib: float | None
-    mtp: int = 0  # of the layers, the last ones that are multi-token-prediction depths (a zoo DeepSeek-V3's mtp_layers)
+    mtp: int = 0  # of the layers, the last ones that are multi-token-prediction depths (the declaration's model)
 
     @property
     def layers(self) -> int:
@@ -90,7 +90,7 @@ def training(doc: Mapping[str, Any], backend: str, base_dir: str | None = None) 
         moe=any(a["name"] == "ep" for a in mesh.get("aliases", [])),
         execution=_stack(doc, base_dir), embedding=embedding_split(doc),
         step_s=est.get("step_time_s"), peak_gib=(est.get("memory_gib") or {}).get("peak"),
-        mtp=int((doc["model"].get("overrides") or {}).get("mtp_layers", 0) or 0),
+        mtp=int(doc["model"].get("mtp_layers", 0)),
     )
 
 
@@ -155,7 +155,7 @@ def common_problems(t: Training, schedules: str, mtp: bool = False) -> list[Prob
     (`mtp`)."""
     out = []
     if t.mtp and not mtp:
-        out.append((f"{t.mtp} multi-token-prediction layer{'s' if t.mtp > 1 else ''} (its model has none to build)",
+        out.append((f"{t.mtp} multi-token-prediction layer{'s' if t.mtp > 1 else ''} (its model code builds none)",
                     "plan without mtp_layers, or export with --backend megatron"))
     if t.s.stage_tp:
         out.append((f"pipeline stages of different tensor widths (TP {'+'.join(map(str, t.s.stage_tp))})",

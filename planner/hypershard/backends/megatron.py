@@ -99,6 +99,8 @@ def _pipeline(t: launch.Training, mtp: int) -> list[tuple[str, Any]]:
 def _layout(chunks: tuple[int, ...], mtp: int) -> str:
     """Megatron-LM's layout string: per chunk its decoder layers ('t', 't*n') and MTP layers ('m', the model's last
     `mtp` layers), 'E' before the first and 'L' (the loss) after the last, chunks joined by '|'."""
+    if len(chunks) < 2:  # internal invariant: a layout is written for a pipeline only
+        raise AssertionError("a pipeline layout needs at least two chunks")
     first_mtp, parts, at = sum(chunks) - mtp, [], 0
     for n in chunks:
         dec = max(0, min(n, first_mtp - at))
@@ -169,7 +171,7 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
             args.append(("--moe-token-dispatcher-type", "flex" if ex.moe_dispatcher == "deepep" else "alltoall"))
             if ex.moe_dispatcher == "deepep":
                 args.append(("--moe-flex-dispatcher-backend", "deepep"))
-            if unpaired_why(s, ex) is None:  # weight gradients delayed, except under Megatron-FSDP (moe_pairing)
+            if unpaired_why(s, ex, mtp) is None:  # weight gradients delayed, except under Megatron-FSDP (moe_pairing)
                 args.append(("--overlap-moe-expert-parallel-comm", None))
                 if delays_wgrad(s):
                     args.append(("--delay-wgrad-compute", None))
@@ -184,7 +186,7 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     fsdp = s.zero >= 2 and s.dp * s.cp > 1
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (s.tp > 1 or s.cp > 1) and not fsdp else {}
     notes = launch.layout_notes(t, "Megatron-LM")
-    left_off = unpaired_why(s, ex) if t.moe and ex.overlap_ep_comm else None
+    left_off = unpaired_why(s, ex, mtp) if t.moe and ex.overlap_ep_comm else None
     if left_off:
         notes.append(f"the stack's 1F1B expert all-to-all overlap is left off, as the estimate costs it: Megatron-Core "
                      f"runs it only where its config allows ({left_off})")
