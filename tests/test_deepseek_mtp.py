@@ -66,3 +66,21 @@ def test_off_by_default_as_in_transformers():
     assert mtp_depths(two, discover_blocks(two)) == 2 and len(two.outputs) == 3
     with pytest.raises(ValueError, match="mtp_layers must be >= 0"):
         models_zoo.build("deepseek-v3", **SMALL, mtp_layers=-1, seq_len=64)
+
+
+def test_a_chunks_fully_recomputed_first_layers_leave_the_mtp_depth_as_megatron_core_does():
+    """Megatron-Core's block recompute skips MTP layers (multi_token_prediction.py: 'recompute_method == block is
+    not supported for MTP yet. Skipping recompute.'): the costing and the declaration keep its policy."""
+    from planner.costing.pipeline_cut import assign_chunks, layer_policies
+    from planner.hypershard import declare
+    from planner.strategy import Strategy
+
+    g = load_graph("deepseek-v3", batch=1, seq_len=64, overrides=dict(SMALL, mtp_layers=1))
+    st = discover_blocks(g)
+    s = Strategy(dp=1, full_recompute_layers=5, recompute="selective")
+    policy = layer_policies(st, assign_chunks(st, 1), s, mtp_depths(g, st))
+    assert [policy[f"model.layers.{i}"] for i in range(5)] == ["full"] * 4 + ["selective"]
+    doc = declare("deepseek-v3", overrides=dict(SMALL, mtp_layers=1), cluster="dgx-h100", devices=8,
+                  global_batch=16, seq_len=64, dp=8, full_recompute_layers=5, recompute="selective", zero=1)
+    named = [r["match"] for r in doc["recompute"]["layers"] if r["default"] == "recompute"]
+    assert named == [f"model.layers.{i}" for i in range(4)]

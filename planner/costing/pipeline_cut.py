@@ -49,15 +49,22 @@ def assign_chunks(structure: Structure, n_chunks: int, sizes: tuple[int, ...] = 
     return out
 
 
-def layer_policies(structure: Structure, chunk: Mapping[str, int], strategy: Strategy) -> dict[str, str]:
-    """Recompute policy per layer block, by its position in its pipeline chunk; other blocks are not recomputed."""
+def layer_policies(structure: Structure, chunk: Mapping[str, int], strategy: Strategy,
+                   mtp: int = 0) -> dict[str, str]:
+    """Recompute policy per layer block, by its position in its pipeline chunk; other blocks are not recomputed.
+    The model's last `mtp` layers (multi-token-prediction depths) are not among the first layers a chunk recomputes
+    fully: Megatron-Core's block method skips them (multi_token_prediction.py: 'not supported for MTP yet')."""
     seen: dict[int, int] = defaultdict(int)
     out: dict[str, str] = {}
-    for blk in structure.blocks:
-        if blk.is_layer:
-            c = chunk[blk.name]
+    layers = [b for b in structure.blocks if b.is_layer]
+    depths = {b.name for b in layers[len(layers) - mtp:]} if mtp else set()
+    for blk in layers:
+        c = chunk[blk.name]
+        if blk.name in depths and strategy.full_recompute_layers and strategy.recompute != "full":
+            out[blk.name] = strategy.recompute
+        else:
             out[blk.name] = strategy.layer_policy(seen[c])
-            seen[c] += 1
+        seen[c] += 1
     return out
 
 

@@ -120,7 +120,7 @@ def stage_costs(
     # -- recompute: which nodes run their forward again, layer by layer ------------------------------
     grad = facts.grad if training else set()
     chunk = assign_chunks(structure, pp * strategy.vpp, strategy.stage_layers)
-    policy = layer_policies(structure, chunk, strategy) if training else {}
+    policy = layer_policies(structure, chunk, strategy, mtp_depths(graph, structure)) if training else {}
     again = recompute_marks(facts, structure, policy, execution) if training else np.zeros(len(graph.nodes), int)
 
     # -- the layout program over the tensor axis ----------------------------------------------------

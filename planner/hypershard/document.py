@@ -31,6 +31,7 @@ from planner.hypershard.layouts import activation_layouts, param_layouts
 from planner.hypershard.patterns import compress
 from planner.hypershard.roles import param_roles
 from planner.hypershard.stages import STAGE_PLACEMENT, placed_ranges
+from planner.costing.pipeline_cut import layer_policies
 from planner.costing.stage_costs import assign_chunks
 from planner.strategy import OFFLOAD_CLASSES, Strategy
 
@@ -160,13 +161,14 @@ def zero_section(s: Strategy) -> dict[str, Any]:
             "reshard_after_forward": s.zero == 3}
 
 
-def recompute_section(structure: Structure, s: Strategy) -> dict[str, Any]:
+def recompute_section(structure: Structure, s: Strategy, mtp: int = 0) -> dict[str, Any]:
     """Per layer, in hyper-parallel's terms: save, recompute, swap; a layer takes its exact rule, else its glob.
 
     selective = recompute the attention core only (Korthikanti 2022, section 5);
     full = keep the layer input, recompute the rest. The first
     `full_layers_per_chunk` layers of each pipeline chunk recompute fully
-    whatever the policy (they are listed by name). The activation offload
+    whatever the policy (they are listed by name), but for multi-token-
+    prediction depths (`layer_policies`). The activation offload
     fraction becomes the share of a layer's saved tensors swapped to host.
     """
     rules = {"none": ("save", {}), "selective": ("save", {"core_attention": "recompute"}),
@@ -179,13 +181,8 @@ def recompute_section(structure: Structure, s: Strategy) -> dict[str, Any]:
 
     layers = []
     if s.full_recompute_layers and s.recompute != "full":
-        chunk_of = assign_chunks(structure, s.pp * s.vpp, s.stage_layers)
-        position: dict[int, int] = {}
-        for b in structure.layers():
-            k = position.get(chunk_of[b.name], 0)
-            position[chunk_of[b.name]] = k + 1
-            if s.layer_policy(k) == "full":
-                layers.append(rule(b.name, "full"))
+        policy = layer_policies(structure, assign_chunks(structure, s.pp * s.vpp, s.stage_layers), s, mtp)
+        layers += [rule(b.name, "full") for b in structure.layers() if policy[b.name] == "full"]
     for stack in dict.fromkeys(b.stack for b in structure.layers()):
         layers.append(rule(f"{stack}.*" if stack else "*", s.recompute))
     return {"policy": s.recompute, "full_layers_per_chunk": s.full_recompute_layers, "layers": layers}
@@ -200,7 +197,7 @@ def sections(graph: Graph, structure: Structure, s: Strategy, seq_len: int,
         "layouts": {"space": s.layouts, "sequence_parallel": s.sp, "params": compress(params, structure),
                     "activations": activation_layouts(graph, structure, s, seq_len)},
         "zero": zero_section(s),
-        "recompute": recompute_section(structure, s),
+        "recompute": recompute_section(structure, s, mtp_depths(graph, structure)),
         "offload": {cls: s.offload_fraction(cls) for cls in OFFLOAD_CLASSES},
     }
 
