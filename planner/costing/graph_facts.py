@@ -18,6 +18,7 @@ from planner.costing.fusion import fused_act_bytes, recomputed_in_fused_backward
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.moe import MoeFacts, moe_blocks, routed_region
+from planner.graph.mtp import mtp_depths
 from planner.graph.walk import index_graph, is_weight_matmul
 from planner.costing.node_work import node_work
 from planner.search.tying import tie_keys
@@ -119,6 +120,12 @@ class GraphFacts:
         if 0 <= i < len(self.in_routed) and self.in_routed[i]:
             return execution.routed_load(ep, int(self.routed_experts[i]))
         return 1.0
+
+    def mtp_layers(self) -> int:
+        """How many of the model's last layers are multi-token-prediction depths (`planner.graph.mtp`)."""
+        if "mtp_layers" not in self.derived:
+            self.derived["mtp_layers"] = mtp_depths(self.graph, self.structure)
+        return self.derived["mtp_layers"]
 
     def block_numels(self) -> dict[str, tuple[float, float, float]]:
         """Per block, the elements of its dense weights, of its routed experts' weights, and of those expert

@@ -25,8 +25,8 @@ streams). Warm-up forwards and cool-down backwards run unpaired.
 
 Megatron-Core pairs only where its config allows the overlap
 (transformer_config.py): expert parallelism, no pipeline or an interleaved
-one, no full recompute and no recompute of the `moe` module (`unpaired_why`
-says which). Megatron-FSDP does not delay weight gradients
+one, at most one multi-token-prediction layer and then a pipeline, no full
+recompute and no recompute of the `moe` module (`unpaired_why` says which). Megatron-FSDP does not delay weight gradients
 (mcore_fsdp_adapter.py refuses delay_wgrad_compute): under ZeRO-2/3 the
 backward's dispatch waits for the experts' whole backward.
 

@@ -34,7 +34,6 @@ from planner.costing.stage_memory import gathered, stage_memory, working_copies
 from planner.errors import Infeasible, InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
-from planner.graph.mtp import mtp_depths
 from planner.search.intra_op import IMPOSSIBLE_S, detach
 from planner.search.skeleton import build_skeleton, price
 from planner.search.solve import WALL_LIMIT_S, solve_intra_op
@@ -120,7 +119,7 @@ def stage_costs(
     # -- recompute: which nodes run their forward again, layer by layer ------------------------------
     grad = facts.grad if training else set()
     chunk = assign_chunks(structure, pp * strategy.vpp, strategy.stage_layers)
-    policy = layer_policies(structure, chunk, strategy, mtp_depths(graph, structure)) if training else {}
+    policy = layer_policies(structure, chunk, strategy, facts.mtp_layers()) if training else {}
     again = recompute_marks(facts, structure, policy, execution) if training else np.zeros(len(graph.nodes), int)
 
     # -- the layout program over the tensor axis ----------------------------------------------------
@@ -290,7 +289,7 @@ def stage_costs(
     block_s = {name: p.total() for name, p in parts_of_block.items()}
     return StageCosts(tuple(stages), facts.model_flops_per_sample(),
                       layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block), block_params,
-                      param_layout, mtp_depths(graph, structure))
+                      param_layout, facts.mtp_layers())
 
 
 def _priced(facts: GraphFacts, skel, timer: NodeTimes, t: int, again: np.ndarray, training: bool, comm_time,
