@@ -31,8 +31,7 @@ from planner.hypershard.layouts import activation_layouts, param_layouts
 from planner.hypershard.patterns import compress
 from planner.hypershard.roles import param_roles
 from planner.hypershard.stages import STAGE_PLACEMENT, placed_ranges
-from planner.costing.pipeline_cut import layer_policies
-from planner.costing.stage_costs import assign_chunks
+from planner.costing.pipeline_cut import assign_chunks, layer_policies
 from planner.strategy import OFFLOAD_CLASSES, Strategy
 
 FORMAT_VERSION = 1

@@ -82,12 +82,12 @@ def _fp8_params(t: launch.Training) -> bool:
     return t.execution.fp8_params and t.s.zero > 0 and t.s.dp * t.s.cp > 1
 
 
-def _pipeline(t: launch.Training, mtp: int) -> list[tuple[str, Any]]:
+def _pipeline(t: launch.Training) -> list[tuple[str, Any]]:
     s, chunks = t.s, t.chunks
     if s.pp == 1:
         return []
-    if mtp:  # where the MTP layers go is said only by a layout ('m'); else Megatron-LM puts them last itself
-        return [("--pipeline-model-parallel-layout", _layout(chunks, mtp))]
+    if t.mtp:  # where the MTP layers go is said only by a layout ('m'); else Megatron-LM puts them last itself
+        return [("--pipeline-model-parallel-layout", _layout(chunks, t.mtp))]
     if t.equal_chunks:
         return [("--num-layers-per-virtual-pipeline-stage", chunks[0])] if s.vpp > 1 else []
     middle = chunks[1:-1]
@@ -160,7 +160,7 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     launch.refuse("megatron", _problems(t, doc))
     s, ex, mtp = t.s, t.execution, t.mtp
     args: list[tuple[str, Any]] = [("--tensor-model-parallel-size", s.tp), ("--pipeline-model-parallel-size", s.pp)]
-    args += _pipeline(t, mtp)
+    args += _pipeline(t)
     if mtp:
         args.append(("--mtp-num-layers", mtp))
     if s.cp > 1:
