@@ -24,6 +24,20 @@ def parse(words: list[str]) -> tuple[argparse.Namespace, set[str]]:
     return parse_pinned(words, PINNED)
 
 
+def core_args(ns: argparse.Namespace, given: set[str], num_layers: int) -> dict:
+    """The parsed arguments under their config field names (the pinned renames), with the virtual pipeline size
+    validate_args derives from the layout or the layers per virtual stage."""
+    args = {PINNED["renames"].get(k, k): getattr(ns, k) for k in given}
+    pp = args.get("pipeline_model_parallel_size", 1)
+    vpp = None
+    if "pipeline_model_parallel_layout" in args:
+        vpp = args["pipeline_model_parallel_layout"].count("|") // pp + 1 or None
+    elif "num_layers_per_virtual_pipeline_stage" in args:
+        vpp = num_layers // pp // args.pop("num_layers_per_virtual_pipeline_stage")
+    args["virtual_pipeline_model_parallel_size"] = vpp if vpp and vpp > 1 else None
+    return args
+
+
 def core_configs(ns: argparse.Namespace, given: set[str], name: str, monkeypatch):
     """megatron-core's TransformerConfig, DistributedDataParallelConfig and OptimizerConfig from parsed
     arguments as Megatron-LM makes them: every arg whose name is a field is copied (core_transformer_config_from_args,
@@ -34,15 +48,8 @@ def core_configs(ns: argparse.Namespace, given: set[str], name: str, monkeypatch
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    args = {PINNED["renames"].get(k, k): getattr(ns, k) for k in given}
     model = shape(name)
-    pp = args.get("pipeline_model_parallel_size", 1)
-    vpp = None
-    if "pipeline_model_parallel_layout" in args:
-        vpp = args["pipeline_model_parallel_layout"].count("|") // pp + 1 or None
-    elif "num_layers_per_virtual_pipeline_stage" in args:
-        vpp = model["num_layers"] // pp // args.pop("num_layers_per_virtual_pipeline_stage")
-    args["virtual_pipeline_model_parallel_size"] = vpp if vpp and vpp > 1 else None
+    args = core_args(ns, given, model["num_layers"])
     dtype = torch.float16 if args.get("fp16") else torch.bfloat16 if args.get("bf16") else torch.float32
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     tc = TransformerConfig(**model, params_dtype=dtype, pipeline_dtype=dtype,
@@ -222,12 +229,7 @@ def test_an_mtp_layer_is_read_off_the_graph_and_keeps_the_all_to_all_overlap_whe
 
 def _moe_config(words: list[str], torch, config):
     """megatron-core's TransformerConfig of MTP_MODEL's shape and the exported arguments (as `core_configs`)."""
-    ns, given = parse(words)
-    args = {PINNED["renames"].get(k, k): getattr(ns, k) for k in given}
-    pp = args.get("pipeline_model_parallel_size", 1)
-    if "pipeline_model_parallel_layout" in args:
-        vpp = args["pipeline_model_parallel_layout"].count("|") // pp + 1
-        args["virtual_pipeline_model_parallel_size"] = vpp if vpp > 1 else None
+    args = core_args(*parse(words), MTP_MODEL["layers"])
     fields = {f.name for f in dataclasses.fields(config)}
     return config(num_layers=4, hidden_size=64, num_attention_heads=4, num_moe_experts=8, moe_router_topk=2,
                   pipeline_dtype=torch.bfloat16, params_dtype=torch.bfloat16,
