@@ -144,11 +144,20 @@ def saved_tensors(graph: Graph, work_float_bytes: float | None = None, grad: set
             for k in range(min(3, len(ins))):
                 keep(ins[k], i, k)
             keep(n.outputs[0], i, -1)
+    for name, producer in loss_inputs(graph, grad):  # the loss keeps their log-softmax, in fp32
+        out.append(Saved(f"{name}::loss", producer, -1, 4.0 * graph.tensors[name].numel))
+    return out
+
+
+def loss_inputs(graph: Graph, grad: set[str]) -> list[tuple[str, int]]:
+    """What a training loss reads: each floating-point graph output that carries a gradient (the logits), with
+    the node that produces it."""
     produced = {o: i for i, n in enumerate(graph.nodes) for o in n.outputs if o}
-    for name in graph.outputs:  # the loss reads the model's outputs and keeps their log-softmax, in fp32
+    out = []
+    for name in graph.outputs:
         t = graph.tensors.get(name)
         if name in grad and t is not None and t.dtype in FLOAT_DTYPES and name in produced:
-            out.append(Saved(f"{name}::loss", produced[name], -1, 4.0 * t.numel))
+            out.append((name, produced[name]))
     return out
 
 

@@ -12,7 +12,9 @@ from collections import defaultdict
 
 import numpy as np
 
-from planner.costing.activations import attention_core, layer_inputs, requires_grad, saved_tensors, view_roots
+from planner.costing.activations import (
+    attention_core, layer_inputs, loss_inputs, requires_grad, saved_tensors, view_roots,
+)
 from planner.costing.attention import AttentionRegion, attention_regions, kept_fraction
 from planner.costing.fusion import fused_act_bytes, recomputed_in_fused_backward
 from planner.graph.blocks import Structure
@@ -64,6 +66,12 @@ class GraphFacts:
                     self.producer[o] = (i, j)
         self.in_core_output = {o for i in self.core for o in graph.nodes[i].outputs if o}
         self.roots = view_roots(graph)
+        #: per node, elements (at the imported batch) of the outputs a training loss reads from it (the logits),
+        #: charged to the op that computes them (through views such as an Identity)
+        self.loss_numel = np.zeros(len(graph.nodes))
+        for name, producer in loss_inputs(graph, self.grad):
+            root = self.roots.get(name, name)
+            self.loss_numel[self.producer[root][0] if root in self.producer else producer] += graph.tensors[name].numel
         # fused (flash) attention: one region per attention core, and the nodes of all of them
         self.regions: tuple[AttentionRegion, ...] = tuple(attention_regions(graph, self.index))
         self.region_of: dict[int, AttentionRegion] = {i: r for r in self.regions for i in r.nodes}

@@ -131,7 +131,16 @@ class NodeTimes:
             t *= 2.0
         if gemm:
             t += self._casts(i, k, share, backward)
+        if self.training and facts.loss_numel[i] > 0:
+            t += self._loss(facts.loss_numel[i] * share, backward)
         return t * facts.routed_load(i, self.execution, self.ep)  # the busiest expert-parallel rank sets the pace
+
+    def _loss(self, elements: float, backward: bool) -> float:
+        """The cross-entropy loss over this rank's share of the logits a node produces, forward or backward: a
+        memory-bound pass of the stack's bytes per element (`Execution.loss_forward_bytes`)."""
+        ex = self.execution
+        nbytes = (ex.loss_backward_bytes if backward else ex.loss_forward_bytes) * elements
+        return op_time_s(self.cluster, 0.0, nbytes, "elementwise", self.dtype) if nbytes > 0 else 0.0
 
     def _expert_rounds(self, i: int) -> int:
         """Kernel launches beyond the first of a routed GEMM whose stack runs one GEMM per local expert over
