@@ -19,9 +19,7 @@ HYBRIDEP_OVERLAP = {"moe_dispatcher": "deepep", "overlap_ep_comm": True}
 HYBRIDEP_NOTE = ("HybridEP dispatch with the expert all-to-all overlapped (overlap_moe_expert_parallel_comm), as "
                  "the recipe's full-iteration MXFP8 settings set")
 TT_EAGER = {"fuse_elementwise": False}
-#: the MoE benchmark configs' MaskedCrossEntropy(fp32_upcast: false): torch's cross entropy on 16-bit logits, three
-#: reads and a write forward (8 bytes per element), a zeroed gradient and three reads and a write backward (10)
-AUTOMODEL_MOE = {"moe_routing": "contiguous", "grad_bytes": 4.0, "loss_forward_bytes": 8.0, "loss_backward_bytes": 10.0}
+AUTOMODEL_MOE = {"moe_routing": "contiguous", "grad_bytes": 4.0, "loss_kernel": "torch_16bit"}
 AUTOMODEL_MOE_GRADS = ("gradients reduce-scattered in fp32: Automodel's MoE parallelizer defaults to "
                        "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32) (components/moe/parallelizer.py); "
                        "the loss MaskedCrossEntropy with fp32_upcast: false, as the MoE benchmark configs set "
@@ -90,10 +88,7 @@ def table(rows):
     return dict(rows)
 
 
-#: NeMo 24.07's Llama 3 launcher configs set cross_entropy_loss_fusion: Megatron-Core's fused vocab-parallel cross
-#: entropy (fusions/fused_cross_entropy.py): the upcast with the max (2 + 4), the shifted exponentials (4 + 4) and
-#: their normalisation (4 + 4) forward, the scaled gradient cast to 16 bits in one pass backward (4 + 2)
-NEMO_FUSED_CE = {"loss_forward_bytes": 22.0, "loss_backward_bytes": 6.0}
+NEMO_FUSED_CE = {"loss_kernel": "megatron_fused"}
 NEMO_FUSED_CE_NOTE = ("cross_entropy_loss_fusion: true, as its NeMo-Framework-Launcher 24.07 config sets "
                       "(launcher_scripts/conf/training/llama/)")
 

@@ -234,3 +234,19 @@ def _moe_config(words: list[str], torch, config):
     return config(num_layers=4, hidden_size=64, num_attention_heads=4, num_moe_experts=8, moe_router_topk=2,
                   pipeline_dtype=torch.bfloat16, params_dtype=torch.bfloat16,
                   **{k: v for k, v in args.items() if k in fields})
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("stack, impl", [("megatron-core", "te"), ("megatron-core-2024", None), ("torchtitan", None)])
+def test_the_loss_kernel_the_estimate_costs_goes_out_as_megatrons_fusion(stack, impl, monkeypatch):
+    pytest.importorskip("megatron.core")
+    from launch_plans import COMMON, TINY
+    from planner.hypershard import declare
+
+    out = launch_config(declare("llama3-8b", overrides=TINY, **COMMON, dp=8, zero=1, stack=stack), "megatron")
+    ns, given = parse(out["config"]["args"])
+    tc, *_ = core_configs(ns, given, "zero2", monkeypatch)
+    assert tc.cross_entropy_loss_fusion == (impl is not None)
+    if impl:
+        assert tc.cross_entropy_fusion_impl == impl
+    assert any("costs the loss as 'torch'" in n for n in out["notes"]) == (stack == "torchtitan")

@@ -26,6 +26,7 @@ from cost_models.expert_load import load_imbalance
 from cost_models.loader import GIB, Table
 from cost_models.memory import StateBytes
 
+from planner.costing.loss import LOSS_KERNELS
 from planner.errors import InvalidInput
 
 STACK_DIR = Path(__file__).parent / "stacks"
@@ -56,13 +57,7 @@ class Execution:
     attention_kernel: str = "flash"  # the kernel whose efficiency the hardware file gives ([efficiency.attention])
     fuse_elementwise: bool = True  # chains of memory-bound ops run as one kernel (fused kernels, torch.compile)
     kernel_efficiency: float = 1.0  # this stack's GEMM and attention kernels against the hardware file's fit
-    # the training loss (cross entropy over the logits): HBM bytes per logit element its kernels move, forward
-    # and backward. Default: Megatron-Core's unfused vocab-parallel cross entropy (tensor_parallel/
-    # cross_entropy.py): forward upcasts the 16-bit logits (2 read, 4 written), takes the max (4), subtracts
-    # it (4 + 4), exponentiates (4 + 4), sums (4) and normalises in place (4 + 4); backward scales the kept
-    # softmax in place (4 + 4) and autograd casts that gradient back to 16 bits (4 + 2)
-    loss_forward_bytes: float = 38.0
-    loss_backward_bytes: float = 14.0
+    loss_kernel: str = "megatron"  # the cross-entropy kernel of the training loss (`planner.costing.loss`)
     # (which is of today's Megatron-Core where it has run; fitted with it, see benchmarks/fit_presets.py)
     expert_gemm_streams: int = 0  # routed experts' GEMMs: one grouped kernel (0), or one GEMM per local expert
     # issued round-robin over this many streams (Transformer Engine's GroupedLinear on cuBLAS: 4), so each
@@ -179,15 +174,16 @@ def parse_execution(text: str, *, source: str, default_name: str) -> Execution:
 _BOOLS = ("fuse_elementwise", "overlap_grad_reduce", "overlap_param_gather", "fsdp_prefetch", "fsdp_gathered_with_pp",
           "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm", "overlap_pp_comm", "overlap_pp_comm_1f1b",
           "fp8_saves_inputs", "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation")
-_NUMBERS = ("loss_forward_bytes", "loss_backward_bytes", "fp8_cast_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
+_NUMBERS = ("fp8_cast_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
             "runtime_reserve_gib", "kernel_efficiency", "tp_overlap_share",
             "moe_expert_load_cv", "moe_capacity_factor")
-_CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS}
+_CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS,
+            "loss_kernel": LOSS_KERNELS}
 
 
 _SECTIONS = {
     "kernels": ("attention", "attention_kernel", "fuse_elementwise", "kernel_efficiency", "expert_gemm_streams",
-                "loss_forward_bytes", "loss_backward_bytes"),
+                "loss_kernel"),
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_weight_bytes", "fp8_saves_inputs", "fp8_params",
                   "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather"),
@@ -222,7 +218,7 @@ def _value(t: Table, key: str) -> Any:
             raise t.error(key, f"expected a positive fraction (at most {most:g}), got {value:g}")
         return value
     if key in _NUMBERS:
-        return t.number(key, allow_zero=key in ("loss_forward_bytes", "loss_backward_bytes", "fp8_weight_bytes", "runtime_reserve_gib", "grad_bytes",
+        return t.number(key, allow_zero=key in ("fp8_weight_bytes", "runtime_reserve_gib", "grad_bytes",
                                                 "moe_expert_load_cv", "moe_capacity_factor"))
     if key in _CHOICES:
         return t.choice(key, _CHOICES[key])

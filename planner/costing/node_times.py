@@ -31,6 +31,7 @@ from cost_models.compute import attention_time_s, op_time_s
 
 from planner.costing.execution import Execution
 from planner.costing.graph_facts import GraphFacts
+from planner.costing.loss import loss_time_s
 from planner.costing.node_work import FLOAT_DTYPES
 from planner.strategy import Strategy, Workload
 
@@ -132,15 +133,9 @@ class NodeTimes:
         if gemm:
             t += self._casts(i, k, share, backward)
         if self.training and facts.loss_numel[i] > 0:
-            t += self._loss(facts.loss_numel[i] * share, backward)
+            t += loss_time_s(self.cluster, self.execution.loss_kernel, facts.loss_numel[i] * share, backward,
+                             self.dtype)
         return t * facts.routed_load(i, self.execution, self.ep)  # the busiest expert-parallel rank sets the pace
-
-    def _loss(self, elements: float, backward: bool) -> float:
-        """The cross-entropy loss over this rank's share of the logits a node produces, forward or backward: a
-        memory-bound pass of the stack's bytes per element (`Execution.loss_forward_bytes`)."""
-        ex = self.execution
-        nbytes = (ex.loss_backward_bytes if backward else ex.loss_forward_bytes) * elements
-        return op_time_s(self.cluster, 0.0, nbytes, "elementwise", self.dtype) if nbytes > 0 else 0.0
 
     def _expert_rounds(self, i: int) -> int:
         """Kernel launches beyond the first of a routed GEMM whose stack runs one GEMM per local expert over

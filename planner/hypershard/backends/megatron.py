@@ -153,6 +153,16 @@ def _precision(t: launch.Training) -> list[tuple[str, Any]]:
     return out
 
 
+#: The stack's fused loss kernel -> Megatron-LM's --cross-entropy-fusion-impl (`planner.costing.loss`; "megatron",
+#: the unfused one, is Megatron-LM's default and needs no flag).
+LOSS_IMPL = {"te": "te", "megatron_fused": "native"}
+
+
+def _loss(t: launch.Training) -> list[tuple[str, Any]]:
+    impl = LOSS_IMPL.get(t.execution.loss_kernel)
+    return [("--cross-entropy-loss-fusion", None), ("--cross-entropy-fusion-impl", impl)] if impl else []
+
+
 def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Written:
     """The Megatron-LM arguments of a training declaration, as (flag, value) pairs (None: a switch), with the
     environment validate_args asks for and notes (InvalidInput, one sentence, for what it cannot express)."""
@@ -182,7 +192,7 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     args += _recompute(t)
     args += [("--micro-batch-size", s.micro_batch), ("--global-batch-size", t.global_batch),
              ("--seq-length", t.seq_len)]
-    args += _optimizer(t) + _precision(t)
+    args += _optimizer(t) + _precision(t) + _loss(t)
     fsdp = s.zero >= 2 and s.dp * s.cp > 1
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (s.tp > 1 or s.cp > 1) and not fsdp else {}
     notes = launch.layout_notes(t, "Megatron-LM")
@@ -190,6 +200,9 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     if left_off:
         notes.append(f"the stack's 1F1B expert all-to-all overlap is left off, as the estimate costs it: Megatron-Core "
                      f"runs it only where its config allows ({left_off})")
+    if ex.loss_kernel not in LOSS_IMPL and ex.loss_kernel != "megatron":
+        notes.append(f"the stack costs the loss as {ex.loss_kernel!r}; Megatron-LM runs its own vocab-parallel cross "
+                     f"entropy (unfused here), which moves more bytes than that on a large vocabulary")
     if ex.fp8_params and t.dtype == "fp8" and not _fp8_params(t):
         notes.append("the stack keeps FP8 weights, which Megatron-LM's --fp8-param-gather does only with a "
                      "distributed optimizer or Megatron-FSDP (this plan has neither)")

@@ -1,0 +1,49 @@
+"""The training loss: cross entropy over the logits, a memory-bound pass whose bytes depend on the kernel.
+
+A language model's loss reads every logit, vocabulary x tokens of them, and
+does almost no arithmetic on each: its time is the HBM traffic of the
+kernels the stack runs, forward and backward. That traffic differs five-fold
+between stacks, so each stack names its kernel (`Execution.loss_kernel`) and
+the bytes per logit element are counted here from each kernel's source. The
+loss runs where the logits are, on the last pipeline stage, over the rank's
+share of the vocabulary under tensor parallelism.
+"""
+
+from __future__ import annotations
+
+from cost_models import Cluster
+from cost_models.compute import op_time_s
+
+#: HBM bytes per logit element each cross-entropy kernel moves, (forward, backward).
+LOSS_BYTES: dict[str, tuple[float, float]] = {
+    # Megatron-Core's vocab-parallel cross entropy, unfused (tensor_parallel/cross_entropy.py; Megatron-LM's
+    # default, and MindSpeed-LLM's): forward upcasts the 16-bit logits (2 read, 4 written), takes the max (4),
+    # subtracts it in place (4 + 4), exponentiates (4 + 4), sums (4) and normalises in place (4 + 4); backward
+    # scales the kept softmax in place (4 + 4) and autograd casts that gradient back to 16 bits (4 + 2)
+    "megatron": (38.0, 14.0),
+    # --cross-entropy-loss-fusion with the native implementation (fusions/fused_cross_entropy.py): the upcast
+    # with the max (2 + 4), the shifted exponentials with their sum (4 + 4), their normalisation (4 + 4);
+    # backward the scaled gradient cast to 16 bits in one pass (4 + 2)
+    "megatron_fused": (22.0, 6.0),
+    # --cross-entropy-fusion-impl te, Transformer Engine v2.9-v2.17 (pytorch/triton/cross_entropy.py): an
+    # online-softmax pass reads the 16-bit logits (2), a second reads them again and writes the gradient over
+    # them (2 + 2); backward scales it in place (2 + 2). TE 2.18 keeps an fp32 gradient instead.
+    "te": (6.0, 4.0),
+    # torch's F.cross_entropy on logits upcast to fp32, eager: the upcast (2 + 4), log_softmax over a row too
+    # long for shared memory (three reads and a write: 16), nll_loss; backward nll_loss's zeroed gradient (4),
+    # log_softmax's (three reads and a write: 16) and the cast back to 16 bits (4 + 2)
+    "torch": (22.0, 26.0),
+    # the same on the 16-bit logits, no upcast: three reads and a write forward (8), a zeroed gradient and
+    # three reads and a write backward (10)
+    "torch_16bit": (8.0, 10.0),
+}
+LOSS_KERNELS: tuple[str, ...] = tuple(LOSS_BYTES)
+
+
+def loss_time_s(cluster: Cluster, kernel: str, elements: float, backward: bool, dtype: str) -> float:
+    """Seconds of the loss over `elements` logits on one device, forward or backward."""
+    nbytes = LOSS_BYTES[kernel][1 if backward else 0] * elements
+    return op_time_s(cluster, 0.0, nbytes, "elementwise", dtype) if nbytes > 0 else 0.0
+
+
+__all__ = ["LOSS_BYTES", "LOSS_KERNELS", "loss_time_s"]
