@@ -84,3 +84,14 @@ def test_a_stack_names_a_known_kernel():
     assert with_changes(load_execution("megatron-core"), {"loss_kernel": "torch_16bit"}, "t").loss_kernel == "torch_16bit"
     with pytest.raises(InvalidInput, match="loss_kernel"):
         with_changes(load_execution("megatron-core"), {"loss_kernel": "liger"}, "test")
+
+
+@pytest.mark.parametrize("kernel, kept", [("megatron", 4.0), ("te", 2.0), ("torch", 4.0), ("torch_16bit", 2.0)])
+def test_what_the_loss_keeps_for_backward_is_its_kernels(small, kernel, kept):
+    from planner.costing.recompute import kept_tensors
+
+    (i,) = np.flatnonzero(small.loss_numel)
+    blk = small.structure.block_of_node(i)
+    stack = with_changes(load_execution("megatron-core"), {"loss_kernel": kernel}, "t")
+    entries = [sv for sv in kept_tensors(small, blk, "none", stack, 2.0) if sv.tensor.endswith(loss.LOSS_SUFFIX)]
+    assert [sv.nbytes for sv in entries] == [kept * SEQ * VOCAB]  # the imported batch: one sequence

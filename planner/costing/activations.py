@@ -19,6 +19,7 @@ from typing import Sequence
 
 from planner.graph.ir import Graph, dtype_bytes
 from planner.graph.walk import GraphIndex, index_graph
+from planner.costing.loss import LOSS_SUFFIX
 from planner.costing.node_work import FLOAT_DTYPES
 
 _VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Identity", "Expand"})
@@ -83,8 +84,8 @@ def saved_tensors(graph: Graph, work_float_bytes: float | None = None, grad: set
     output O is kept by whatever reads it, like any tensor.
 
     The loss keeps the log-softmax of each floating-point graph output that carries a gradient (the logits),
-    in fp32: PyTorch's cross_entropy and Megatron's vocab-parallel cross entropy both compute it in fp32 and
-    keep it for backward.
+    priced here in fp32 as PyTorch's cross_entropy on upcast logits and Megatron's vocab-parallel cross entropy
+    keep it; `planner.costing.recompute.kept_tensors` reprices it for the stack's kernel (`loss.kept_scale`).
     """
     params = set(graph.params)
     grad = requires_grad(graph) if grad is None else grad
@@ -145,7 +146,7 @@ def saved_tensors(graph: Graph, work_float_bytes: float | None = None, grad: set
                 keep(ins[k], i, k)
             keep(n.outputs[0], i, -1)
     for name, producer in loss_inputs(graph, grad):  # the loss keeps their log-softmax, in fp32
-        out.append(Saved(f"{name}::loss", producer, -1, 4.0 * graph.tensors[name].numel))
+        out.append(Saved(f"{name}{LOSS_SUFFIX}", producer, -1, 4.0 * graph.tensors[name].numel))
     return out
 
 

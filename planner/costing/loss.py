@@ -39,6 +39,21 @@ LOSS_BYTES: dict[str, tuple[float, float]] = {
 }
 LOSS_KERNELS: tuple[str, ...] = tuple(LOSS_BYTES)
 
+#: Bytes per logit element each kernel keeps from forward to backward: the fp32 softmax (Megatron's, both ways),
+#: the fp32 log-softmax (torch's on upcast logits), the gradient over the 16-bit logits (Transformer Engine v2.9-
+#: v2.17), the 16-bit log-softmax (torch's on 16-bit logits).
+LOSS_KEPT: dict[str, float] = {"megatron": 4.0, "megatron_fused": 4.0, "te": 2.0, "torch": 4.0, "torch_16bit": 2.0}
+
+
+#: How `planner.costing.activations` names what the loss keeps: the logits' name and this suffix, priced at 4
+#: bytes an element (fp32); `kept_scale` turns that into the stack's kernel's.
+LOSS_SUFFIX = "::loss"
+
+
+def kept_scale(kernel: str) -> float:
+    """What the loss keeps under `kernel` over the fp32 softmax the saved-tensor list prices it at."""
+    return LOSS_KEPT[kernel] / 4.0
+
 
 def loss_time_s(cluster: Cluster, kernel: str, elements: float, backward: bool, dtype: str) -> float:
     """Seconds of the loss over `elements` logits on one device, forward or backward."""
@@ -46,4 +61,4 @@ def loss_time_s(cluster: Cluster, kernel: str, elements: float, backward: bool, 
     return op_time_s(cluster, 0.0, nbytes, "elementwise", dtype) if nbytes > 0 else 0.0
 
 
-__all__ = ["LOSS_BYTES", "LOSS_KERNELS", "loss_time_s"]
+__all__ = ["LOSS_BYTES", "LOSS_KEPT", "LOSS_KERNELS", "LOSS_SUFFIX", "kept_scale", "loss_time_s"]

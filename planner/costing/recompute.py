@@ -36,6 +36,7 @@ import numpy as np
 from planner.costing.activations import Saved
 from planner.costing.execution import Execution
 from planner.costing.node_work import FLOAT_DTYPES
+from planner.costing.loss import LOSS_SUFFIX, kept_scale
 from planner.graph.blocks import Block, Structure
 
 #: Module scope segments of each recomputable module (transformers' and Megatron's names).
@@ -172,7 +173,7 @@ def kept_tensors(facts, blk: Block, rc: str, execution: Execution, width: float)
     flash = execution.attention == "flash"
     fused = execution.fuse_elementwise
     selective = (execution.selective, execution.recompute_modules) if rc == "selective" else ()
-    key = (blk.name, rc, selective, flash, fused, width)
+    key = (blk.name, rc, selective, flash, fused, width, execution.loss_kernel)
     hit = facts.kept_cache.get(key)
     if hit is not None:
         return hit
@@ -202,7 +203,9 @@ def kept_tensors(facts, blk: Block, rc: str, execution: Execution, width: float)
         if again:
             have = {sv.tensor for sv in out}
             out += [sv for sv in _inputs_of(facts, blk, again, width) if sv.tensor not in have]
-    result = tuple(out)
+    scale = kept_scale(execution.loss_kernel)  # what the stack's loss kernel keeps of the logits
+    result = tuple(Saved(sv.tensor, sv.saver, sv.input_index, sv.nbytes * scale) if sv.tensor.endswith(LOSS_SUFFIX)
+                   else sv for sv in out)
     facts.kept_cache[key] = result
     return result
 
