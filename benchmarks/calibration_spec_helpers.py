@@ -69,6 +69,11 @@ ASYNC = {"overlap_tp_comm": True}
 #: FSDP2's FP8 weight all-gather, set where the row's config sets it (llama3_405b.toml: enable_fsdp_float8_all_gather
 #: and precompute_float8_dynamic_scale_for_fsdp; off by default, and off in the 8B and 70B configs)
 FP8_AG = {"fp8_all_gather": True}
+#: torchtitan compiles its loss with the model from 2025-04 (components/loss.py build_cross_entropy_loss, at
+#: bbb1b616e): rows run after that with compile on
+TT_COMPILED_LOSS = {"loss_kernel": "torch_compiled"}
+TT_COMPILED_LOSS_NOTE = ("the loss compiled with the model, as torchtitan did from 2025-04 with compile on "
+                         "(components/loss.py build_cross_entropy_loss)")
 MS = "mindspeed"
 MS_NOTE = "MindSpeed-LLM's example script at the same commit: flash attention, fused RMSNorm/SwiGLU/RoPE"
 

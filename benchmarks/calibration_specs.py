@@ -16,7 +16,8 @@ from __future__ import annotations
 from benchmarks.calibration_spec_helpers import (
     ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT, DSV3_AS_SHIPPED, DSV3_GROUPS, DSV3_HYBRIDEP,
     DSV3_OPT, DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, GPT3_20B, GT, HYBRIDEP_NOTE, HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MOE_BAL,
-    MOE_BAL_ASSUMED, MX, MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE, TT, TT_EAGER, TT_NOTE, a100, ascend,
+    MOE_BAL_ASSUMED, MX, MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE, TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE,
+    TT_EAGER, TT_NOTE, a100, ascend,
     asynctp_variants, bridge, nemo, table, titan, ws,
 )
 
@@ -229,13 +230,13 @@ SPECS |= table([
           asynctp_variants(4378, 4809.4, 5078.1, 5570.1)),
     # -- H200 (WhiteFiber), torchtitan via Trainy --------------------------------------------------------------
     titan("torchtitan-trainy-8b-h200-32", "llama3-8b", 32, 64, {"dp": 32, "micro_batch": 2, "recompute": "selective"},
-          ({"tokens_per_s": 10938, "memory_gib": 47.96, "dtype": "fp8", "what": "4 nodes", "execution": FP8_AG},),
+          ({"tokens_per_s": 10938, "memory_gib": 47.96, "dtype": "fp8", "what": "4 nodes", "execution": FP8_AG | TT_COMPILED_LOSS},),
           hardware="dgx-h200", file="h200", row="torchtitan-trainy-8b-h200-fsdp-fp8",
-          notes=["Float8 linears with FP8 all-gather, compiled"]),
+          notes=["Float8 linears with FP8 all-gather, compiled", TT_COMPILED_LOSS_NOTE]),
     titan("torchtitan-trainy-8b-h200-64", "llama3-8b", 64, 128, {"dp": 64, "micro_batch": 2, "recompute": "selective"},
-          ({"tokens_per_s": 10753, "memory_gib": 46.97, "dtype": "fp8", "what": "8 nodes", "execution": FP8_AG},),
+          ({"tokens_per_s": 10753, "memory_gib": 46.97, "dtype": "fp8", "what": "8 nodes", "execution": FP8_AG | TT_COMPILED_LOSS},),
           hardware="dgx-h200", file="h200", row="torchtitan-trainy-8b-h200-fsdp-fp8",
-          notes=["Float8 linears with FP8 all-gather, compiled"]),
+          notes=["Float8 linears with FP8 all-gather, compiled", TT_COMPILED_LOSS_NOTE]),
 ])
 
 SPECS |= table([

@@ -86,12 +86,30 @@ def test_a_stack_names_a_known_kernel():
         with_changes(load_execution("megatron-core"), {"loss_kernel": "liger"}, "test")
 
 
-@pytest.mark.parametrize("kernel, kept", [("megatron", 4.0), ("te", 2.0), ("torch", 4.0), ("torch_16bit", 2.0)])
-def test_what_the_loss_keeps_for_backward_is_its_kernels(small, kernel, kept):
+@pytest.mark.parametrize("kernel, peak", [("megatron", 6.0), ("te", 2.0), ("torch", 12.0), ("torch_16bit", 6.0)])
+def test_what_the_loss_holds_at_its_peak_is_its_kernels(small, kernel, peak):
     from planner.costing.recompute import kept_tensors
 
     (i,) = np.flatnonzero(small.loss_numel)
     blk = small.structure.block_of_node(i)
     stack = with_changes(load_execution("megatron-core"), {"loss_kernel": kernel}, "t")
     entries = [sv for sv in kept_tensors(small, blk, "none", stack, 2.0) if sv.tensor.endswith(loss.LOSS_SUFFIX)]
-    assert [sv.nbytes for sv in entries] == [kept * SEQ * VOCAB]  # the imported batch: one sequence
+    assert [sv.nbytes for sv in entries] == [peak * SEQ * VOCAB]  # the imported batch: one sequence
+
+
+def test_a_stage_holds_one_micro_batchs_loss_however_many_it_keeps(tmp_path):
+    """Interleaved, the last rank keeps several micro-batches' activations, but runs one loss at a time: between
+    two kernels the stage's activations differ by their peaks' difference over one micro-batch's logits."""
+    from planner.api import estimate_model
+
+    acts = {}
+    for kernel in ("te", "torch"):
+        path = tmp_path / f"{kernel}.toml"
+        path.write_text(f'[stack]\nbase = "megatron-core"\n[kernels]\nloss_kernel = "{kernel}"\n', encoding="utf-8")
+        r = estimate_model("llama3-8b", cluster="dgx-h100", devices=8, global_batch=32, seq_len=SEQ, pp=2, vpp=2,
+                           tp=2, sp=True, dp=2, micro_batch=MB, stack=str(path),
+                           overrides=dict(layers=4, hidden=256, heads=4, kv_heads=2, vocab=VOCAB))
+        acts[kernel] = [s["memory_gib"]["activations"] * 2**30 for s in r["stages"]]
+    logits = MB * SEQ * VOCAB / 2  # one micro-batch's, the vocabulary split over the two tensor ranks
+    assert acts["torch"][0] == pytest.approx(acts["te"][0])
+    assert acts["torch"][1] - acts["te"][1] == pytest.approx((12.0 - 2.0) * logits, rel=1e-6)

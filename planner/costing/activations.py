@@ -85,7 +85,7 @@ def saved_tensors(graph: Graph, work_float_bytes: float | None = None, grad: set
 
     The loss keeps the log-softmax of each floating-point graph output that carries a gradient (the logits),
     priced here in fp32 as PyTorch's cross_entropy on upcast logits and Megatron's vocab-parallel cross entropy
-    keep it; `planner.costing.recompute.kept_tensors` reprices it for the stack's kernel (`loss.kept_scale`).
+    keep it; `planner.costing.recompute.kept_tensors` reprices it at the stack's kernel's peak (`loss.peak_scale`).
     """
     params = set(graph.params)
     grad = requires_grad(graph) if grad is None else grad

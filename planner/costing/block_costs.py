@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from planner.costing.activations import _CONTRACTIONS
+from planner.costing.loss import LOSS_SUFFIX
 from planner.costing.recompute import fp8_scale, kept_tensors
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
@@ -162,10 +163,12 @@ def _split_rule(facts, problem, choice, layout, node_keys):
 
 
 def activation_bytes(facts, structure: Structure, strategy, execution, problem, choice, layout, width: float,
-                     scale: float, policy, fp8_inputs: bool = False) -> dict[str, float]:
+                     scale: float, policy, fp8_inputs: bool = False) -> tuple[dict[str, float], dict[str, float]]:
     """Bytes each block keeps for backward per micro-batch, per device, with layouts and recompute applied
-    (`recompute.kept_tensors` says what each policy keeps)."""
+    (`recompute.kept_tensors` says what each policy keeps); and of those, what the loss holds at its peak (a
+    stage runs one micro-batch's loss at a time: `planner.costing.loss`)."""
     out: dict[str, float] = defaultdict(float)
+    loss: dict[str, float] = {}
     t = strategy.tp
     split = _split_rule(facts, problem, choice, layout, facts.node_keys)
     per_type: dict[tuple[str, str], float] = {}
@@ -175,13 +178,17 @@ def activation_bytes(facts, structure: Structure, strategy, execution, problem, 
         if tied and (blk.type_id, rc) in per_type:  # tied instances with one policy keep the same
             out[blk.name] = per_type[(blk.type_id, rc)]
             continue
-        total = sum(sv.nbytes * scale * fp8_scale(facts, sv, fp8_inputs)
-                    * facts.routed_load(sv.saver, execution, strategy.ep) / (t if split(sv) else 1)
-                    for sv in kept_tensors(facts, blk, rc, execution, width))
+        total = 0.0
+        for sv in kept_tensors(facts, blk, rc, execution, width):
+            nbytes = (sv.nbytes * scale * fp8_scale(facts, sv, fp8_inputs)
+                      * facts.routed_load(sv.saver, execution, strategy.ep) / (t if split(sv) else 1))
+            total += nbytes
+            if sv.tensor.endswith(LOSS_SUFFIX):
+                loss[blk.name] = loss.get(blk.name, 0.0) + nbytes
         out[blk.name] = total
         if tied:
             per_type[(blk.type_id, rc)] = total
-    return out
+    return out, loss
 
 
 def layout_table(graph: Graph, structure: Structure, problem, choice) -> dict[str, dict[str, str]]:
@@ -248,7 +255,8 @@ def layout_memory(facts, structure: Structure, problem, strategy, execution, pol
                     continue
                 k_st = stage_of[blk.name]
                 for sv in kept_by_node.get(int(i), ()):
-                    nbytes = (sv.nbytes * scale * held[k_st] * keep_act * fp8_scale(facts, sv, fp8_inputs)
+                    times = 1.0 if sv.tensor.endswith(LOSS_SUFFIX) else held[k_st]  # the loss: one micro-batch's
+                    nbytes = (sv.nbytes * scale * times * keep_act * fp8_scale(facts, sv, fp8_inputs)
                               * facts.routed_load(sv.saver, execution, strategy.ep))
                     for s_i, s in enumerate(v.strategies):
                         k = sv.input_index

@@ -36,23 +36,34 @@ LOSS_BYTES: dict[str, tuple[float, float]] = {
     # the same on the 16-bit logits, no upcast: three reads and a write forward (8), a zeroed gradient and
     # three reads and a write backward (10)
     "torch_16bit": (8.0, 10.0),
+    # ASSUMPTION, read off how TorchInductor compiles it, not measured: torch.compile'd F.cross_entropy on upcast
+    # logits (torchtitan from 2025-04, components/loss.py) runs a looped reduction that reads the 16-bit logits
+    # twice (max, then the sum of exponentials: 2 + 2) and keeps them with the row statistics; backward one
+    # kernel reads them and writes the 16-bit gradient (2 + 2). Its peak: the logits and that gradient.
+    "torch_compiled": (4.0, 4.0),
 }
 LOSS_KERNELS: tuple[str, ...] = tuple(LOSS_BYTES)
 
-#: Bytes per logit element each kernel keeps from forward to backward: the fp32 softmax (Megatron's, both ways),
-#: the fp32 log-softmax (torch's on upcast logits), the gradient over the 16-bit logits (Transformer Engine v2.9-
-#: v2.17), the 16-bit log-softmax (torch's on 16-bit logits).
-LOSS_KEPT: dict[str, float] = {"megatron": 4.0, "megatron_fused": 4.0, "te": 2.0, "torch": 4.0, "torch_16bit": 2.0}
+#: Bytes per logit element each kernel holds at its peak, forward or backward, the 16-bit logits included (they
+#: are no activation of the graph's: no op keeps them). Megatron's, either way: the logits and their fp32 copy,
+#: which becomes the kept softmax and, in place, the gradient, cast to 16 bits at the end (2 + 4). Transformer
+#: Engine's: the logits, overwritten by their gradient (2). torch's on upcast logits: forward the logits, their
+#: fp32 copy and the log-softmax (2 + 4 + 4), backward the log-softmax, nll_loss's gradient and log_softmax's
+#: (4 + 4 + 4; torchtitan frees the logits first: `del pred`). On 16-bit logits: (2 + 2 + 2).
+LOSS_PEAK: dict[str, float] = {"megatron": 6.0, "megatron_fused": 6.0, "te": 2.0, "torch": 12.0, "torch_16bit": 6.0,
+                               "torch_compiled": 4.0}
 
 
 #: How `planner.costing.activations` names what the loss keeps: the logits' name and this suffix, priced at 4
-#: bytes an element (fp32); `kept_scale` turns that into the stack's kernel's.
+#: bytes an element (an fp32 softmax); `peak_scale` turns that into what the stack's kernel holds at its peak.
 LOSS_SUFFIX = "::loss"
 
 
-def kept_scale(kernel: str) -> float:
-    """What the loss keeps under `kernel` over the fp32 softmax the saved-tensor list prices it at."""
-    return LOSS_KEPT[kernel] / 4.0
+def peak_scale(kernel: str) -> float:
+    """What the loss holds at its peak under `kernel` over the fp32 softmax the saved-tensor list prices it at:
+    its peak, not only what it keeps, since a stage runs one micro-batch's loss at a time, forward then backward,
+    with everything else it keeps around it."""
+    return LOSS_PEAK[kernel] / 4.0
 
 
 def loss_time_s(cluster: Cluster, kernel: str, elements: float, backward: bool, dtype: str) -> float:
@@ -61,4 +72,4 @@ def loss_time_s(cluster: Cluster, kernel: str, elements: float, backward: bool, 
     return op_time_s(cluster, 0.0, nbytes, "elementwise", dtype) if nbytes > 0 else 0.0
 
 
-__all__ = ["LOSS_BYTES", "LOSS_KEPT", "LOSS_KERNELS", "LOSS_SUFFIX", "kept_scale", "loss_time_s"]
+__all__ = ["LOSS_BYTES", "LOSS_KERNELS", "LOSS_PEAK", "LOSS_SUFFIX", "loss_time_s", "peak_scale"]

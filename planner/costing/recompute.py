@@ -36,7 +36,7 @@ import numpy as np
 from planner.costing.activations import Saved
 from planner.costing.execution import Execution
 from planner.costing.node_work import FLOAT_DTYPES
-from planner.costing.loss import LOSS_SUFFIX, kept_scale
+from planner.costing.loss import LOSS_SUFFIX, peak_scale
 from planner.graph.blocks import Block, Structure
 
 #: Module scope segments of each recomputable module (transformers' and Megatron's names).
@@ -203,7 +203,7 @@ def kept_tensors(facts, blk: Block, rc: str, execution: Execution, width: float)
         if again:
             have = {sv.tensor for sv in out}
             out += [sv for sv in _inputs_of(facts, blk, again, width) if sv.tensor not in have]
-    scale = kept_scale(execution.loss_kernel)  # what the stack's loss kernel keeps of the logits
+    scale = peak_scale(execution.loss_kernel)  # what the stack's loss kernel holds of the logits at its peak
     result = tuple(Saved(sv.tensor, sv.saver, sv.input_index, sv.nbytes * scale) if sv.tensor.endswith(LOSS_SUFFIX)
                    else sv for sv in out)
     facts.kept_cache[key] = result

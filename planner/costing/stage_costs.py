@@ -245,8 +245,8 @@ def stage_costs(
     add_expert_exchange(facts, cluster, strategy, execution, width, bs, policy, parts_of_block)
 
     # -- memory per block ------------------------------------------------------------------------
-    act_block = (activation_bytes(facts, structure, strategy, execution, problem, choice, layout_of_output, width,
-                                  bs / cp, policy, fp8_inputs) if training else {})
+    act_block, loss_block = (activation_bytes(facts, structure, strategy, execution, problem, choice, layout_of_output,
+                                              width, bs / cp, policy, fp8_inputs) if training else ({}, {}))
 
     # -- stages ----------------------------------------------------------------------------------
     m = strategy.micro_batches(workload)
@@ -262,13 +262,14 @@ def stage_costs(
         names = names_of[s]
         parts = Parts()
         dense = expert = 0.0
-        acts = 0.0
+        acts = loss = 0.0
         boundary = gather = 0.0
         widest = 0.0  # the largest layer's sharded parameters per device: what ZeRO-3 gathers at once
         fp8_params = 0.0
         for name in names:
             parts.add(parts_of_block[name])
             acts += act_block.get(name, 0.0)
+            loss += loss_block.get(name, 0.0)
             dense += block_params[name][0]
             expert += block_params[name][1]
             widest = max(widest, gathered(block_params[name], strategy))
@@ -278,14 +279,15 @@ def stage_costs(
         fp8_params = fp8_params if timer.fp8 else 0.0
         held = (inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp)
                 if training else 1.0)
-        mem = stage_memory(dense, expert, acts * held, strategy, training, width, execution,
+        kept = (acts - loss) * held + loss  # the loss's tensors live for one micro-batch at a time
+        mem = stage_memory(dense, expert, kept, strategy, training, width, execution,
                            buffers=working_copies(widest, gathered((dense, expert), strategy), strategy, execution,
                                                   training, width),
                            fp8_params=fp8_params)
         fwd = parts.forward + parts.tp_fwd + parts.cp_fwd + parts.ep_fwd
         bwd = parts.backward + parts.recompute + parts.tp_bwd + parts.cp_bwd + parts.ep_bwd
         stages.append(StageCost(s, tuple(n for n in names if structure.block(n).is_layer), parts, fwd, bwd,
-                                dense, expert, mem, boundary, held, gather, t, fp8_params, acts * held, widest))
+                                dense, expert, mem, boundary, held, gather, t, fp8_params, kept, widest))
     block_s = {name: p.total() for name, p in parts_of_block.items()}
     return StageCosts(tuple(stages), facts.model_flops_per_sample(),
                       layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block), block_params,
