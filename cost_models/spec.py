@@ -90,7 +90,7 @@ class Cluster:
     n_devices: int
     matmul_efficiency: EfficiencyCurve  # fraction of matrix peak by FLOPs of one op
     memory_efficiency: EfficiencyCurve  # fraction of HBM bandwidth by bytes of one op
-    dp_overlap_efficiency: float  # pace of compute while communication runs beside it (`cost_models.overlap`)
+    dp_overlap_efficiency: float  # fraction of a compute window that can hide communication beside it
     sources: tuple[str, ...] = ()
     fp8_matmul_efficiency: EfficiencyCurve | None = None  # FP8 GEMMs by FLOPs of one op; None: not measured
     attention_plateaus: tuple[tuple[str, float, float], ...] = ()  # (kernel, forward, backward): fractions of bf16 peak

@@ -6,12 +6,12 @@ for tasks of the other stream (CUDA events). This is how Megatron-Core's
 1F1B expert all-to-all overlap runs a forward and a backward layer of two
 micro-batches (`planner.costing.moe_pairing` lays the tasks out).
 
-Overlapped communication slows compute as in `cost_models.overlap`: while a
-transfer runs beside it, a compute task advances at `efficiency` of its pace
-(the transfer's kernels share the compute units and memory bandwidth), and
-the transfer at full rate. So a transfer of t seconds beside a compute task
-of w shows (1 - efficiency) t, or t - w when it outlasts the slowed compute:
-`exposed_s` for one transfer and one window.
+Overlapped communication is slowed as in `cost_models.overlap`: while a
+compute task runs beside it, a transfer advances at `efficiency` (its
+kernels share the compute units and memory bandwidth), alone at full
+rate. So a transfer of t seconds beside a long enough compute task hides
+entirely when t <= efficiency x that task, and what outlasts the compute
+shows at full rate: `exposed_s` for one transfer and one window.
 """
 
 from __future__ import annotations
@@ -49,23 +49,23 @@ def run_streams(tasks: Sequence[Task], efficiency: float = 1.0) -> list[float]:
         comp, comm = ready
         if comp is None and comm is None:
             raise ValueError("the tasks wait on each other in a cycle")
-        rate = efficiency if comm is not None else 1.0  # the compute's pace beside a transfer, or alone
-        if comm is not None and left[comm] <= 0.0:  # an empty transfer ends at once
+        rate = efficiency if comp is not None else 1.0  # the transfer's pace beside compute, or alone
+        if comm is not None and left[comm] <= 0.0:  # an empty transfer ends at once, whatever its pace
             step = 0.0
         elif comm is None:
             step = left[comp]
-        elif comp is None or rate <= 0 or left[comm] < left[comp] / rate:
-            step = left[comm]
-        else:  # the compute ends first
-            step = left[comp] / rate
+        elif comp is None or rate > 0 and left[comm] / rate < left[comp]:
+            step = left[comm] / rate
+        else:  # the compute ends first (or efficiency 0: the transfer waits for it)
+            step = left[comp]
         now += step
         if comp is not None:
-            left[comp] -= step * rate
+            left[comp] -= step
             if left[comp] <= 1e-15 * max(1.0, tasks[comp].seconds):
                 end[comp], left[comp] = now, 0.0
                 head[COMPUTE] += 1
         if comm is not None:
-            left[comm] -= step
+            left[comm] -= step * rate
             if left[comm] <= 1e-15 * max(1.0, tasks[comm].seconds):
                 end[comm], left[comm] = now, 0.0
                 head[COMM] += 1

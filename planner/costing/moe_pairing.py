@@ -115,9 +115,8 @@ def paired_s(layer: MoELayerTimes, layers: float, chunks: int, efficiency: float
     n = min(_SIMULATED, int(per_chunk))
     ends = _layer_ends(layer, n, efficiency, delayed)
     total = ends[-1]
-    if per_chunk > n:  # a middle layer's increment, repeated (the last ends alone, with nothing to pair its tail)
-        step = ends[-2] - ends[-3] if n > 2 else ends[-1] - (ends[-2] if n > 1 else 0.0)
-        total += (per_chunk - n) * step
+    if per_chunk > n:  # the last simulated layer's increment, repeated
+        total += (per_chunk - n) * (ends[-1] - (ends[-2] if n > 1 else 0.0))
     return chunks * total
 
 

@@ -5,11 +5,11 @@ communication beside it is overlapped as the stack does (`Execution`):
 tensor-parallel collectives inside the GEMMs they feed (Transformer
 Engine's userbuffers, torch's AsyncTP; sequence parallelism only),
 ZeRO-3/FSDP's parameter gathers one layer ahead and its gradient
-reduce-scatters behind the backward. They share one compute window and slow
-it while they run beside it (the hardware file's `overlap`: communication
-kernels take compute units and memory bandwidth;
-`cost_models.overlap.shared_window_exposed`); what outlasts it is exposed on
-the stage's critical path. The context-parallel ring is already net of its
+reduce-scatters behind the backward. They share one compute window, of
+which a fraction (the hardware file's `overlap`: communication kernels take
+compute units and memory bandwidth) can hide communication
+(`cost_models.overlap.shared_window_exposed`); the rest is exposed on the
+stage's critical path. The context-parallel ring is already net of its
 kernel's overlap (`exchange`). The expert all-to-all is on the critical
 path of a micro-batch's forward and backward; under the stack's 1F1B
 all-to-all overlap, a steady-state forward and backward of two
@@ -52,7 +52,7 @@ class StageStep:
     backward_s: float  # backward and recompute compute and exposed communication
     exposed: dict[str, float]  # exposed seconds of a steady-state micro-batch by kind: tp, cp, ep, and dp
     # (ZeRO-2/3's per-micro-batch traffic)
-    backward_room_s: float  # compute of one backward no overlap runs beside: what the DP tail can run beside
+    backward_room_s: float  # hiding capacity left in one backward after its own overlaps: for the DP tail
     steady_s: float  # a forward and a backward in the schedule's steady state (paired: see the module docstring)
 
 
@@ -78,17 +78,17 @@ def stage_step(s: StageCost, cluster: Cluster, workload: Workload, strategy: Str
                  ("dp", scatter_b, ex.overlap_grad_reduce, bwd_c)]),
     )
     exposed = {"tp": 0.0, "cp": p.cp_fwd + p.cp_bwd, "ep": p.ep_fwd + p.ep_bwd, "dp": 0.0}
-    shown_by_phase, beside_by_phase = [], []
+    shown_by_phase, hidden_by_phase = [], []
     for window, items in phases:
-        hiding = [(sec, own) for _, sec, hide, own in items if hide]
-        hidden = iter(shared_window_exposed(hiding, window, eta))
-        shown_all = 0.0
+        hidden = iter(shared_window_exposed([(sec, own) for _, sec, hide, own in items if hide], window, eta))
+        shown_all = hidden_all = 0.0
         for kind, sec, hide, _ in items:
             shown = next(hidden) if hide else sec
             exposed[kind] += shown
             shown_all += shown
+            hidden_all += sec - shown
         shown_by_phase.append(shown_all)
-        beside_by_phase.append(min(window, sum(min(sec, own) for sec, own in hiding)))  # compute they ran beside
+        hidden_by_phase.append(hidden_all)
     forward_s = fwd_c + p.cp_fwd + p.ep_fwd + shown_by_phase[0]
     backward_s = bwd_c + p.cp_bwd + p.ep_bwd + shown_by_phase[1]
     saved = 0.0
@@ -97,11 +97,11 @@ def stage_step(s: StageCost, cluster: Cluster, workload: Workload, strategy: Str
         layer = MoELayerTimes((p.moe_fwd - p.experts_fwd) / n, p.experts_fwd / n, (p.moe_bwd - p.experts_bwd) / n,
                               p.experts_bwd / n, p.ep_fwd / n, p.ep_bwd / n)
         saved = max(0.0, n * layer.unpaired_s - paired_s(layer, n, strategy.vpp, eta, delays_wgrad(strategy)))
-        # overlaps share one compute window: the pair's two phases, less what the others ran beside
-        saved = min(saved, max(0.0, fwd_c + bwd_c - sum(beside_by_phase)))
+        # overlaps share one compute window: the pair's two phases, less what the others hid in them
+        saved = min(saved, max(0.0, eta * (fwd_c + bwd_c) - sum(hidden_by_phase)))
         exposed["ep"] = max(0.0, exposed["ep"] - saved)
     return StageStep(forward_s=forward_s, backward_s=backward_s, exposed=exposed,
-                     backward_room_s=max(0.0, bwd_c - beside_by_phase[1]), steady_s=forward_s + backward_s - saved)
+                     backward_room_s=max(0.0, eta * bwd_c - hidden_by_phase[1]), steady_s=forward_s + backward_s - saved)
 
 
 def gather_width(s: StageCost, ex, width: float) -> float:
@@ -206,8 +206,7 @@ def _dp_tail_s(cluster: Cluster, strategy: Strategy, s: StageCost, x: StageStep,
         red = dp_collective_s(cluster, strategy, s, "all_reduce" if strategy.zero == 0 else "reduce_scatter",
                               ex.grad_bytes)
     layers = max(1, len(s.layers))
-    shown = exposed_s(red, x.backward_room_s, cluster.dp_overlap_efficiency, red / layers) \
-        if ex.overlap_grad_reduce else red
+    shown = exposed_s(red, x.backward_room_s, 1.0, red / layers) if ex.overlap_grad_reduce else red
     if 1 <= strategy.zero <= 2 or gathered:  # the updated (or, gathered once, the sharded) weights all-gathered
         gather = dp_collective_s(cluster, strategy, s, "all_gather", gather_width(s, ex, width))
         shown += exposed_s(gather, s.parts.forward, cluster.dp_overlap_efficiency) if ex.overlap_param_gather \

@@ -8,10 +8,9 @@ shards, is gathered again in backward (Korthikanti 2022, section 4.2.2).
 
 With tensor-parallel overlap (`IntraOpProblem.overlap` > 0: Transformer
 Engine's userbuffers, torch's AsyncTP), an all-gather or reduce-scatter hides
-beside the GEMM it feeds or follows, the stack's `overlap_share` of itself (a
-decomposed GEMM and collective leave part of the transfer exposed), which
-shows only the compute it slows (1 - `overlap` of itself,
-`cost_models.overlap`) until it outlasts that GEMM's time in the same pass: for an edge the
+behind the GEMM it feeds or follows, up to `overlap` times that GEMM's time in
+the same pass and up to the stack's `overlap_share` of itself (a decomposed
+GEMM and collective leave part of the transfer exposed): for an edge the
 larger of its two ends' GEMMs; for a tensor read by several ops the sum of its
 readers' GEMMs, each taken at its least (split) time whatever the readers
 choose, which keeps the program's relaxation tight (HiGHS ran past 10 s on
@@ -57,12 +56,11 @@ def gemm_s(problem: IntraOpProblem, v: int, s: int, backward: bool) -> float:
 
 
 def hidden_s(problem: IntraOpProblem, coll: str, sec: float, window: float) -> float:
-    """What a GEMM window of `window` seconds hides of `sec` seconds of a collective: the stack's share of it runs
-    beside the GEMM and shows the compute it slows, 1 - overlap of itself, or what outlasts the window
-    (`cost_models.overlap`): min(overlap x share x sec, window)."""
+    """What a GEMM window of `window` seconds hides of `sec` seconds of a collective: at most the stack's share of
+    the collective, and at most the overlap efficiency's share of the window."""
     if problem.overlap <= 0 or coll not in HIDEABLE or window <= 0:
         return 0.0
-    return min(problem.overlap * problem.overlap_share * sec, window)
+    return min(problem.overlap_share * sec, problem.overlap * window)
 
 
 def _split_passes(problem: IntraOpProblem, kind: str, sec: float, fwd_share: float, regather: bool,
@@ -138,11 +136,11 @@ def group_program(problem: IntraOpProblem, src: int, out: int, idx: Sequence[int
 
 
 def hide_caps(problem: IntraOpProblem, prog: GroupProgram) -> dict[tuple[str, bool], float]:
-    """Per (collective, pass) the most a read-by-many tensor's GEMM windows hide (the windows): under an assignment
-    its hidden seconds are min(overlap x overlap_share x its seconds, this), `hidden_s`."""
+    """Per (collective, pass) a read-by-many tensor's GEMM windows can hide, the most they hide (overlap x the
+    window): under an assignment its hidden seconds are min(overlap_share x its seconds, this), `hidden_s`."""
     if problem.overlap <= 0:
         return {}
-    return {(coll, backward): prog.windows[backward]
+    return {(coll, backward): problem.overlap * prog.windows[backward]
             for coll in sorted(HIDEABLE) for backward in (False, True) if prog.windows[backward] > 0}
 
 

@@ -166,8 +166,7 @@ def solve_intra_op_cpsat(
                     model.Add(w >= z + x[src][su_i] - 1)
                     terms.append((w, c))
                     for key, sec in by.items():
-                        offered.setdefault(key, []).append(
-                            (w, int(round(problem.overlap * problem.overlap_share * sec * _NS))))
+                        offered.setdefault(key, []).append((w, int(round(problem.overlap_share * sec * _NS))))
         caps = hide_caps(problem, prog)
         for (coll, backward), parts in sorted(offered.items()):
             most = int(round(caps.get((coll, backward), 0.0) * _NS))
@@ -317,7 +316,7 @@ def solve_intra_op_highs(
                 row([(w, 1.0), (x[src][su_i], -1.0)], -np.inf, 0.0)
                 paid += [(w, 1.0), (x[src][su_i], -1.0)]
                 for key, sec in by.items():
-                    offered.setdefault(key, []).append((w, problem.overlap * problem.overlap_share * sec))
+                    offered.setdefault(key, []).append((w, problem.overlap_share * sec))
             if paid:
                 row(paid + [(z, -1.0)], -1.0, np.inf)
         caps = hide_caps(problem, prog)
