@@ -232,7 +232,7 @@ def plan_model(
     from planner.errors import Infeasible
     from planner.costing.estimate import estimate
     from planner.graph.blocks import discover_blocks
-    from planner.plan import Plan, mesh_axes, plan_to_dict, search_summary
+    from planner.plan import Plan, fitting_best, mesh_axes, plan_to_dict, search_summary
     from planner.search.constraints import Constraints
     from planner.search.plan_search import DEFAULT_GAP, DEFAULT_MAX_NODES, Budget, search
 
@@ -265,9 +265,9 @@ def plan_model(
         raise exc
     out: dict[str, Any]
     if result.best is not None:
-        est = estimate(graph, structure, hw, workload, result.best.strategy, solver=solver)
-        others = tuple(c for c in result.ranked if c.mesh != result.best.mesh)[:3]
-        plan = Plan(result.best.strategy, est, others, result, mesh_axes(hw, result.best.strategy), budget.stopped_by)
+        best, est, unfit = fitting_best(result, lambda s: estimate(graph, structure, hw, workload, s, solver=solver))
+        others = tuple(c for c in result.ranked if c.mesh != best.mesh and c not in unfit)[:3]
+        plan = Plan(best.strategy, est, others, result, mesh_axes(hw, best.strategy), budget.stopped_by)
         out = plan_to_dict(plan)
         out["programs"] = [{"name": "model", "submodels": [s.name for s in structure.submodels],
                             "devices": hw.n_devices, "ranks": [0, hw.n_devices - 1], "strategy": out["strategy"]}]

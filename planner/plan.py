@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from cost_models import Cluster, place_group
 
@@ -28,6 +28,23 @@ class Plan:
     search: SearchResult
     mesh: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
     stopped_by: str = ""  # what cut the plan's search short (the time limit or the work budget), if anything
+
+
+def fitting_best(result: SearchResult, estimate_of: Callable[[Strategy], Estimate]
+                 ) -> tuple[Candidate, Estimate, tuple[Candidate, ...]]:
+    """The search's best whose own estimate fits, that estimate, and the faster ones whose estimates do not.
+    The search scores strategies on layouts solved once per tensor-axis size and reused
+    (`planner.search.scoring.Scorer`); the plan re-solves its own, and at the edge of memory the two can
+    disagree: then the next mesh's best that fits by its own estimate (or, if none does, the search's best as
+    it is, which its estimate says does not fit)."""
+    assert result.best is not None
+    tried: list[tuple[Candidate, Estimate]] = []
+    for c in (result.best, *(x for x in result.ranked if x.fits and x.mesh != result.best.mesh)):
+        est = estimate_of(c.strategy)
+        if est.fits:
+            return c, est, tuple(t for t, _ in tried)
+        tried.append((c, est))
+    return tried[0][0], tried[0][1], ()
 
 
 def mesh_axes(cluster: Cluster, s: Strategy) -> tuple[dict[str, Any], ...]:
