@@ -72,6 +72,10 @@ FP8_AG = {"fp8_all_gather": True}
 #: torchtitan compiles its loss with the model from 2025-04 (components/loss.py build_cross_entropy_loss, at
 #: bbb1b616e): rows run after that with compile on
 TT_COMPILED_LOSS = {"loss_kernel": "torch_compiled"}
+#: ... and before that its loss ran eager (train.py at ba24697, 2024-12: torch.compile of loss_fn commented out)
+TT_EAGER_LOSS = {"loss_kernel": "torch"}
+TT_EAGER_LOSS_NOTE = ("the loss eager, as torchtitan's train.py of 2024 ran it (its torch.compile of the loss "
+                      "commented out)")
 TT_COMPILED_LOSS_NOTE = ("the loss compiled with the model, as torchtitan did from 2025-04 with compile on "
                          "(components/loss.py build_cross_entropy_loss)")
 MS = "mindspeed"
@@ -153,6 +157,9 @@ def titan(rid, model, gpus, batch, strategy, variants, notes=(), seq=8192, hardw
     spec = {"file": file, "hardware": hardware, "devices": gpus, "model": model, "seq_len": seq,
             "global_batch": batch, "stack": TT, "strategy": {"zero": 3} | strategy, "variants": variants,
             "notes": [TT_NOTE if hardware == GT else "torchtitan"] + list(notes)}
+    if hardware == GT:  # the benchmarks of 2024: the loss eager
+        spec["execution"] = dict(TT_EAGER_LOSS)
+        spec["notes"].append(TT_EAGER_LOSS_NOTE)
     if row:
         spec["row"] = row
     return rid, spec

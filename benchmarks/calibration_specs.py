@@ -17,7 +17,7 @@ from benchmarks.calibration_spec_helpers import (
     ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT, DSV3_AS_SHIPPED, DSV3_GROUPS, DSV3_HYBRIDEP,
     DSV3_OPT, DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, GPT3_20B, GT, HYBRIDEP_NOTE, HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MOE_BAL,
     MOE_BAL_ASSUMED, MX, MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE, TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE,
-    TT_EAGER, TT_NOTE, a100, ascend,
+    TT_EAGER, TT_EAGER_LOSS, TT_EAGER_LOSS_NOTE, TT_NOTE, a100, ascend,
     asynctp_variants, bridge, nemo, table, titan, ws,
 )
 
@@ -216,11 +216,12 @@ SPECS |= table([
     ("torchtitan-405b-512xh100-fsdp8tp8pp8-fp8-interleaved", {
         "row": "torchtitan-405b-512xh100-fsdp8tp8pp8-fp8", "file": "h100-96gb", "hardware": GT, "devices": 512,
         "model": "llama3-405b", "seq_len": 8192, "global_batch": 256, "stack": TT, "dtype": "fp8",
-        "execution": ASYNC | FP8_AG,
+        "execution": ASYNC | FP8_AG | TT_EAGER_LOSS,
         "strategy": {"tp": 8, "pp": 8, "vpp": 2, "dp": 8, "micro_batch": 4, "sp": True, "zero": 3, "recompute": "full"},
         "variants": ({"tokens_per_s": 128, "memory_gib": 72.7, "what": "Interleaved 1F1B"},),
         "notes": [TT_NOTE, "virtual stages not stated: 2 per rank",
-                  "micro-batches not stated: as many as stages (8, torchtitan's default then), so 4 sequences each"]}),
+                  "micro-batches not stated: as many as stages (8, torchtitan's default then), so 4 sequences each",
+                  TT_EAGER_LOSS_NOTE]}),
     titan("torchtitan-asynctp-70b-256xh100-bf16", "llama3-70b", 256, 512,
           {"tp": 8, "dp": 32, "micro_batch": 16, "sp": True, "recompute": "full"},
           asynctp_variants(597.3, 652.4, 809.8, 942.4),

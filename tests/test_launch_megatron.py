@@ -249,4 +249,4 @@ def test_the_loss_kernel_the_estimate_costs_goes_out_as_megatrons_fusion(stack, 
     assert tc.cross_entropy_loss_fusion == (impl is not None)
     if impl:
         assert tc.cross_entropy_fusion_impl == impl
-    assert any("costs the loss as 'torch'" in n for n in out["notes"]) == (stack == "torchtitan")
+    assert any("costs the loss as 'torch_compiled'" in n for n in out["notes"]) == (stack == "torchtitan")

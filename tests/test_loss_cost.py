@@ -4,7 +4,7 @@ charged to the op that computes them, at the bytes per logit element of the stac
 Hand physics on a small Llama: vocabulary 32,000, 256 tokens a sequence, 2 a micro-batch. The kernels' bytes
 are counted from their sources (`planner.costing.loss`): Megatron-Core's unfused vocab-parallel cross entropy
 moves 38 bytes per element forward and 14 backward, Transformer Engine's fused one 6 and 4, torch's eager
-cross entropy on upcast logits 22 and 26.
+cross entropy on upcast logits 22 and 26 (Automodel's), compiled 4 and 4 (torchtitan's, an assumption).
 """
 
 from __future__ import annotations
@@ -61,11 +61,11 @@ def test_the_loss_reads_the_logits_where_the_output_head_computes_them(small):
 
 @pytest.mark.parametrize("name, kernel, k", [
     ("megatron-core-2024", "megatron", 1), ("megatron-core-2024", "megatron", 2),
-    ("megatron-core", "te", 1), ("torchtitan", "torch", 1)])
+    ("megatron-core", "te", 1), ("automodel", "torch", 1), ("torchtitan", "torch_compiled", 1)])
 def test_each_stack_pays_its_kernels_bytes_over_its_share_of_the_logits(small, monkeypatch, name, kernel, k):
     stack = load_execution(name)
     assert stack.loss_kernel == kernel
-    forward, backward = {"megatron": (38, 14), "te": (6, 4), "torch": (22, 26)}[kernel]
+    forward, backward = {"megatron": (38, 14), "te": (6, 4), "torch": (22, 26), "torch_compiled": (4, 4)}[kernel]
     loaded = _times(small, stack, "train", k, monkeypatch)
     bare = _times(small, stack, "train", k, monkeypatch, (0.0, 0.0))
     (i,) = np.flatnonzero(small.loss_numel)
