@@ -113,3 +113,23 @@ def test_a_stage_holds_one_micro_batchs_loss_however_many_it_keeps(tmp_path):
     logits = MB * SEQ * VOCAB / 2  # one micro-batch's, the vocabulary split over the two tensor ranks
     assert acts["torch"][0] == pytest.approx(acts["te"][0])
     assert acts["torch"][1] - acts["te"][1] == pytest.approx((12.0 - 2.0) * logits, rel=1e-6)
+
+
+def test_the_fitting_bound_holds_the_loss_once_as_the_stage_does():
+    """The search's memory floor per stage (`planner.search.fitting.stage_floors`, exact at TP1 without selective
+    recompute) keeps the loss's tensors once, as the stage's own costing does: interleaved, the last rank holds
+    several micro-batches, and a floor multiplying the loss by them would be above the stage it bounds."""
+    from planner.costing.stage_costs import stage_costs
+    from planner.costing.stage_memory import held_activations
+    from planner.search.fitting import stage_floors
+
+    graph = _graph_for_costing("llama3-8b", SEQ, None, dict(layers=4, hidden=256, heads=4, kv_heads=2, vocab=VOCAB))
+    structure = discover_blocks(graph)
+    facts = GraphFacts(graph, structure)
+    strategy = Strategy(pp=2, vpp=2, dp=4, micro_batch=MB, recompute="full")
+    costs = stage_costs(graph, structure, _cluster(), make_workload("train", 32, SEQ, "bf16", None), strategy,
+                        facts=facts)
+    floors = stage_floors(graph, structure, facts, costs, strategy, exact=True)
+    last = costs.stages[-1]
+    assert last.held > 1 and floors[-1][3] > 0  # the case: several micro-batches, and a loss on this stage
+    assert held_activations(floors[-1][2], floors[-1][3], last.held) == pytest.approx(last.activation_bytes, rel=1e-9)

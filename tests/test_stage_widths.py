@@ -34,8 +34,9 @@ def _brute_force(widths, n_stages, budget, held, hbm):
                 a, b = bounds[c], bounds[c + 1]
                 t = sum(w.layer_s[a:b]) + (w.first_s if c == 0 else 0) + (w.last_s if c == n_stages - 1 else 0)
                 mem = sum(w.layer_state_bytes[a:b]) + held[c] * sum(w.layer_act_bytes[a:b])
-                mem += (w.first_bytes[0] + held[c] * w.first_bytes[1]) if c == 0 else 0
-                mem += (w.last_bytes[0] + held[c] * w.last_bytes[1]) if c == n_stages - 1 else 0
+                mem += sum(w.layer_once_bytes[a:b])
+                mem += (w.first_bytes[0] + held[c] * w.first_bytes[1] + w.first_bytes[2]) if c == 0 else 0
+                mem += (w.last_bytes[0] + held[c] * w.last_bytes[1] + w.last_bytes[2]) if c == n_stages - 1 else 0
                 worst = max(worst, t if mem <= hbm else float("inf"))
             best = min(best, worst)
     return best
@@ -56,9 +57,9 @@ def test_unequal_split_equals_exhaustive_search(hbm):
     """Layers of uneven cost, a heavy head, widths whose speed-up is sublinear, and a memory limit."""
     layer = [1.0, 1.3, 0.7, 1.1, 0.9, 1.2, 1.0]
     w2 = WidthCosts(2, [x for x in layer], [1.0] * 7, [0.5] * 7, first_s=0.4, last_s=2.5,
-                    first_bytes=(1.0, 0.2), last_bytes=(2.0, 0.5))
+                    first_bytes=(1.0, 0.2, 0.0), last_bytes=(2.0, 0.5, 0.6), layer_once_bytes=[0.0] * 6 + [0.3])
     w4 = WidthCosts(4, [0.6 * x for x in layer], [0.5] * 7, [0.25] * 7, first_s=0.25, last_s=1.5,
-                    first_bytes=(0.5, 0.1), last_bytes=(1.0, 0.25))
+                    first_bytes=(0.5, 0.1, 0.0), last_bytes=(1.0, 0.25, 0.3), layer_once_bytes=[0.0] * 6 + [0.15])
     for n_stages, budget in ((2, 6), (3, 8), (3, 10)):
         held = [n_stages - c for c in range(n_stages)]
         got = unequal_split([w2, w4], n_stages, budget, held, hbm)
@@ -69,6 +70,14 @@ def test_unequal_split_equals_exhaustive_search(hbm):
         sizes, tps = got
         assert sum(sizes) == 7 and sum(tps) == budget and len(sizes) == n_stages
         assert _max_stage([w2, w4], sizes, tps) == pytest.approx(want, abs=1e-9)
+
+
+def test_the_loss_is_held_once_whatever_is_in_flight():
+    """A stage holding 3 micro-batches keeps 3 x 0.5 of the head's per-micro-batch activations but its 4.0 of
+    loss tensors once: 5.5 fits in 6 (as 3 x 4.5 = 13.5 would not)."""
+    w = WidthCosts(4, [1.0] * 4, [0.0] * 4, [0.0] * 4, last_s=1.0, last_bytes=(0.0, 0.5, 4.0))
+    assert unequal_split([w], 2, 8, [3, 3], 6.0) == ((2, 2), (4, 4))
+    assert unequal_split([w], 2, 8, [3, 3], 5.4) is None
 
 
 def test_the_heavy_stage_gets_the_wider_mesh():

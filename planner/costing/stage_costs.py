@@ -30,7 +30,7 @@ from planner.costing.node_work import FLOAT_DTYPES
 from planner.costing.pipeline_cut import assign_chunks, even_split, layer_policies
 from planner.costing.program_charges import add_optimizer_steps, add_weight_traffic
 from planner.costing.recompute import recompute_marks
-from planner.costing.stage_memory import gathered, stage_memory, working_copies
+from planner.costing.stage_memory import gathered, held_activations, stage_memory, working_copies
 from planner.errors import Infeasible, InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
@@ -68,6 +68,7 @@ class StageCosts:
     solver_gap: float
     block_s: Mapping[str, float] = field(default_factory=dict)  # forward + backward per micro-batch, per block
     block_act_bytes: Mapping[str, float] = field(default_factory=dict)  # kept for backward, per micro-batch
+    block_loss_bytes: Mapping[str, float] = field(default_factory=dict)  # of block_act_bytes: the loss's peak
     block_params: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # (dense, expert) per device
     param_layouts: Mapping[str, int] = field(default_factory=dict)  # parameter -> dim split over tp, or REPLICATED
     mtp_layers: int = 0  # of the layers, the last ones that are multi-token-prediction depths (`graph.mtp`)
@@ -279,7 +280,7 @@ def stage_costs(
         fp8_params = fp8_params if timer.fp8 else 0.0
         held = (inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp)
                 if training else 1.0)
-        kept = (acts - loss) * held + loss  # the loss's tensors live for one micro-batch at a time
+        kept = held_activations(acts, loss, held)
         mem = stage_memory(dense, expert, kept, strategy, training, width, execution,
                            buffers=working_copies(widest, gathered((dense, expert), strategy), strategy, execution,
                                                   training, width),
@@ -290,8 +291,8 @@ def stage_costs(
                                 dense, expert, mem, boundary, held, gather, t, fp8_params, kept, widest))
     block_s = {name: p.total() for name, p in parts_of_block.items()}
     return StageCosts(tuple(stages), facts.model_flops_per_sample(),
-                      layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block), block_params,
-                      param_layout, facts.mtp_layers())
+                      layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block),
+                      dict(loss_block), block_params, param_layout, facts.mtp_layers())
 
 
 def _priced(facts: GraphFacts, skel, timer: NodeTimes, t: int, again: np.ndarray, training: bool, comm_time,
@@ -367,7 +368,7 @@ def _unequal_stage_costs(graph: Graph, structure: Structure, cluster: Cluster, w
     wide = by_width[widths[0]]
     return StageCosts(stages, wide.forward_flops_per_sample, wide.layouts,
                       max(c.solver_gap for c in by_width.values()), wide.block_s, wide.block_act_bytes,
-                      wide.block_params, wide.param_layouts, wide.mtp_layers)
+                      wide.block_loss_bytes, wide.block_params, wide.param_layouts, wide.mtp_layers)
 
 
 __all__ = ["DTYPE_WIDTH", "StageCost", "StageCosts", "assign_chunks", "even_split", "stage_costs", "stage_memory",

@@ -44,6 +44,12 @@ def working_copies(widest_layer: float, stage_params: float, strategy: Strategy,
     return widest_layer * (layers * width + execution.grad_bytes)
 
 
+def held_activations(per_micro_batch: float, loss: float, held: float) -> float:
+    """Activation bytes a stage keeps at its peak when it holds `held` micro-batches: `per_micro_batch` each,
+    except the loss's tensors (`loss`, part of `per_micro_batch`), which live for one micro-batch at a time."""
+    return (per_micro_batch - loss) * held + loss
+
+
 def stage_memory(dense: float, expert: float, activation_bytes: float, strategy: Strategy, training: bool,
                  width: float, execution: Execution, buffers: float = 0.0, fp8_params: float = 0.0) -> dict[str, float]:
     """Bytes per device by memory class of a stage holding these parameters (per device, after tensor and

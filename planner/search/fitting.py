@@ -36,7 +36,7 @@ from cost_models.offload import offload_tier
 
 from planner.costing.node_times import DTYPE_WIDTH, activation_dtype
 from planner.costing.pipeline_cut import assign_chunks
-from planner.costing.stage_memory import gathered, stage_memory, working_copies
+from planner.costing.stage_memory import gathered, held_activations, stage_memory, working_copies
 from planner.costing.step_time import (HOST_GRAD_BYTES, dp_collective_s, gather_width, host_update_bytes,
                                        stays_gathered)
 from planner.strategy import Strategy, Workload
@@ -53,10 +53,10 @@ class _Params:
 
 def stage_floors(graph, structure, facts, costs, strategy: Strategy, exact: bool) -> list[tuple[float, ...]]:
     """Per stage of the even cut: (dense, expert) parameters per device at the least any layout keeps, the
-    activations of one micro-batch (`costs.block_act_bytes` when `exact`, else none) and the widest layer's
-    gathered parameters (when `exact`)."""
+    activations of one micro-batch and of those the loss's (`costs.block_act_bytes`, `costs.block_loss_bytes`
+    when `exact`, else none) and the widest layer's gathered parameters (when `exact`)."""
     chunk = assign_chunks(structure, strategy.pp * strategy.vpp, ())
-    out = [[0.0, 0.0, 0.0, 0.0] for _ in range(strategy.pp)]
+    out = [[0.0, 0.0, 0.0, 0.0, 0.0] for _ in range(strategy.pp)]
     numels = facts.block_numels()
     for blk in structure.blocks:
         dense = numels[blk.name][0] / strategy.tp
@@ -66,7 +66,8 @@ def stage_floors(graph, structure, facts, costs, strategy: Strategy, exact: bool
         st[1] += expert
         if exact:
             st[2] += costs.block_act_bytes.get(blk.name, 0.0)
-            st[3] = max(st[3], gathered((dense, expert), strategy))
+            st[3] += costs.block_loss_bytes.get(blk.name, 0.0)
+            st[4] = max(st[4], gathered((dense, expert), strategy))
     return [tuple(s) for s in out]
 
 
@@ -135,8 +136,8 @@ def fitting_bound_s(graph, structure, facts, costs, cluster: Cluster, workload: 
                 per_mb += 2 * dp_collective_s(cluster, s, p, "all_gather", gather_width(p, ex, width))
             floor_s = max(floor_s, m * per_mb)
         step = floor_s
-        for (dense, expert, act, widest), h in zip(floors, held):
-            mem = stage_memory(dense, expert, act * h, s, True, width, ex,
+        for (dense, expert, act, loss, widest), h in zip(floors, held):
+            mem = stage_memory(dense, expert, held_activations(act, loss, h), s, True, width, ex,
                                buffers=working_copies(widest, gathered((dense, expert), s), s, ex, True, width))
             excess = mem["peak"] - usable
             if excess <= 0:

@@ -62,8 +62,15 @@ class WidthCosts:
     layer_act_bytes: Sequence[float]  # activations kept per micro-batch in flight, each layer
     first_s: float = 0.0  # non-layer work of the first stage (embedding)
     last_s: float = 0.0  # non-layer work of the last stage (final norm, logits)
-    first_bytes: Sequence[float] = (0.0, 0.0)  # (state, activations per micro-batch) of the first stage's extras
-    last_bytes: Sequence[float] = (0.0, 0.0)
+    # (state, activations per micro-batch in flight, activations held once: the loss's) of the first stage's extras
+    first_bytes: Sequence[float] = (0.0, 0.0, 0.0)
+    last_bytes: Sequence[float] = (0.0, 0.0, 0.0)
+    layer_once_bytes: Sequence[float] = ()  # activations held once per stage whatever is in flight, each layer
+
+
+def _once(edge: Sequence[float]) -> float:
+    """The activations an edge's extras hold once per stage (0 when the edge gives only state and per micro-batch)."""
+    return edge[2] if len(edge) > 2 else 0.0
 
 
 def unequal_split(widths: Sequence[WidthCosts], n_stages: int, tp_budget: int, held: Sequence[float],
@@ -73,7 +80,7 @@ def unequal_split(widths: Sequence[WidthCosts], n_stages: int, tp_budget: int, h
     The degrees add up to `tp_budget` (the tensor ranks of one pipeline replica), so a heavy stage may
     take more devices than a light one: the same linear partition as `balanced_split` with one more
     dimension, the devices spent so far (Alpa's stage-mesh DP, restricted to tensor widths). Stage c
-    holds `held[c]` micro-batches' activations and must fit in `hbm_bytes`.
+    holds `held[c]` micro-batches' activations (the loss's once) and must fit in `hbm_bytes`.
     """
     n = len(widths[0].layer_s)
     if n < n_stages:
@@ -84,7 +91,8 @@ def unequal_split(widths: Sequence[WidthCosts], n_stages: int, tp_budget: int, h
     budget = tp_budget // unit
     inf = float("inf")
     pre = [(w, np.concatenate([[0.0], np.cumsum(w.layer_s)]), np.concatenate([[0.0], np.cumsum(w.layer_state_bytes)]),
-            np.concatenate([[0.0], np.cumsum(w.layer_act_bytes)])) for w in widths]
+            np.concatenate([[0.0], np.cumsum(w.layer_act_bytes)]),
+            np.concatenate([[0.0], np.cumsum(list(w.layer_once_bytes) or [0.0] * n)])) for w in widths]
     # best[c][i, u]: least max stage time of the first i layers in c stages on u units; how: (previous cut, width)
     best = np.full((n_stages + 1, n + 1, budget + 1), inf)
     how = np.zeros((n_stages + 1, n + 1, budget + 1, 2), dtype=np.int64)
@@ -93,15 +101,17 @@ def unequal_split(widths: Sequence[WidthCosts], n_stages: int, tp_budget: int, h
         first, last = c == 1, c == n_stages
         for i in range(c, n - (n_stages - c) + 1):
             j = np.arange(c - 1, i)
-            for k, (w, t_pre, s_pre, a_pre) in enumerate(pre):
+            for k, (w, t_pre, s_pre, a_pre, o_pre) in enumerate(pre):
                 units = w.tp // unit
                 if units > budget:
                     continue
                 extra_s = (w.first_s if first else 0.0) + (w.last_s if last else 0.0)
                 extra_state = (w.first_bytes[0] if first else 0.0) + (w.last_bytes[0] if last else 0.0)
                 extra_act = (w.first_bytes[1] if first else 0.0) + (w.last_bytes[1] if last else 0.0)
+                extra_once = (_once(w.first_bytes) if first else 0.0) + (_once(w.last_bytes) if last else 0.0)
                 chunk = t_pre[i] - t_pre[j] + extra_s
-                mem = s_pre[i] - s_pre[j] + extra_state + held[c - 1] * (a_pre[i] - a_pre[j] + extra_act)
+                mem = (s_pre[i] - s_pre[j] + extra_state + held[c - 1] * (a_pre[i] - a_pre[j] + extra_act)
+                       + o_pre[i] - o_pre[j] + extra_once)
                 chunk = np.where(mem <= hbm_bytes, chunk, inf)
                 cand = np.maximum(best[c - 1][j][:, : budget + 1 - units], chunk[:, None])  # (cut, units before)
                 cand += 1e-12 * (i - j)[:, None]  # ties: the later cut (earlier stages smaller)

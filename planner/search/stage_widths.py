@@ -48,8 +48,12 @@ def width_costs(structure: Structure, costs: StageCosts, strategy: Strategy, tra
         dense, expert = costs.block_params.get(name, (0.0, 0.0))
         return stage_memory(dense, expert, 0.0, strategy, training, width, execution)["peak"]
 
-    def act(name: str) -> float:
-        return stage_memory(0.0, 0.0, costs.block_act_bytes.get(name, 0.0), strategy, training, width,
+    def act(name: str) -> float:  # per micro-batch in flight: all but the loss's
+        kept = costs.block_act_bytes.get(name, 0.0) - costs.block_loss_bytes.get(name, 0.0)
+        return stage_memory(0.0, 0.0, kept, strategy, training, width, execution)["peak"]
+
+    def once(name: str) -> float:  # the loss's tensors: one micro-batch at a time
+        return stage_memory(0.0, 0.0, costs.block_loss_bytes.get(name, 0.0), strategy, training, width,
                             execution)["peak"]
 
     first, last = edge_blocks(structure)
@@ -60,8 +64,9 @@ def width_costs(structure: Structure, costs: StageCosts, strategy: Strategy, tra
         layer_act_bytes=[act(b.name) for b in layers],
         first_s=sum(costs.block_s.get(n, 0.0) for n in first),
         last_s=sum(costs.block_s.get(n, 0.0) for n in last),
-        first_bytes=(sum(map(state, first)), sum(map(act, first))),
-        last_bytes=(sum(map(state, last)), sum(map(act, last))),
+        first_bytes=(sum(map(state, first)), sum(map(act, first)), sum(map(once, first))),
+        last_bytes=(sum(map(state, last)), sum(map(act, last)), sum(map(once, last))),
+        layer_once_bytes=[once(b.name) for b in layers],
     )
 
 
