@@ -79,3 +79,46 @@ def test_a_fused_kernel_writes_none_of_the_intermediates_its_backward_recomputes
     fused = facts.act_bytes(True, 2.0, flash=True, fused=True)
     assert kept[sig] == pytest.approx(gate.nbytes + out.nbytes)  # reads g, writes sigmoid(g)
     assert fused[sig] == pytest.approx(gate.nbytes)  # reads g only
+
+
+def test_a_permute_is_folded_into_its_readers_strides_unless_a_view_needs_it_contiguous():
+    """Llama's attention: the query and key permuted to [b, h, s, d] are read by RoPE's pointwise ops (strided
+    reads: Megatron-Core never permutes them, TorchInductor folds the permute); the attention output permuted
+    back feeds the Reshape merging the heads, a `.contiguous()` copy. Under a fusing stack a folded permute
+    costs nothing, eager it is a copy: its tensor read and written once at HBM speed."""
+    import dataclasses
+
+    from cost_models import load_cluster
+    from planner.api import _graph_for_costing, make_workload
+    from planner.costing.execution import load_execution, with_changes
+    from planner.costing.fusion import folded_permutes
+    from planner.costing.graph_facts import GraphFacts
+    from planner.costing.node_times import NodeTimes
+    from planner.graph.blocks import discover_blocks
+    from planner.strategy import Strategy
+
+    g = _graph_for_costing("llama3-8b", 256, None, dict(layers=1, hidden=256, heads=4, kv_heads=2, vocab=512))
+    folded = folded_permutes(g)
+    made = {o: n for n in g.nodes for o in n.outputs if o}
+    readers = {}
+    for n in g.nodes:
+        for x in n.inputs:
+            readers.setdefault(x, []).append(n.op_type)
+    permutes = [i for i, n in enumerate(g.nodes) if n.op_type == "Transpose" and made.get(n.inputs[0]) is not None]
+    to_rope = [i for i in permutes if "Slice" in readers.get(g.nodes[i].outputs[0], [])]
+    to_view = [i for i in permutes if "Reshape" in readers.get(g.nodes[i].outputs[0], [])]
+    assert len(to_rope) == 2 and len(to_view) == 1  # query and key; the attention output
+    assert folded[to_rope].all() and not folded[to_view].any()
+
+    facts = GraphFacts(g, discover_blocks(g))
+    cluster = dataclasses.replace(load_cluster("dgx-h100", devices=8), host_overhead_s=0.0)
+    work = make_workload("train", 8, 256, "bf16", None)
+    fused = load_execution("megatron-core")
+    eager = with_changes(fused, {"fuse_elementwise": False}, "eager")
+    q = to_rope[0]
+    nbytes = g.tensors[g.nodes[q].outputs[0]].nbytes * 2  # one micro-batch of 2 sequences, the graph's 1
+    hbm = cluster.device.hbm_bytes_per_s
+    assert NodeTimes(facts, cluster, work, Strategy(dp=8, micro_batch=2), fused).forward(q, 1) == 0.0
+    copy = NodeTimes(facts, cluster, work, Strategy(dp=8, micro_batch=2), eager).forward(q, 1)
+    assert copy == pytest.approx(2 * nbytes / (hbm * cluster.memory_efficiency(2 * nbytes)), rel=1e-6)
+    assert NodeTimes(facts, cluster, work, Strategy(dp=8, micro_batch=2), fused).forward(to_view[0], 1) > 0.0

@@ -81,7 +81,23 @@ def fused_act_bytes(graph: Graph, act_bytes: np.ndarray, matrix: np.ndarray, sto
     return np.maximum(out, 0.0)
 
 
-__all__ = ["VIEW_OPS", "fused_act_bytes"]
+def folded_permutes(graph: Graph) -> np.ndarray:
+    """Per node: a Transpose that a fusing stack folds into its readers' strides instead of copying.
+
+    A permutation is only a change of strides: a GEMM reads either operand transposed (cuBLAS's op(A)), a
+    flash kernel and a fused pointwise kernel index their inputs through strides, and Megatron-Core keeps
+    attention's [s, b, h, d] layout so that no permute runs before its fused RoPE or after its attention
+    (TorchInductor folds permutes into the indexing of the kernels that read them the same way, Ansel et
+    al. 2024). A Transpose read by a Reshape or Flatten that merges the permuted dimensions is a copy
+    (`.contiguous()` before `.view()`, as attention's output back to [b, s, h x d] in eager and compiled
+    torch), and costs one.
+    """
+    merging = {x for n in graph.nodes if n.op_type in ("Reshape", "Flatten") for x in n.inputs if x}
+    return np.array([n.op_type == "Transpose" and not any(o in merging or o in graph.outputs for o in n.outputs if o)
+                     for n in graph.nodes], dtype=bool)
+
+
+__all__ = ["VIEW_OPS", "folded_permutes", "fused_act_bytes"]
 
 
 #: Pointwise and row-wise ops a fusing compiler (or a hand-fused kernel) runs in one kernel with their neighbours.

@@ -16,7 +16,7 @@ from planner.costing.activations import (
     attention_core, layer_inputs, loss_inputs, requires_grad, saved_tensors, view_roots,
 )
 from planner.costing.attention import AttentionRegion, attention_regions, kept_fraction
-from planner.costing.fusion import fused_act_bytes, recomputed_in_fused_backward
+from planner.costing.fusion import folded_permutes, fused_act_bytes, recomputed_in_fused_backward
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.moe import MoeFacts, moe_blocks, routed_region
@@ -109,6 +109,9 @@ class GraphFacts:
         #: reads the stored weight in that layout, so they cost nothing
         self.weight_view = np.array([bool(n.outputs) and all(not o or o in self.index.weight_of for o in n.outputs)
                                      and not self.weight_matmul[i] for i, n in enumerate(graph.nodes)], dtype=bool)
+
+        #: Transposes a fusing stack folds into their readers' strides (`planner.costing.fusion.folded_permutes`)
+        self.folded_permute = folded_permutes(graph)
 
     def model_flops_per_sample(self) -> float:
         """Forward FLOPs one sample needs: every op's, attention's over the (query, key) pairs its mask keeps

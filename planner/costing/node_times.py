@@ -3,7 +3,8 @@
 Three kinds of kernels, each a roofline with the device's efficiency curves
 (`cost_models.compute`):
 - an op as the graph writes it: its FLOPs and the bytes it moves (chains of
-  memory-bound ops fused, `planner.costing.fusion`); backward, a contraction runs
+  memory-bound ops fused and permutes folded into their readers' strides,
+  `planner.costing.fusion`, when the stack fuses); backward, a contraction runs
   two GEMMs of its forward's size (input and weight gradients, Narayanan
   2021 section 5.1) and a memory-bound op about its forward's traffic;
 - an attention core as one flash kernel (`planner.costing.attention`) when
@@ -114,7 +115,7 @@ class NodeTimes:
             nbytes = r.io_bytes * self.fscale * share * (2.0 if backward else 1.0)  # backward reads dO, writes dQKV
             return attention_time_s(cluster, flops, nbytes, "backward" if backward else "forward",
                                     self.execution.attention_kernel) / self.execution.kernel_efficiency
-        if facts.weight_view[i]:
+        if facts.weight_view[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]):
             return 0.0
         flops = work.flops[i] * share
         # a routed expert reads only its rank's experts: 1/(ep x etp) of the layer's expert weights
