@@ -56,6 +56,7 @@ class Execution:
     attention: Attention = "flash"  # fused attention: no seq x seq scores in HBM or in saved activations
     attention_kernel: str = "flash"  # the kernel whose efficiency the hardware file gives ([efficiency.attention])
     fuse_elementwise: bool = True  # chains of memory-bound ops run as one kernel (fused kernels, torch.compile)
+    fuse_sibling_gemms: bool = True  # projections of one input run as one GEMM (Megatron's linear_qkv, linear_fc1)
     kernel_efficiency: float = 1.0  # this stack's GEMM and attention kernels against the hardware file's fit
     loss_kernel: str = "megatron"  # the cross-entropy kernel of the training loss (`planner.costing.loss`)
     # (which is of today's Megatron-Core where it has run; fitted with it, see benchmarks/fit_presets.py)
@@ -171,8 +172,8 @@ def parse_execution(text: str, *, source: str, default_name: str) -> Execution:
         raise InvalidInput(str(exc).rstrip(".")) from None
 
 
-_BOOLS = ("fuse_elementwise", "overlap_grad_reduce", "overlap_param_gather", "fsdp_prefetch", "fsdp_gathered_with_pp",
-          "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm", "overlap_pp_comm", "overlap_pp_comm_1f1b",
+_BOOLS = ("fuse_elementwise", "fuse_sibling_gemms", "overlap_grad_reduce", "overlap_param_gather", "fsdp_prefetch",
+          "fsdp_gathered_with_pp", "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm", "overlap_pp_comm", "overlap_pp_comm_1f1b",
           "fp8_saves_inputs", "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation")
 _NUMBERS = ("fp8_cast_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
             "runtime_reserve_gib", "kernel_efficiency", "tp_overlap_share",
@@ -182,8 +183,8 @@ _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DI
 
 
 _SECTIONS = {
-    "kernels": ("attention", "attention_kernel", "fuse_elementwise", "kernel_efficiency", "expert_gemm_streams",
-                "loss_kernel"),
+    "kernels": ("attention", "attention_kernel", "fuse_elementwise", "fuse_sibling_gemms", "kernel_efficiency",
+                "expert_gemm_streams", "loss_kernel"),
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_weight_bytes", "fp8_saves_inputs", "fp8_params",
                   "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather"),

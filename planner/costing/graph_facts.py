@@ -26,6 +26,19 @@ from planner.costing.node_work import node_work
 from planner.search.tying import tie_keys
 
 
+def sibling_gemms(graph: Graph, index, candidates: np.ndarray) -> dict[int, tuple[int, ...]]:
+    """Groups of two or more of the `candidates` (weight GEMMs) that read the same single activation, each
+    node mapped to its group in graph order. Megatron-Core builds such siblings as one layer (linear_qkv
+    projects query, key and value at once; linear_fc1 the gate and up halves of a gated MLP) where an
+    exported graph shows a GEMM per weight."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i in map(int, np.flatnonzero(candidates)):
+        acts = [x for x in graph.nodes[i].inputs if x and not index.is_weight(x)]
+        if len(acts) == 1:
+            groups[acts[0]].append(i)
+    return {i: tuple(g) for g in groups.values() if len(g) > 1 for i in g}
+
+
 class GraphFacts:
     """What the costing needs to know of a graph that no strategy changes: computed once, reused by every
     strategy the planner scores (work per node, attention cores, gradients, saved tensors, tying keys)."""
@@ -112,6 +125,9 @@ class GraphFacts:
 
         #: Transposes a fusing stack folds into their readers' strides (`planner.costing.fusion.folded_permutes`)
         self.folded_permute = folded_permutes(graph)
+        #: weight GEMMs sharing their one activation input (a layer's query, key and value projections, a gated
+        #: MLP's gate and up): node -> its group in graph order, which `Execution.fuse_sibling_gemms` runs as one
+        self.siblings = sibling_gemms(graph, self.index, self.weight_matmul & ~self.router_node)
 
     def model_flops_per_sample(self) -> float:
         """Forward FLOPs one sample needs: every op's, attention's over the (query, key) pairs its mask keeps

@@ -4,7 +4,8 @@ Three kinds of kernels, each a roofline with the device's efficiency curves
 (`cost_models.compute`):
 - an op as the graph writes it: its FLOPs and the bytes it moves (chains of
   memory-bound ops fused and permutes folded into their readers' strides,
-  `planner.costing.fusion`, when the stack fuses); backward, a contraction runs
+  `planner.costing.fusion`, when the stack fuses; weight GEMMs of one input run
+  as one GEMM when the stack builds them so, `Execution.fuse_sibling_gemms`); backward, a contraction runs
   two GEMMs of its forward's size (input and weight gradients, Narayanan
   2021 section 5.1) and a memory-bound op about its forward's traffic;
 - an attention core as one flash kernel (`planner.costing.attention`) when
@@ -117,10 +118,14 @@ class NodeTimes:
                                     self.execution.attention_kernel) / self.execution.kernel_efficiency
         if facts.weight_view[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]):
             return 0.0
-        flops = work.flops[i] * share
+        group = facts.siblings.get(i, (i,)) if self.execution.fuse_sibling_gemms else (i,)
+        if group[0] != i:
+            return 0.0  # run (and costed) as one GEMM with its group's first
+        flops = sum(work.flops[j] for j in group) * share
         # a routed expert reads only its rank's experts: 1/(ep x etp) of the layer's expert weights
         weight_share = (1.0 / (self.ep * self.etp)) if facts.in_routed[i] else 1.0 / k
-        nbytes = (self.act[i] * self.bs / (self.cp * k) + work.param_bytes[i] * weight_share) * self.fscale
+        act = sum(self.act[j] for j in group) - (len(group) - 1) * self._input_bytes(i)  # the input read once
+        nbytes = (act * self.bs / (self.cp * k) + sum(work.param_bytes[j] for j in group) * weight_share) * self.fscale
         matrix = bool(work.matrix[i])
         gemm = self.fp8 and bool(facts.fp8_gemm[i])
         dtype = self.gemm_dtype if gemm else self.dtype
@@ -132,10 +137,10 @@ class NodeTimes:
         if backward and matrix:
             t *= 2.0
         if gemm:
-            t += self._casts(i, k, share, backward)
-        if self.training and facts.loss_numel[i] > 0:
-            t += loss_time_s(self.cluster, self.execution.loss_kernel, facts.loss_numel[i] * share, backward,
-                             self.dtype)
+            t += self._casts(group, k, share, backward)
+        loss = sum(facts.loss_numel[j] for j in group)
+        if self.training and loss > 0:
+            t += loss_time_s(self.cluster, self.execution.loss_kernel, loss * share, backward, self.dtype)
         return t * facts.routed_load(i, self.execution, self.ep)  # the busiest expert-parallel rank sets the pace
 
     def _expert_rounds(self, i: int) -> int:
@@ -146,16 +151,24 @@ class NodeTimes:
         local = int(self.facts.routed_experts[i]) // max(1, self.ep)
         return max(0, -(-local // streams) - 1) if streams > 0 else 0
 
-    def _casts(self, i: int, k: int, share: float, backward: bool) -> float:
-        """Quantising an FP8 GEMM's operands: its activation inputs forward (and its weight, once per
-        micro-batch, or its share of one cast per step when the stack caches FP8 copies), its output gradient
-        backward."""
+    def _input_bytes(self, i: int) -> float:
+        """Bytes of node i's activation inputs at the graph's batch (what siblings share)."""
+        graph, index = self.facts.graph, self.facts.index
+        return float(sum(graph.tensors[x].nbytes for x in graph.nodes[i].inputs
+                         if x and x in graph.tensors and not index.is_weight(x)))
+
+    def _casts(self, group: tuple[int, ...], k: int, share: float, backward: bool) -> float:
+        """Quantising the operands of an FP8 GEMM (or of sibling GEMMs run as one): the activation inputs
+        forward, once however many siblings read them (and each weight, once per micro-batch, or its share of
+        one cast per step when the stack caches FP8 copies), the output gradients backward."""
         graph, facts = self.facts.graph, self.facts
-        node = graph.nodes[i]
-        if backward:
-            elements = sum(graph.tensors[o].numel for o in node.outputs if o in graph.tensors) * share
-        else:
-            elements = 0.0
+        elements = 0.0
+        inputs: set[str] = set()
+        for i in group:
+            node = graph.nodes[i]
+            if backward:
+                elements += sum(graph.tensors[o].numel for o in node.outputs if o in graph.tensors) * share
+                continue
             for x in node.inputs:
                 t = graph.tensors.get(x) if x else None
                 if t is None or t.dtype not in FLOAT_DTYPES:
@@ -164,7 +177,8 @@ class NodeTimes:
                     if not self.execution.fp8_params:  # unless the stack keeps FP8 weights (cast at the update)
                         elements += t.numel / (self.ep * self.etp if facts.in_routed[i] else k) \
                             * self.weight_casts_per_mb
-                else:
+                elif x not in inputs:
+                    inputs.add(x)
                     elements += t.numel * share
         nbytes = self.execution.fp8_cast_bytes * elements
         return op_time_s(self.cluster, 0.0, nbytes, "elementwise", self.dtype) if nbytes > 0 else 0.0
