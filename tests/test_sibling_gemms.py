@@ -50,8 +50,9 @@ def test_the_siblings_are_a_layers_query_key_value_and_its_gate_and_up(llama):
 
 
 def test_a_fused_group_is_one_gemm_of_their_summed_flops(llama):
-    """Megatron-Core: the first of the group takes the GEMM of all their FLOPs, the shared input read once; the
-    others cost nothing. torchtitan: each its own GEMM, each paying the per-kernel overhead."""
+    """Megatron-Core: the group is one GEMM of all their FLOPs, the shared input read once, one kernel issued;
+    each sibling carries its FLOPs' share of that GEMM's time (so a sibling on another shard still pays for
+    its own work). torchtitan: each its own GEMM, each paying the per-kernel overhead and the host's issue."""
     fused, apart = _times(llama, "megatron-core"), _times(llama, "torchtitan")
     work, cluster = llama.work, _cluster()
     for group in _groups(llama):
@@ -59,26 +60,55 @@ def test_a_fused_group_is_one_gemm_of_their_summed_flops(llama):
         nbytes = (sum(work.act_bytes[j] + work.param_bytes[j] for j in group)
                   - (len(group) - 1) * llama.graph.tensors[x].nbytes)
         flops = sum(work.flops[j] for j in group)
-        assert fused.forward(group[0], 1) == pytest.approx(op_time_s(cluster, flops, nbytes), rel=1e-9)
-        assert all(fused.forward(j, 1) == 0.0 and fused.backward(j, 1) == 0.0 for j in group[1:])
+        whole = op_time_s(cluster, flops, nbytes)
+        assert sum(fused.forward(j, 1) for j in group) == pytest.approx(whole, rel=1e-9)
+        assert [fused.forward(j, 1) for j in group] == pytest.approx([whole * work.flops[j] / flops for j in group])
+        assert sum(fused.backward(j, 1) for j in group) == pytest.approx(2 * whole, rel=1e-9)
         alone = [op_time_s(cluster, work.flops[j], work.act_bytes[j] + work.param_bytes[j]) for j in group]
         assert [apart.forward(j, 1) for j in group] == pytest.approx(alone, rel=1e-9)
-        assert sum(alone) > fused.forward(group[0], 1)  # one kernel's overhead, and a larger GEMM's efficiency
+        assert sum(alone) > whole  # one kernel's overhead, and a larger GEMM's efficiency
+
+
+def test_one_kernel_is_issued_for_the_group(llama):
+    """The host issues the group's GEMM once (forward) and its two gradient GEMMs once (backward)."""
+    host = 10e-6
+    work = make_workload("train", 8, SEQ, "bf16", None)
+    cluster = dataclasses.replace(load_cluster("dgx-h100", devices=8), host_overhead_s=host)
+    with_host = NodeTimes(llama, cluster, work, Strategy(dp=8, micro_batch=1), load_execution("megatron-core"))
+    without = _times(llama, "megatron-core")
+    for group in _groups(llama):
+        assert sum(with_host.forward(j, 1) - without.forward(j, 1) for j in group) == pytest.approx(host)
+        assert sum(with_host.backward(j, 1) - without.backward(j, 1) for j in group) == pytest.approx(2 * host)
 
 
 def test_fp8_quantises_the_shared_input_once(llama):
-    """Forward, the group's FP8 cast reads its input once (not once per sibling) beside each weight's cast;
-    backward, every sibling's output gradient is quantised."""
+    """Megatron-Core keeps FP8 weights (no weight casts): forward, the group's first GEMM quantises the shared
+    input and its siblings nothing; backward, each quantises its own output gradient."""
     ex = load_execution("megatron-core")
+    assert ex.fp8_params
     fp8 = _times(llama, "megatron-core", "fp8")
-    group = _groups(llama)[0]
     graph = llama.graph
-    x = next(t for t in graph.nodes[group[0]].inputs if not llama.index.is_weight(t))
-    casts = fp8._casts(group, 1, fp8.bs, backward=False)
-    weights = 0.0 if ex.fp8_params else sum(graph.tensors[w].numel for j in group for w in graph.nodes[j].inputs
-                                            if llama.index.is_weight(w)) * fp8.weight_casts_per_mb
-    elements = graph.tensors[x].numel * fp8.bs + weights
-    assert casts == pytest.approx(op_time_s(_cluster(), 0.0, ex.fp8_cast_bytes * elements, "elementwise"), rel=1e-9)
-    grads = sum(graph.tensors[o].numel for j in group for o in graph.nodes[j].outputs) * fp8.bs
-    assert fp8._casts(group, 1, fp8.bs, backward=True) == pytest.approx(
-        op_time_s(_cluster(), 0.0, ex.fp8_cast_bytes * grads, "elementwise"), rel=1e-9)
+
+    def cast(elements):
+        return op_time_s(_cluster(), 0.0, ex.fp8_cast_bytes * elements, "elementwise")
+
+    for group in _groups(llama):
+        x = next(t for t in graph.nodes[group[0]].inputs if not llama.index.is_weight(t))
+        got = [fp8._casts(j, 1, fp8.bs, backward=False, inputs=j == group[0]) for j in group]
+        assert got == pytest.approx([cast(graph.tensors[x].numel * fp8.bs)] + [0.0] * (len(group) - 1), rel=1e-9)
+        for j in group:
+            grads = sum(graph.tensors[o].numel for o in graph.nodes[j].outputs) * fp8.bs
+            assert fp8._casts(j, 1, fp8.bs, backward=True) == pytest.approx(cast(grads), rel=1e-9)
+
+
+def test_projections_whose_results_go_their_own_ways_stay_apart():
+    """MLA's query and key-value down-projections read the same input, but each result goes through its own
+    up-projection before they meet: Megatron-Core runs them as two GEMMs (mla_down_proj_fusion is opt-in).
+    The shared expert's gate and up meet in their product: one GEMM."""
+    graph = _graph_for_costing("deepseek-v3", 256, None, dict(layers=4))
+    facts = GraphFacts(graph, discover_blocks(graph))
+    down = [i for i, n in enumerate(graph.nodes) if n.op_type == "MatMul"
+            and n.name.split("/")[-2] in ("q_a_proj", "kv_a_proj_with_mqa")]
+    assert len(down) == 8 and not any(i in facts.siblings for i in down)
+    shared = [g for g in set(facts.siblings.values()) if "shared" in graph.nodes[g[0]].name]
+    assert [[graph.nodes[i].name.split("/")[-2] for i in g] for g in shared] == [["gate_proj", "up_proj"]]

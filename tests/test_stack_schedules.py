@@ -41,7 +41,7 @@ def _cast_bytes(monkeypatch, facts, execution, node: int, m: int) -> float:
     monkeypatch.setattr(nt, "op_time_s", lambda c, f, b, kind, dtype=None: seen.append(b) or real(c, f, b, kind, dtype))
     work = Workload(global_batch=m, seq_len=512, dtype="fp8", execution=execution)
     timer = NodeTimes(facts, load_cluster("dgx-h100", devices=1), work, Strategy(micro_batch=1), execution)
-    timer._casts((node,), 1, timer.bs, backward=False)
+    timer._casts(node, 1, timer.bs, backward=False)
     monkeypatch.setattr(nt, "op_time_s", real)
     return sum(seen)
 

@@ -27,16 +27,38 @@ from planner.search.tying import tie_keys
 
 
 def sibling_gemms(graph: Graph, index, candidates: np.ndarray) -> dict[int, tuple[int, ...]]:
-    """Groups of two or more of the `candidates` (weight GEMMs) that read the same single activation, each
-    node mapped to its group in graph order. Megatron-Core builds such siblings as one layer (linear_qkv
-    projects query, key and value at once; linear_fc1 the gate and up halves of a gated MLP) where an
-    exported graph shows a GEMM per weight."""
-    groups: dict[str, list[int]] = defaultdict(list)
+    """Groups of two or more of the `candidates` (weight GEMMs) that read the same single activation and
+    whose results meet again before any other weight GEMM, each node mapped to its group in graph order.
+
+    Megatron-Core builds such siblings as one layer: linear_qkv projects query, key and value at once (they
+    meet in the attention core), linear_fc1 the gate and up halves of a gated MLP (they meet in its
+    product), where an exported graph shows a GEMM per weight. Projections of one input whose results go
+    their own ways through further projections, as MLA's query and key-value down-projections, stay apart
+    (Megatron-Core fuses those only with its opt-in mla_down_proj_fusion, default off)."""
+    by_input: dict[str, list[int]] = defaultdict(list)
     for i in map(int, np.flatnonzero(candidates)):
         acts = [x for x in graph.nodes[i].inputs if x and not index.is_weight(x)]
         if len(acts) == 1:
-            groups[acts[0]].append(i)
-    return {i: tuple(g) for g in groups.values() if len(g) > 1 for i in g}
+            by_input[acts[0]].append(i)
+    stop = frozenset(int(j) for j in np.flatnonzero(candidates))
+
+    def reach(i: int) -> set[int]:
+        """Nodes that use node i's result before another weight GEMM does."""
+        seen: set[int] = set()
+        todo = [i]
+        while todo:
+            for o in graph.nodes[todo.pop()].outputs:
+                for j in index.consumers.get(o, ()):
+                    if j not in seen and j not in stop:
+                        seen.add(j)
+                        todo.append(j)
+        return seen
+
+    out: dict[int, tuple[int, ...]] = {}
+    for members in by_input.values():
+        if len(members) > 1 and set.intersection(*map(reach, members)):
+            out.update({i: tuple(members) for i in members})
+    return out
 
 
 class GraphFacts:

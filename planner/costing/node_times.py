@@ -91,14 +91,19 @@ class NodeTimes:
     def forward(self, i: int, k: int) -> float:
         key = (i, k)
         if key not in self._fwd:
-            self._fwd[key] = self._issued(self._time(i, k, backward=False), 1.0)
+            self._fwd[key] = self._issued(self._time(i, k, backward=False), self._launches(i))
         return self._fwd[key]
 
     def backward(self, i: int, k: int) -> float:
         key = (i, k)
         if key not in self._bwd:
-            self._bwd[key] = self._issued(self._time(i, k, backward=True), 2.0) if self.training else 0.0
+            self._bwd[key] = self._issued(self._time(i, k, backward=True), 2.0 * self._launches(i)) \
+                if self.training else 0.0
         return self._bwd[key]
+
+    def _launches(self, i: int) -> float:
+        """Kernels node i issues per pass: none for a sibling GEMM after its group's first (one GEMM for all)."""
+        return 1.0 if self._group(i)[0] == i else 0.0
 
     def _issued(self, t: float, ops: float) -> float:
         """An op's time with what issuing it costs the host of an eager training step (`Cluster.host_overhead_s`,
@@ -118,29 +123,33 @@ class NodeTimes:
                                     self.execution.attention_kernel) / self.execution.kernel_efficiency
         if facts.weight_view[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]):
             return 0.0
-        group = facts.siblings.get(i, (i,)) if self.execution.fuse_sibling_gemms else (i,)
-        if group[0] != i:
-            return 0.0  # run (and costed) as one GEMM with its group's first
-        flops = sum(work.flops[j] for j in group) * share
+        group = self._group(i)
+        flops = work.flops[i] * share
         # a routed expert reads only its rank's experts: 1/(ep x etp) of the layer's expert weights
         weight_share = (1.0 / (self.ep * self.etp)) if facts.in_routed[i] else 1.0 / k
-        act = sum(self.act[j] for j in group) - (len(group) - 1) * self._input_bytes(i)  # the input read once
-        nbytes = (act * self.bs / (self.cp * k) + sum(work.param_bytes[j] for j in group) * weight_share) * self.fscale
+        nbytes = (self.act[i] * self.bs / (self.cp * k) + work.param_bytes[i] * weight_share) * self.fscale
         matrix = bool(work.matrix[i])
         gemm = self.fp8 and bool(facts.fp8_gemm[i])
         dtype = self.gemm_dtype if gemm else self.dtype
-        t = op_time_s(cluster, flops, nbytes, "matmul" if matrix else "elementwise", dtype)
-        if matrix and facts.in_routed[i]:
+        if len(group) > 1:  # one GEMM with its siblings (their input read once): its FLOPs' share of that GEMM
+            act = sum(self.act[j] for j in group) - (len(group) - 1) * self._input_bytes(group[0])
+            whole = (act * self.bs / (self.cp * k) + sum(work.param_bytes[j] for j in group) * weight_share) \
+                * self.fscale
+            total = sum(work.flops[j] for j in group) * share
+            t = op_time_s(cluster, total, whole, "matmul", dtype) * (flops / total if total else 1.0 / len(group))
+        else:
+            t = op_time_s(cluster, flops, nbytes, "matmul" if matrix else "elementwise", dtype)
+        if matrix and facts.in_routed[i] and group[0] == i:
             t += self._expert_rounds(i) * cluster.kernel_overhead_s
         if matrix:
             t /= self.execution.kernel_efficiency
         if backward and matrix:
             t *= 2.0
         if gemm:
-            t += self._casts(group, k, share, backward)
-        loss = sum(facts.loss_numel[j] for j in group)
-        if self.training and loss > 0:
-            t += loss_time_s(self.cluster, self.execution.loss_kernel, loss * share, backward, self.dtype)
+            t += self._casts(i, k, share, backward, inputs=group[0] == i)
+        if self.training and facts.loss_numel[i] > 0:
+            t += loss_time_s(self.cluster, self.execution.loss_kernel, facts.loss_numel[i] * share, backward,
+                             self.dtype)
         return t * facts.routed_load(i, self.execution, self.ep)  # the busiest expert-parallel rank sets the pace
 
     def _expert_rounds(self, i: int) -> int:
@@ -151,24 +160,26 @@ class NodeTimes:
         local = int(self.facts.routed_experts[i]) // max(1, self.ep)
         return max(0, -(-local // streams) - 1) if streams > 0 else 0
 
+    def _group(self, i: int) -> tuple[int, ...]:
+        """Node i with the sibling GEMMs the stack runs as one with it (`GraphFacts.siblings`), or alone."""
+        return self.facts.siblings.get(i, (i,)) if self.execution.fuse_sibling_gemms else (i,)
+
     def _input_bytes(self, i: int) -> float:
         """Bytes of node i's activation inputs at the graph's batch (what siblings share)."""
         graph, index = self.facts.graph, self.facts.index
         return float(sum(graph.tensors[x].nbytes for x in graph.nodes[i].inputs
                          if x and x in graph.tensors and not index.is_weight(x)))
 
-    def _casts(self, group: tuple[int, ...], k: int, share: float, backward: bool) -> float:
-        """Quantising the operands of an FP8 GEMM (or of sibling GEMMs run as one): the activation inputs
-        forward, once however many siblings read them (and each weight, once per micro-batch, or its share of
-        one cast per step when the stack caches FP8 copies), the output gradients backward."""
+    def _casts(self, i: int, k: int, share: float, backward: bool, inputs: bool = True) -> float:
+        """Quantising an FP8 GEMM's operands: its activation inputs forward (unless `inputs` is False: a sibling
+        GEMM's, quantised once by its group's first) and its weight, once per micro-batch, or its share of one
+        cast per step when the stack caches FP8 copies; its output gradient backward."""
         graph, facts = self.facts.graph, self.facts
-        elements = 0.0
-        inputs: set[str] = set()
-        for i in group:
-            node = graph.nodes[i]
-            if backward:
-                elements += sum(graph.tensors[o].numel for o in node.outputs if o in graph.tensors) * share
-                continue
+        node = graph.nodes[i]
+        if backward:
+            elements = sum(graph.tensors[o].numel for o in node.outputs if o in graph.tensors) * share
+        else:
+            elements = 0.0
             for x in node.inputs:
                 t = graph.tensors.get(x) if x else None
                 if t is None or t.dtype not in FLOAT_DTYPES:
@@ -177,8 +188,7 @@ class NodeTimes:
                     if not self.execution.fp8_params:  # unless the stack keeps FP8 weights (cast at the update)
                         elements += t.numel / (self.ep * self.etp if facts.in_routed[i] else k) \
                             * self.weight_casts_per_mb
-                elif x not in inputs:
-                    inputs.add(x)
+                elif inputs:
                     elements += t.numel * share
         nbytes = self.execution.fp8_cast_bytes * elements
         return op_time_s(self.cluster, 0.0, nbytes, "elementwise", self.dtype) if nbytes > 0 else 0.0
