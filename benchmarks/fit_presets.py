@@ -41,6 +41,28 @@ TP_SHARE_FITS = {"h100-grand-teton": ("torchtitan",)}
 TRANSFERRED = {"matmul_plateau": 0.749, "memory_plateau": 0.741, "kernel_overhead_us": 9.8, "overlap": 0.8}
 
 
+#: Presets without runs of their own that take a fitted preset's values (an assumption their files state): the
+#: CloudMatrix384's Ascend 910C is two dies of the 910B's generation (Da Vinci cube units at 376 TFLOP/s bf16
+#: each, 1850 against 1800 MHz), run by the same CANN and MindSpeed stack, so the 910B's fit, not the A100's.
+TRANSFER_TO = {"ascend-910b": ("cloudmatrix384", "cloudmatrix384-die")}
+
+
+def transfer(source: str, values: dict[str, float]) -> None:
+    """Write a fitted preset's device values into the presets that transfer them (`TRANSFER_TO`), saying so."""
+    for target in TRANSFER_TO.get(source, ()):
+        path = PRESET_DIR / f"{target}.toml"
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            key = line.split("=")[0].strip()
+            if key in values:
+                lines[i] = f"{key} = {values[key]:g}"
+            elif key == "calibration":
+                lines[i] = (f'calibration = "transferred from the {source} fit (an assumption: no runs of this '
+                            'hardware fitted)"')
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        print(f"  wrote {path} ({', '.join(f'{k} {v:g}' for k, v in values.items())}, from {source})")
+
+
 #: Presets whose fit runs all train in FP8, so pin the fp8 GEMM plateau only: their bf16 plateau is tied to it at
 #: the ratio the named preset's fit measures between the two (an assumption their file states). The Blackwell
 #: presets' runs are Megatron-Core's, so DGX H100's fit of the same stacks one generation before: their fitted fp8
@@ -137,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_stack_field(stack, "kernel_efficiency", result.fit.values[f"stack:{stack}"], hw)
             for stack in tp_shares:
                 write_stack_field(stack, "tp_overlap_share", result.fit.values[f"tp_share:{stack}"], hw)
+            transfer(hw, {k: v for k, v in result.fit.values.items() if ":" not in k})
     return 0
 
 

@@ -86,6 +86,16 @@ def test_the_die_preset_is_the_same_supernode_split_in_two():
     assert die.level("package").group_size == 2
 
 
+@pytest.mark.parametrize("name", ["cloudmatrix384", "cloudmatrix384-die"])
+def test_the_910c_presets_carry_the_910b_fit_and_say_so(name):
+    """No CloudMatrix run is fitted: its presets take the fitted Ascend 910B's law (the same die generation
+    and CANN stack; benchmarks/fit_presets.py copies it on every fit), not the A100's, and label it."""
+    b, c = load_cluster("ascend-910b"), load_cluster(name)
+    assert (c.matmul_plateau, c.memory_plateau, c.kernel_overhead_s) == (b.matmul_plateau, b.memory_plateau,
+                                                                         b.kernel_overhead_s)
+    assert "transferred from the ascend-910b fit" in c.calibration
+
+
 def test_cloudmatrix384_takes_any_count_up_to_a_node_then_whole_nodes_then_whole_supernodes():
     accepted = []
     for n in range(1, 2 * 384 + 1):

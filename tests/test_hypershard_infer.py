@@ -190,11 +190,13 @@ def test_a_hand_edited_decode_batch_is_scored_as_written(planned, tmp_path):
     assert dec["batch_per_replica"] == batch and dec["tpot_ms"] < printed["decode"]["tpot_ms"]
     assert dec["tokens_per_s_per_device"] < printed["decode"]["tokens_per_s_per_device"]
     assert rep.estimate["prefill"] == printed["prefill"]
-    # the same figure, costed directly on the decode group (tp4 dp8) at that batch
+    # the same figure, costed directly on the decode group as the declaration lays it out, at that batch
+    mesh = next(m for m in read_document(str(planned["llama"][1]))["meshes"] if m["name"] == "decode")
+    size = {a["name"]: a["size"] for a in mesh["axes"]}
     serving = serving_options(prompt_len=4096, gen_len=1024, batch=None, ttft_ms=2000, tpot_ms=50, dtype="bf16",
                               kv_dtype="bf16", offload=True)
     direct = score_phase(load_profile("llama3-70b"), load_cluster("cloudmatrix384", devices=64), serving, "decode",
-                         PhaseChoice(layout=Layout(tp=4, dp=8, pp=1), batch=batch))
+                         PhaseChoice(layout=Layout(tp=size["tp"], dp=size["dp"], pp=size["pp"]), batch=batch))
     assert dec["tokens_per_s_per_device"] == direct.tokens_per_s_per_device
     r = cli("estimate", "llama3-70b", "--plan", path, "--json")
     assert r.exit_code == 0, r.output
