@@ -85,6 +85,8 @@ def _print_cluster(c: Cluster) -> None:
                   f"DP overlap efficiency: {c.dp_overlap_efficiency:g}"
                   + (f"; host overhead per training op: {render.seconds(c.host_overhead_s)}"
                      if c.host_overhead_s else ""), markup=False)
+    if c.calibration:  # whether the efficiency is this hardware's own fit or an assumption carried from another
+        console.print(f"efficiency calibration: {c.calibration}", markup=False)
     for src in c.sources:
         console.print(f"  source: {src}", markup=False)
 

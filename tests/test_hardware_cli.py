@@ -45,6 +45,15 @@ def test_show_scales_and_prints_json_deterministically():
     assert table.exit_code == 0 and "pooled-dram" in table.output and "supernode" in table.output
 
 
+def test_show_says_whether_the_efficiency_is_this_hardwares_fit_or_carried_from_another():
+    """Issue 13: a preset without its own fit says so in `hardware show` (as every estimate on it does)."""
+    own = runner.invoke(app, ["hardware", "show", "dgx-h100"], env=ENV)
+    carried = runner.invoke(app, ["hardware", "show", "cloudmatrix384"], env=ENV)
+    assert own.exit_code == 0 and carried.exit_code == 0
+    assert "efficiency calibration: fitted on 14 measured runs" in own.output
+    assert "efficiency calibration: transferred from the ascend-910b fit (an assumption" in carried.output
+
+
 def test_errors_are_one_line_and_exit_2(tmp_path):
     bad = runner.invoke(app, ["hardware", "show", "dgx-a100", "--devices", "12"], env=ENV)
     assert bad.exit_code == 2
