@@ -231,11 +231,13 @@ SPECS |= table([
           asynctp_variants(4378, 4809.4, 5078.1, 5570.1)),
     # -- H200 (WhiteFiber), torchtitan via Trainy --------------------------------------------------------------
     titan("torchtitan-trainy-8b-h200-32", "llama3-8b", 32, 64, {"dp": 32, "micro_batch": 2, "recompute": "selective"},
-          ({"tokens_per_s": 10938, "memory_gib": 47.96, "dtype": "fp8", "what": "4 nodes", "execution": FP8_AG | TT_COMPILED_LOSS},),
+          ({"tokens_per_s": 10938, "memory_gib": 47.96, "dtype": "fp8", "what": "4 nodes",
+            "execution": FP8_AG | TT_COMPILED_LOSS},),
           hardware="dgx-h200", file="h200", row="torchtitan-trainy-8b-h200-fsdp-fp8",
           notes=["Float8 linears with FP8 all-gather, compiled", TT_COMPILED_LOSS_NOTE]),
     titan("torchtitan-trainy-8b-h200-64", "llama3-8b", 64, 128, {"dp": 64, "micro_batch": 2, "recompute": "selective"},
-          ({"tokens_per_s": 10753, "memory_gib": 46.97, "dtype": "fp8", "what": "8 nodes", "execution": FP8_AG | TT_COMPILED_LOSS},),
+          ({"tokens_per_s": 10753, "memory_gib": 46.97, "dtype": "fp8", "what": "8 nodes",
+            "execution": FP8_AG | TT_COMPILED_LOSS},),
           hardware="dgx-h200", file="h200", row="torchtitan-trainy-8b-h200-fsdp-fp8",
           notes=["Float8 linears with FP8 all-gather, compiled", TT_COMPILED_LOSS_NOTE]),
 ])

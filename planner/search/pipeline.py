@@ -68,11 +68,6 @@ class WidthCosts:
     layer_once_bytes: Sequence[float] = ()  # activations held once per stage whatever is in flight, each layer
 
 
-def _once(edge: Sequence[float]) -> float:
-    """The activations an edge's extras hold once per stage (0 when the edge gives only state and per micro-batch)."""
-    return edge[2] if len(edge) > 2 else 0.0
-
-
 def unequal_split(widths: Sequence[WidthCosts], n_stages: int, tp_budget: int, held: Sequence[float],
                   hbm_bytes: float) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(layers per stage, tensor degree per stage) minimising the slowest stage, or None when nothing fits.
@@ -108,7 +103,7 @@ def unequal_split(widths: Sequence[WidthCosts], n_stages: int, tp_budget: int, h
                 extra_s = (w.first_s if first else 0.0) + (w.last_s if last else 0.0)
                 extra_state = (w.first_bytes[0] if first else 0.0) + (w.last_bytes[0] if last else 0.0)
                 extra_act = (w.first_bytes[1] if first else 0.0) + (w.last_bytes[1] if last else 0.0)
-                extra_once = (_once(w.first_bytes) if first else 0.0) + (_once(w.last_bytes) if last else 0.0)
+                extra_once = (w.first_bytes[2] if first else 0.0) + (w.last_bytes[2] if last else 0.0)
                 chunk = t_pre[i] - t_pre[j] + extra_s
                 mem = (s_pre[i] - s_pre[j] + extra_state + held[c - 1] * (a_pre[i] - a_pre[j] + extra_act)
                        + o_pre[i] - o_pre[j] + extra_once)
