@@ -34,13 +34,14 @@ def small():
     return g, GraphFacts(g, st)
 
 
-def _cast_bytes(monkeypatch, facts, execution, node: int, m: int) -> float:
+def _cast_bytes(monkeypatch, facts, execution, node: int, m: int, strategy: Strategy | None = None) -> float:
     """HBM bytes of the FP8 casts of one forward GEMM on one device, as the costing passes them on."""
     seen: list[float] = []
     real = nt.op_time_s
     monkeypatch.setattr(nt, "op_time_s", lambda c, f, b, kind, dtype=None: seen.append(b) or real(c, f, b, kind, dtype))
-    work = Workload(global_batch=m, seq_len=512, dtype="fp8", execution=execution)
-    timer = NodeTimes(facts, load_cluster("dgx-h100", devices=1), work, Strategy(micro_batch=1), execution)
+    strategy = strategy or Strategy(micro_batch=1)
+    work = Workload(global_batch=m * strategy.dp, seq_len=512, dtype="fp8", execution=execution)
+    timer = NodeTimes(facts, load_cluster("dgx-h100", devices=strategy.devices), work, strategy, execution)
     timer._casts(node, 1, timer.bs, backward=False)
     monkeypatch.setattr(nt, "op_time_s", real)
     return sum(seen)
@@ -58,6 +59,23 @@ def test_a_cached_fp8_weight_is_cast_once_per_step(monkeypatch, small):
     # FP8 weights kept by the stack are never cast in the step, cached or not
     kept = dataclasses.replace(base, fp8_params=True, fp8_weight_cache=True)
     assert _cast_bytes(monkeypatch, facts, kept, node, m) == pytest.approx(every - base.fp8_cast_bytes * weight.numel)
+
+
+def test_an_fp8_fsdp_gather_casts_only_each_ranks_slice(monkeypatch, small):
+    """torchao's enable_fsdp_float8_all_gather quantises the local FSDP shard before the all-gather: over 8 data
+    ranks each casts an eighth of the weight, every micro-batch (the gathered FP8 weight feeds the GEMM)."""
+    g, facts = small
+    node = next(i for i, n in enumerate(g.nodes) if facts.fp8_gemm[i] and any(facts.index.is_weight(x) for x in n.inputs))
+    weight = next(g.tensors[x] for x in g.nodes[node].inputs if facts.index.is_weight(x))
+    base = load_execution("torchtitan")
+    fsdp = Strategy(dp=8, zero=3, micro_batch=1)
+    whole = _cast_bytes(monkeypatch, facts, base, node, 4, fsdp)
+    sliced = _cast_bytes(monkeypatch, facts, dataclasses.replace(base, fp8_all_gather=True), node, 4, fsdp)
+    assert whole - sliced == pytest.approx(base.fp8_cast_bytes * weight.numel * (1 - 1 / 8), rel=1e-9)
+    # without ZeRO-3 nothing is gathered: each rank casts its whole weight in every forward
+    ddp = Strategy(dp=8, micro_batch=1)
+    assert _cast_bytes(monkeypatch, facts, dataclasses.replace(base, fp8_all_gather=True), node, 4, ddp) == \
+        pytest.approx(whole, rel=1e-12)
 
 
 def test_the_stacks_say_who_caches_fp8_weights():
@@ -131,11 +149,13 @@ def test_the_search_bound_stays_under_an_estimate_that_spreads_its_weight_casts(
 
     g = load_graph("llama3-8b", batch=1, seq_len=256, overrides=dict(layers=8, vocab=8000))  # 8B's layers: big casts
     st, cluster = discover_blocks(g), load_cluster("dgx-h100", devices=8)
-    for stack in ("megatron-core-2024", "torchtitan"):
-        work = Workload(global_batch=64, seq_len=256, dtype="fp8", execution=load_execution(stack))
+    fp8_gathers = dataclasses.replace(load_execution("torchtitan"), fp8_all_gather=True)
+    for execution, zero in ((load_execution("megatron-core-2024"), 1), (load_execution("torchtitan"), 1),
+                            (fp8_gathers, 3)):
+        work = Workload(global_batch=64, seq_len=256, dtype="fp8", execution=execution)
         rep, rep_work = Representatives(None, work, 8, "megatron", None).representative(1, 1, 1, 1, 1)
         times = layer_times(stage_costs(g, st, cluster, rep_work, rep, facts=GraphFacts(g, st)), work.execution,
                             False, 1, True)
-        s = Strategy(pp=8, micro_batch=1)
+        s = Strategy(pp=8, micro_batch=1, zero=zero)
         step = estimate(g, st, cluster, work, s, facts=GraphFacts(g, st)).step_time_s
         assert pipeline_bound_s(times, 8, s.micro_batches(work), 1) <= step

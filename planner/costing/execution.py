@@ -134,6 +134,11 @@ class Execution:
         return out
 
 
+def stays_gathered(strategy, execution: Execution) -> bool:
+    """ZeRO-3 weights gathered once per step and kept over its micro-batches (`Execution.fsdp_gathered_with_pp`)."""
+    return strategy.zero >= 3 and strategy.pp > 1 and execution.fsdp_gathered_with_pp
+
+
 def stack_names() -> list[str]:
     """The bundled stack presets, sorted."""
     return sorted(p.stem for p in STACK_DIR.glob("*.toml"))
@@ -261,4 +266,5 @@ def _parse(root: Table, default_name: str) -> Execution:
     return replace(start, **changes)
 
 
-__all__ = ["DEFAULT_STACK", "FIELDS", "Execution", "load_execution", "parse_execution", "stack_names", "with_changes"]
+__all__ = ["DEFAULT_STACK", "FIELDS", "Execution", "load_execution", "parse_execution", "stack_names", "stays_gathered",
+           "with_changes"]

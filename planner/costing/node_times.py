@@ -31,7 +31,7 @@ from __future__ import annotations
 from cost_models import Cluster
 from cost_models.compute import attention_time_s, op_time_s
 
-from planner.costing.execution import Execution
+from planner.costing.execution import Execution, stays_gathered
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.loss import loss_time_s
 from planner.costing.node_work import FLOAT_DTYPES
@@ -58,6 +58,24 @@ def optimizer_step_s(cluster: Cluster, workload: Workload, params: float) -> flo
     return op_time_s(cluster, 10.0 * params, ADAM_BYTES_PER_PARAM * params, "elementwise", activation_dtype(workload))
 
 
+def weight_cast_shares(strategy: Strategy, workload: Workload, execution: Execution) -> tuple[float, float]:
+    """(dense, routed expert): the share of its tensor- or expert-parallel weight shard a rank quantises to FP8 per
+    micro-batch, when the stack keeps 16-bit weights (`Execution.fp8_params` keeps FP8 ones: no cast).
+
+    Cast in every forward, the whole shard; cached over a step's micro-batches (`Execution.fp8_weight_cache`, TE's
+    is_first_microbatch), 1/m of it. Gathered by ZeRO-3/FSDP in FP8 (`Execution.fp8_all_gather`), each rank casts
+    only its data-parallel slice before the all-gather and the GEMMs read the gathered FP8 weight (torchao
+    fsdp_utils.py: WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather quantises the local shard), so 1/(dp x cp)
+    of a dense shard and 1/edp of an expert one, at each gather: every micro-batch, or once a step where the
+    weights stay gathered over it (`stays_gathered`)."""
+    m = strategy.micro_batches(workload)
+    if strategy.zero >= 3 and execution.fp8_all_gather:
+        per_mb = 1.0 / m if stays_gathered(strategy, execution) else 1.0
+        return per_mb / (strategy.dp * strategy.cp), per_mb / strategy.edp
+    share = 1.0 / m if execution.fp8_weight_cache else 1.0
+    return share, share
+
+
 class NodeTimes:
     """Per-node seconds of one strategy's micro-batch: `forward(i, k)` and `backward(i, k)` on a 1/k shard."""
 
@@ -78,9 +96,7 @@ class NodeTimes:
                     else facts.work.act_bytes)
         self.fp8 = self.training and workload.dtype in LOW_PRECISION_GEMMS
         self.gemm_dtype = workload.dtype if self.fp8 else self.dtype
-        # micro-batches a weight's FP8 cast is spread over: all of a step's when the stack caches the copies
-        self.weight_casts_per_mb = 1.0 / strategy.micro_batches(workload) if (
-            self.fp8 and execution.fp8_weight_cache and not execution.fp8_params) else 1.0
+        self.weight_casts = weight_cast_shares(strategy, workload, execution) if self.fp8 else (1.0, 1.0)
         self._fwd: dict[tuple[int, int], float] = {}
         self._bwd: dict[tuple[int, int], float] = {}
 
@@ -186,8 +202,8 @@ class NodeTimes:
                     continue
                 if facts.index.is_weight(x):  # this rank's shard of the weight (its experts, for routed ones),
                     if not self.execution.fp8_params:  # unless the stack keeps FP8 weights (cast at the update)
-                        elements += t.numel / (self.ep * self.etp if facts.in_routed[i] else k) \
-                            * self.weight_casts_per_mb
+                        routed = bool(facts.in_routed[i])
+                        elements += t.numel / (self.ep * self.etp if routed else k) * self.weight_casts[routed]
                 elif inputs:
                     elements += t.numel * share
         nbytes = self.execution.fp8_cast_bytes * elements

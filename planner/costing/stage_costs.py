@@ -151,7 +151,7 @@ def stage_costs(
     # nodes run again, not on the expert degrees (the routed experts are detached) or the pipeline; with a stack
     # that casts FP8 weights once per step, also on the micro-batches the cast is spread over
     tkey = (skey, strategy.sp, cp, strategy.micro_batch, workload.seq_len, workload.dtype, execution, cluster,
-            again.tobytes(), timer.weight_casts_per_mb)
+            again.tobytes(), timer.weight_casts)
     if tkey not in facts.priced:
         if skey not in facts.skeletons:
             skel = build_skeleton(graph, node_keys, param_keys, t, training, space, grad)

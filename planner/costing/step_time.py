@@ -36,6 +36,7 @@ from cost_models.offload import offload_tier, transfer_s
 from cost_models.overlap import exposed_s, shared_window_exposed
 from cost_models.schedule import pipeline_time
 
+from planner.costing.execution import stays_gathered
 from planner.costing.moe_pairing import MoELayerTimes, delays_wgrad, paired_s, unpaired_why
 from planner.costing.node_times import ADAM_BYTES_PER_PARAM, activation_dtype, optimizer_step_s
 from planner.costing.stage_costs import DTYPE_WIDTH, StageCost, StageCosts
@@ -212,11 +213,6 @@ def _dp_tail_s(cluster: Cluster, strategy: Strategy, s: StageCost, x: StageStep,
         shown += exposed_s(gather, s.parts.forward, cluster.dp_overlap_efficiency) if ex.overlap_param_gather \
             else gather
     return shown
-
-
-def stays_gathered(strategy: Strategy, execution) -> bool:
-    """ZeRO-3 weights gathered once per step and kept (see `Execution.fsdp_gathered_with_pp`)."""
-    return strategy.zero >= 3 and strategy.pp > 1 and execution.fsdp_gathered_with_pp
 
 
 #: Bytes per parameter of a gradient that crosses to the host's optimizer update (fp32).

@@ -34,11 +34,11 @@ from cost_models import Cluster
 from cost_models.memory import inflight_microbatches
 from cost_models.offload import offload_tier
 
+from planner.costing.execution import stays_gathered
 from planner.costing.node_times import DTYPE_WIDTH, activation_dtype
 from planner.costing.pipeline_cut import assign_chunks
 from planner.costing.stage_memory import gathered, held_activations, stage_memory, working_copies
-from planner.costing.step_time import (HOST_GRAD_BYTES, dp_collective_s, gather_width, host_update_bytes,
-                                       stays_gathered)
+from planner.costing.step_time import HOST_GRAD_BYTES, dp_collective_s, gather_width, host_update_bytes
 from planner.strategy import Strategy, Workload
 
 @dataclass(frozen=True, slots=True)

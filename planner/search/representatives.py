@@ -40,15 +40,22 @@ class Representatives:
         dp = ep * etp
         s = Strategy(tp=tp, cp=cp, pp=max(1, self.layers), dp=dp, ep=ep, etp=0 if etp == tp else etp,
                      micro_batch=mb, recompute=recompute, sp=tp > 1, layouts=self.layouts)
-        return s, replace(self.workload, global_batch=dp * mb * self._spread())
+        if self._spread() == 1:
+            return s, replace(self.workload, global_batch=dp * mb)
+        # the cast spread over so many micro-batches that it is the least any strategy pays: a cache's share, or
+        # under ZeRO-3 gathers in FP8 each rank's data-parallel slice (`node_times.weight_cast_shares`)
+        ex = replace(self.workload.execution, fp8_weight_cache=True)
+        return s, replace(self.workload, global_batch=dp * mb * CAST_SPREAD, execution=ex)
 
     def _spread(self) -> int:
-        """Micro-batches the representative's step is taken to have: one, unless the stack casts FP8 weights
-        once per step (`Execution.fp8_weight_cache`), whose cost per micro-batch falls with their count, a
-        choice left open in the region: then so many that the cast it pays is the least any strategy pays."""
+        """Micro-batches the representative's step is taken to have: one, unless some strategy of the region casts
+        its FP8 weights less than once per micro-batch: cached once per step (`Execution.fp8_weight_cache`), or
+        sharded before ZeRO-3 gathers them in FP8 (`Execution.fp8_all_gather`), a choice left open in the
+        region; then so many that the cast it pays is the least any strategy pays."""
         ex = self.workload.execution
-        caches = self.workload.mode == "train" and ex.fp8_weight_cache and not ex.fp8_params
-        return CAST_SPREAD if caches and self.workload.dtype in LOW_PRECISION_GEMMS else 1
+        fewer = (ex.fp8_weight_cache or ex.fp8_all_gather) and not ex.fp8_params
+        return CAST_SPREAD if self.workload.mode == "train" and fewer and self.workload.dtype in LOW_PRECISION_GEMMS \
+            else 1
 
     def times(self, tp: int, cp: int, mb: int, ep: int, etp: int, recompute: str = "none") -> LayerTimes:
         """Per-layer unavoidable seconds of one representative (one layer per stage), costed once."""
