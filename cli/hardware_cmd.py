@@ -87,6 +87,10 @@ def _print_cluster(c: Cluster) -> None:
                      if c.host_overhead_s else ""), markup=False)
     if c.calibration:  # whether the efficiency is this hardware's own fit or an assumption carried from another
         console.print(f"efficiency calibration: {c.calibration}", markup=False)
+    if c.attention_plateaus:
+        kernels = ", ".join(f"{k} {f:g}/{b:g}" for k, f, b in c.attention_plateaus)
+        console.print(f"flash attention (share of the bf16 peak, forward/backward): {kernels}"
+                      + (f"; {c.attention_basis}" if c.attention_basis else ""), markup=False)
     for src in c.sources:
         console.print(f"  source: {src}", markup=False)
 

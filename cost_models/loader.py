@@ -108,7 +108,7 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     sampled at eighth-decades; `matmul = [[size, eff], ...]` tables are taken as given instead.
     """
     eff.only("matmul", "memory", "matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us",
-             "host_overhead_us", "attention", "overlap", "fitted_on", "not_fitted", "calibration")
+             "host_overhead_us", "attention", "attention_basis", "overlap", "fitted_on", "not_fitted", "calibration")
     law = [k for k in ("matmul_plateau", "memory_plateau", "kernel_overhead_us") if k in eff.data]
     if law and len(law) != 3:
         missing = sorted({"matmul_plateau", "memory_plateau", "kernel_overhead_us"} - set(law))
@@ -148,6 +148,7 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
                 attention_plateaus=tuple(attention), kernel_overhead_s=t0, **plateaus,
                 host_overhead_s=eff.number("host_overhead_us", default=0.0, allow_zero=True) * US,
                 dp_overlap_efficiency=eff.fraction("overlap", default=1.0),
+                attention_basis=eff.text("attention_basis", default=""),
                 calibration=eff.text("calibration", default=""), fitted_on=tuple(fitted_on),
                 not_fitted=tuple(eff.texts("not_fitted")))
 

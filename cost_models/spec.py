@@ -94,6 +94,7 @@ class Cluster:
     sources: tuple[str, ...] = ()
     fp8_matmul_efficiency: EfficiencyCurve | None = None  # FP8 GEMMs by FLOPs of one op; None: not measured
     attention_plateaus: tuple[tuple[str, float, float], ...] = ()  # (kernel, forward, backward): fractions of bf16 peak
+    attention_basis: str = ""  # where those figures come from: a measurement, or an "ASSUMPTION: ..." carried over
     kernel_overhead_s: float = 0.0  # t0 of the overhead law the curves follow (0: the curves are bare tables)
     host_overhead_s: float = 0.0  # what issuing one op from an eager training step's host adds to it (0: none)
     matmul_plateau: float | None = None  # the law's parameters the curves were made from (None: bare tables)
@@ -290,6 +291,7 @@ def cluster_as_dict(cluster: Cluster) -> dict:
             "fp8_matmul_by_flops": cluster.fp8_matmul_efficiency.to_list() if cluster.fp8_matmul_efficiency else None,
             "memory_by_bytes": cluster.memory_efficiency.to_list(),
             "attention": {k: {"forward": f, "backward": b} for k, f, b in cluster.attention_plateaus},
+            "attention_basis": cluster.attention_basis,
             "kernel_overhead_s": cluster.kernel_overhead_s,
             "host_overhead_s": cluster.host_overhead_s,
             "overlap": cluster.dp_overlap_efficiency,

@@ -54,6 +54,8 @@ def assumptions(hw: Any, workload: Any) -> list[str]:
         _, _, kernel = hw.attention_plateau(ex.attention_kernel) if hw.attention_plateaus else (0, 0, "")
         if kernel and kernel != ex.attention_kernel:
             out.append(f"{hw.name} lists no {ex.attention_kernel} attention efficiency; {kernel}'s is used")
+    if ex.attention == "flash" and hw.attention_basis.startswith("ASSUMPTION"):
+        out.append(f"{hw.name}'s flash attention efficiency: {hw.attention_basis[len('ASSUMPTION'):].lstrip(': ')}")
     if workload.mode == "train" and ex.overlap_ep_comm:
         out.append("the 1F1B all-to-all overlap pairs two micro-batches' MoE layers as Megatron-Core's schedule does, "
                    "taking them as alike, each backward as half data and half weight gradient, and the host's waits "

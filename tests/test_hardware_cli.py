@@ -54,6 +54,31 @@ def test_show_says_whether_the_efficiency_is_this_hardwares_fit_or_carried_from_
     assert "efficiency calibration: transferred from the ascend-910b fit (an assumption" in carried.output
 
 
+def test_show_says_where_the_flash_attention_figures_come_from():
+    """Measured on this hardware (H100: the FlashAttention-3 paper's), or carried from another and said to be."""
+    measured = runner.invoke(app, ["hardware", "show", "dgx-h100"], env=ENV)
+    carried = runner.invoke(app, ["hardware", "show", "dgx-b200"], env=ENV)
+    assert measured.exit_code == 0 and carried.exit_code == 0
+    assert "flash attention (share of the bf16 peak, forward/backward): cudnn 0.55/0.5" in measured.output
+    assert "; measured: H100 SXM" in measured.output and "ASSUMPTION" not in measured.output.split("flash attention")[1]
+    assert "; ASSUMPTION: H100's shares of the peak" in carried.output
+    as_json = json.loads(runner.invoke(app, ["hardware", "show", "dgx-b200", "--json"], env=ENV).output)
+    assert as_json["efficiency"]["attention_basis"].startswith("ASSUMPTION")
+
+
+def test_every_estimate_on_borrowed_attention_figures_says_so():
+    from cost_models import load_cluster
+
+    from planner.caveats import assumptions
+    from planner.strategy import Workload
+
+    work = Workload(global_batch=8, seq_len=1024)
+    said = [a for a in assumptions(load_cluster("dgx-b200"), work) if "flash attention" in a]
+    assert said == ["dgx-b200's flash attention efficiency: H100's shares of the peak (FlashAttention-3, Figures 5-7); "
+                    "no Blackwell attention benchmark"]
+    assert not [a for a in assumptions(load_cluster("dgx-h100"), work) if "flash attention" in a]
+
+
 def test_errors_are_one_line_and_exit_2(tmp_path):
     bad = runner.invoke(app, ["hardware", "show", "dgx-a100", "--devices", "12"], env=ENV)
     assert bad.exit_code == 2
