@@ -165,11 +165,11 @@ SPECS |= table([
     ("automodel-kimi-k2-256xh100-bf16", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "kimi-k2", "seq_len": 4096,
         "global_batch": 512, "stack": "automodel", "execution": AUTOMODEL_MOE,
-        "strategy": {"pp": 8, "vpp": 4, "dp": 32, "ep": 32, "micro_batch": 1, "zero": 3, "recompute": "full"},
+        "strategy": {"pp": 8, "vpp": 4, "dp": 32, "ep": 32, "micro_batch": 1, "zero": 3, "recompute": "full",
+                     "flushes": 2},
         "notes": [AUTOMODEL_NOTE, MOE_BAL, FAKE_GATE, AUTOMODEL_MOE_GRADS,
-                  "costed as one pipeline schedule of 16 micro-batches; the benchmark runs two of 8 each "
-                  "(recipes/llm/benchmark.py: two gradient-accumulation steps), whose second bubble is not "
-                  "charged (about 7/64 of the pipeline time)"]}),
+                  "two pipeline schedules of 8 micro-batches per step, as the table's GA 2 and local batch 8 say "
+                  "(recipes/llm/benchmark.py: gradient-accumulation steps, each a full pipeline schedule)"]}),
     ("automodel-qwen3-moe-30b-8xh100-bf16", {
         "file": "h100", "hardware": "dgx-h100", "devices": 8, "model": "qwen3-30b-a3b", "seq_len": 4096,
         "global_batch": 512, "stack": "automodel", "execution": AUTOMODEL_MOE,

@@ -118,6 +118,10 @@ def estimate_cmd(
     schedule: Annotated[Optional[str], typer.Option("--schedule", help="Pipeline schedule: 1f1b or gpipe (--vpp > 1: "
                                                     "interleaved). \\[default: 1f1b]", rich_help_panel=_PAR,
                                                     show_default=False)] = None,
+    flushes: Annotated[Optional[int], typer.Option(
+        "--flushes", help="Pipeline schedules per step, each over an equal share of the micro-batches and ending in "
+        "a flush (torchtitan's and NeMo Automodel's gradient-accumulation steps with --pp > 1). \\[default: 1]",
+        rich_help_panel=_PAR, show_default=False)] = None,
     offload: Annotated[Optional[list[str]], typer.Option(
         "--offload", metavar="CLASS=FRACTION",
         help="Keep a fraction of a memory class (params, grads, optimizer, activations) in host/pooled memory.",
@@ -141,7 +145,7 @@ def estimate_cmd(
 
     Or score a (hand-edited) declaration: hyperplan estimate llama3-70b --plan plan.yaml
     """
-    bounds.degrees(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch=micro_batch)
+    bounds.degrees(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch=micro_batch, flushes=flushes)
     bounds.devices("--devices", devices)
     bounds.step_tokens(global_batch, seq_len)
     if full_recompute_layers is not None:
@@ -149,7 +153,7 @@ def estimate_cmd(
                      least=0)
     given = {"tp": tp, "pp": pp, "stage-tp": stage_tp, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp,
              "micro-batch": micro_batch, "recompute": recompute, "full-recompute-layers": full_recompute_layers,
-             "sp": sp, "zero": zero, "schedule": schedule, "offload": offload}
+             "sp": sp, "zero": zero, "schedule": schedule, "flushes": flushes, "offload": offload}
     if plan is not None:
         clash = [f"--{k}" for k, v in given.items() if v is not None]
         if clash:
@@ -178,7 +182,8 @@ def estimate_cmd(
                 dtype=dtype or "bf16", tp=_given(tp, 1), pp=_given(pp, 1), stage_tp=widths, dp=dp, cp=_given(cp, 1),
                 ep=_given(ep, 1), vpp=_given(vpp, 1), micro_batch=_given(micro_batch, 1),
                 recompute=_given(recompute, "none"), full_recompute_layers=_given(full_recompute_layers, 0),
-                sp=bool(sp), zero=_given(zero, 0), schedule=_given(schedule, "1f1b"), offload=parse_offload(offload),
+                sp=bool(sp), zero=_given(zero, 0), schedule=_given(schedule, "1f1b"), flushes=_given(flushes, 1),
+                offload=parse_offload(offload),
                 overrides=overrides, dims=opt.parse_dims(dim), stack=stack, strict_ops=strict_ops, etp=_given(etp, 0),
                 solver=solver,
             )

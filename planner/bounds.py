@@ -88,12 +88,13 @@ def degrees(**given: int | None) -> None:
             "ep": ("the expert-parallel degree", "it counts the devices the experts are spread over"),
             "etp": ("the expert tensor-parallel degree", "it counts the devices an expert is split over"),
             "vpp": ("the number of interleaved chunks per stage", "a stage holds at least one chunk"),
-            "micro_batch": ("a micro-batch", "it counts sequences")}
+            "micro_batch": ("a micro-batch", "it counts sequences"),
+            "flushes": ("the number of pipeline schedules per step", "each runs a share of the micro-batches")}
     for name, value in given.items():
         if value is not None:
             noun, why = what[name]
-            whole(f"--{name.replace('_', '-')}", value, noun, most=MAX_DEVICES if name != "micro_batch" else None,
-                  why=why)
+            whole(f"--{name.replace('_', '-')}", value, noun,
+                  most=MAX_DEVICES if name not in ("micro_batch", "flushes") else None, why=why)
 
 
 def step_tokens(global_batch: int | None, seq_len: int | None) -> None:

@@ -149,4 +149,5 @@ def strategy_dict(s: Strategy) -> dict[str, Any]:
     return {"tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep, "etp": s.expert_tp, "vpp": s.vpp, "micro_batch": s.micro_batch,
             "recompute": s.recompute, "sp": s.sp, "zero": s.zero, "schedule": s.schedule,
             "offload": dict(s.offload), "stage_layers": list(s.stage_layers), "layouts": s.layouts,
-            "full_recompute_layers": s.full_recompute_layers, "stage_tp": list(s.stage_tp), "summary": s.short()}
+            "full_recompute_layers": s.full_recompute_layers, "stage_tp": list(s.stage_tp), "flushes": s.flushes,
+            "summary": s.short()}

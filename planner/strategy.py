@@ -76,9 +76,11 @@ class Strategy:
     layouts: str = "megatron"  # tensor-axis layout space: "megatron" (Megatron-LM's) or "searched" (free ILP)
     stage_tp: tuple[int, ...] = ()  # tensor degree of each pipeline stage when they differ; () = `tp` everywhere
     etp: int = 0  # expert tensor-parallel degree; 0 = tp (Megatron-Core's default)
+    flushes: int = 1  # pipeline schedules per step, each over an equal share of its micro-batches and ending in a
+    # flush (torchtitan's and NeMo Automodel's gradient-accumulation steps under a pipeline); 1 = one schedule
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch"):
+        for name in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "flushes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidInput(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
@@ -100,6 +102,9 @@ class Strategy:
             raise InvalidInput("--sp (sequence parallelism) needs --tp greater than 1")
         if self.vpp > 1 and self.pp == 1:
             raise InvalidInput("--vpp (interleaved stages) needs --pp greater than 1")
+        if self.flushes > 1 and self.pp == 1:
+            raise InvalidInput("--flushes (pipeline schedules per step) needs --pp greater than 1; without a "
+                               "pipeline the micro-batches already accumulate")
         if self.stage_layers and (len(self.stage_layers) != self.pp * self.vpp or min(self.stage_layers) < 1):
             raise InvalidInput(
                 f"stage_layers {list(self.stage_layers)} must give pp x vpp = {self.pp * self.vpp} positive layer counts"
@@ -159,12 +164,21 @@ class Strategy:
                 f"micro-batches of {self.micro_batch}; use a batch that is a multiple of {self.dp * self.micro_batch}"
             )
         m = per_replica // self.micro_batch
-        if self.vpp > 1 and m % self.pp:
+        if m % self.flushes:
             raise InvalidInput(
-                f"interleaved 1F1B needs the {m} micro-batches per step to be a multiple of --pp {self.pp}; "
-                "change --global-batch, --micro-batch or --vpp"
+                f"the {m} micro-batches per step do not split evenly over --flushes {self.flushes} pipeline "
+                "schedules; change --global-batch, --micro-batch or --flushes"
+            )
+        if self.vpp > 1 and (m // self.flushes) % self.pp:
+            raise InvalidInput(
+                f"interleaved 1F1B needs the {m // self.flushes} micro-batches per schedule to be a multiple of "
+                f"--pp {self.pp}; change --global-batch, --micro-batch, --flushes or --vpp"
             )
         return m
+
+    def schedule_micro_batches(self, workload: Workload) -> int:
+        """Micro-batches of one pipeline schedule: the step's, over its `flushes` schedules."""
+        return self.micro_batches(workload) // self.flushes
 
     def short(self) -> str:
         """E.g. 'TP8·PP12·DP4, ZeRO-1, selective recompute'; stages of different widths read 'TP4+8·PP2·DP4',
@@ -186,6 +200,8 @@ class Strategy:
         elif self.recompute != "none":
             parts.append(f"{self.recompute} recompute")
         parts.append(f"mb {self.micro_batch}")
+        if self.flushes > 1:
+            parts.append(f"{self.flushes} pipeline flushes/step")
         if self.stage_layers and len(set(self.stage_layers)) > 1:
             parts.append("layers/stage " + _runs(self.stage_layers))
 

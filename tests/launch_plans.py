@@ -39,6 +39,7 @@ PLANS = {
     "tt_fp8": ("llama3-8b", TINY, dict(tp=2, dp=4, sp=True, zero=3, dtype="fp8", stack="torchtitan")),
     "tt_offload": ("llama3-8b", TINY, dict(dp=8, zero=3, offload=(("grads", 1.0), ("optimizer", 1.0), ("params", 1.0)),
                                           stack="torchtitan")),
+    "tt_flushes": ("llama3-8b", TINY, dict(pp=2, dp=4, zero=1, flushes=2, stack="torchtitan")),
     # for DeepSpeed: ZeRO-Offload, ZeRO-Infinity-style fractions, AutoTP, AutoEP
     "ds_offload3": ("llama3-8b", TINY, dict(dp=8, zero=3, recompute="full",
                                             offload=(("optimizer", 0.5), ("params", 1.0), ("activations", 1.0)))),
@@ -58,7 +59,7 @@ WRITES = {
                     "ds_tp", "ds_moe"],
     "deepspeed": ["zero2", "ds_offload3", "ds_offload1", "ds_tp", "ds_moe", "tt_offload"],
     "torchtitan": ["tt_3d", "tt_interleaved", "tt_layout", "tt_gpipe", "tt_cp", "tt_moe", "tt_fp8", "tt_offload",
-                   "3d", "zero2", "moe", "moe_etp1", "fp8"],
+                   "tt_flushes", "3d", "zero2", "moe", "moe_etp1", "fp8"],
 }
 #: backend -> plan -> words of the one sentence it refuses the plan by
 REFUSES = {

@@ -50,9 +50,10 @@ def test_torchtitans_config_manager_reads_the_plan(name, tmp_path):
     t = job.training
     assert (t.global_batch_size, t.seq_len) == (doc["workload"]["global_batch"], doc["workload"]["seq_len"])
     micro = doc["programs"][0]["micro_batches"]
-    if s.pp > 1:  # a replica's batch, cut into the pipeline's micro-batches
-        assert t.local_batch_size == t.global_batch_size // s.dp
-        assert t.local_batch_size // p.pipeline_parallel_microbatch_size == micro
+    if s.pp > 1:  # a schedule's batch, cut into the pipeline's micro-batches; train.py's gradient-accumulation
+        # steps, global // (local x dp), are the plan's schedules per step
+        assert t.global_batch_size // (t.local_batch_size * s.dp) == s.flushes
+        assert t.local_batch_size // p.pipeline_parallel_microbatch_size * s.flushes == micro
         from torch.distributed.pipelining.schedules import get_schedule_class
 
         assert get_schedule_class(p.pipeline_parallel_schedule)  # torch's own name for it

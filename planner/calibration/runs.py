@@ -35,7 +35,7 @@ from planner.errors import InvalidInput
 from planner.strategy import RECOMPUTE_POLICIES, Strategy
 
 STRATEGY_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "recompute", "full_recompute_layers",
-                 "sp", "zero", "schedule", "stage_layers", "offload")
+                 "sp", "zero", "schedule", "stage_layers", "offload", "flushes")
 ROW_KEYS = ("id", "source", "hardware", "devices", "model", "overrides", "seq_len", "global_batch", "dtype", "stack",
             "execution", "strategy", "measured", "memory_gib", "category", "notes")
 LARGEST_FITTING = "largest fitting"

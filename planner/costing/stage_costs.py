@@ -175,7 +175,8 @@ def stage_costs(
         ckey += (strategy.micro_batch, strategy.recompute, strategy.full_recompute_layers, constrain, opt_key)
         if constrain:
             ckey += (strategy.pp, strategy.vpp, strategy.stage_layers, strategy.zero, strategy.offload,
-                     strategy.dp, strategy.ep, strategy.micro_batches(workload), cluster.device.hbm_bytes)
+                     strategy.dp, strategy.ep, strategy.micro_batches(workload), strategy.flushes,
+                     cluster.device.hbm_bytes)
     if param_pins:
         ckey += (tuple(sorted(param_pins.items())),)
     if solver != "highs":
@@ -207,7 +208,7 @@ def stage_costs(
             allowed[v_i] = frozenset((0,))
         if constrain:  # the integer program's memory constraints, one per stage
             schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
-            m = strategy.micro_batches(workload)
+            m = strategy.schedule_micro_batches(workload)
             rows = [({b.name for b in structure.blocks if chunk[b.name] % pp == s},
                      inflight_microbatches(schedule, pp=pp, microbatches=m, stage=s, virtual_stages=strategy.vpp))
                     for s in range(pp)]
@@ -250,7 +251,7 @@ def stage_costs(
                                               width, bs / cp, policy, fp8_inputs) if training else ({}, {}))
 
     # -- stages ----------------------------------------------------------------------------------
-    m = strategy.micro_batches(workload)
+    m = strategy.schedule_micro_batches(workload)  # in flight: one schedule's
     schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
     experts = strategy.ep * strategy.expert_tp
     numels = facts.block_numels()

@@ -90,6 +90,7 @@ def view_strategy(v: Mapping[str, Any]) -> Strategy:
     kw: dict[str, Any] = dict(
         tp=axes.get("tp", 1), cp=axes.get("cp", 1), dp=axes.get("dp", 1), pp=axes.get("pp", 1), ep=ep, etp=etp,
         vpp=prog["virtual_stages"], micro_batch=prog["micro_batch_size"], schedule=prog["schedule"],
+        flushes=prog.get("pipeline_flushes", 1),
         recompute=v["recompute"]["policy"], sp=bool(v["layouts"]["sequence_parallel"]),
         full_recompute_layers=v["recompute"].get("full_layers_per_chunk", 0),
         zero=v["zero"]["stage"], layouts=v["layouts"]["space"],

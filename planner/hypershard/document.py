@@ -61,7 +61,7 @@ def file_sha256(path: str) -> str:
 def strategy_from_dict(d: Mapping[str, Any]) -> Strategy:
     """The `strategy` dict of a plan (as `plan --json` prints it) back into a Strategy."""
     keys = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "recompute", "sp", "zero", "schedule", "layouts",
-            "full_recompute_layers")
+            "full_recompute_layers", "flushes")
     kw = {k: d[k] for k in keys if k in d}
     if d.get("etp") and d["etp"] != d.get("tp", 1):
         kw["etp"] = d["etp"]
@@ -147,6 +147,7 @@ def _program(name: str, mesh: str, submodels: list[str], structure: Structure, s
         "ranks": {"first": first, "count": count},
         "micro_batch_size": s.micro_batch,
         "micro_batches": microbatches,
+        "pipeline_flushes": s.flushes,
         "schedule": s.schedule,
         "virtual_stages": s.vpp,
         "stages": stages,

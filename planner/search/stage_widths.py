@@ -101,7 +101,7 @@ def unequal_stage_strategies(structure: Structure, cluster: Cluster, workload: W
     for w in widths:
         s = replace(base, tp=w, sp=base.sp and w > 1, stage_layers=())
         per_width[w] = width_costs(structure, costing(s), s, training, width, workload.execution)
-    m = base.micro_batches(workload)
+    m = base.schedule_micro_batches(workload)
     n_layers = len(structure.layers())
     out = []
     for n_stages in sorted({base.pp - 1, base.pp, base.pp + 1}):

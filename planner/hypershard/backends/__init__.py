@@ -52,6 +52,24 @@ PLAN_LIMITS: dict[str, dict[str, Any]] = {
 }
 
 
+#: Backends whose format runs a step as several pipeline schedules (`programs[].pipeline_flushes` > 1): torchtitan's
+#: gradient-accumulation steps, each a schedule over local_batch_size.
+FLUSHING: tuple[str, ...] = ("torchtitan",)
+
+
+def _flushes_problem(doc: Mapping[str, Any], backend: str) -> None:
+    """InvalidInput, in one sentence, when a training program runs several pipeline schedules per step and the
+    backend's format runs all of a step's micro-batches in one."""
+    if is_serving(doc) or backend in FLUSHING:
+        return
+    for prog in doc["programs"]:
+        k = prog.get("pipeline_flushes", 1)
+        if k > 1:
+            raise InvalidInput(f"program {prog['name']!r} runs {k} pipeline schedules per step (pipeline_flushes), "
+                               f"and the {backend} backend runs all of a step's micro-batches in one; set "
+                               f"pipeline_flushes to 1, or export with --backend {' or '.join(FLUSHING)}")
+
+
 def plan_limits(backend: str) -> dict[str, Any]:
     """The constraints `plan --backend NAME` adds (InvalidInput for an unknown backend)."""
     _module(backend)
@@ -72,6 +90,7 @@ def export(doc: Mapping[str, Any], backend: str, *, base_dir: str | None = None)
     """The exported artefact: Python source, or a serialized ONNX model (of a serving declaration: a mesh, the
     layouts and the experts per phase program, see `serving_py` and `serving_onnx`)."""
     module = _module(backend)
+    _flushes_problem(doc, backend)
     if backend in LAUNCH:
         return module.render(doc, base_dir=base_dir)
     if is_serving(doc):
@@ -91,6 +110,7 @@ def launch_config(doc: Mapping[str, Any], backend: str, *, base_dir: str | None 
     if backend not in LAUNCH:
         raise InvalidInput(f"the {backend} backend writes a file, not a launch config; give -o FILE (launch "
                            f"configs: {', '.join(LAUNCH)})")
+    _flushes_problem(doc, backend)
     w = _module(backend).written(doc, base_dir=base_dir)
     return {"config": w.config, "notes": list(w.notes)}
 
@@ -108,4 +128,4 @@ def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: 
     return write_atomically(out, lambda: export(doc, backend, base_dir=base_dir), protect, "export")
 
 
-__all__ = ["BACKENDS", "LAUNCH", "PLAN_LIMITS", "export", "export_to_file", "launch_config", "plan_limits", "suffix"]
+__all__ = ["BACKENDS", "FLUSHING", "LAUNCH", "PLAN_LIMITS", "export", "export_to_file", "launch_config", "plan_limits", "suffix"]

@@ -18,7 +18,9 @@ names as --section.field overrides of a Python config). What the file says:
   selective_ac_option "op" (torchtitan's op-level policy: every other matmul
   recomputed, the torchtitan stack's selective);
 - [training]: local_batch_size (the micro-batch; with a pipeline, a
-  replica's batch, split into pipeline_parallel_microbatch_size),
+  replica's batch, or one of its `flushes` schedules' share: torchtitan runs
+  global_batch_size / (local_batch_size x dp) schedules per step as
+  gradient-accumulation steps; split into pipeline_parallel_microbatch_size),
   global_batch_size, seq_len, mixed_precision_param, enable_cpu_offload (FSDP2
   offload of parameters, gradients and optimizer states together);
 - [model] converters and [quantize.linear.float8] for FP8 (tensorwise), and
@@ -105,7 +107,9 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     ac = {"mode": "full" if s.recompute == "full" else "selective" if s.recompute == "selective" else "none"}
     if ac["mode"] == "selective":
         ac["selective_ac_option"] = "op"
-    training = {"local_batch_size": t.global_batch // s.dp if s.pp > 1 else s.micro_batch,
+    # with a pipeline, local_batch_size is one schedule's batch; torchtitan runs global / (local x dp) of them per
+    # step as gradient-accumulation steps (train.py: gradient_accumulation_steps), `Strategy.flushes`
+    training = {"local_batch_size": t.global_batch // (s.dp * s.flushes) if s.pp > 1 else s.micro_batch,
                 "global_batch_size": t.global_batch, "seq_len": t.seq_len,
                 "mixed_precision_param": _PRECISION[t.dtype]}
     if t.offload("params"):
