@@ -63,6 +63,10 @@ class Execution:
     expert_gemm_streams: int = 0  # routed experts' GEMMs: one grouped kernel (0), or one GEMM per local expert
     # issued round-robin over this many streams (Transformer Engine's GroupedLinear on cuBLAS: 4), so each
     # round of that many GEMMs pays the per-kernel overhead once
+    tp_layout_copies: bool = False  # sequence-parallel collectives gather and scatter a dimension after the batch
+    # ([batch, seq, hidden], torch DTensor's Shard(1)), so NCCL's dim-0 buffers are copied once more in HBM: each
+    # reduce-scatter's input, and each all-gather's output when a micro-batch holds several sequences
+    # (`planner.costing.stage_costs`); Megatron-Core's [seq, batch, hidden] gathers dim 0 and copies nothing
     # overlaps: each hides behind the compute it runs beside; together they share that compute (see step_time)
     overlap_grad_reduce: bool = True  # data-parallel gradient reduction during the backward pass
     overlap_param_gather: bool = True  # distributed-optimizer parameter all-gather during the next forward
@@ -177,7 +181,7 @@ def parse_execution(text: str, *, source: str, default_name: str) -> Execution:
         raise InvalidInput(str(exc).rstrip(".")) from None
 
 
-_BOOLS = ("fuse_elementwise", "fuse_sibling_gemms", "overlap_grad_reduce", "overlap_param_gather", "fsdp_prefetch",
+_BOOLS = ("fuse_elementwise", "fuse_sibling_gemms", "tp_layout_copies", "overlap_grad_reduce", "overlap_param_gather", "fsdp_prefetch",
           "fsdp_gathered_with_pp", "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm", "overlap_pp_comm",
           "overlap_pp_comm_1f1b", "fp8_saves_inputs", "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation")
 _NUMBERS = ("fp8_cast_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
@@ -188,8 +192,8 @@ _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DI
 
 
 _SECTIONS = {
-    "kernels": ("attention", "attention_kernel", "fuse_elementwise", "fuse_sibling_gemms", "kernel_efficiency",
-                "expert_gemm_streams", "loss_kernel"),
+    "kernels": ("attention", "attention_kernel", "fuse_elementwise", "fuse_sibling_gemms", "tp_layout_copies",
+                "kernel_efficiency", "expert_gemm_streams", "loss_kernel"),
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_weight_bytes", "fp8_saves_inputs", "fp8_params",
                   "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather"),
