@@ -28,12 +28,20 @@ def test_torch_copies_a_dim_1_gather_unless_one_sequence_and_always_a_dim_1_scat
     scattered = fc._chunk_or_narrow_cat(inp, group, narrow_dim=1, cat_dim=0)
     assert scattered.shape == (group, seq // group, hidden)
     assert scattered.untyped_storage().data_ptr() != inp.untyped_storage().data_ptr()
+    # async TP's fused ops take a dim-1 gather or scatter as views moved to the front, not as a cat
+    import inspect
+
+    from torch.distributed import _symmetric_memory as symm
+
+    for fused in (symm._fused_all_gather_matmul_impl, symm._fused_matmul_reduce_scatter_impl):
+        src = inspect.getsource(fused)
+        assert "movedim" in src and "torch.cat" not in src
 
 
-def _step(tmp_path, micro_batch: int, copies: bool) -> float:
-    stack = tmp_path / f"tt{int(copies)}.toml"
-    stack.write_text(f'[stack]\nbase = "torchtitan"\n[kernels]\ntp_layout_copies = {str(copies).lower()}\n',
-                     encoding="utf-8")
+def _step(tmp_path, micro_batch: int, copies: bool, async_tp: bool = False) -> float:
+    stack = tmp_path / f"tt{int(copies)}{int(async_tp)}.toml"
+    stack.write_text(f'[stack]\nbase = "torchtitan"\n[kernels]\ntp_layout_copies = {str(copies).lower()}\n'
+                     f'[overlap]\noverlap_tp_comm = {str(async_tp).lower()}\n', encoding="utf-8")
     return estimate_model("llama3-8b", cluster="dgx-h100", devices=8, global_batch=8 * micro_batch, seq_len=4096,
                           tp=8, sp=True, micro_batch=micro_batch, overrides=dict(layers=2),
                           stack=str(stack))["step_time_s"]
@@ -47,3 +55,5 @@ def test_the_copies_cost_what_torch_copies(tmp_path):
     two = _step(tmp_path, 2, True) - _step(tmp_path, 2, False)
     assert one > 0
     assert two / 2 > 3 * one
+    # async TP: the fused kernels copy nothing
+    assert _step(tmp_path, 2, True, async_tp=True) == _step(tmp_path, 2, False, async_tp=True)

@@ -132,8 +132,9 @@ def stage_costs(
     gather_scale = 1.0 / width if timer.fp8 and execution.fp8_tp_all_gather else 1.0
 
     # a stack that shards the sequence after the batch dimension copies NCCL's dim-0 buffers once more (read and
-    # written): every reduce-scatter's input, and an all-gather's output unless the micro-batch is one sequence
-    copies = execution.tp_layout_copies and strategy.sp
+    # written): every reduce-scatter's input, and an all-gather's output unless the micro-batch is one sequence;
+    # not when its TP overlap fuses the collectives into the GEMMs (`Execution.tp_layout_copies`)
+    copies = execution.tp_layout_copies and strategy.sp and not execution.overlap_tp_comm
     gather_copy = copies and strategy.micro_batch > 1
 
     def layout_copy_s(nbytes: float) -> float:
