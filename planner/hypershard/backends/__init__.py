@@ -128,4 +128,5 @@ def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: 
     return write_atomically(out, lambda: export(doc, backend, base_dir=base_dir), protect, "export")
 
 
-__all__ = ["BACKENDS", "FLUSHING", "LAUNCH", "PLAN_LIMITS", "export", "export_to_file", "launch_config", "plan_limits", "suffix"]
+__all__ = ["BACKENDS", "FLUSHING", "LAUNCH", "PLAN_LIMITS", "export", "export_to_file", "launch_config", "plan_limits",
+           "suffix"]
