@@ -82,6 +82,11 @@ def op_time_s(
 
 
 
+def copy_s(cluster: Cluster, nbytes: float) -> float:
+    """Seconds of one memory-bound pass that reads `nbytes` and writes them elsewhere (a layout copy, a regroup)."""
+    return op_time_s(cluster, 0.0, 2.0 * nbytes, "elementwise") if nbytes > 0 else 0.0
+
+
 def attention_time_s(cluster: Cluster, flops: float, bytes_moved: float, phase: Phase, kernel: str) -> float:
     """Seconds of one fused (flash) attention kernel on one device: its FLOPs at the kernel's plateau fraction
     of the bf16 peak, paying the per-kernel overhead of the device's law (t0 + F / (plateau * peak)), or the

@@ -47,6 +47,11 @@ class PipelineTime:
     p2p_s: float
     unpaired_s: float = 0.0  # of bubble_s: the paired schedule's steps run alone, over the paired pace
 
+    def repeated(self, times: int) -> PipelineTime:
+        """`times` such schedules one after another, each filling and draining the pipeline."""
+        return PipelineTime(total_s=times * self.total_s, busy_s=times * self.busy_s, bubble_s=times * self.bubble_s,
+                            p2p_s=times * self.p2p_s, unpaired_s=times * self.unpaired_s)
+
 
 def bubble_fraction(schedule: PipelineSchedule, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
     """Idle time over ideal time for equal stages: (p-1)/m, or (p-1)/(v*m) interleaved (Narayanan 2021)."""

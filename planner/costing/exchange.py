@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from cost_models import Cluster, place_group
 from cost_models.collectives import all_gather_s, reduce_scatter_s
-from cost_models.compute import op_time_s
+from cost_models.compute import copy_s
 from cost_models.expert_dispatch import contiguous_groups, exchange_s, expected_groups, limited_groups
 
 from planner.costing.block_costs import Parts
@@ -147,7 +147,7 @@ def sort_chunks_s(cluster: Cluster, nbytes: float) -> float:
     local experts after the dispatch, and back before the combine, whenever a rank holds more than one expert
     (Megatron-LM token_dispatcher.py, MoEAlltoAllTokenDispatcher.dispatch_postprocess and combine_preprocess;
     the flex dispatchers receive tokens already laid out by expert). Backward runs the inverse permutations."""
-    return op_time_s(cluster, 0.0, 2.0 * nbytes, "elementwise") if nbytes > 0 else 0.0
+    return copy_s(cluster, nbytes)
 
 
 def reruns_exchange(policy: str, execution: Execution) -> bool:

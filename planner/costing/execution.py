@@ -183,9 +183,10 @@ def parse_execution(text: str, *, source: str, default_name: str) -> Execution:
         raise InvalidInput(str(exc).rstrip(".")) from None
 
 
-_BOOLS = ("fuse_elementwise", "fuse_sibling_gemms", "tp_layout_copies", "overlap_grad_reduce", "overlap_param_gather", "fsdp_prefetch",
-          "fsdp_gathered_with_pp", "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm", "overlap_pp_comm",
-          "overlap_pp_comm_1f1b", "fp8_saves_inputs", "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation")
+_BOOLS = ("fuse_elementwise", "fuse_sibling_gemms", "tp_layout_copies", "overlap_grad_reduce", "overlap_param_gather",
+          "fsdp_prefetch", "fsdp_gathered_with_pp", "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm",
+          "overlap_pp_comm", "overlap_pp_comm_1f1b", "fp8_saves_inputs", "fp8_params", "fp8_weight_cache",
+          "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation")
 _NUMBERS = ("fp8_cast_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
             "runtime_reserve_gib", "kernel_efficiency", "tp_overlap_share",
             "moe_expert_load_cv", "moe_capacity_factor")

@@ -18,7 +18,7 @@ import numpy as np
 
 from cost_models import Cluster, place_group
 from cost_models.collectives import all_gather_s, all_reduce_s, all_to_all_s, reduce_scatter_s
-from cost_models.compute import op_time_s
+from cost_models.compute import copy_s
 from cost_models.memory import inflight_microbatches
 
 from planner.costing.attribution import add_routed, block_parts, gemm_windows, var_parts
@@ -137,17 +137,14 @@ def stage_costs(
     copies = execution.tp_layout_copies and strategy.sp and not execution.overlap_tp_comm
     gather_copy = copies and strategy.micro_batch > 1
 
-    def layout_copy_s(nbytes: float) -> float:
-        return op_time_s(cluster, 0.0, 2.0 * nbytes, "elementwise")
-
     def comm_time(kind: str, nbytes: float) -> float:
         if kind == "all_reduce":
             return all_reduce_s(nbytes, tp_spans)
         if kind == "all_gather":
             moved = nbytes * gather_scale
-            return all_gather_s(moved, tp_spans) + (layout_copy_s(moved) if gather_copy else 0.0)
+            return all_gather_s(moved, tp_spans) + (copy_s(cluster, moved) if gather_copy else 0.0)
         if kind == "reduce_scatter":
-            return reduce_scatter_s(nbytes, tp_spans) + (layout_copy_s(nbytes) if copies else 0.0)
+            return reduce_scatter_s(nbytes, tp_spans) + (copy_s(cluster, nbytes) if copies else 0.0)
         return all_to_all_s(nbytes / t, tp_spans)
 
     def tensor_bytes(name: str) -> float:

@@ -28,7 +28,7 @@ the step time exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from cost_models import Cluster, place_group
 from cost_models.collectives import all_gather_s, all_reduce_s, reduce_scatter_s, send_recv_s
@@ -156,11 +156,8 @@ def step_breakdown(
         if ex.overlap_pp_comm and (strategy.vpp > 1 or ex.overlap_pp_comm_1f1b):  # beside the next chunk's compute
             p2p = exposed_s(p2p, min(x.forward_s for x in steps), cluster.dp_overlap_efficiency)
     schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
-    k = strategy.flushes  # schedules per step, one after another, each filling and draining the pipeline
-    one = pipeline_time([x.forward_s for x in steps], [x.backward_s for x in steps], m // k, schedule, strategy.vpp,
-                        p2p, [x.steady_s for x in steps])
-    pipe = replace(one, total_s=k * one.total_s, busy_s=k * one.busy_s, bubble_s=k * one.bubble_s,
-                   p2p_s=k * one.p2p_s, unpaired_s=k * one.unpaired_s)
+    pipe = pipeline_time([x.forward_s for x in steps], [x.backward_s for x in steps], m // strategy.flushes, schedule,
+                         strategy.vpp, p2p, [x.steady_s for x in steps]).repeated(strategy.flushes)
     slow = max(range(len(stages)), key=lambda i: (steps[i].steady_s, -i))
     sp_, st_ = stages[slow].parts, steps[slow]
     # the steps run unpaired add expert exchange over the paired pace, not idle time
