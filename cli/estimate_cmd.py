@@ -238,7 +238,9 @@ def print_estimate(r: dict) -> None:
              render.seconds(p["estimate"]["step_time_s"]), render.gib(p["estimate"]["memory_gib"]["peak"]))
             for p in progs), right=("step", "peak")))
     mem = r["memory_gib"]
-    peak = Text(f"{render.gib(mem['peak'])} of {render.gib(r['hbm_gib'])} HBM: ")
+    reserve = r.get("workload", {}).get("allocator_reserve", 0.0)
+    kept = f", {reserve:.1%} kept by the allocator" if reserve else ""
+    peak = Text(f"{render.gib(mem['peak'])} of {render.gib(r['hbm_gib'])} HBM{kept}: ")
     short = (r.get("short_of") or {}).get("why") or f"over by {render.gib(r['over_gib'])}"
     peak.append("fits" if r["fits"] else f"does not fit: {short}",
                 style="" if r["fits"] else "bold red")

@@ -185,7 +185,8 @@ def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any) ->
         "cluster": {"name": hw.name, "devices": hw.n_devices, "calibration": hw.calibration,
                     "fitted": hw.fitted},
         "workload": {"mode": workload.mode, "global_batch": workload.global_batch, "seq_len": workload.seq_len,
-                     "dtype": workload.dtype, "stack": workload.execution.origin or workload.execution.name},
+                     "dtype": workload.dtype, "stack": workload.execution.origin or workload.execution.name,
+                     "allocator_reserve": workload.execution.allocator_reserve},
         "assumptions": assumptions(hw, workload) + ([uncosted_note(graph)] if graph.uncosted()["ops"] else []),
     }
 

@@ -60,6 +60,9 @@ def assumptions(hw: Any, workload: Any) -> list[str]:
         out.append("the 1F1B all-to-all overlap pairs two micro-batches' MoE layers as Megatron-Core's schedule does, "
                    "taking them as alike, each backward as half data and half weight gradient, and the host's waits "
                    "as none (DeepSeek-V3 on 1,024 H100s comes out 20 % fast with it)")
+    if ex.allocator_reserve == 0.0:
+        out.append(f"the {ex.name} stack's caching allocator is taken to keep no HBM free of tensors (no published "
+                   "peak memory of this stack to fit its reserve on)")
     if workload.mode == "train" and ex.moe_routing == "learned":
         out.append(f"a learned router's expert loads spread with coefficient of variation {ex.moe_expert_load_cv:g} "
                    "(fitted on Qwen3-235B's dropless runs on 256 H100s; for another model or router, an assumption)")

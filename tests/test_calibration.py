@@ -15,7 +15,9 @@ import pytest
 from planner.api import calibrate
 from planner.calibration import read_runs
 from planner.calibration.predict import Predictor, summarise
+from planner.calibration.reserve_fit import fit_reserves, tensor_gib
 from planner.calibration.runs import load_runs
+from planner.costing.execution import load_execution
 from planner.errors import InvalidInput
 
 pytestmark = pytest.mark.calibration
@@ -67,13 +69,26 @@ def test_the_a100_runs_stay_within_5_percent(result):
     assert max(abs(p.error) for p in a100) <= 0.05
 
 
-def test_measured_memory_is_an_upper_bound_the_prediction_stays_under(result):
-    """Published memory is the allocator's reserved peak (fragmentation included): the tensors it holds are
-    at most that, and not much less (within a factor of 2.2)."""
+def test_held_out_memory_agrees_with_the_reserved_peaks_published(result):
+    """Published memory is the allocator's reserved peak: the tensors the estimate counts stay under it, and with
+    the stack's fitted reserve the held-out runs' peaks come within 7 % on average (9.6 % without it), 20 % at
+    most (the 405B 1F1B row on 512 GPUs, -18.5 %)."""
     with_memory = [p for p in result.predictions if p.run.memory_gib is not None]
-    assert len(with_memory) >= 6
+    assert len(with_memory) >= 12
     for p in with_memory:
-        assert p.run.memory_gib / 2.2 <= p.predicted_memory_gib <= p.run.memory_gib * 1.05, p.run.id
+        assert tensor_gib(p) <= p.run.memory_gib, p.run.id
+    held = [p for p in with_memory if not p.fitted]
+    errors = [abs(p.predicted_memory_gib / p.run.memory_gib - 1.0) for p in held]
+    assert len(held) >= 6
+    assert sum(errors) / len(errors) <= 0.07 and max(errors) <= 0.20
+
+
+def test_the_shipped_allocator_reserve_is_the_fit_on_half_the_runs(result):
+    """benchmarks/fit_allocator_reserve.py wrote it: the stack file carries what its fitted runs give."""
+    fits = {f.stack: f for f in fit_reserves(result.predictions)}
+    assert set(fits) == {"torchtitan"}
+    assert fits["torchtitan"].reserve == pytest.approx(load_execution("torchtitan").allocator_reserve, abs=5e-4)
+    assert len(fits["torchtitan"].fitted) <= len(fits["torchtitan"].held_out)
 
 
 # -- the runs format ----------------------------------------------------------------------------------

@@ -41,7 +41,9 @@ class Prediction:
 
     @property
     def predicted_memory_gib(self) -> float:
-        return self.estimate.memory_bytes["peak"] / GIB
+        """What the stack's allocator holds at the worst stage's peak (`Execution.reserved_bytes`): the figure
+        PyTorch stacks report as peak memory (torchtitan logs `reserved_bytes.all.peak`)."""
+        return self.run.execution.reserved_bytes(self.estimate.memory_bytes["peak"]) / GIB
 
     @property
     def memory_error(self) -> float | None:

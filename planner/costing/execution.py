@@ -103,7 +103,8 @@ class Execution:
     selective: Selective = "modules"  # what selective recompute means (see planner.costing.recompute)
     recompute_modules: tuple[str, ...] = ("core_attn",)  # with "modules": which (Megatron's --recompute-modules)
     # memory the stack keeps for itself
-    allocator_reserve: float = 0.0  # fraction of HBM lost to the caching allocator's fragmentation
+    allocator_reserve: float = 0.0  # share of the caching allocator's reserved memory that holds no tensor at
+    # the peak (fragmentation, cached free blocks): tensors may fill HBM x (1 - it) (`reserved_bytes`)
     runtime_reserve_gib: float = 0.0  # runtime context, communicator buffers, kernel workspaces
     # mixture of experts
     moe_dispatcher: Dispatcher = "alltoall"
@@ -127,6 +128,12 @@ class Execution:
     def usable_hbm_bytes(self, hbm_bytes: float) -> float:
         """What of a device's HBM the stack can hand to tensors."""
         return hbm_bytes * (1.0 - self.allocator_reserve) - self.runtime_reserve_gib * GIB
+
+    def reserved_bytes(self, tensor_bytes: float) -> float:
+        """What the stack's caching allocator holds when its tensors peak at `tensor_bytes` (what PyTorch's
+        `reserved_bytes.all.peak` reports, as torchtitan logs it): the tensors and the reserve's share beside them.
+        It fits HBM exactly when the tensors fit `usable_hbm_bytes` (runtime reserve aside)."""
+        return tensor_bytes / (1.0 - self.allocator_reserve)
 
     def routed_load(self, ep: int, experts: int) -> float:
         """The busiest expert-parallel rank's routed work over the mean (1 unless the router is learned or tokens
@@ -246,7 +253,7 @@ def _value(t: Table, key: str) -> Any:
     if key == "allocator_reserve":
         value = t.number(key, allow_zero=True)
         if value >= 0.5:
-            raise t.error(key, f"expected a fraction of HBM below 0.5, got {value:g}")
+            raise t.error(key, f"expected a fraction of the reserved memory below 0.5, got {value:g}")
         return value
     return t.text(key)
 
