@@ -7,7 +7,9 @@ The runs are `planner/calibration/runs/*.json`, our reading of the published row
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -111,6 +113,7 @@ _ROW = {"id": "a", "hardware": "dgx-a100", "devices": 8, "model": "gpt", "overri
     ({"stack": "nemo-9000"}, "unknown stack 'nemo-9000'"),
     ({"execution": {"overlap_tp_comm": 3}}, "execution.overlap_tp_comm: expected true or false"),
     ({"colour": "red"}, "unknown field 'colour'"),
+    ({"measured": {"step_s": 0.05, "memory_gib": 60}}, "unknown field 'memory_gib'.*the row's own memory_gib field"),
 ])
 def test_bad_rows_are_refused_with_one_sentence(tmp_path, change, words):
     with pytest.raises(InvalidInput, match=words):
@@ -134,3 +137,20 @@ def test_the_largest_fitting_micro_batch_is_chosen_once(tmp_path):
     pred = Predictor()
     # a 2-layer model: 8 sequences of 512 would fit, but each of the 4 data-parallel ranks has only 4
     assert pred.micro_batch(run, pred.cluster(run)) == 4
+
+
+def test_the_reserve_fit_makes_the_fitted_peaks_agree_on_average(tmp_path):
+    """Two runs whose allocators report 10 % and 20 % over the tensors the estimate counts: one reserve fits both
+    best in log terms, 1 - 1/sqrt(1.1 x 1.2), and the calibration's memory summary reports what is left."""
+    rows = [_ROW | {"id": "t1", "stack": "torchtitan"}, _ROW | {"id": "t2", "stack": "torchtitan", "global_batch": 32}]
+    first = calibrate([_write(tmp_path, rows)])
+    tensors = {p.run.id: tensor_gib(p) for p in first.predictions}
+    measured = {"t1": 1.1 * tensors["t1"], "t2": 1.2 * tensors["t2"]}
+    rows = [r | {"memory_gib": measured[r["id"]]} for r in rows]
+    got = calibrate([_write(tmp_path, rows)])
+    (fit,) = fit_reserves([dataclasses.replace(p, fitted=True) for p in got.predictions])
+    assert fit.reserve == pytest.approx(1.0 - 1.0 / math.sqrt(1.1 * 1.2))
+    (summary,) = got.memory_summary()
+    reserve = load_execution("torchtitan").allocator_reserve
+    worst = max(abs(1.0 / (1.0 - reserve) / 1.1 - 1.0), abs(1.0 / (1.0 - reserve) / 1.2 - 1.0))
+    assert summary["group"] == "held-out" and summary["max_abs_error"] == pytest.approx(worst)

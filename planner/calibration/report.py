@@ -11,6 +11,7 @@ from cost_models.loader import load_text
 
 from planner.calibration.fit import Fit, fit as fit_runs, hardware_text, is_device_value, with_stack_values, write_fit
 from planner.calibration.predict import Prediction, Predictor, predict_all, summarise
+from planner.calibration.reserve_fit import fit_reserves
 from planner.calibration.runs import Run
 from planner.errors import InvalidInput
 
@@ -35,6 +36,22 @@ class CalibrationResult:
                         "mean_abs_error": s.mean, "max_abs_error": s.max})
         return out
 
+    def memory_summary(self) -> list[dict]:
+        """Per stack with measured peaks: mean and max |error| of the predicted reserved peak, fit and held-out
+        runs apart, the stack's allocator reserve and the one its fitted runs give (`reserve_fit.fit_reserves`)."""
+        given = {f.stack: f.reserve for f in fit_reserves(self.predictions)}
+        groups: dict[tuple[str, str], list[Prediction]] = defaultdict(list)
+        for p in self.predictions:
+            if p.run.memory_gib is not None:
+                groups[(p.run.execution.name, "fit" if p.fitted else "held-out")].append(p)
+        out = []
+        for (stack, group), preds in sorted(groups.items()):
+            errors = [abs(p.predicted_memory_gib / p.run.memory_gib - 1.0) for p in preds]
+            out.append({"stack": stack, "group": group, "rows": len(preds), "mean_abs_error": sum(errors) / len(errors),
+                        "max_abs_error": max(errors), "allocator_reserve": preds[0].run.execution.allocator_reserve,
+                        "fitted_reserve": given.get(stack)})
+        return out
+
     def assumptions(self) -> dict[str, str]:
         """Hardware whose efficiency was not fitted on its own runs: the sentence its file gives."""
         return {hw: note for hw, note in self.notes.items() if note.startswith("transferred") or "ASSUMPTION" in note}
@@ -51,7 +68,7 @@ class CalibrationResult:
                 "predicted_tokens_per_s_per_device": predicted, "fits": p.estimate.fits,
                 "measured_memory_gib": p.run.memory_gib, "predicted_memory_gib": p.predicted_memory_gib,
                 "breakdown_s": dict(sorted(p.estimate.breakdown_s.items())), "notes": list(p.run.notes)})
-        out = {"runs": runs, "summary": self.summary(), "skipped": self.skipped,
+        out = {"runs": runs, "summary": self.summary(), "memory_summary": self.memory_summary(), "skipped": self.skipped,
                "hardware": dict(sorted(self.notes.items()))}
         if self.fit is not None:
             out["fit"] = {"hardware": self.fit.hardware, "values": self.fit.values, "runs": list(self.fit.runs),

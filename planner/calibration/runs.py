@@ -132,6 +132,10 @@ def parse_run(row: Any, *, where: str, origin: str = "", order: int = 0) -> Run:
     measured = row.get("measured")
     if not isinstance(measured, dict) or not ({"step_s", "tokens_per_s_per_device"} & set(measured)):
         raise InvalidInput(f"{where}: measured must give step_s or tokens_per_s_per_device")
+    for key in sorted(set(measured) - {"step_s", "tokens_per_s_per_device"}):
+        hint = "; a measured peak memory is the row's own memory_gib field" if "mem" in key else ""
+        raise InvalidInput(f"{where}: measured: unknown field {key!r}; expected step_s or "
+                           f"tokens_per_s_per_device{hint}")
     if "step_s" in measured:
         step = _positive(measured, "step_s", f"{where}: measured")
     else:
