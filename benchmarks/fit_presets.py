@@ -85,7 +85,27 @@ def ties_for(hardware: str, fitted: dict[str, str]) -> tuple[dict, str]:
             f"matmul_plateau = {ratio:g} x fp8_matmul_plateau, {ref}'s fitted ratio (no 16-bit fit run)")
 
 
-def start_text(hardware: str) -> str:
+#: Device values a preset takes from another preset's fit of the same chip instead of fitting them (an assumption
+#: its file states): Grand Teton's GPUs are H100 SXMs run with NCCL, as DGX H100's, whose 14 fit runs (gradient,
+#: parameter, TP and expert overlaps) pin the overlap efficiency; Grand Teton's 10 barely do (fitted free it came to
+#: 0.51, and held at 0.791 their mean error moves 1.7 % -> 2.0 %).
+SHARED_FROM = {"h100-grand-teton": ("dgx-h100", ("overlap",))}
+
+
+def shared_values(hardware: str, fitted: dict[str, str]) -> tuple[dict[str, float], str]:
+    """The device values a preset takes from its reference's fit (`SHARED_FROM`), and the sentence saying so; the
+    reference as this run fitted it when it did, else as installed."""
+    if hardware not in SHARED_FROM:
+        return {}, ""
+    ref, keys = SHARED_FROM[hardware]
+    text = fitted.get(ref) or (PRESET_DIR / f"{ref}.toml").read_text(encoding="utf-8")
+    c = load_text(text, source=f"{ref}.toml", default_name=ref)
+    values = {k: {"overlap": c.dp_overlap_efficiency}[k] for k in keys}
+    return values, ", ".join(f"{k} = {v:g} from {ref}'s fit (the same H100 and NCCL; these runs barely pin it)"
+                             for k, v in values.items())
+
+
+def start_text(hardware: str, shared: dict[str, float] | None = None) -> str:
     """A preset's file with the transferred values put back and an earlier fp8 plateau dropped, so a fit never
     starts from an earlier one (the result depends only on the runs); the A100 preset, the reference, as it is."""
     text = (PRESET_DIR / f"{hardware}.toml").read_text(encoding="utf-8")
@@ -94,7 +114,9 @@ def start_text(hardware: str) -> str:
     out = []
     for line in text.splitlines():
         key = line.split("=")[0].strip()
-        if key in TRANSFERRED:
+        if key in (shared or {}):
+            out.append(f"{key} = {shared[key]:g}")
+        elif key in TRANSFERRED:
             out.append(f"{key} = {TRANSFERRED[key]:g}")
         elif key != "fp8_matmul_plateau":
             out.append(line)
@@ -125,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs = read_runs()
     split = alternate_split(runs)
-    chosen = sorted(args.hardware or split, key=lambda h: (h not in TIED_TO.values(), h))  # references first
+    refs = set(TIED_TO.values()) | {ref for ref, _ in SHARED_FROM.values()}
+    chosen = sorted(args.hardware or split, key=lambda h: (h not in refs, h))  # references first
     fitted: dict[str, str] = {}  # hardware -> its fitted file text, this run's
     for hw in chosen:
         if hw not in preset_names():
@@ -139,8 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         stacks, tp_shares = STACK_FITS.get(hw, ()), TP_SHARE_FITS.get(hw, ())
         ties, note = ties_for(hw, fitted)
+        shared, shared_note = shared_values(hw, fitted)
+        note = "; ".join(x for x in (note, shared_note) if x)
         result = calibrate_runs(mine, fit=fit_ids, stacks=stacks, ties=ties, note=note, tp_shares=tp_shares,
-                                start_text=start_text(hw))
+                                start_text=start_text(hw, shared), held=tuple(shared))
         fitted[hw] = result.fitted_text
         took = time.perf_counter() - start
         values = ", ".join(f"{k} {v:g}" for k, v in result.fit.values.items())

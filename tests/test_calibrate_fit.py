@@ -14,9 +14,12 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.app import app
+from cost_models import load_cluster
 from cost_models.loader import PRESET_DIR
 from planner.calibration import read_runs
+from planner.calibration.fit import fit
 from planner.calibration.report import calibrate_runs
+from planner.errors import InvalidInput
 
 pytestmark = pytest.mark.calibration
 
@@ -76,3 +79,22 @@ def test_a_dry_run_of_fit_presets_writes_no_file(capsys):
     assert fit_presets.main(["--dry-run", "dgx-h200"]) == 0
     assert "dgx-h200: fitted on 1 of 2 runs" in capsys.readouterr().out
     assert {f: (f.read_bytes(), f.stat().st_mtime_ns) for f in files} == before
+
+
+def test_grand_teton_takes_its_overlap_from_the_dgx_h100_fit_and_says_so():
+    """Grand Teton's runs barely pin its overlap efficiency (README: calibration), so benchmarks/fit_presets.py holds
+    it at DGX H100's fitted value: the file carries that value, lists it as not fitted on its own runs, and names
+    where it came from."""
+    from benchmarks import fit_presets
+
+    values, note = fit_presets.shared_values("h100-grand-teton", {})
+    gt = _efficiency((PRESET_DIR / "h100-grand-teton.toml").read_text(encoding="utf-8"))
+    h100 = _efficiency((PRESET_DIR / "dgx-h100.toml").read_text(encoding="utf-8"))
+    assert values == {"overlap": h100["overlap"]} == {"overlap": gt["overlap"]}
+    assert "overlap" in gt["not_fitted"] and "overlap" not in h100["not_fitted"]
+    assert "dgx-h100's fit" in gt["calibration"] and note in gt["calibration"]
+
+
+def test_holding_every_parameter_the_runs_could_pin_is_refused(a100_runs):
+    with pytest.raises(InvalidInput, match="every parameter these runs could pin is held"):
+        fit(a100_runs[:2], load_cluster("dgx-a100"), held=("matmul_plateau",))

@@ -110,18 +110,21 @@ def with_stack_values(runs: Sequence[Run], values: Mapping[str, float]) -> list[
 def fit(runs: Sequence[Run], base: Cluster, predictor: Predictor | None = None,
         progress: Callable[[int, float], None] | None = None, max_evaluations: int = 120,
         stacks: Sequence[str] = (), ties: Mapping[str, tuple[str, float]] | None = None,
-        tp_shares: Sequence[str] = ()) -> Fit:
+        tp_shares: Sequence[str] = (), held: Sequence[str] = ()) -> Fit:
     """Least-squares fit of `base`'s efficiency parameters on `runs` (all on that hardware); with `stacks`, also
     the `kernel_efficiency` of those stacks (values named "stack:NAME"), with `tp_shares` their
     `tp_overlap_share` ("tp_share:NAME"), the others' held as they are. `ties` sets a parameter the runs
-    cannot pin from one they fit: {name: (fitted name, ratio)}, name = ratio x it."""
+    cannot pin from one they fit: {name: (fitted name, ratio)}, name = ratio x it. `held` names parameters kept at
+    `base`'s values although the runs could be fitted on them (a value taken from another preset's fit)."""
     from scipy.optimize import least_squares
 
     if not runs:
         raise InvalidInput("--fit names no run of this hardware; give the ids of measured runs to fit on")
     predictor = predictor or Predictor()
     stack_names = [f"stack:{n}" for n in stacks] + [f"tp_share:{n}" for n in tp_shares]
-    names = fitted_names(runs) + stack_names
+    names = [n for n in fitted_names(runs) if n not in held] + stack_names
+    if not names:
+        raise InvalidInput("every parameter these runs could pin is held; fit more runs or hold fewer parameters")
     ties = {k: v for k, v in (ties or {}).items() if k not in names and v[0] in names}
     spec = {n: (s, lo, hi) for n, s, lo, hi in PARAMETERS} | {n: STACK_FIELDS[n.split(":")[0]][1:] for n in stack_names}
     start = np.array([spec[n][0] for n in names])

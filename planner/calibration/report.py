@@ -88,12 +88,13 @@ def select(runs: Sequence[Run], hardware: str | None, category: str | None) -> l
 
 def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks: Sequence[str] = (),
                    ties=None, note: str = "", tp_shares: Sequence[str] = (),
-                   start_text: str | None = None) -> CalibrationResult:
+                   start_text: str | None = None, held: Sequence[str] = ()) -> CalibrationResult:
     """Predict every run; with `fit`, first fit the hardware of those runs on them (then every prediction on
     that hardware uses the fitted parameters, and the fitted runs count as fit); with `stacks` too, the kernel
     efficiency of those stacks, with `tp_shares` their TP overlap share (every run of them is then predicted
     with it); `ties` as `fit.fit` takes them, and `note` added to the calibration sentence written into the file.
-    `start_text` is the hardware file to fit from, in place of the installed one (which is then not read)."""
+    `start_text` is the hardware file to fit from, in place of the installed one (which is then not read); `held`
+    the hardware parameters the fit keeps as that file gives them."""
 
     predictor = Predictor()
     result_fit, text, override = None, None, None
@@ -110,7 +111,7 @@ def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks
         hw_name = hardware.pop()
         base = (load_cluster(hw_name) if start_text is None else
                 load_text(start_text, source=f"{hw_name}.toml", default_name=hw_name))
-        result_fit = fit_runs(chosen, base, predictor, stacks=stacks, ties=ties, tp_shares=tp_shares)
+        result_fit = fit_runs(chosen, base, predictor, stacks=stacks, ties=ties, tp_shares=tp_shares, held=held)
         runs = with_stack_values(runs, result_fit.values)
         from cost_models.loader import with_law
 
