@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from cost_models.loader import PRESET_DIR, load_text, preset_names  # noqa: E402
 from planner.calibration import alternate_split, read_runs  # noqa: E402
+from planner.calibration.fit import preset_values  # noqa: E402
 from planner.calibration.report import calibrate_runs  # noqa: E402
 from planner.costing.execution import STACK_DIR  # noqa: E402
 
@@ -100,9 +101,9 @@ def shared_values(hardware: str, fitted: dict[str, str]) -> tuple[dict[str, floa
     ref, keys = SHARED_FROM[hardware]
     text = fitted.get(ref) or (PRESET_DIR / f"{ref}.toml").read_text(encoding="utf-8")
     c = load_text(text, source=f"{ref}.toml", default_name=ref)
-    values = {k: {"overlap": c.dp_overlap_efficiency}[k] for k in keys}
-    return values, ", ".join(f"{k} = {v:g} from {ref}'s fit (the same H100 and NCCL; these runs barely pin it)"
-                             for k, v in values.items())
+    values = {k: round(preset_values(c)[k], 3) for k in keys}
+    return values, "ASSUMPTION: " + ", ".join(f"{k} = {v:g} from {ref}'s fit, the same H100 and NCCL, which these "
+                                              "runs barely pin" for k, v in values.items())
 
 
 def start_text(hardware: str, shared: dict[str, float] | None = None) -> str:

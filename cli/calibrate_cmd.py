@@ -98,11 +98,15 @@ def _print(result, output: Optional[Path], plot: Optional[Path]) -> None:
     if mem:
         console.print(render.table("memory per device, GiB (measured: the allocator's reserved peak)",
                                    ("run", "measured", "predicted", "fits"), mem, right=("measured", "predicted")))
+        by_stack: dict[str, list[dict]] = {}
         for s in result.memory_summary():
-            given = "" if s["fitted_reserve"] is None else f"; its fitted runs give {s['fitted_reserve']:.1%}"
-            console.print(f"memory, {s['stack']}, {s['group']}: mean {s['mean_abs_error']:.1%}, max "
-                          f"{s['max_abs_error']:.1%} over {s['rows']} runs (allocator reserve "
-                          f"{s['allocator_reserve']:.1%}{given})")
+            by_stack.setdefault(s["stack"], []).append(s)
+        for stack, groups in by_stack.items():
+            parts = [f"{s['group']} mean {s['mean_abs_error']:.1%}, max {s['max_abs_error']:.1%} ({s['rows']} runs)"
+                     for s in groups]
+            refit = groups[0]["fitted_reserve"]
+            console.print(f"memory, {stack}: {'; '.join(parts)}; allocator reserve {groups[0]['allocator_reserve']:.1%}"
+                          + (f" in the stack, {refit:.1%} refitted on the fit runs" if refit is not None else ""))
     unfit = [p.run.id for p in result.predictions if not p.estimate.fits]
     if unfit:
         console.print(f"predicted not to fit although they ran: {', '.join(unfit)}")

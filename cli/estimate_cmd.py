@@ -239,8 +239,11 @@ def print_estimate(r: dict) -> None:
             for p in progs), right=("step", "peak")))
     mem = r["memory_gib"]
     reserve = r.get("workload", {}).get("allocator_reserve", 0.0)
-    kept = f", {reserve:.1%} kept by the allocator" if reserve else ""
-    peak = Text(f"{render.gib(mem['peak'])} of {render.gib(r['hbm_gib'])} HBM{kept}: ")
+    if reserve:  # the peak counts tensors; the usable HBM is what the allocator leaves them
+        peak = Text(f"{render.gib(mem['peak'])} of tensors, {render.gib(r['hbm_gib'])} usable ({reserve:.1%} of "
+                    "HBM kept by the allocator): ")
+    else:
+        peak = Text(f"{render.gib(mem['peak'])} of {render.gib(r['hbm_gib'])} HBM: ")
     short = (r.get("short_of") or {}).get("why") or f"over by {render.gib(r['over_gib'])}"
     peak.append("fits" if r["fits"] else f"does not fit: {short}",
                 style="" if r["fits"] else "bold red")

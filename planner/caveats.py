@@ -48,7 +48,9 @@ def assumptions(hw: Any, workload: Any) -> list[str]:
         unused = "matmul_plateau" if workload.dtype == "fp8" else "fp8_matmul_plateau"
         kept = [k for k in hw.not_fitted if k != unused]
         if kept:
-            out.append(f"{hw.name}: {', '.join(kept)} not fitted on this hardware's runs (kept from its file)")
+            why = hw.calibration.split("ASSUMPTION:", 1)[1].strip() if "ASSUMPTION:" in hw.calibration else ""
+            out.append(f"{hw.name}: {', '.join(kept)} not fitted on this hardware's runs (kept from its file"
+                       + (f"; {why})" if why else ")"))
     ex = workload.execution
     if workload.mode == "train" and ex.attention == "flash":
         _, _, kernel = hw.attention_plateau(ex.attention_kernel) if hw.attention_plateaus else (0, 0, "")
@@ -61,8 +63,8 @@ def assumptions(hw: Any, workload: Any) -> list[str]:
                    "taking them as alike, each backward as half data and half weight gradient, and the host's waits "
                    "as none (DeepSeek-V3 on 1,024 H100s comes out 20 % fast with it)")
     if ex.allocator_reserve == 0.0:
-        out.append(f"the {ex.name} stack's caching allocator is taken to keep no HBM free of tensors (no published "
-                   "peak memory of this stack to fit its reserve on)")
+        out.append(f"the {ex.name} stack keeps no caching-allocator reserve: its tensors may fill HBM (no measured "
+                   "peak memory of it has fitted one; `hyperplan calibrate` reports the reserve runs with one give)")
     if workload.mode == "train" and ex.moe_routing == "learned":
         out.append(f"a learned router's expert loads spread with coefficient of variation {ex.moe_expert_load_cv:g} "
                    "(fitted on Qwen3-235B's dropless runs on 256 H100s; for another model or router, an assumption)")

@@ -90,11 +90,13 @@ def test_grand_teton_takes_its_overlap_from_the_dgx_h100_fit_and_says_so():
     values, note = fit_presets.shared_values("h100-grand-teton", {})
     gt = _efficiency((PRESET_DIR / "h100-grand-teton.toml").read_text(encoding="utf-8"))
     h100 = _efficiency((PRESET_DIR / "dgx-h100.toml").read_text(encoding="utf-8"))
-    assert values == {"overlap": h100["overlap"]} == {"overlap": gt["overlap"]}
-    assert "overlap" in gt["not_fitted"] and "overlap" not in h100["not_fitted"]
-    assert "dgx-h100's fit" in gt["calibration"] and note in gt["calibration"]
+    assert gt["overlap"] == h100["overlap"] and "overlap" not in h100["not_fitted"] and "overlap" in gt["not_fitted"]
+    assert values == {"overlap": gt["overlap"]} and note in gt["calibration"]  # the file says where it came from
+    assert note.startswith("ASSUMPTION") and "dgx-h100's fit" in note
 
 
-def test_holding_every_parameter_the_runs_could_pin_is_refused(a100_runs):
+def test_holding_every_parameter_the_runs_could_pin_or_an_unknown_one_is_refused(a100_runs):
     with pytest.raises(InvalidInput, match="every parameter these runs could pin is held"):
         fit(a100_runs[:2], load_cluster("dgx-a100"), held=("matmul_plateau",))
+    with pytest.raises(InvalidInput, match="cannot hold overlap_efficiency"):
+        fit(a100_runs[:2], load_cluster("dgx-a100"), held=("overlap_efficiency",))

@@ -226,7 +226,7 @@ def test_the_plan_recomputes_fully_the_fewest_layers_that_fit():
     assert all(a > b for a, b in zip(peaks, peaks[1:]))  # memory falls with every layer recomputed fully
     ex = make_workload("train", 8, 2048, "bf16", None).execution
     usable = (peaks[1] + peaks[2]) / 2  # GiB a plan may use: between one and two full layers' peaks
-    cap = (usable + ex.runtime_reserve_gib) / (1.0 - ex.allocator_reserve)
+    cap = usable / (1.0 - ex.allocator_reserve) + ex.runtime_reserve_gib
     plan = plan_model("gpt", memory_gib=cap, offload=False, mpmd=False, time_limit_s=None, constraints=fixed, **kw)
     s = plan["strategy"]
     assert (s["recompute"], s["full_recompute_layers"]) == ("selective", 2), s["summary"]

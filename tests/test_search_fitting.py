@@ -35,8 +35,8 @@ def test_no_strategy_that_fits_is_faster_than_its_regions_fitting_bound(monkeypa
     structure = discover_blocks(graph)
     workload = make_workload("train", 16, 1024, "bf16", None)
     ex = workload.execution
-    cluster = with_memory_cap(load_cluster("dgx-h100", devices=8), (1.2 + ex.runtime_reserve_gib)
-                              / (1.0 - ex.allocator_reserve))
+    cluster = with_memory_cap(load_cluster("dgx-h100", devices=8),
+                              1.2 / (1.0 - ex.allocator_reserve) + ex.runtime_reserve_gib)
     raised = []
     real = plan_search.fitting_bound_s
 

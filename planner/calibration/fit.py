@@ -122,6 +122,10 @@ def fit(runs: Sequence[Run], base: Cluster, predictor: Predictor | None = None,
         raise InvalidInput("--fit names no run of this hardware; give the ids of measured runs to fit on")
     predictor = predictor or Predictor()
     stack_names = [f"stack:{n}" for n in stacks] + [f"tp_share:{n}" for n in tp_shares]
+    unknown = sorted(set(held) - {p[0] for p in PARAMETERS})
+    if unknown:
+        raise InvalidInput(f"cannot hold {', '.join(unknown)}: the fitted parameters are "
+                           f"{', '.join(p[0] for p in PARAMETERS)}")
     names = [n for n in fitted_names(runs) if n not in held] + stack_names
     if not names:
         raise InvalidInput("every parameter these runs could pin is held; fit more runs or hold fewer parameters")
@@ -157,6 +161,13 @@ def fit(runs: Sequence[Run], base: Cluster, predictor: Predictor | None = None,
     hw = cluster_of(values)
     preds = tuple(predictor.predict(r, hw.scaled(r.devices)) for r in runs_of(values))
     return Fit(base.name, values, tuple(r.id for r in runs), preds, calls[0], tuple(ties))
+
+
+def preset_values(c: Cluster) -> dict[str, float]:
+    """A hardware's values of the fitted parameters (`PARAMETERS`), in their units (the overheads in us)."""
+    return {"matmul_plateau": c.matmul_plateau, "fp8_matmul_plateau": c.fp8_matmul_plateau,
+            "kernel_overhead_us": c.kernel_overhead_s * 1e6, "host_overhead_us": c.host_overhead_s * 1e6,
+            "overlap": c.dp_overlap_efficiency}
 
 
 def law_values(base: Cluster, values: dict[str, float]) -> dict[str, float]:
@@ -225,4 +236,4 @@ def _toml(value) -> str:
 
 
 __all__ = ["Fit", "PARAMETERS", "STACK_FIELDS", "fit", "fitted_names", "hardware_text", "is_device_value",
-           "law_values", "with_stack_values", "write_fit"]
+           "law_values", "preset_values", "with_stack_values", "write_fit"]

@@ -46,7 +46,7 @@ class CalibrationResult:
                 groups[(p.run.execution.name, "fit" if p.fitted else "held-out")].append(p)
         out = []
         for (stack, group), preds in sorted(groups.items()):
-            errors = [abs(p.predicted_memory_gib / p.run.memory_gib - 1.0) for p in preds]
+            errors = [abs(p.memory_error) for p in preds]
             out.append({"stack": stack, "group": group, "rows": len(preds), "mean_abs_error": sum(errors) / len(errors),
                         "max_abs_error": max(errors), "allocator_reserve": preds[0].run.execution.allocator_reserve,
                         "fitted_reserve": given.get(stack)})

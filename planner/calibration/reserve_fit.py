@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from planner.calibration.predict import GIB, Prediction
+from planner.costing.execution import MAX_ALLOCATOR_RESERVE
+from planner.errors import InvalidInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,8 @@ def tensor_gib(p: Prediction) -> float:
 
 def fit_reserves(predictions: Sequence[Prediction]) -> list[ReserveFit]:
     """Per stack with a fitted run that measured its memory: the reserve that fits those runs (see the module
-    docstring), at least 0 (a stack whose tensors are over-counted gets none, not a negative reserve)."""
+    docstring), at least 0 (a stack whose tensors are over-counted gets none, not a negative reserve); InvalidInput
+    when the runs ask for `MAX_ALLOCATOR_RESERVE` or more."""
     by_stack: dict[str, list[Prediction]] = {}
     for p in predictions:
         if p.run.memory_gib is not None:
@@ -52,7 +55,12 @@ def fit_reserves(predictions: Sequence[Prediction]) -> list[ReserveFit]:
         if not fitted:
             continue
         log_ratio = sum(math.log(p.run.memory_gib / tensor_gib(p)) for p in fitted) / len(fitted)
-        out.append(ReserveFit(stack, max(0.0, 1.0 - math.exp(-log_ratio)), tuple(p.run.id for p in fitted),
+        reserve = max(0.0, 1.0 - math.exp(-log_ratio))
+        if reserve >= MAX_ALLOCATOR_RESERVE:
+            raise InvalidInput(f"the {stack} runs' measured peaks are {math.exp(log_ratio):.2f}x the tensors they are "
+                               f"predicted to hold: a reserve of {reserve:.0%} would be no allocator's slack but a "
+                               "model that misses memory; check the runs' layouts and stack")
+        out.append(ReserveFit(stack, reserve, tuple(p.run.id for p in fitted),
                               tuple(p.run.id for p in preds if not p.fitted)))
     return out
 

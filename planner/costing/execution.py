@@ -42,6 +42,8 @@ RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "mlp", "moe", "moe_act", "lay
                                       "shared_experts")
 DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
 ROUTINGS: tuple[str, ...] = ("uniform", "contiguous", "learned")
+#: The largest caching-allocator reserve a stack may give (a share of the reserved memory holding no tensor).
+MAX_ALLOCATOR_RESERVE = 0.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,13 +128,13 @@ class Execution:
                           optimizer_bytes=self.optimizer_bytes)
 
     def usable_hbm_bytes(self, hbm_bytes: float) -> float:
-        """What of a device's HBM the stack can hand to tensors."""
-        return hbm_bytes * (1.0 - self.allocator_reserve) - self.runtime_reserve_gib * GIB
+        """What of a device's HBM the stack can hand to tensors: what the runtime leaves to the caching allocator,
+        less the allocator's reserve (so the tensors fit exactly when `reserved_bytes` of them does)."""
+        return (hbm_bytes - self.runtime_reserve_gib * GIB) * (1.0 - self.allocator_reserve)
 
     def reserved_bytes(self, tensor_bytes: float) -> float:
         """What the stack's caching allocator holds when its tensors peak at `tensor_bytes` (what PyTorch's
-        `reserved_bytes.all.peak` reports, as torchtitan logs it): the tensors and the reserve's share beside them.
-        It fits HBM exactly when the tensors fit `usable_hbm_bytes` (runtime reserve aside)."""
+        `reserved_bytes.all.peak` reports, as torchtitan logs it): the tensors and the reserve's share beside them."""
         return tensor_bytes / (1.0 - self.allocator_reserve)
 
     def routed_load(self, ep: int, experts: int) -> float:
@@ -252,8 +254,9 @@ def _value(t: Table, key: str) -> Any:
         return tuple(mods)
     if key == "allocator_reserve":
         value = t.number(key, allow_zero=True)
-        if value >= 0.5:
-            raise t.error(key, f"expected a fraction of the reserved memory below 0.5, got {value:g}")
+        if value >= MAX_ALLOCATOR_RESERVE:
+            raise t.error(key, f"expected a fraction of the reserved memory below {MAX_ALLOCATOR_RESERVE:g}, "
+                               f"got {value:g}")
         return value
     return t.text(key)
 
@@ -280,5 +283,5 @@ def _parse(root: Table, default_name: str) -> Execution:
     return replace(start, **changes)
 
 
-__all__ = ["DEFAULT_STACK", "FIELDS", "Execution", "load_execution", "parse_execution", "stack_names", "stays_gathered",
-           "with_changes"]
+__all__ = ["DEFAULT_STACK", "FIELDS", "MAX_ALLOCATOR_RESERVE", "Execution", "load_execution", "parse_execution",
+           "stack_names", "stays_gathered", "with_changes"]
