@@ -3,6 +3,8 @@
     python benchmarks/bench_calibration.py            # the table as Markdown (the README's)
     python benchmarks/bench_calibration.py --runs     # and every run's measured and predicted step time
 
+Then the peak memory of the runs that measured one (the allocator's reserved peak), per stack.
+
 Fitted runs are those each preset lists under `fitted_on` (benchmarks/fit_presets.py picks them by a rule
 that does not look at errors); only held-out runs say how right the model is. Takes about a minute.
 """
@@ -52,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in result.predictions:
             print(f"{p.run.id:52s} {p.cluster:17s} {'fit ' if p.fitted else 'held'} "
                   f"{p.measured_s:9.3f} s  {p.predicted_s:9.3f} s  {100 * p.error:+6.1f}%")
+    for s in result.memory_summary():
+        print(f"peak memory (reserved), {s['stack']}, {s['group']}: {s['rows']} runs, mean {100 * s['mean_abs_error']:.1f}%"
+              f", max {100 * s['max_abs_error']:.1f}% (allocator reserve {100 * s['allocator_reserve']:.1f}%)")
     unfit = [p.run.id for p in result.predictions if not p.estimate.fits]
     print(f"\n{len(result.predictions)} runs in {time.perf_counter() - t0:.0f} s; "
           f"predicted not to fit although they ran: {', '.join(unfit) or 'none'}")
