@@ -108,7 +108,8 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     sampled at eighth-decades; `matmul = [[size, eff], ...]` tables are taken as given instead.
     """
     eff.only("matmul", "memory", "matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us",
-             "host_overhead_us", "attention", "attention_basis", "overlap", "fitted_on", "not_fitted", "calibration")
+             "host_overhead_us", "attention", "attention_basis", "attention_half_keys", "overlap", "fitted_on",
+             "not_fitted", "calibration")
     law = [k for k in ("matmul_plateau", "memory_plateau", "kernel_overhead_us") if k in eff.data]
     if law and len(law) != 3:
         missing = sorted({"matmul_plateau", "memory_plateau", "kernel_overhead_us"} - set(law))
@@ -143,8 +144,12 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
             raise att.error(kernel, f"expected [forward, backward] fractions of the bf16 peak in (0, 1], "
                                     f"got {_show(value)}")
         attention.append((kernel, float(value[0]), float(value[1])))
+    half = eff.data.get("attention_half_keys", [0.0, 0.0])
+    if not (isinstance(half, list) and len(half) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                             and v >= 0 for v in half)):
+        raise eff.error("attention_half_keys", f"expected [forward, backward] key counts >= 0, got {_show(half)}")
     fitted_on = eff.texts("fitted_on")
-    return dict(matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
+    return dict(attention_half_keys=(float(half[0]), float(half[1])),matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
                 attention_plateaus=tuple(attention), kernel_overhead_s=t0, **plateaus,
                 host_overhead_s=eff.number("host_overhead_us", default=0.0, allow_zero=True) * US,
                 dp_overlap_efficiency=eff.fraction("overlap", default=1.0),

@@ -3,6 +3,8 @@ rule costs, and a job whose scale suggests it was mistyped. Every estimate and p
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 from planner.errors import InvalidModel
@@ -39,6 +41,15 @@ def scale_warnings(step_time_s: float, microbatches: int, mode: str) -> list[str
             "seconds to minutes of published training steps: --global-batch counts sequences per step"]
 
 
+def attention_assumed(basis: str, kernel: str) -> bool:
+    """Whether a preset's attention figures for `kernel` are an assumption: its basis opens with "ASSUMPTION", or
+    names the kernel in an "ASSUMPTION (kernel, ...)" clause."""
+    if basis.startswith("ASSUMPTION"):
+        return True
+    m = re.search(r"ASSUMPTION \(([^)]*)\)", basis)
+    return bool(m) and kernel in {k.strip() for k in m.group(1).split(",")}
+
+
 def assumptions(hw: Any, workload: Any) -> list[str]:
     """What the figures rest on that no measurement of this hardware and stack has checked."""
     out = []
@@ -56,8 +67,8 @@ def assumptions(hw: Any, workload: Any) -> list[str]:
         _, _, kernel = hw.attention_plateau(ex.attention_kernel) if hw.attention_plateaus else (0, 0, "")
         if kernel and kernel != ex.attention_kernel:
             out.append(f"{hw.name} lists no {ex.attention_kernel} attention efficiency; {kernel}'s is used")
-    if ex.attention == "flash" and hw.attention_basis.startswith("ASSUMPTION"):
-        out.append(f"{hw.name}'s flash attention efficiency: {hw.attention_basis[len('ASSUMPTION'):].lstrip(': ')}")
+    if ex.attention == "flash" and attention_assumed(hw.attention_basis, ex.attention_kernel):
+        out.append(f"{hw.name}'s flash attention efficiency: {hw.attention_basis.removeprefix('ASSUMPTION').lstrip(': ')}")
     if workload.mode == "train" and ex.overlap_ep_comm:
         out.append("the 1F1B all-to-all overlap pairs two micro-batches' MoE layers as Megatron-Core's schedule does, "
                    "taking them as alike, each backward as half data and half weight gradient, and the host's waits "

@@ -55,13 +55,16 @@ def test_show_says_whether_the_efficiency_is_this_hardwares_fit_or_carried_from_
 
 
 def test_show_says_where_the_flash_attention_figures_come_from():
-    """Measured on this hardware (H100: the FlashAttention-3 paper's), or carried from another and said to be."""
+    """Measured on this chip (H100: cuDNN's benchmark on H200, the same die, and the FlashAttention-3 paper's), or
+    carried from another and said to be; with the length at which each kernel reaches half its plateau."""
     measured = runner.invoke(app, ["hardware", "show", "dgx-h100"], env=ENV)
     carried = runner.invoke(app, ["hardware", "show", "dgx-b200"], env=ENV)
     assert measured.exit_code == 0 and carried.exit_code == 0
-    assert "flash attention (share of the bf16 peak, forward/backward): cudnn 0.55/0.5" in measured.output
-    assert "; measured: H100 SXM" in measured.output and "ASSUMPTION" not in measured.output.split("flash attention")[1]
-    assert "; ASSUMPTION: H100's shares of the peak" in carried.output
+    flat = " ".join(measured.output.split())
+    assert "flash attention (share of the bf16 peak, forward/backward): cudnn 0.722/0.627" in flat
+    assert "half of it at 407/607 keys per query" in flat
+    assert "; measured: cudnn by cuDNN 9.19 on H200" in flat and "ASSUMPTION" not in flat.split("flash attention")[1]
+    assert "; ASSUMPTION: GB200's measured cuDNN figures" in " ".join(carried.output.split())
     as_json = json.loads(runner.invoke(app, ["hardware", "show", "dgx-b200", "--json"], env=ENV).output)
     assert as_json["efficiency"]["attention_basis"].startswith("ASSUMPTION")
 
@@ -70,13 +73,17 @@ def test_every_estimate_on_borrowed_attention_figures_says_so():
     from cost_models import load_cluster
 
     from planner.caveats import assumptions
+    from planner.costing.execution import load_execution
     from planner.strategy import Workload
 
     work = Workload(global_batch=8, seq_len=1024)
     said = [a for a in assumptions(load_cluster("dgx-b200"), work) if "flash attention" in a]
-    assert said == ["dgx-b200's flash attention efficiency: H100's shares of the peak (FlashAttention-3, Figures 5-7); "
-                    "no Blackwell attention benchmark"]
+    assert len(said) == 1 and said[0].startswith("dgx-b200's flash attention efficiency: GB200's measured cuDNN")
     assert not [a for a in assumptions(load_cluster("dgx-h100"), work) if "flash attention" in a]
+    # GB200's cudnn figures are measured, its flash2 (torchtitan's kernel) carried from H100: said for that one
+    titan = Workload(global_batch=8, seq_len=1024, execution=load_execution("torchtitan"))
+    assert not [a for a in assumptions(load_cluster("gb200-nvl72"), work) if "flash attention" in a]
+    assert [a for a in assumptions(load_cluster("gb200-nvl72"), titan) if "flash attention" in a]
 
 
 def test_errors_are_one_line_and_exit_2(tmp_path):

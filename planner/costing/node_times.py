@@ -135,8 +135,9 @@ class NodeTimes:
                 return 0.0
             flops = (r.backward_flops if backward else r.forward_flops) * share
             nbytes = r.io_bytes * self.fscale * share * (2.0 if backward else 1.0)  # backward reads dO, writes dQKV
+            keys = r.kept * r.q_len / self.cp  # key positions a query row's kept tiles cover, in a rank's CP chunk
             return attention_time_s(cluster, flops, nbytes, "backward" if backward else "forward",
-                                    self.execution.attention_kernel) / self.execution.kernel_efficiency
+                                    self.execution.attention_kernel, keys) / self.execution.kernel_efficiency
         if facts.weight_view[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]):
             return 0.0
         group = self._group(i)
