@@ -91,7 +91,8 @@ def _print_cluster(c: Cluster) -> None:
         kernels = ", ".join(f"{k} {f:g}/{b:g}" for k, f, b in c.attention_plateaus)
         kf, kb = c.attention_half_keys
         half = f", half of it at {kf:g}/{kb:g} keys per query" if kf or kb else ""
-        console.print(f"flash attention (share of the bf16 peak, forward/backward): {kernels}{half}"
+        what = "plateau share" if kf or kb else "share"
+        console.print(f"flash attention ({what} of the bf16 peak, forward/backward): {kernels}{half}"
                       + (f"; {c.attention_basis}" if c.attention_basis else ""), markup=False)
     for src in c.sources:
         console.print(f"  source: {src}", markup=False)

@@ -149,8 +149,9 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
                                                              and v >= 0 for v in half)):
         raise eff.error("attention_half_keys", f"expected [forward, backward] key counts >= 0, got {_show(half)}")
     fitted_on = eff.texts("fitted_on")
-    return dict(attention_half_keys=(float(half[0]), float(half[1])),matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
-                attention_plateaus=tuple(attention), kernel_overhead_s=t0, **plateaus,
+    return dict(matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
+                attention_plateaus=tuple(attention), attention_half_keys=(float(half[0]), float(half[1])),
+                kernel_overhead_s=t0, **plateaus,
                 host_overhead_s=eff.number("host_overhead_us", default=0.0, allow_zero=True) * US,
                 dp_overlap_efficiency=eff.fraction("overlap", default=1.0),
                 attention_basis=eff.text("attention_basis", default=""),

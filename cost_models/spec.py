@@ -294,7 +294,7 @@ def cluster_as_dict(cluster: Cluster) -> dict:
             "memory_by_bytes": cluster.memory_efficiency.to_list(),
             "attention": {k: {"forward": f, "backward": b} for k, f, b in cluster.attention_plateaus},
             "attention_basis": cluster.attention_basis,
-            "attention_half_keys": list(cluster.attention_half_keys),
+            "attention_half_keys": dict(zip(("forward", "backward"), cluster.attention_half_keys)),
             "kernel_overhead_s": cluster.kernel_overhead_s,
             "host_overhead_s": cluster.host_overhead_s,
             "overlap": cluster.dp_overlap_efficiency,

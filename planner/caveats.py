@@ -41,13 +41,15 @@ def scale_warnings(step_time_s: float, microbatches: int, mode: str) -> list[str
             "seconds to minutes of published training steps: --global-batch counts sequences per step"]
 
 
-def attention_assumed(basis: str, kernel: str) -> bool:
-    """Whether a preset's attention figures for `kernel` are an assumption: its basis opens with "ASSUMPTION", or
-    names the kernel in an "ASSUMPTION (kernel, ...)" clause."""
+def attention_assumed(basis: str, kernel: str) -> str:
+    """What a preset's attention basis assumes for `kernel`: the whole basis when it opens with "ASSUMPTION", the
+    "ASSUMPTION (kernel, ...): ..." clause naming it, or "" (measured)."""
     if basis.startswith("ASSUMPTION"):
-        return True
-    m = re.search(r"ASSUMPTION \(([^)]*)\)", basis)
-    return bool(m) and kernel in {k.strip() for k in m.group(1).split(",")}
+        return basis.removeprefix("ASSUMPTION").lstrip(": ")
+    for m in re.finditer(r"ASSUMPTION \(([^)]*)\):?\s*([^;]*)", basis):
+        if kernel in {k.strip() for k in m.group(1).split(",")}:
+            return m.group(2).strip()
+    return ""
 
 
 def assumptions(hw: Any, workload: Any) -> list[str]:
@@ -67,8 +69,11 @@ def assumptions(hw: Any, workload: Any) -> list[str]:
         _, _, kernel = hw.attention_plateau(ex.attention_kernel) if hw.attention_plateaus else (0, 0, "")
         if kernel and kernel != ex.attention_kernel:
             out.append(f"{hw.name} lists no {ex.attention_kernel} attention efficiency; {kernel}'s is used")
-    if ex.attention == "flash" and attention_assumed(hw.attention_basis, ex.attention_kernel):
-        out.append(f"{hw.name}'s flash attention efficiency: {hw.attention_basis.removeprefix('ASSUMPTION').lstrip(': ')}")
+    if ex.attention == "flash" and hw.attention_plateaus:
+        used = hw.attention_plateau(ex.attention_kernel)[2]  # the kernel whose figures are used (maybe a fallback)
+        said = attention_assumed(hw.attention_basis, used)
+        if said:
+            out.append(f"{hw.name}'s flash attention efficiency ({used}): {said}")
     if workload.mode == "train" and ex.overlap_ep_comm:
         out.append("the 1F1B all-to-all overlap pairs two micro-batches' MoE layers as Megatron-Core's schedule does, "
                    "taking them as alike, each backward as half data and half weight gradient, and the host's waits "

@@ -61,7 +61,7 @@ def test_show_says_where_the_flash_attention_figures_come_from():
     carried = runner.invoke(app, ["hardware", "show", "dgx-b200"], env=ENV)
     assert measured.exit_code == 0 and carried.exit_code == 0
     flat = " ".join(measured.output.split())
-    assert "flash attention (share of the bf16 peak, forward/backward): cudnn 0.722/0.627" in flat
+    assert "flash attention (plateau share of the bf16 peak, forward/backward): cudnn 0.722/0.627" in flat
     assert "half of it at 407/607 keys per query" in flat
     assert "; measured: cudnn by cuDNN 9.19 on H200" in flat and "ASSUMPTION" not in flat.split("flash attention")[1]
     assert "; ASSUMPTION: GB200's measured cuDNN figures" in " ".join(carried.output.split())
@@ -78,7 +78,7 @@ def test_every_estimate_on_borrowed_attention_figures_says_so():
 
     work = Workload(global_batch=8, seq_len=1024)
     said = [a for a in assumptions(load_cluster("dgx-b200"), work) if "flash attention" in a]
-    assert len(said) == 1 and said[0].startswith("dgx-b200's flash attention efficiency: GB200's measured cuDNN")
+    assert len(said) == 1 and said[0].startswith("dgx-b200's flash attention efficiency (cudnn): GB200's measured cuDNN")
     assert not [a for a in assumptions(load_cluster("dgx-h100"), work) if "flash attention" in a]
     # GB200's cudnn figures are measured, its flash2 (torchtitan's kernel) carried from H100: said for that one
     titan = Workload(global_batch=8, seq_len=1024, execution=load_execution("torchtitan"))

@@ -63,6 +63,12 @@ class AttentionRegion:
     lse_bytes: float  # the softmax statistics kept for backward (fp32 per query row and head)
     heads: int
     q_len: int
+    kv_len: int
+
+    @property
+    def row_keys(self) -> float:
+        """Key positions a query row's computed tiles cover, on average (`kept` of the kv length)."""
+        return self.kept * self.kv_len
 
     @property
     def forward_flops(self) -> float:
@@ -105,7 +111,7 @@ def attention_regions(graph: Graph, index: GraphIndex | None = None) -> list[Att
         lse = 4.0 * scores.numel / max(1, kv_len)
         flops = graph.nodes[qk].flops + graph.nodes[av].flops
         out.append(AttentionRegion(frozenset(region), qk, q, k_in, v, graph.nodes[av].outputs[0], flops, kept,
-                                   causal, window, io, lse, heads, q_len))
+                                   causal, window, io, lse, heads, q_len, kv_len))
     return out
 
 

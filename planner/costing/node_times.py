@@ -135,7 +135,9 @@ class NodeTimes:
                 return 0.0
             flops = (r.backward_flops if backward else r.forward_flops) * share
             nbytes = r.io_bytes * self.fscale * share * (2.0 if backward else 1.0)  # backward reads dO, writes dQKV
-            keys = r.kept * r.q_len / self.cp  # key positions a query row's kept tiles cover, in a rank's CP chunk
+            # key positions a query row's kept tiles cover in one kernel: a CP rank's chunk holds 1/cp of a causal
+            # row's keys, a sliding window all of its own unless the chunk is shorter
+            keys = min(r.row_keys, r.kv_len / self.cp) if r.window else r.row_keys / self.cp
             return attention_time_s(cluster, flops, nbytes, "backward" if backward else "forward",
                                     self.execution.attention_kernel, keys) / self.execution.kernel_efficiency
         if facts.weight_view[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]):
