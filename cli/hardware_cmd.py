@@ -90,9 +90,10 @@ def _print_cluster(c: Cluster) -> None:
     if c.attention_plateaus:
         kernels = ", ".join(f"{k} {f:g}/{b:g}" for k, f, b in c.attention_plateaus)
         kf, kb = c.attention_half_keys
-        half = f", half of it at {kf:g}/{kb:g} keys per query" if kf or kb else ""
-        what = "plateau share" if kf or kb else "share"
-        console.print(f"flash attention ({what} of the bf16 peak, forward/backward): {kernels}{half}"
+        law = bool(kf or kb)  # a length law: the figures are its plateaus
+        half = f", half of it at {kf:g}/{kb:g} keys per query" if law else ""
+        console.print(f"flash attention ({'plateau share' if law else 'share'} of the bf16 peak, forward/backward): "
+                      f"{kernels}{half}"
                       + (f"; {c.attention_basis}" if c.attention_basis else ""), markup=False)
     for src in c.sources:
         console.print(f"  source: {src}", markup=False)

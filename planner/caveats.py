@@ -65,12 +65,10 @@ def assumptions(hw: Any, workload: Any) -> list[str]:
             out.append(f"{hw.name}: {', '.join(kept)} not fitted on this hardware's runs (kept from its file"
                        + (f"; {why})" if why else ")"))
     ex = workload.execution
-    if workload.mode == "train" and ex.attention == "flash":
-        _, _, kernel = hw.attention_plateau(ex.attention_kernel) if hw.attention_plateaus else (0, 0, "")
-        if kernel and kernel != ex.attention_kernel:
-            out.append(f"{hw.name} lists no {ex.attention_kernel} attention efficiency; {kernel}'s is used")
     if ex.attention == "flash" and hw.attention_plateaus:
         used = hw.attention_plateau(ex.attention_kernel)[2]  # the kernel whose figures are used (maybe a fallback)
+        if workload.mode == "train" and used != ex.attention_kernel:
+            out.append(f"{hw.name} lists no {ex.attention_kernel} attention efficiency; {used}'s is used")
         said = attention_assumed(hw.attention_basis, used)
         if said:
             out.append(f"{hw.name}'s flash attention efficiency ({used}): {said}")

@@ -17,6 +17,7 @@ of measured to predicted tensors zero.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -67,7 +68,8 @@ def fit_reserves(predictions: Sequence[Prediction]) -> list[ReserveFit]:
 
 def memory_error(p: Prediction, reserve: float) -> float:
     """Predicted over measured peak memory, minus one, with the allocator holding `reserve` of it."""
-    return tensor_gib(p) / (1.0 - reserve) / p.run.memory_gib - 1.0
+    execution = dataclasses.replace(p.run.execution, allocator_reserve=reserve)
+    return execution.reserved_bytes(p.estimate.memory_bytes["peak"]) / GIB / p.run.memory_gib - 1.0
 
 
 __all__ = ["ReserveFit", "fit_reserves", "memory_error", "tensor_gib"]
