@@ -52,26 +52,43 @@ def attention_assumed(basis: str, kernel: str) -> str:
     return ""
 
 
+#: Parameters a serving step does not use: it pays no host overhead (engines replay CUDA graphs) and charges its
+#: communication without overlap credit (planner.inference.phase_cost).
+TRAINING_ONLY = ("host_overhead_us", "overlap")
+
+
+def hardware_assumptions(hw: Any, dtype: str, serving: bool = False) -> list[str]:
+    """What this hardware's efficiency figures rest on that none of its own measured runs has checked (of a
+    serving step's figures, with `serving`)."""
+    if not hw.fitted:
+        return [f"{hw.name}: {hw.calibration or 'efficiency not fitted to any measured run'}"]
+    unused = ("matmul_plateau" if dtype == "fp8" else "fp8_matmul_plateau",) + (TRAINING_ONLY if serving else ())
+    kept = [k for k in hw.not_fitted if k not in unused]
+    if not kept:
+        return []
+    why = hw.calibration.split("ASSUMPTION:", 1)[1].strip() if "ASSUMPTION:" in hw.calibration else ""
+    return [f"{hw.name}: {', '.join(kept)} not fitted on this hardware's runs (kept from its file"
+            + (f"; {why})" if why else ")")]
+
+
+def attention_assumptions(hw: Any, kernel: str, fallback: bool = True) -> list[str]:
+    """What the flash-attention figures used for `kernel` assume: (with `fallback`) that another kernel's stand
+    in, and the preset's own assumption clause for the kernel used."""
+    used = hw.attention_plateau(kernel)[2]  # the kernel whose figures are used (maybe a fallback)
+    out = [f"{hw.name} lists no {kernel} attention efficiency; {used}'s is used"] if fallback and used != kernel \
+        else []
+    said = attention_assumed(hw.attention_basis, used)
+    if said:
+        out.append(f"{hw.name}'s flash attention efficiency ({used}): {said}")
+    return out
+
+
 def assumptions(hw: Any, workload: Any) -> list[str]:
     """What the figures rest on that no measurement of this hardware and stack has checked."""
-    out = []
-    if not hw.fitted:
-        out.append(f"{hw.name}: {hw.calibration or 'efficiency not fitted to any measured run'}")
-    else:
-        unused = "matmul_plateau" if workload.dtype == "fp8" else "fp8_matmul_plateau"
-        kept = [k for k in hw.not_fitted if k != unused]
-        if kept:
-            why = hw.calibration.split("ASSUMPTION:", 1)[1].strip() if "ASSUMPTION:" in hw.calibration else ""
-            out.append(f"{hw.name}: {', '.join(kept)} not fitted on this hardware's runs (kept from its file"
-                       + (f"; {why})" if why else ")"))
+    out = hardware_assumptions(hw, workload.dtype)
     ex = workload.execution
     if ex.attention == "flash" and hw.attention_plateaus:
-        used = hw.attention_plateau(ex.attention_kernel)[2]  # the kernel whose figures are used (maybe a fallback)
-        if workload.mode == "train" and used != ex.attention_kernel:
-            out.append(f"{hw.name} lists no {ex.attention_kernel} attention efficiency; {used}'s is used")
-        said = attention_assumed(hw.attention_basis, used)
-        if said:
-            out.append(f"{hw.name}'s flash attention efficiency ({used}): {said}")
+        out += attention_assumptions(hw, ex.attention_kernel, fallback=workload.mode == "train")
     if workload.mode == "train" and ex.overlap_ep_comm:
         out.append("the 1F1B all-to-all overlap pairs two micro-batches' MoE layers as Megatron-Core's schedule does, "
                    "taking them as alike, each backward as half data and half weight gradient, and the host's waits "
@@ -85,4 +102,5 @@ def assumptions(hw: Any, workload: Any) -> list[str]:
     return out
 
 
-__all__ = ["LONG_STEP_S", "assumptions", "check_costed", "scale_warnings", "uncosted_note"]
+__all__ = ["LONG_STEP_S", "assumptions", "attention_assumptions", "check_costed", "hardware_assumptions",
+           "scale_warnings", "uncosted_note"]

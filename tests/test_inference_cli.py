@@ -131,3 +131,14 @@ def test_training_whatif_still_needs_its_flags():
 def test_api_refuses_batch_with_targets():
     with pytest.raises(InvalidInput, match="not both"):
         plan_inference("llama3-8b", cluster="dgx-h100", prompt_len=8, gen_len=8, batch=2, ttft_ms=100)
+
+
+def test_a_serving_plan_says_what_its_hardware_figures_assume():
+    kw = dict(devices=8, prompt_len=1024, gen_len=128, batch=4)
+    b200 = plan_inference("llama3-8b", cluster="dgx-b200", **kw)["notes"]
+    assert any(n.startswith("dgx-b200: matmul_plateau, memory_plateau, kernel_overhead_us not fitted") for n in b200)
+    assert any("flash attention efficiency (flash2)" in n for n in b200)  # vLLM's kernel off Hopper, assumed
+    h100 = plan_inference("llama3-8b", cluster="dgx-h100", **kw)["notes"]
+    assert not any("flash attention" in n for n in h100)  # FlashAttention-3 on H100: measured
+    cm = plan_inference("llama3-8b", cluster="cloudmatrix384", **kw)["notes"]
+    assert any("transferred from the ascend-910b fit" in n for n in cm)

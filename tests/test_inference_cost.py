@@ -11,7 +11,7 @@ import pytest
 from cost_models import load_cluster, place_group
 from cost_models.expert_dispatch import exchange_s, expected_groups, expected_touched
 from planner.errors import InvalidInput
-from planner.inference.phase_cost import Layout, Precision, StepModel
+from planner.inference.phase_cost import Layout, Precision, StepModel, attention_core_s, serving_attention_kernel
 from planner.inference.search import Serving, best_phase, max_context
 from planner.inference.serve import load_profile
 
@@ -114,6 +114,34 @@ def test_prefill_attention_is_causal_and_grows_quadratically(llama8):
     long = m.step(phase="prefill", batch=1, q=32768, context=32768)
     assert long.pass_s > 4 * short.pass_s  # linear part x4, attention x16
     assert short.limiter == "compute"
+
+
+def test_prefill_attention_runs_at_flashattention3s_measured_rate(llama8):
+    # Shah et al. 2024 (FlashAttention-3), Figures 5-7: causal, head dim 128, 16K tokens on H100 SXM, about 610
+    # TFLOP/s forward (counting the causal half). Serving costs it with training's law and vLLM's Hopper kernel.
+    assert serving_attention_kernel(H100) == "flash3"
+    m = StepModel(llama8, H100, Layout(tp=1, dp=1), Precision())
+    a = llama8.layers[0].attention[0]
+    q = 16384
+    t, compute_bound = attention_core_s(m, a, "prefill", 1, q, q)
+    assert compute_bound
+    assert q * (q + 1) / 2 * a.prefill_pair_flops / t == pytest.approx(610e12, rel=0.08)
+    short, _ = attention_core_s(m, a, "prefill", 1, 1024, 1024)  # short rows: the per-row fixed costs show
+    assert 1024 * 1025 / 2 * a.prefill_pair_flops / short < 0.8 * 610e12
+
+
+def test_decode_attention_streams_the_cache_at_hbm_rate(llama8):
+    m = StepModel(llama8, H100, Layout(tp=1, dp=1), Precision())
+    a = llama8.layers[0].attention[0]
+    t, compute_bound = attention_core_s(m, a, "decode", 64, 1, 8192)
+    cache = 64 * 8192 * 2 * 8 * 128 * 2  # sequences x tokens x (K, V) x 8 KV heads x head dim 128 x bf16
+    assert not compute_bound
+    assert 0.6 * 3.35e12 < cache / t < 3.35e12  # H100 SXM's 3.35 TB/s, at the memory law's efficiency
+
+
+def test_serving_kernel_falls_back_to_the_presets_own():
+    assert serving_attention_kernel(load_cluster("dgx-b200", devices=8)) == "flash2"  # no FlashAttention-3 there
+    assert serving_attention_kernel(CM) == "npu_fusion_attention"
 
 
 def test_memory_holds_weights_cache_and_workspace(deepseek):

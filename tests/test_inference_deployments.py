@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,14 @@ def test_the_search_finds_at_least_the_published_layout():
                       even_experts=False)  # EP72 over 256 experts: SGLang's redundant experts, uneven for the planner
     found = best_phase(profile, load_cluster(row["cluster"]), serving, "decode", row["devices"])
     assert found.tokens_per_s_per_device >= 0.99 * estimate_row(row, CLUSTERS)["estimate"]
+
+
+def test_an_inline_cluster_shares_a_presets_efficiency_by_name(tmp_path):
+    h800 = CLUSTERS["hgx-h800"]
+    h100 = load_cluster("dgx-h100")
+    assert h800.matmul_plateau == h100.matmul_plateau and h800.attention_plateaus == h100.attention_plateaus
+    doc = {"clusters": {"x": {**json.loads(DATA.read_text())["clusters"]["hgx-h800"], "efficiency": "dgx-h99"}}}
+    bad = tmp_path / "rows.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="names 'dgx-h99', not a preset"):
+        load_rows(bad)

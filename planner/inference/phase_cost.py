@@ -9,9 +9,11 @@ are costed as rooflines with the cluster's efficiency curves (`op_time`):
   tp (decode streams every weight once per step: Pope et al. 2022,
   "Efficiently Scaling Transformer Inference", section 2, the memory-bound
   regime) plus the token's memory-bound bytes (fused into them);
-- the attention core: FLOPs per (query, key) pair x pairs / tp against the
-  KV cache it reads (decode) or writes (prefill; causal, so q(q+1)/2 pairs
-  as a flash kernel computes them, Dao et al. 2022);
+- the attention core: training's flash-attention cost
+  (`cost_models.compute.attention_time_s`, the same length law and plateaus), FLOPs per (query, key) pair
+  x pairs / tp against the KV cache it reads (decode) or writes (prefill; causal, so q(q+1)/2 pairs as a
+  flash kernel computes them, Dao et al. 2022) and the queries and outputs, in the kernel a serving
+  engine runs (`serving_attention_kernel`);
 - routed experts: the stage's tokens x k pairs spread over its devices,
   against the weights of the experts they touch (`expected_touched`).
 
@@ -33,11 +35,12 @@ from typing import Literal, Mapping
 
 from cost_models import Cluster, place_group
 from cost_models.collectives import all_reduce_s, send_recv_s
-from cost_models.compute import op_time
+from cost_models.compute import attention_time_s, op_time
 from cost_models.expert_dispatch import exchange_s, expected_touched
 from cost_models.offload import offload_tier, prefetch_timeline
 
 from planner.errors import InvalidInput
+from planner.inference.kv_cache import AttentionFacts
 from planner.inference.profile import Part, Profile
 from planner.costing.stage_costs import DTYPE_WIDTH, even_split
 
@@ -46,6 +49,19 @@ Phase = Literal["prefill", "decode"]
 #: and the allocator (vLLM's default gpu_memory_utilization is 0.9; SGLang's mem_fraction_static is similar).
 HBM_USABLE = 0.9
 SERVING_DTYPES = ("bf16", "fp16", "fp8", "int8")
+#: Flash-attention kernels a serving engine runs, by preference: vLLM's FLASH_ATTN backend takes
+#: FlashAttention-3 on Hopper and FlashAttention-2 elsewhere (vllm/attention/utils/fa_utils.py,
+#: get_flash_attn_version); a preset listing neither (Ascend's npu_fusion_attention) gives its own first.
+SERVING_ATTENTION_KERNELS = ("flash3", "flash2")
+
+
+def serving_attention_kernel(cluster: Cluster) -> str:
+    """The flash-attention kernel whose figures a serving step's attention core is costed with."""
+    listed = [name for name, _, _ in cluster.attention_plateaus]
+    if not listed:
+        raise InvalidInput(f"{cluster.name} lists no flash-attention efficiency, which serving costs the attention "
+                           "core with: add `attention = {flash2 = [forward, backward]}` under [efficiency] in its file")
+    return next((k for k in SERVING_ATTENTION_KERNELS if k in listed), listed[0])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,12 +95,11 @@ class Layout:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Precision:
     """Weights and matmuls at `dtype` (quantised weights are read and multiplied at 1 byte); KV cache and
-    activations at `kv_bytes` / `act_bytes`; the attention core at `attention_dtype`."""
+    activations at `kv_bytes` / `act_bytes`; the attention core at the bf16 peak (`attention_time_s`)."""
 
     dtype: str = "bf16"
     kv_bytes: float = 2.0
     act_bytes: float = 2.0
-    attention_dtype: str = "bf16"
 
     def __post_init__(self) -> None:
         if self.dtype not in SERVING_DTYPES:
@@ -259,6 +274,25 @@ def _memory(m: StepModel, parts, phase: Phase, batch: int, q: int, context: int,
     return mem
 
 
+def attention_core_s(m: StepModel, a: AttentionFacts, phase: Phase, batch: int, q: int,
+                     context: int) -> tuple[float, bool]:
+    """(seconds, whether compute rather than HBM sets them) of one attention core on one device, by the
+    flash-attention law training uses: each of the `batch` x `q` query rows covers the `context` cached keys
+    (decode) or its causal share of the prompt after any cached prefix (prefill), reading or writing the cache
+    and the queries and outputs."""
+    tp = m.layout.tp
+    if phase == "decode":
+        flops, keys = batch * q * context * a.decode_pair_flops / tp, float(context)
+    else:
+        prefix = max(0, context - q)
+        flops = batch * (q * prefix + q * (q + 1) / 2) * a.prefill_pair_flops / tp
+        keys = prefix + (q + 1) / 2
+    rows = batch * q * a.heads * (a.key_dim + a.value_dim) * m.prec.act_bytes / tp
+    kernel = serving_attention_kernel(m.cluster)
+    t = attention_time_s(m.cluster, flops, _cache_bytes(m, a, batch, context) + rows, "forward", kernel, keys)
+    return t, attention_time_s(m.cluster, flops, 0.0, "forward", kernel, keys) >= t
+
+
 def _stage_time(m: StepModel, parts, phase: Phase, batch: int, q: int, context: int, kv_offload: float):
     lay, prec, cluster, profile = m.layout, m.prec, m.cluster, m.profile
     tp, wb = lay.tp, prec.weight_bytes
@@ -284,15 +318,11 @@ def _stage_time(m: StepModel, parts, phase: Phase, batch: int, q: int, context: 
                       part.streamed_params * wb / tp + tokens * part.vector_bytes_per_token * act_scale / tp,
                       prec.dtype, count)
         for a in part.attention:
-            cache = _cache_bytes(m, a, batch, context)
-            if phase == "decode":
-                flops = batch * q * context * a.decode_pair_flops / tp
-            else:
-                prefix = max(0, context - q)
-                flops = batch * (q * prefix + q * (q + 1) / 2) * a.prefill_pair_flops / tp
-            layer_s += run(flops, cache, prec.attention_dtype, count)
+            t, compute_bound = attention_core_s(m, a, phase, batch, q, context)
+            bd["compute" if compute_bound else "hbm"] += t * count
+            layer_s += t
             if kv_offload > 0 and phase == "decode":
-                fetch += [kv_offload * cache] * count
+                fetch += [kv_offload * _cache_bytes(m, a, batch, context)] * count
         e = part.experts
         if e is not None:
             local = e.experts / lay.ep

@@ -18,7 +18,7 @@ from typing import Any
 from cost_models import Cluster
 
 from planner.errors import Infeasible
-from planner.inference.phase_cost import StepModel
+from planner.inference.phase_cost import Layout, StepModel
 from planner.inference.profile import Profile
 from planner.inference.search import PhasePlan, Serving, best_phase, layouts, phase_plan, profile_expert_counts
 from planner.search.program_groups import group_sizes
@@ -100,22 +100,36 @@ def _co_located(profile: Profile, cluster: Cluster, serving: Serving, n: int) ->
         pre = best_phase(profile, cluster, serving, "prefill", n, only=lay)
         if pre is None:
             continue
-        share, dec = 1.0, None
-        for _ in range(4):  # fixed point: the decode share sets decode's batch, which sets the share
-            tight = serving if serving.tpot_s is None else replace(serving, tpot_s=serving.tpot_s * share)
-            dec = best_phase(profile, cluster, tight, "decode", n, only=lay)
-            if dec is None:
-                break
-            new = co_located(pre, dec, serving, n).decode_share
-            if abs(new - share) < 1e-3:
-                break
-            share = new
+        dec = _decode_within_share(profile, cluster, serving, n, lay, pre)
         if dec is None:
             continue
         plan = co_located(pre, dec, serving, n)
         if best is None or plan.requests_per_s > best.requests_per_s * (1 + 1e-9):
             best = plan
     return best
+
+
+#: Rounds of `_decode_within_share` before a layout is given up on (each shrinks decode's share strictly).
+SHARE_ROUNDS = 64
+
+
+def _decode_within_share(profile: Profile, cluster: Cluster, serving: Serving, n: int, lay: Layout,
+                         pre: PhasePlan) -> PhasePlan | None:
+    """Decode's plan on layout `lay` beside prefill `pre` whose time per token, divided by the share of time
+    decode gets, meets --tpot-ms (None if none does). The share sets decode's batch, which sets the share: the
+    target is tightened to the smallest share seen until the plan's own share is at least that, so the batch only
+    shrinks and the plan found meets the target (a fixed point to a tolerance could miss it by the tolerance)."""
+    share = 1.0
+    for _ in range(SHARE_ROUNDS):
+        tight = serving if serving.tpot_s is None else replace(serving, tpot_s=serving.tpot_s * share)
+        dec = best_phase(profile, cluster, tight, "decode", n, only=lay)
+        if dec is None:
+            return None
+        new = co_located(pre, dec, serving, n).decode_share
+        if serving.tpot_s is None or new >= share:
+            return dec
+        share = new
+    return None
 
 
 def _why_not(profile: Profile, cluster: Cluster, serving: Serving) -> str:

@@ -12,9 +12,10 @@ from typing import Any, Mapping
 
 from cost_models import Cluster
 
+from planner.caveats import attention_assumptions, hardware_assumptions
 from planner.errors import InvalidInput
 from planner.model_source import content_file, display_name, kind_of
-from planner.inference.phase_cost import SERVING_DTYPES, Precision
+from planner.inference.phase_cost import SERVING_DTYPES, Precision, serving_attention_kernel
 from planner.inference.plan import ServingPlan, plan_dict, plan_serving
 from planner.inference.profile import Profile, serving_profile
 from planner.inference.search import Serving
@@ -128,4 +129,6 @@ def serving_report(plan: ServingPlan, others: list[ServingPlan], serving: Servin
                     "layers": len(profile.layers), "moe": profile.is_moe}
     out["cluster"] = {"name": hw.name, "devices": hw.n_devices}
     out["workload"] = dict(workload)
+    out["notes"] = hardware_assumptions(hw, serving.precision.dtype, serving=True) + attention_assumptions(
+        hw, serving_attention_kernel(hw)) + out["notes"]
     return out
