@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from cost_models.loader import PRESET_DIR, load_text, preset_names  # noqa: E402
 from planner.calibration import alternate_split, read_runs  # noqa: E402
-from planner.calibration.fit import preset_values  # noqa: E402
+from planner.calibration.fit import fitted_names, preset_values  # noqa: E402
 from planner.calibration.report import calibrate_runs  # noqa: E402
 from planner.costing.execution import STACK_DIR  # noqa: E402
 
@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         stacks, tp_shares = STACK_FITS.get(hw, ()), TP_SHARE_FITS.get(hw, ())
         ties, note = ties_for(hw, fitted)
+        names = fitted_names([r for r in mine if r.id in set(fit_ids)])
+        if not any(k not in names and src in names for k, (src, _) in ties.items()):
+            ties, note = {}, ""  # a 16-bit fit run pins the bf16 plateau itself: no tie, nothing to say
         shared, shared_note = shared_values(hw, fitted)
         note = "; ".join(x for x in (note, shared_note) if x)
         result = calibrate_runs(mine, fit=fit_ids, stacks=stacks, ties=ties, note=note, tp_shares=tp_shares,

@@ -118,7 +118,7 @@ def test_law_parameters_come_together_or_not_at_all(tmp_path):
         load_file(broken)
 
 
-@pytest.mark.parametrize("name, reference", [("dgx-b200", "dgx-h100"), ("gb200-nvl72", "dgx-h100")])
+@pytest.mark.parametrize("name, reference", [("dgx-b200", "dgx-h100")])
 def test_a_preset_fitted_on_fp8_runs_only_keeps_its_references_bf16_to_fp8_ratio(name, reference):
     """Its runs cannot pin the bf16 GEMM plateau, so the fit ties it to the fp8 one at the ratio its reference
     preset's fit measures (benchmarks/fit_presets.py TIED_TO), and the file says so."""
@@ -126,3 +126,12 @@ def test_a_preset_fitted_on_fp8_runs_only_keeps_its_references_bf16_to_fp8_ratio
     ratio = ref.matmul_plateau / ref.fp8_matmul_plateau
     assert c.matmul_plateau == pytest.approx(ratio * c.fp8_matmul_plateau, abs=2e-3)
     assert "matmul_plateau" in c.not_fitted and reference in c.calibration
+
+
+def test_a_tied_preset_with_a_16_bit_fit_run_fits_its_bf16_plateau_and_says_no_tie():
+    """GB200's split fits DeepSeek-V3's BF16 run: the bf16 plateau is its own, and the file claims no ratio."""
+    from planner.calibration import read_runs
+
+    c, dtypes = load_cluster("gb200-nvl72"), {r.id: r.dtype for r in read_runs()}
+    assert any(dtypes[i] == "bf16" for i in c.fitted_on)
+    assert "matmul_plateau" not in c.not_fitted and "dgx-h100" not in c.calibration

@@ -113,7 +113,7 @@ def fitting_bound_s(graph, structure, facts, costs, cluster: Cluster, workload: 
     if not training or costs is None or workload.dtype != activation_dtype(workload):
         return pipeline_s
     width = DTYPE_WIDTH.get(activation_dtype(workload), 2.0)
-    m = workload.global_batch // (strategy.dp * strategy.micro_batch * strategy.flushes)  # one schedule's
+    m = strategy.schedule_micro_batches(workload)
     exact = strategy.tp == 1 and strategy.recompute != "selective"
     floors = stage_floors(graph, structure, facts, costs, strategy, exact)
     schedule = "interleaved" if strategy.vpp > 1 else strategy.schedule
