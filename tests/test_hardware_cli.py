@@ -86,6 +86,22 @@ def test_every_estimate_on_borrowed_attention_figures_says_so():
     assert [a for a in assumptions(load_cluster("gb200-nvl72"), titan) if "flash attention" in a]
 
 
+def test_an_fp8_estimate_says_when_it_costs_block_scaling_as_per_tensor():
+    from dataclasses import replace
+
+    from cost_models import load_cluster
+    from planner.caveats import assumptions
+    from planner.costing.execution import load_execution
+    from planner.strategy import Workload
+
+    core = load_execution("megatron-core")
+    mx = Workload(global_batch=8, seq_len=1024, dtype="fp8", execution=replace(core, fp8_recipe="mxfp8"))
+    said = [a for a in assumptions(load_cluster("gb200-nvl72"), mx) if "per-tensor FP8" in a]
+    assert len(said) == 1 and said[0].startswith("mxfp8 GEMMs are costed as per-tensor FP8 ones")
+    for work in (replace(mx, execution=core), replace(mx, dtype="bf16")):  # per-tensor FP8, or no FP8 at all
+        assert not [a for a in assumptions(load_cluster("gb200-nvl72"), work) if "per-tensor FP8" in a]
+
+
 def test_errors_are_one_line_and_exit_2(tmp_path):
     bad = runner.invoke(app, ["hardware", "show", "dgx-a100", "--devices", "12"], env=ENV)
     assert bad.exit_code == 2
