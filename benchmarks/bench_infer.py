@@ -13,17 +13,20 @@ Run: python benchmarks/bench_infer.py [--model NAME] [--cluster NAME]
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from cost_models import load_cluster
-from planner.api import plan_inference
-from planner.inference.phase_cost import Layout, Precision
-from planner.inference.search import Serving, max_context
-from planner.inference.serve import load_profile
-from planner.inference.sweep import run_infer_sweep
-from planner.inference.validation import check_all
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, installed or not
+
+from cost_models import load_cluster  # noqa: E402
+from planner.api import plan_inference  # noqa: E402
+from planner.inference.phase_cost import Layout, Precision  # noqa: E402
+from planner.inference.search import Serving, max_context  # noqa: E402
+from planner.inference.serve import load_profile  # noqa: E402
+from planner.inference.sweep import run_infer_sweep  # noqa: E402
+from planner.inference.validation import check_all  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "serving_deployments.json"
 

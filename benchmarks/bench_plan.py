@@ -1,7 +1,7 @@
 """Time `hyperplan plan` end to end (graph build, import, search, final estimate) on the issue's cases, with the
 work it took (nodes: costings and scored strategies) and how close the plan is proven to be (gap to the bound).
 
-Run: PYTHONPATH=. python benchmarks/bench_plan.py [--quick] [--mpmd] [--time-limit S] [--cluster NAME] [MODEL ...]
+Run: python benchmarks/bench_plan.py [--quick] [--mpmd] [--time-limit S] [--cluster NAME] [MODEL ...]
 Wall time depends on the machine and what else runs on it (the header prints the load average, the cpu column
 the process's own time); the nodes and the plan do not. `--time-limit` (default 600 s) stops a row's search,
 which is then marked INCOMPLETE with the gap it had proven.
@@ -12,8 +12,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
-from planner.api import plan_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, installed or not
+
+from planner.api import plan_model  # noqa: E402
 
 MODELS = ("llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x22b", "deepseek-v3", "qwen3-235b-a22b")
 SIZES = {"cloudmatrix384": (64, 384, 768), "dgx-h100": (64, 1024), "gb200-nvl72": (72, 576)}

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
+from pathlib import Path
 
-from planner.whatif import parse_devices, run_sweep
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, installed or not
+
+from planner.whatif import parse_devices, run_sweep  # noqa: E402
 
 MODEL, CLUSTER, BATCH, SEQ = "llama3-70b", "cloudmatrix384", 256, 4096
 DEVICES = "64,96,128,160,192,256,320,384"  # 8 counts that are whole nodes of the supernode
