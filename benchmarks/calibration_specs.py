@@ -275,6 +275,10 @@ SPECS |= table([
            {"dp": 64, "micro_batch": 2, "zero": 3, "offload": {"activations": 0.5}}, file="gb200",
            notes=["Megatron-FSDP as ZeRO-3", "the recipe's CPU activation offload of 40 of 80 layers as half of "
                   "the activations in Grace memory"]),
+    bridge("mb2604-llama3-70b-64xgb200-mxfp8", "llama3-70b", "gb200-nvl72", 64, 8192, 256,
+           {"tp": 2, "pp": 4, "vpp": 5, "dp": 8}, execution=MX, file="gb200",
+           notes=["MXFP8 (the recipe's fp8_mx precision)", "TP communication overlapped by userbuffers, no recompute, "
+                  "as the recipe sets (perf_recipes/llama/gb200/llama3.py llama3_70b_pretrain_64gpu_gb200_fp8mx_config)"]),
     bridge("mb2606-deepseek-v3-256xgb200-mxfp8", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
            {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
            execution=MX | HYBRIDEP_OVERLAP | DSV3_OPT | {"recompute_modules": ["mla_up_proj"], "moe_group_limit": 4},
