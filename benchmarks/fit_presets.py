@@ -64,10 +64,11 @@ def transfer(source: str, values: dict[str, float]) -> None:
         print(f"  wrote {path} ({', '.join(f'{k} {v:g}' for k, v in values.items())}, from {source})")
 
 
-#: Presets whose fit runs all train in FP8, so pin the fp8 GEMM plateau only: their bf16 plateau is tied to it at
-#: the ratio the named preset's fit measures between the two (an assumption their file states). The Blackwell
-#: presets' runs are Megatron-Core's, so DGX H100's fit of the same stacks one generation before: their fitted fp8
-#: fractions of peak (0.48 B200, 0.60 GB200) are near its 0.51, far from the A100 fit's 0.75 (2021's Megatron-LM).
+#: Presets whose fit runs may all train in FP8, pinning the fp8 GEMM plateau only: their bf16 plateau is then tied
+#: to it at the ratio the named preset's fit measures between the two (an assumption their file states; a fit with
+#: a 16-bit run pins the bf16 plateau itself, and no tie is written: GB200's split fits DeepSeek-V3's BF16 run).
+#: The Blackwell presets' runs are Megatron-Core's, so DGX H100's fit of the same stacks one generation before,
+#: far from the A100 fit (2021's Megatron-LM).
 TIED_TO = {"dgx-b200": "dgx-h100", "gb200-nvl72": "dgx-h100"}
 
 

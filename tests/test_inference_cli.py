@@ -137,8 +137,44 @@ def test_a_serving_plan_says_what_its_hardware_figures_assume():
     kw = dict(devices=8, prompt_len=1024, gen_len=128, batch=4)
     b200 = plan_inference("llama3-8b", cluster="dgx-b200", **kw)["notes"]
     assert any(n.startswith("dgx-b200: matmul_plateau, memory_plateau, kernel_overhead_us not fitted") for n in b200)
-    assert any("flash attention efficiency (flash2)" in n for n in b200)  # vLLM's kernel off Hopper, assumed
+    assert any(n.startswith("dgx-b200's cudnn figures stand in for the serving engine's") for n in b200)
+    assert any("flash attention efficiency (cudnn): GB200's measured" in n for n in b200)
     h100 = plan_inference("llama3-8b", cluster="dgx-h100", **kw)["notes"]
-    assert not any("flash attention" in n for n in h100)  # FlashAttention-3 on H100: measured
+    assert not any("flash attention" in n or "stand in" in n for n in h100)  # FlashAttention-3 on H100: measured
     cm = plan_inference("llama3-8b", cluster="cloudmatrix384", **kw)["notes"]
     assert any("transferred from the ascend-910b fit" in n for n in cm)
+
+
+def test_co_located_decode_takes_the_largest_batch_that_meets_the_tpot_target():
+    """The time per token a request sees, a decode step's latency over decode's share of the devices' time, grows
+    with the batch; the plan's batch meets --tpot-ms and one more sequence would not."""
+    from cost_models import load_cluster
+    from planner.inference.phase_cost import StepModel
+    from planner.inference.plan import co_located, plan_serving
+    from planner.inference.search import phase_plan
+    from planner.inference.serve import load_profile, serving_options
+    from planner.search.program_groups import group_cluster
+
+    hw, profile = load_cluster("dgx-h100", devices=8), load_profile("llama3-8b")
+    serving = serving_options(prompt_len=1024, gen_len=128, batch=None, ttft_ms=2000, tpot_ms=15, dtype="bf16",
+                              kv_dtype="bf16", offload=False)
+    plan, _ = plan_serving(profile, hw, serving, disaggregate=False)
+    dec = plan.decode
+    model = StepModel(profile, group_cluster(hw, 8), dec.layout, serving.precision)
+
+    def seen(batch: int) -> float:
+        d = phase_plan(model, serving, "decode", batch, dec.kv_offload)
+        return d.latency_s / co_located(plan.prefill, d, serving, 8).decode_share
+
+    assert seen(dec.batch) <= 0.015 < seen(dec.batch + 1)
+
+
+def test_a_hardware_file_without_attention_figures_is_refused_for_serving(tmp_path):
+    from cost_models.loader import PRESET_DIR
+
+    text = (PRESET_DIR / "dgx-a100.toml").read_text(encoding="utf-8")
+    hw = tmp_path / "a100-no-attention.toml"
+    hw.write_text("\n".join(l for l in text.splitlines() if not l.startswith("attention")) + "\n", encoding="utf-8")
+    r = run("llama3-8b", "--mode", "infer", "--cluster", str(hw), "--devices", "8", "--prompt-len", "512",
+            "--gen-len", "64", "--batch", "2")
+    assert r.exit_code == 2 and "lists no flash-attention efficiency" in r.output and "Traceback" not in r.output

@@ -3,7 +3,8 @@
 A step carries `batch` sequences per data-parallel replica, `q` new tokens
 each (the prompt in prefill; one token, or 1 + draft tokens, in decode) over
 a context of `context` tokens. Per layer, per device, three kernel groups
-are costed as rooflines with the cluster's efficiency curves (`op_time`):
+are costed, the projections and experts as rooflines with the cluster's
+efficiency curves (`op_time`), attention by training's flash-attention law:
 
 - projections: FLOPs per token x tokens / tp against the layer's weights /
   tp (decode streams every weight once per step: Pope et al. 2022,
@@ -49,10 +50,14 @@ Phase = Literal["prefill", "decode"]
 #: and the allocator (vLLM's default gpu_memory_utilization is 0.9; SGLang's mem_fraction_static is similar).
 HBM_USABLE = 0.9
 SERVING_DTYPES = ("bf16", "fp16", "fp8", "int8")
-#: Flash-attention kernels a serving engine runs, by preference: vLLM's FLASH_ATTN backend takes
-#: FlashAttention-3 on Hopper and FlashAttention-2 elsewhere (vllm/attention/utils/fa_utils.py,
-#: get_flash_attn_version); a preset listing neither (Ascend's npu_fusion_attention) gives its own first.
-SERVING_ATTENTION_KERNELS = ("flash3", "flash2")
+#: The flash-attention kernel a serving engine runs where a preset lists it: vLLM's FLASH_ATTN backend, first on
+#: Hopper, takes FlashAttention-3 there (vllm/attention/utils/fa_utils.py, get_flash_attn_version). Elsewhere the
+#: preset's first (default) kernel stands in: FlashAttention-2 on Ampere, which vLLM runs there too; on Blackwell,
+#: where vLLM puts FlashInfer first (vllm/platforms/cuda.py, _get_backend_priorities), the measured cuDNN figures,
+#: an assumption a serving plan's notes state (no preset has FlashInfer figures).
+SERVING_ATTENTION_KERNEL = "flash3"
+#: Kernels whose figures are the serving engine's own kernel on the hardware that lists them.
+ENGINE_KERNELS = ("flash3", "flash2")
 
 
 def serving_attention_kernel(cluster: Cluster) -> str:
@@ -61,7 +66,7 @@ def serving_attention_kernel(cluster: Cluster) -> str:
     if not listed:
         raise InvalidInput(f"{cluster.name} lists no flash-attention efficiency, which serving costs the attention "
                            "core with: add `attention = {flash2 = [forward, backward]}` under [efficiency] in its file")
-    return next((k for k in SERVING_ATTENTION_KERNELS if k in listed), listed[0])
+    return SERVING_ATTENTION_KERNEL if SERVING_ATTENTION_KERNEL in listed else listed[0]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

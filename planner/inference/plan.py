@@ -12,7 +12,7 @@ TPOT users see is the decode step over the share of time spent decoding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from cost_models import Cluster
@@ -93,14 +93,14 @@ def co_located(pre: PhasePlan, dec: PhasePlan, serving: Serving, n: int) -> Serv
 
 
 def _co_located(profile: Profile, cluster: Cluster, serving: Serving, n: int) -> ServingPlan | None:
-    """Both phases on all devices with one layout; decode's target tightened by the share of time it gets."""
+    """Both phases on all devices with one layout; decode's target met over the share of time it gets."""
     best = None
     hw = cluster.scaled(n)
     for lay in layouts(profile, hw, n, serving.even_experts):
         pre = best_phase(profile, cluster, serving, "prefill", n, only=lay)
         if pre is None:
             continue
-        dec = _decode_within_share(profile, cluster, serving, n, lay, pre)
+        dec = _decode_beside(profile, cluster, serving, n, lay, pre)
         if dec is None:
             continue
         plan = co_located(pre, dec, serving, n)
@@ -109,27 +109,19 @@ def _co_located(profile: Profile, cluster: Cluster, serving: Serving, n: int) ->
     return best
 
 
-#: Rounds of `_decode_within_share` before a layout is given up on (each shrinks decode's share strictly).
-SHARE_ROUNDS = 64
+def _decode_beside(profile: Profile, cluster: Cluster, serving: Serving, n: int, lay: Layout,
+                   pre: PhasePlan) -> PhasePlan | None:
+    """Decode's plan on layout `lay` beside prefill `pre`, at the largest batch whose time per token as a request
+    sees it (a step's latency over the share of time decode gets) meets --tpot-ms (None if none does). That time
+    is the step's latency plus prefill's time in proportion to the batch, so it grows with the batch: the largest
+    batch meeting it is found by bisection, exactly."""
+    if serving.tpot_s is None:
+        return best_phase(profile, cluster, serving, "decode", n, only=lay)
 
+    def meets(dec: PhasePlan) -> bool:
+        return dec.latency_s <= serving.tpot_s * co_located(pre, dec, serving, n).decode_share
 
-def _decode_within_share(profile: Profile, cluster: Cluster, serving: Serving, n: int, lay: Layout,
-                         pre: PhasePlan) -> PhasePlan | None:
-    """Decode's plan on layout `lay` beside prefill `pre` whose time per token, divided by the share of time
-    decode gets, meets --tpot-ms (None if none does). The share sets decode's batch, which sets the share: the
-    target is tightened to the smallest share seen until the plan's own share is at least that, so the batch only
-    shrinks and the plan found meets the target (a fixed point to a tolerance could miss it by the tolerance)."""
-    share = 1.0
-    for _ in range(SHARE_ROUNDS):
-        tight = serving if serving.tpot_s is None else replace(serving, tpot_s=serving.tpot_s * share)
-        dec = best_phase(profile, cluster, tight, "decode", n, only=lay)
-        if dec is None:
-            return None
-        new = co_located(pre, dec, serving, n).decode_share
-        if serving.tpot_s is None or new >= share:
-            return dec
-        share = new
-    return None
+    return best_phase(profile, cluster, serving, "decode", n, only=lay, within=meets)
 
 
 def _why_not(profile: Profile, cluster: Cluster, serving: Serving) -> str:

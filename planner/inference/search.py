@@ -106,15 +106,16 @@ def layouts(profile: Profile, cluster: Cluster, n: int, even_experts: bool = Tru
 
 
 def best_phase(profile: Profile, cluster: Cluster, serving: Serving, phase: Phase, n: int,
-               only: Layout | None = None) -> PhasePlan | None:
-    """The layout and batch of highest throughput per device on `n` devices (None if nothing fits)."""
+               only: Layout | None = None, within: Callable[[PhasePlan], bool] | None = None) -> PhasePlan | None:
+    """The layout and batch of highest throughput per device on `n` devices (None if nothing fits); `within`,
+    when given, is the latency test a plan must pass in place of the phase's target (true up to some batch)."""
     hw = group_cluster(cluster, n)
     best: PhasePlan | None = None
     offloads = (0.0,) + (OFFLOAD_FRACTIONS if phase == "decode" and serving.offload and hw.memory_tiers else ())
     for lay in [only] if only else layouts(profile, hw, n, serving.even_experts):
         model = StepModel(profile, hw, lay, serving.precision)
         for f in offloads:
-            plan, memory_bound = _best_batch(model, serving, phase, f)
+            plan, memory_bound = _best_batch(model, serving, phase, f, within)
             if plan is not None and (best is None or plan.tokens_per_s_per_device
                                      > best.tokens_per_s_per_device * (1 + 1e-9)):
                 best = plan
@@ -123,8 +124,10 @@ def best_phase(profile: Profile, cluster: Cluster, serving: Serving, phase: Phas
     return best
 
 
-def _best_batch(model: StepModel, serving: Serving, phase: Phase, f: float) -> tuple[PhasePlan | None, bool]:
-    """(the plan at the largest feasible batch, whether memory rather than latency bounds that batch)."""
+def _best_batch(model: StepModel, serving: Serving, phase: Phase, f: float,
+                within: Callable[[PhasePlan], bool] | None = None) -> tuple[PhasePlan | None, bool]:
+    """(the plan at the largest feasible batch, whether memory rather than latency bounds that batch); `within`
+    as `best_phase` takes it."""
     target = serving.ttft_s if phase == "prefill" else serving.tpot_s
     if serving.batch is not None:
         fits = _fits(model, serving, phase, serving.batch, f)
@@ -133,6 +136,8 @@ def _best_batch(model: StepModel, serving: Serving, phase: Phase, f: float) -> t
     def ok(b: int) -> bool:
         if not _fits(model, serving, phase, b, f):
             return False
+        if within is not None:
+            return within(phase_plan(model, serving, phase, b, f))
         return target is None or phase_plan(model, serving, phase, b, f).latency_s <= target
 
     b = _largest(ok)

@@ -15,7 +15,7 @@ from cost_models import Cluster
 from planner.caveats import attention_assumptions, hardware_assumptions
 from planner.errors import InvalidInput
 from planner.model_source import content_file, display_name, kind_of
-from planner.inference.phase_cost import SERVING_DTYPES, Precision, serving_attention_kernel
+from planner.inference.phase_cost import ENGINE_KERNELS, SERVING_DTYPES, Precision, serving_attention_kernel
 from planner.inference.plan import ServingPlan, plan_dict, plan_serving
 from planner.inference.profile import Profile, serving_profile
 from planner.inference.search import Serving
@@ -118,6 +118,7 @@ def serving_cluster(cluster: str, devices: int | None, memory_gib: float | None,
     if "bf16" not in peaks:
         raise InvalidInput(f"{hw.device.name} lists no bf16 peak, which the attention core runs at; "
                            "add one to the hardware file")
+    serving_attention_kernel(hw)  # the attention core's figures: refused here, in one sentence, if there are none
     return hw
 
 
@@ -129,6 +130,15 @@ def serving_report(plan: ServingPlan, others: list[ServingPlan], serving: Servin
                     "layers": len(profile.layers), "moe": profile.is_moe}
     out["cluster"] = {"name": hw.name, "devices": hw.n_devices}
     out["workload"] = dict(workload)
-    out["notes"] = hardware_assumptions(hw, serving.precision.dtype, serving=True) + attention_assumptions(
-        hw, serving_attention_kernel(hw)) + out["notes"]
+    out["notes"] = serving_assumptions(hw, serving.precision.dtype) + out["notes"]
     return out
+
+
+def serving_assumptions(hw: Cluster, dtype: str) -> list[str]:
+    """What a serving estimate on `hw` assumes: the hardware's unfitted parameters, and the attention figures (a
+    kernel other than the engine's own standing in, and what the preset says of that kernel's figures)."""
+    kernel = serving_attention_kernel(hw)
+    stand_in = [] if kernel in ENGINE_KERNELS else [
+        f"{hw.name}'s {kernel} figures stand in for the serving engine's own attention kernel (FlashInfer in vLLM "
+        "on Blackwell, a fused inference attention op on Ascend), of which no preset has figures"]
+    return hardware_assumptions(hw, dtype, serving=True) + stand_in + attention_assumptions(hw, kernel)
