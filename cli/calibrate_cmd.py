@@ -67,6 +67,10 @@ def calibrate_cmd(
         check_output(plot, "--plot", protect=inputs, force=force, noun="plot")
     with render.progress("estimating runs" + (" and fitting" if fit_ids else "")):
         result = calibrate(files, hardware=hardware, category=category, fit=fit_ids)
+    if not result.predictions and result.skipped:
+        more = f" (and {len(result.skipped) - 1} more run{'s' if len(result.skipped) > 2 else ''})" \
+            if len(result.skipped) > 1 else ""
+        raise InvalidInput(f"no run could be predicted: {result.skipped[0]}{more}")
     if output is not None:
         write_atomically(str(output), lambda: result.fitted_text, inputs, "fitted hardware file")
     if plot is not None:

@@ -100,3 +100,15 @@ def test_holding_every_parameter_the_runs_could_pin_or_an_unknown_one_is_refused
         fit(a100_runs[:2], load_cluster("dgx-a100"), held=("matmul_plateau",))
     with pytest.raises(InvalidInput, match="cannot hold overlap_efficiency"):
         fit(a100_runs[:2], load_cluster("dgx-a100"), held=("overlap_efficiency",))
+
+
+def test_a_runs_file_none_of_whose_runs_can_be_predicted_is_an_error(tmp_path):
+    run = {"id": "my-run", "category": "dense_training", "hardware": "dgx-h100", "devices": 8, "model": "llama3-9b",
+           "seq_len": 4096, "global_batch": 64, "dtype": "bf16", "stack": "megatron-core",
+           "strategy": {"dp": 8, "micro_batch": 1, "zero": 1, "recompute": "none"},
+           "measured": {"step_s": 5.0}}
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"runs": [run, run | {"id": "my-other-run"}]}), encoding="utf-8")
+    res = CliRunner().invoke(app, ["calibrate", str(path)])
+    assert res.exit_code == 2 and "no run could be predicted: my-run: no file or zoo model named 'llama3-9b'" in \
+        res.output and "(and 1 more run)" in res.output and "Traceback" not in res.output
