@@ -68,7 +68,8 @@ def _print_cluster(c: Cluster) -> None:
                   f"{dev.hbm_bytes_per_s / 1e12:.2f} TB/s; peak (dense TFLOP/s) "
                   + ", ".join(f"{d} {v / 1e12:g}" for d, v in dev.peak_flops_per_s)
                   + (f"; vector {dev.vector_flops_per_s / 1e12:g}" if dev.vector_flops_per_s else
-                     "; vector peak unknown (elementwise ops bound by HBM only)"))
+                     "; vector peak unknown (elementwise ops bound by HBM only)")
+                  + ("; FP8 GEMMs take any operand layout" if dev.fp8_any_layout else ""))
     console.print(render.table("interconnect levels (innermost first)", (
         "level", "group", "groups", "GB/s/dir", "latency", "algorithm", "topology", "bus eff.", "link"), (
         (lvl.name, c.group_size(i), c.groups(i), _gbs(lvl.bandwidth_bytes_per_s), render.seconds(lvl.latency_s),

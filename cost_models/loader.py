@@ -190,7 +190,7 @@ def law_table(peak_per_s: float, plateau: float, overhead_s: float) -> Efficienc
 
 
 def _device(t: Table) -> Device:
-    t.only("name", "peak_tflops", "vector_tflops", "hbm_gib", "hbm_gb", "hbm_bandwidth_gb_s")
+    t.only("name", "peak_tflops", "vector_tflops", "hbm_gib", "hbm_gb", "hbm_bandwidth_gb_s", "fp8_any_layout")
     peaks_t = t.table("peak_tflops")
     peaks_t.only(*DTYPES)
     peaks = tuple((d, peaks_t.number(d) * TFLOP) for d in DTYPES if d in peaks_t.data)
@@ -204,6 +204,7 @@ def _device(t: Table) -> Device:
         vector_flops_per_s=vector * TFLOP if vector is not None else fp32,
         hbm_bytes=t.one_of({"hbm_gib": GIB, "hbm_gb": GB}, "HBM capacity per device"),
         hbm_bytes_per_s=t.number("hbm_bandwidth_gb_s") * GB,
+        fp8_any_layout=t.boolean("fp8_any_layout", default=False),
     )
 
 

@@ -39,6 +39,8 @@ class Device:
     vector_flops_per_s: float | None  # non-matrix throughput for elementwise ops; None = unknown
     hbm_bytes: float
     hbm_bytes_per_s: float
+    fp8_any_layout: bool = False  # FP8 GEMMs take operands in any layout (Blackwell); else only TN (Hopper, Ada:
+    # cuBLASLt), so an FP8 operand a backward GEMM reads transposed is written a second time, transposed
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for `dtype`; SpecError naming the dtypes this device lists if absent."""
@@ -261,6 +263,7 @@ def cluster_as_dict(cluster: Cluster) -> dict:
             "vector_flops_per_s": dev.vector_flops_per_s,
             "hbm_bytes": dev.hbm_bytes,
             "hbm_bytes_per_s": dev.hbm_bytes_per_s,
+            "fp8_any_layout": dev.fp8_any_layout,
         },
         "levels": [
             {

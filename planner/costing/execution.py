@@ -88,6 +88,9 @@ class Execution:
     # precision (FP8 applies when the workload's dtype is fp8: its GEMMs run at the fp8 peak)
     fp8_recipe: str = "delayed"
     fp8_cast_bytes: float = 3.0  # HBM bytes per element to quantise one GEMM operand (read 16-bit, write 8-bit)
+    # on hardware whose FP8 GEMMs take only the TN layout (Hopper, Ada), transposed copy included
+    fp8_transpose_bytes: float = 0.0  # of those, the transposed copy's: not written where FP8 GEMMs take any
+    # layout (Device.fp8_any_layout: Blackwell); 0 when the stack writes none or its copy carries its own scales
     fp8_weight_bytes: float = 2.0  # FP8 weight copies kept per parameter (the weight and its transpose)
     fp8_saves_inputs: bool = True  # GEMM inputs saved for backward in FP8 (1 byte per element, not 2)
     fp8_params: bool = False  # FP8 weights instead of 16-bit ones (TE's fp8_model_init, NeMo's fp8_param_gather)
@@ -196,8 +199,8 @@ _BOOLS = ("fuse_elementwise", "fuse_sibling_gemms", "tp_layout_copies", "overlap
           "fsdp_prefetch", "fsdp_gathered_with_pp", "overlap_tp_comm", "overlap_cp_comm", "overlap_ep_comm",
           "overlap_pp_comm", "overlap_pp_comm_1f1b", "fp8_saves_inputs", "fp8_params", "fp8_weight_cache",
           "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation")
-_NUMBERS = ("fp8_cast_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes", "optimizer_bytes",
-            "runtime_reserve_gib", "kernel_efficiency", "tp_overlap_share",
+_NUMBERS = ("fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes",
+            "optimizer_bytes", "runtime_reserve_gib", "kernel_efficiency", "tp_overlap_share",
             "moe_expert_load_cv", "moe_capacity_factor")
 _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS,
             "loss_kernel": LOSS_KERNELS}
@@ -207,8 +210,8 @@ _SECTIONS = {
     "kernels": ("attention", "attention_kernel", "fuse_elementwise", "fuse_sibling_gemms", "tp_layout_copies",
                 "kernel_efficiency", "expert_gemm_streams", "loss_kernel"),
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",),
-    "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_weight_bytes", "fp8_saves_inputs", "fp8_params",
-                  "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather"),
+    "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "fp8_saves_inputs",
+                  "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather"),
     "states": ("param_bytes", "grad_bytes", "optimizer_bytes"),
     "recompute": ("selective", "recompute_modules"),
     "memory": ("allocator_reserve", "runtime_reserve_gib"),
@@ -240,8 +243,8 @@ def _value(t: Table, key: str) -> Any:
             raise t.error(key, f"expected a positive fraction (at most {most:g}), got {value:g}")
         return value
     if key in _NUMBERS:
-        return t.number(key, allow_zero=key in ("fp8_weight_bytes", "runtime_reserve_gib", "grad_bytes",
-                                                "moe_expert_load_cv", "moe_capacity_factor"))
+        return t.number(key, allow_zero=key in ("fp8_transpose_bytes", "fp8_weight_bytes", "runtime_reserve_gib",
+                                                "grad_bytes", "moe_expert_load_cv", "moe_capacity_factor"))
     if key in _CHOICES:
         return t.choice(key, _CHOICES[key])
     if key in ("moe_group_limit", "expert_gemm_streams"):

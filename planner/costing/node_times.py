@@ -15,7 +15,8 @@ Three kinds of kernels, each a roofline with the device's efficiency curves
   both backward GEMMs, as Transformer Engine's and torchao's recipes run
   them), plus the quantisation of their operands: each GEMM input forward
   and each output gradient backward read in 16 bits and written in 8
-  (`Execution.fp8_cast_bytes` per element), and the weight once per
+  (`Execution.fp8_cast_bytes` per element, an amax pass and a transposed
+  copy included as the recipe needs them: `cast_bytes_per_element`), and the weight once per
   micro-batch unless the stack keeps FP8 weights (`Execution.fp8_params`:
   Transformer Engine's fp8_model_init casts them at the optimizer step) or
   caches their FP8 copies over a step's micro-batches
@@ -209,8 +210,15 @@ class NodeTimes:
                         elements += t.numel / (self.ep * self.etp if routed else k) * self.weight_casts[routed]
                 elif inputs:
                     elements += t.numel * share
-        nbytes = self.execution.fp8_cast_bytes * elements
+        nbytes = cast_bytes_per_element(self.execution, self.cluster.device) * elements
         return op_time_s(self.cluster, 0.0, nbytes, "elementwise", self.dtype) if nbytes > 0 else 0.0
 
 
-__all__ = ["ADAM_BYTES_PER_PARAM", "DTYPE_WIDTH", "NodeTimes", "activation_dtype", "optimizer_step_s"]
+def cast_bytes_per_element(execution, device) -> float:
+    """HBM bytes the stack moves to quantise one element of an FP8 GEMM operand on `device`: its stated bytes, less
+    the transposed copy's where the device's FP8 GEMMs take any layout (`Device.fp8_any_layout`)."""
+    return execution.fp8_cast_bytes - (execution.fp8_transpose_bytes if device.fp8_any_layout else 0.0)
+
+
+__all__ = ["ADAM_BYTES_PER_PARAM", "DTYPE_WIDTH", "NodeTimes", "activation_dtype", "cast_bytes_per_element",
+           "optimizer_step_s"]
