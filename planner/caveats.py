@@ -98,9 +98,9 @@ def assumptions(hw: Any, workload: Any) -> list[str]:
                    "taking them as alike, each backward as half data and half weight gradient, and the host's waits "
                    "as none (DeepSeek-V3 on 1,024 H100s comes out 17 % fast with it)")
     if workload.dtype == "fp8" and ex.fp8_recipe in SCALED_BLOCKS:
-        out.append(f"{ex.fp8_recipe} GEMMs are costed as per-tensor FP8 ones, at the fp8 plateau: Megatron-Bridge's "
-                   "Llama 3.1 405B on 256 GB200s runs 7 % slower in MXFP8 than in per-tensor FP8 on the same TP4·PP16 "
-                   "(README: GB200's Llama 3 70B)")
+        out.append(f"{ex.fp8_recipe} GEMMs are costed as per-tensor FP8 ones, at the fp8 plateau, their casts at the "
+                   f"stack's {ex.fp8_cast_bytes:g} bytes an element: Megatron-Bridge's Llama 3.1 405B on 256 GB200s runs "
+                   "7 % slower in MXFP8 than in per-tensor FP8 on the same TP4·PP16 (README: GB200's Llama 3 70B)")
     if ex.allocator_reserve == 0.0:
         out.append(f"the {ex.name} stack keeps no caching-allocator reserve: its tensors may fill HBM (no measured "
                    "peak memory of it has fitted one; `hyperplan calibrate` reports the reserve runs with one give)")

@@ -15,7 +15,7 @@ from cost_models.compute import op_time_s
 from planner.api import _graph_for_costing, make_workload
 from planner.costing.execution import load_execution, parse_execution
 from planner.costing.graph_facts import GraphFacts
-from planner.costing.node_times import NodeTimes
+from planner.costing.node_times import NodeTimes, cast_bytes_per_element
 from planner.graph.blocks import discover_blocks
 from planner.strategy import Strategy
 
@@ -90,7 +90,7 @@ def test_fp8_quantises_the_shared_input_once(llama):
     graph = llama.graph
 
     def cast(elements):
-        return op_time_s(_cluster(), 0.0, ex.fp8_cast_bytes * elements, "elementwise")
+        return op_time_s(_cluster(), 0.0, cast_bytes_per_element(ex, _cluster().device) * elements, "elementwise")
 
     for group in _groups(llama):
         x = next(t for t in graph.nodes[group[0]].inputs if not llama.index.is_weight(t))

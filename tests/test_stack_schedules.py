@@ -20,11 +20,12 @@ from cost_models import load_cluster
 from planner.api import load_graph
 from planner.costing.execution import load_execution
 from planner.costing.graph_facts import GraphFacts
-from planner.costing.node_times import NodeTimes
+from planner.costing.node_times import NodeTimes, cast_bytes_per_element
 from planner.graph.blocks import discover_blocks
 from planner.strategy import Strategy, Workload
 
 SMALL = dict(layers=1, hidden=512, heads=8, kv_heads=2, ffn=1024, vocab=1024)
+HOPPER = load_cluster("dgx-h100").device  # the cluster _cast_bytes costs on
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +56,10 @@ def test_a_cached_fp8_weight_is_cast_once_per_step(monkeypatch, small):
     m = 8
     cached = _cast_bytes(monkeypatch, facts, dataclasses.replace(base, fp8_weight_cache=True), node, m)
     every = _cast_bytes(monkeypatch, facts, dataclasses.replace(base, fp8_weight_cache=False), node, m)
-    assert every - cached == pytest.approx(base.fp8_cast_bytes * weight.numel * (1 - 1 / m), rel=1e-9)
+    assert every - cached == pytest.approx(cast_bytes_per_element(base, HOPPER) * weight.numel * (1 - 1 / m), rel=1e-9)
     # FP8 weights kept by the stack are never cast in the step, cached or not
     kept = dataclasses.replace(base, fp8_params=True, fp8_weight_cache=True)
-    assert _cast_bytes(monkeypatch, facts, kept, node, m) == pytest.approx(every - base.fp8_cast_bytes * weight.numel)
+    assert _cast_bytes(monkeypatch, facts, kept, node, m) == pytest.approx(every - cast_bytes_per_element(base, HOPPER) * weight.numel)
 
 
 def test_an_fp8_fsdp_gather_casts_only_each_ranks_slice(monkeypatch, small):
@@ -71,7 +72,7 @@ def test_an_fp8_fsdp_gather_casts_only_each_ranks_slice(monkeypatch, small):
     fsdp = Strategy(dp=8, zero=3, micro_batch=1)
     whole = _cast_bytes(monkeypatch, facts, base, node, 4, fsdp)
     sliced = _cast_bytes(monkeypatch, facts, dataclasses.replace(base, fp8_all_gather=True), node, 4, fsdp)
-    assert whole - sliced == pytest.approx(base.fp8_cast_bytes * weight.numel * (1 - 1 / 8), rel=1e-9)
+    assert whole - sliced == pytest.approx(cast_bytes_per_element(base, HOPPER) * weight.numel * (1 - 1 / 8), rel=1e-9)
     # without ZeRO-3 nothing is gathered: each rank casts its whole weight in every forward
     ddp = Strategy(dp=8, micro_batch=1)
     assert _cast_bytes(monkeypatch, facts, dataclasses.replace(base, fp8_all_gather=True), node, 4, ddp) == \

@@ -87,8 +87,9 @@ class Execution:
     tp_overlap_share: float = 1.0  # at most this share of each TP all-gather / reduce-scatter its GEMM can hide
     # precision (FP8 applies when the workload's dtype is fp8: its GEMMs run at the fp8 peak)
     fp8_recipe: str = "delayed"
-    fp8_cast_bytes: float = 3.0  # HBM bytes per element to quantise one GEMM operand (read 16-bit, write 8-bit)
-    # on hardware whose FP8 GEMMs take only the TN layout (Hopper, Ada), transposed copy included
+    fp8_cast_bytes: float = 3.0  # HBM bytes per element to quantise one GEMM operand on hardware whose FP8 GEMMs
+    # take only the TN layout (Hopper, Ada), any amax pass and transposed copy the stack writes included (default:
+    # read 16-bit, write 8-bit, nothing more)
     fp8_transpose_bytes: float = 0.0  # of those, the transposed copy's: not written where FP8 GEMMs take any
     # layout (Device.fp8_any_layout: Blackwell); 0 when the stack writes none or its copy carries its own scales
     fp8_weight_bytes: float = 2.0  # FP8 weight copies kept per parameter (the weight and its transpose)
@@ -124,6 +125,12 @@ class Execution:
     moe_group_limit: int = 0  # routing picks at most this many expert groups (nodes) per token (0: no limit)
     moe_probs_in_activation: bool = False  # routing weights scale the experts' activation (before their last
     # GEMM), so combining their outputs keeps nothing for backward; else the combine keeps those outputs
+
+    def __post_init__(self) -> None:
+        if self.fp8_transpose_bytes > self.fp8_cast_bytes:
+            raise InvalidInput(f"stack {self.name}: fp8_transpose_bytes {self.fp8_transpose_bytes:g} is more than "
+                               f"fp8_cast_bytes {self.fp8_cast_bytes:g}, of which the transposed copy is a part; "
+                               "lower it, or raise fp8_cast_bytes")
 
     @property
     def state(self) -> StateBytes:
