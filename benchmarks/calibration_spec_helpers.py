@@ -12,10 +12,7 @@ NOT_STATED = "recompute not stated: none, as NeMo's dense performance recipes se
 DIST_OPT = "distributed optimizer (ZeRO-1), NeMo's default"
 CS: dict = {}
 CS_NOTE = "FP8 by per-tensor current scaling (the stack's recipe)"
-#: TE's MXFP8 quantizer reads the 16-bit tensor once (each 1x32 block's amax in the same pass) and writes a rowwise
-#: and a columnwise copy, each with its own block scales, on any hardware: 2 + 1 + 1 bytes per element, no transposed
-#: copy to save (transformer_engine/pytorch/csrc/quantizer.cpp, MXFP8Quantizer)
-MX = {"fp8_recipe": "mxfp8", "fp8_cast_bytes": 4.0, "fp8_transpose_bytes": 0.0}
+MX = {"fp8_recipe": "mxfp8"}  # its cast bytes the recipe's (planner/costing/execution.py RECIPE_CAST_BYTES)
 #: Megatron-Bridge's GB200 MXFP8 MoE recipes (the layouts of the 26.06 rows): HybridEP dispatch and the expert
 #: all-to-all overlapped with the other micro-batch's compute
 HYBRIDEP_OVERLAP = {"moe_dispatcher": "deepep", "overlap_ep_comm": True}

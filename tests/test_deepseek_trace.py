@@ -86,3 +86,14 @@ def test_cast_bytes_follow_the_recipe_and_the_fp8_gemm_layouts():
     assert not hopper.fp8_any_layout and blackwell.fp8_any_layout and load_cluster("gb200-nvl72").device.fp8_any_layout
     assert (cast_bytes_per_element(core, hopper), cast_bytes_per_element(core, blackwell)) == (6.0, 5.0)
     assert cast_bytes_per_element(mx, hopper) == cast_bytes_per_element(mx, blackwell) == 4.0
+    # a stack that names a recipe takes that recipe's bytes, unless it states its own
+    from planner.costing.execution import parse_execution, with_changes
+
+    def stack(precision: str):
+        return parse_execution(f'[stack]\nname = "x"\nbase = "megatron-core"\n[precision]\n{precision}\n',
+                               source="x.toml", default_name="x")
+
+    assert cast_bytes_per_element(stack('fp8_recipe = "mxfp8"'), blackwell) == 4.0
+    assert cast_bytes_per_element(stack('fp8_recipe = "delayed"'), hopper) == 4.0
+    assert cast_bytes_per_element(stack('fp8_recipe = "mxfp8"\nfp8_cast_bytes = 5.0'), hopper) == 5.0  # as stated
+    assert cast_bytes_per_element(with_changes(core, {"fp8_recipe": "blockwise"}, "run"), hopper) == 4.0

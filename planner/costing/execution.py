@@ -41,6 +41,14 @@ SELECTIVE: tuple[str, ...] = ("modules", "every_other_matmul")
 RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj",
                                       "shared_experts")
 DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
+#: What a recipe's quantisation moves per element on hardware whose FP8 GEMMs take only TN, and the transposed
+#: copy's part of it (Transformer Engine, transformer_engine/pytorch/csrc/quantizer.cpp): per-tensor current
+#: scaling reads the operand for its amax, reads it again and writes the FP8 copy and its transpose; delayed
+#: scaling takes its amax from history (no first read); MXFP8 and blockwise scaling read once and write a rowwise
+#: and a columnwise copy with their own scales, so nothing to save where FP8 GEMMs take any layout. A stack that
+#: names a recipe without stating its cast bytes takes these.
+RECIPE_CAST_BYTES: dict[str, tuple[float, float]] = {"current": (6.0, 1.0), "delayed": (4.0, 1.0),
+                                                     "mxfp8": (4.0, 0.0), "blockwise": (4.0, 0.0)}
 ROUTINGS: tuple[str, ...] = ("uniform", "contiguous", "learned")
 #: The largest caching-allocator reserve a stack may give (a share of the reserved memory holding no tensor).
 MAX_ALLOCATOR_RESERVE = 0.5
@@ -87,10 +95,10 @@ class Execution:
     tp_overlap_share: float = 1.0  # at most this share of each TP all-gather / reduce-scatter its GEMM can hide
     # precision (FP8 applies when the workload's dtype is fp8: its GEMMs run at the fp8 peak)
     fp8_recipe: str = "delayed"
-    fp8_cast_bytes: float = 3.0  # HBM bytes per element to quantise one GEMM operand on hardware whose FP8 GEMMs
-    # take only the TN layout (Hopper, Ada), any amax pass and transposed copy the stack writes included (default:
-    # read 16-bit, write 8-bit, nothing more)
-    fp8_transpose_bytes: float = 0.0  # of those, the transposed copy's: not written where FP8 GEMMs take any
+    fp8_cast_bytes: float = 4.0  # HBM bytes per element to quantise one GEMM operand on hardware whose FP8 GEMMs
+    # take only the TN layout (Hopper, Ada), any amax pass and transposed copy included: the recipe's
+    # (RECIPE_CAST_BYTES; delayed scaling's by default) unless the stack states its own
+    fp8_transpose_bytes: float = 1.0  # of those, the transposed copy's: not written where FP8 GEMMs take any
     # layout (Device.fp8_any_layout: Blackwell); 0 when the stack writes none or its copy carries its own scales
     fp8_weight_bytes: float = 2.0  # FP8 weight copies kept per parameter (the weight and its transpose)
     fp8_saves_inputs: bool = True  # GEMM inputs saved for backward in FP8 (1 byte per element, not 2)
@@ -234,9 +242,18 @@ def with_changes(execution: Execution, changes: dict[str, Any], where: str) -> E
     t = Table(changes, "execution", where)
     try:
         t.only(*FIELDS)
-        return replace(execution, **{key: _value(t, key) for key in sorted(changes)})
+        return replace(execution, **_with_recipe_casts({key: _value(t, key) for key in sorted(changes)}))
     except SpecError as exc:
         raise InvalidInput(str(exc).rstrip(".")) from None
+
+
+def _with_recipe_casts(changes: dict[str, Any]) -> dict[str, Any]:
+    """`changes` with the cast bytes of the FP8 recipe they name (`RECIPE_CAST_BYTES`), unless they state them."""
+    recipe = changes.get("fp8_recipe")
+    if recipe not in RECIPE_CAST_BYTES or "fp8_cast_bytes" in changes or "fp8_transpose_bytes" in changes:
+        return changes
+    cast, transpose = RECIPE_CAST_BYTES[recipe]
+    return changes | {"fp8_cast_bytes": cast, "fp8_transpose_bytes": transpose}
 
 
 def _value(t: Table, key: str) -> Any:
@@ -290,8 +307,8 @@ def _parse(root: Table, default_name: str) -> Execution:
         for key in keys:
             if key in t.data:
                 changes[key] = _value(t, key)
-    return replace(start, **changes)
+    return replace(start, **_with_recipe_casts(changes))
 
 
-__all__ = ["DEFAULT_STACK", "FIELDS", "MAX_ALLOCATOR_RESERVE", "Execution", "load_execution", "parse_execution",
-           "stack_names", "stays_gathered", "with_changes"]
+__all__ = ["DEFAULT_STACK", "FIELDS", "MAX_ALLOCATOR_RESERVE", "RECIPE_CAST_BYTES", "Execution", "load_execution",
+           "parse_execution", "stack_names", "stays_gathered", "with_changes"]
