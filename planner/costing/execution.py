@@ -41,6 +41,7 @@ SELECTIVE: tuple[str, ...] = ("modules", "every_other_matmul")
 RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj",
                                       "shared_experts")
 DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
+ROUTINGS: tuple[str, ...] = ("uniform", "contiguous", "learned")
 #: What a recipe's quantisation moves per element on hardware whose FP8 GEMMs take only TN, and the transposed
 #: copy's part of it (Transformer Engine, transformer_engine/pytorch/csrc/quantizer.cpp): per-tensor current
 #: scaling reads the operand for its amax, reads it again and writes the FP8 copy and its transpose; delayed
@@ -49,7 +50,6 @@ DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
 #: names a recipe without stating its cast bytes takes these.
 RECIPE_CAST_BYTES: dict[str, tuple[float, float]] = {"current": (6.0, 1.0), "delayed": (4.0, 1.0),
                                                      "mxfp8": (4.0, 0.0), "blockwise": (4.0, 0.0)}
-ROUTINGS: tuple[str, ...] = ("uniform", "contiguous", "learned")
 #: The largest caching-allocator reserve a stack may give (a share of the reserved memory holding no tensor).
 MAX_ALLOCATOR_RESERVE = 0.5
 
@@ -95,11 +95,13 @@ class Execution:
     tp_overlap_share: float = 1.0  # at most this share of each TP all-gather / reduce-scatter its GEMM can hide
     # precision (FP8 applies when the workload's dtype is fp8: its GEMMs run at the fp8 peak)
     fp8_recipe: str = "delayed"
-    fp8_cast_bytes: float = 4.0  # HBM bytes per element to quantise one GEMM operand on hardware whose FP8 GEMMs
-    # take only the TN layout (Hopper, Ada), any amax pass and transposed copy included: the recipe's
-    # (RECIPE_CAST_BYTES; delayed scaling's by default) unless the stack states its own
-    fp8_transpose_bytes: float = 1.0  # of those, the transposed copy's: not written where FP8 GEMMs take any
-    # layout (Device.fp8_any_layout: Blackwell); 0 when the stack writes none or its copy carries its own scales
+    # HBM bytes per element to quantise one GEMM operand on hardware whose FP8 GEMMs take only the TN layout
+    # (Hopper, Ada), any amax pass and transposed copy included: the recipe's (RECIPE_CAST_BYTES; delayed
+    # scaling's by default) unless the stack states its own
+    fp8_cast_bytes: float = RECIPE_CAST_BYTES["delayed"][0]
+    # of those, the transposed copy's: not written where FP8 GEMMs take any layout (Device.fp8_any_layout:
+    # Blackwell); 0 when the stack writes none or its copy carries its own scales
+    fp8_transpose_bytes: float = RECIPE_CAST_BYTES["delayed"][1]
     fp8_weight_bytes: float = 2.0  # FP8 weight copies kept per parameter (the weight and its transpose)
     fp8_saves_inputs: bool = True  # GEMM inputs saved for backward in FP8 (1 byte per element, not 2)
     fp8_params: bool = False  # FP8 weights instead of 16-bit ones (TE's fp8_model_init, NeMo's fp8_param_gather)

@@ -184,7 +184,8 @@ def stages(profile: Profile, pp: int) -> tuple[tuple[tuple[Part, int], ...], ...
 class StepModel:
     """The costing of one (profile, cluster, layout, precision): device groups placed once, then any step."""
 
-    __slots__ = ("profile", "cluster", "layout", "prec", "stages", "tp_spans", "ep_spans", "p2p_spans", "tier")
+    __slots__ = ("profile", "cluster", "layout", "prec", "stages", "tp_spans", "ep_spans", "p2p_spans", "tier",
+                 "attention_kernel")
 
     def __init__(self, profile: Profile, cluster: Cluster, layout: Layout, prec: Precision) -> None:
         self.profile, self.cluster, self.layout, self.prec = profile, cluster, layout, prec
@@ -197,6 +198,8 @@ class StepModel:
         self.ep_spans = place_group(cluster, layout.stage_devices) if layout.stage_devices > 1 else ()
         self.p2p_spans = place_group(cluster, 2, stride=layout.stage_devices) if layout.pp > 1 else ()
         self.tier = offload_tier(cluster)
+        # whose flash-attention figures the attention cores are costed with (none needed without attention)
+        self.attention_kernel = serving_attention_kernel(cluster) if any(p.attention for p in profile.parts) else ""
 
     def memory(self, *, phase: Phase, batch: int, q: int, context: int, kv_offload: float = 0.0) -> dict[str, float]:
         """Bytes on the fullest device (weights, KV cache in HBM, offloaded KV, workspace, total)."""
@@ -293,7 +296,7 @@ def attention_core_s(m: StepModel, a: AttentionFacts, phase: Phase, batch: int, 
         flops = batch * (q * prefix + q * (q + 1) / 2) * a.prefill_pair_flops / tp
         keys = prefix + (q + 1) / 2
     rows = batch * q * a.heads * (a.key_dim + a.value_dim) * m.prec.act_bytes / tp
-    kernel = serving_attention_kernel(m.cluster)
+    kernel = m.attention_kernel
     t = attention_time_s(m.cluster, flops, _cache_bytes(m, a, batch, context) + rows, "forward", kernel, keys)
     return t, attention_time_s(m.cluster, flops, 0.0, "forward", kernel, keys) >= t
 
