@@ -93,6 +93,9 @@ def _print_cluster(c: Cluster) -> None:
         kf, kb = c.attention_half_keys
         law = bool(kf or kb)  # a length law: the figures are its plateaus
         half = f", half of it at {kf:g}/{kb:g} keys per query" if law else ""
+        df, db = c.attention_half_dims
+        half += (f", head dims under 128 slower (D {df:g}/{db:g})" if df or db
+                 else ", every head dim at head dim 128's rate (not measured)")
         console.print(f"flash attention ({'plateau share' if law else 'share'} of the bf16 peak, forward/backward): "
                       f"{kernels}{half}"
                       + (f"; {c.attention_basis}" if c.attention_basis else ""), markup=False)

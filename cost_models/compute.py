@@ -87,8 +87,31 @@ def copy_s(cluster: Cluster, nbytes: float) -> float:
     return op_time_s(cluster, 0.0, 2.0 * nbytes, "elementwise") if nbytes > 0 else 0.0
 
 
+#: Head dim at which the devices' flash-attention figures were measured (cuDNN's and FlashAttention-3's tables).
+MEASURED_HEAD_DIM = 128.0
+
+
+def head_dim_factor(cluster: Cluster, head_dim: float, phase: Phase) -> float:
+    """Flash attention's rate at `head_dim` (the mean of the query-key and value head dims) over its rate at head
+    dim 128, where the device's figures were measured: (d / (d + D)) / (128 / (128 + D)), capped at 1.
+
+    Each (query, key) score costs 4d tensor-core FLOPs forward (QK^T and PV, 10d backward) beside a fixed
+    amount of other work: the exponential (on the SFU, 16 per clock per SM on Hopper and Blackwell), the
+    softmax's rescaling, the masking. Only the FLOPs count as useful work, so a narrow head spends a larger share
+    of its time off the tensor cores; D, the device's `attention_half_dims` for the phase, is the head dim at
+    which that other work takes as long as the matmuls. Fitted on cuDNN's head-dim-64 runs on H200 beside its
+    head-dim-128 ones (tests/test_attention_length.py). Heads wider than 128 are not credited a higher rate: MLA's
+    192-wide query-key heads run 2 % (forward) and 15 % (backward) slower than head dim 128 in cuDNN's GB200
+    benchmark, not faster as the law would have it. D = 0: the device's figures for every head dim."""
+    forward, backward = cluster.attention_half_dims
+    d0 = forward if phase == "forward" else backward
+    if d0 <= 0 or head_dim <= 0 or head_dim >= MEASURED_HEAD_DIM:
+        return 1.0
+    return (head_dim / (head_dim + d0)) * ((MEASURED_HEAD_DIM + d0) / MEASURED_HEAD_DIM)
+
+
 def attention_time_s(cluster: Cluster, flops: float, bytes_moved: float, phase: Phase, kernel: str,
-                     keys: float = 0.0) -> float:
+                     keys: float = 0.0, head_dim: float = MEASURED_HEAD_DIM) -> float:
     """Seconds of one fused (flash) attention kernel on one device: its FLOPs at the kernel's efficiency, a
     fraction of the bf16 peak, paying the per-kernel overhead of the device's law (t0 + F / (eff * peak); under
     the length law below, which holds it, t0 is a floor), or
@@ -100,14 +123,14 @@ def attention_time_s(cluster: Cluster, flops: float, bytes_moved: float, phase: 
     softmax epilogue, writing O) are spread over more key tiles; K is the device's `attention_half_keys` (0, or
     `keys` 0: the plateau). Fitted on cuDNN's causal SDPA at 2K-32K tokens, head dim 128
     (NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training): H200 within 3 %, GB200 within 10 %. Its sliding-
-    window runs (head dim 64, not fitted) come out 3-83 % fast at 2K-16K tokens, where a flat plateau puts the
-    128-token window 3-5x fast; its non-causal runs (not fitted) within 8 % (tests/test_attention_length.py)."""
+    window runs (head dim 64) at the head-dim law's rate (`head_dim_factor`); its non-causal runs (not fitted)
+    within 8 % (tests/test_attention_length.py)."""
     if flops < 0 or bytes_moved < 0:
         raise ValueError(f"flops and bytes must be >= 0, got {flops} and {bytes_moved}")
     if flops == 0 and bytes_moved == 0:
         return 0.0
     forward, backward, _ = cluster.attention_plateau(kernel)
-    plateau = forward if phase == "forward" else backward
+    plateau = (forward if phase == "forward" else backward) * head_dim_factor(cluster, head_dim, phase)
     half = cluster.attention_half_keys[0 if phase == "forward" else 1]
     peak = cluster.device.peak_flops("bf16")
     if keys > 0 and half > 0:  # the law's K holds the kernel's fixed costs, as the benchmarks timed them: t0 a floor

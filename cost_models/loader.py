@@ -99,6 +99,15 @@ def parse_cluster(data: dict[str, Any], *, source: str, default_name: str) -> Cl
     )
 
 
+def _pair(eff: Table, key: str, what: str) -> tuple[float, float]:
+    """A [forward, backward] pair of numbers >= 0 in [efficiency] (0, 0 when absent)."""
+    pair = eff.data.get(key, [0.0, 0.0])
+    if not (isinstance(pair, list) and len(pair) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in pair)):
+        raise eff.error(key, f"expected [forward, backward] {what} >= 0, got {_show(pair)}")
+    return float(pair[0]), float(pair[1])
+
+
 def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     """The [efficiency] table: the overhead law's parameters (or bare tables), flash-attention plateaus, the
     overlap efficiency, and where the figures come from.
@@ -108,7 +117,8 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     sampled at eighth-decades; `matmul = [[size, eff], ...]` tables are taken as given instead.
     """
     eff.only("matmul", "memory", "matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us",
-             "host_overhead_us", "attention", "attention_basis", "attention_half_keys", "overlap", "fitted_on",
+             "host_overhead_us", "attention", "attention_basis", "attention_half_keys", "attention_half_dims",
+             "overlap", "fitted_on",
              "not_fitted", "calibration")
     law = [k for k in ("matmul_plateau", "memory_plateau", "kernel_overhead_us") if k in eff.data]
     if law and len(law) != 3:
@@ -144,13 +154,11 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
             raise att.error(kernel, f"expected [forward, backward] fractions of the bf16 peak in (0, 1], "
                                     f"got {_show(value)}")
         attention.append((kernel, float(value[0]), float(value[1])))
-    half = eff.data.get("attention_half_keys", [0.0, 0.0])
-    if not (isinstance(half, list) and len(half) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                             and v >= 0 for v in half)):
-        raise eff.error("attention_half_keys", f"expected [forward, backward] key counts >= 0, got {_show(half)}")
+    half, dims = (_pair(eff, key, what) for key, what in (("attention_half_keys", "key counts"),
+                                                           ("attention_half_dims", "head dims")))
     fitted_on = eff.texts("fitted_on")
     return dict(matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
-                attention_plateaus=tuple(attention), attention_half_keys=(float(half[0]), float(half[1])),
+                attention_plateaus=tuple(attention), attention_half_keys=half, attention_half_dims=dims,
                 kernel_overhead_s=t0, **plateaus,
                 host_overhead_s=eff.number("host_overhead_us", default=0.0, allow_zero=True) * US,
                 dp_overlap_efficiency=eff.fraction("overlap", default=1.0),

@@ -99,6 +99,8 @@ class Cluster:
     attention_basis: str = ""  # where those figures come from: a measurement, or an "ASSUMPTION: ..." carried over
     attention_half_keys: tuple[float, float] = (0.0, 0.0)  # (forward, backward) keys per query row at which a flash
     # kernel reaches half its plateau (`cost_models.compute.attention_time_s`); 0: no dependence on the length
+    attention_half_dims: tuple[float, float] = (0.0, 0.0)  # (forward, backward) D of the head-dim law (see
+    # `cost_models.compute.head_dim_factor`); 0: every head dim at head dim 128's rate
     kernel_overhead_s: float = 0.0  # t0 of the overhead law the curves follow (0: the curves are bare tables)
     host_overhead_s: float = 0.0  # what issuing one op from an eager training step's host adds to it (0: none)
     matmul_plateau: float | None = None  # the law's parameters the curves were made from (None: bare tables)
@@ -298,6 +300,7 @@ def cluster_as_dict(cluster: Cluster) -> dict:
             "attention": {k: {"forward": f, "backward": b} for k, f, b in cluster.attention_plateaus},
             "attention_basis": cluster.attention_basis,
             "attention_half_keys": dict(zip(("forward", "backward"), cluster.attention_half_keys)),
+            "attention_half_dims": dict(zip(("forward", "backward"), cluster.attention_half_dims)),
             "kernel_overhead_s": cluster.kernel_overhead_s,
             "host_overhead_s": cluster.host_overhead_s,
             "overlap": cluster.dp_overlap_efficiency,

@@ -64,6 +64,7 @@ class AttentionRegion:
     heads: int
     q_len: int
     kv_len: int
+    head_dim: float = 128.0  # mean of the query-key and value head dims (what `head_dim_factor` reads)
 
     @property
     def row_keys(self) -> float:
@@ -110,8 +111,9 @@ def attention_regions(graph: Graph, index: GraphIndex | None = None) -> list[Att
         io = sum(graph.tensors[x].nbytes for x in stored if x in graph.tensors) + o_t.nbytes
         lse = 4.0 * scores.numel / max(1, kv_len)
         flops = graph.nodes[qk].flops + graph.nodes[av].flops
+        head_dim = (int(q_t.shape[-1]) + int(o_t.shape[-1])) / 2 if q_t.shape and o_t.shape else 128.0
         out.append(AttentionRegion(frozenset(region), qk, q, k_in, v, graph.nodes[av].outputs[0], flops, kept,
-                                   causal, window, io, lse, heads, q_len, kv_len))
+                                   causal, window, io, lse, heads, q_len, kv_len, head_dim))
     return out
 
 

@@ -140,7 +140,7 @@ class NodeTimes:
             # row's keys, a sliding window all of its own unless the chunk is shorter
             keys = min(r.row_keys, r.kv_len / self.cp) if r.window else r.row_keys / self.cp
             return attention_time_s(cluster, flops, nbytes, "backward" if backward else "forward",
-                                    self.execution.attention_kernel, keys) / self.execution.kernel_efficiency
+                                    self.execution.attention_kernel, keys, r.head_dim) / self.execution.kernel_efficiency
         if facts.weight_view[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]):
             return 0.0
         group = self._group(i)

@@ -296,9 +296,9 @@ def attention_core_s(m: StepModel, a: AttentionFacts, phase: Phase, batch: int, 
         flops = batch * (q * prefix + q * (q + 1) / 2) * a.prefill_pair_flops / tp
         keys = prefix + (q + 1) / 2
     rows = batch * q * a.heads * (a.key_dim + a.value_dim) * m.prec.act_bytes / tp
-    kernel = m.attention_kernel
-    t = attention_time_s(m.cluster, flops, _cache_bytes(m, a, batch, context) + rows, "forward", kernel, keys)
-    return t, attention_time_s(m.cluster, flops, 0.0, "forward", kernel, keys) >= t
+    kernel, dim = m.attention_kernel, (a.key_dim + a.value_dim) / 2
+    t = attention_time_s(m.cluster, flops, _cache_bytes(m, a, batch, context) + rows, "forward", kernel, keys, dim)
+    return t, attention_time_s(m.cluster, flops, 0.0, "forward", kernel, keys, dim) >= t
 
 
 def _stage_time(m: StepModel, parts, phase: Phase, batch: int, q: int, context: int, kv_offload: float):

@@ -1,0 +1,86 @@
+"""Fit the head-dim law of flash attention (`cost_models.compute.head_dim_factor`) on cuDNN's published runs.
+
+    python benchmarks/fit_attention_head_dim.py
+
+cuDNN's SDPA training benchmark (tests/data/cudnn_sdpa.json, from NVIDIA/cudnn-frontend) times head dim 64
+(gpt-oss's shape, a 1,024-token window) beside head dim 128 on H200. The dgx-h200 preset's cudnn plateaus and
+length law were fitted on the head-dim-128 rows alone; this fits D, per phase, on the head-dim-64 rows (least
+squares of the log time), and prints each row's error with it, and the held-out GB200 rows (head dim 64, a
+128-token window) under the Blackwell presets' D. Prints the figures the presets' `attention_half_dims` carry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scipy.optimize import minimize_scalar  # noqa: E402
+
+from cost_models import load_cluster  # noqa: E402
+from cost_models.compute import attention_time_s  # noqa: E402
+from planner.costing.attention import kept_fraction  # noqa: E402
+
+DATA = ROOT / "tests" / "data" / "cudnn_sdpa.json"
+PRESET = {"H200": "dgx-h200", "GB200": "gb200-nvl72"}
+PHASES = {"fwd": ("forward", 0), "bwd": ("backward", 1)}
+
+
+def useful_keys(row: dict) -> float:
+    """Mean unmasked keys per query row, as the benchmark counts its FLOPs."""
+    seq, window = row["seq"], row["window"]
+    if row["mask"] != "top_left":
+        return float(seq)
+    if not window or seq <= window:
+        return (seq + 1) / 2
+    return (window * (window + 1) / 2 + (seq - window) * window) / seq
+
+
+def predicted_ms(row: dict, cluster) -> float:
+    """The row's time as the cost model charges it: the FLOPs of the tiles it computes at the law's rate."""
+    keys = kept_fraction(row["seq"], row["seq"], row["mask"] == "top_left", row["window"]) * row["seq"]
+    flops = row["tflops"] * 1e12 * row["time_ms"] * 1e-3 * keys / useful_keys(row)
+    head_dim = (row["head_dim_qk"] + row["head_dim_vo"]) / 2
+    return 1e3 * attention_time_s(cluster, flops, 0.0, PHASES[row["phase"]][0], "cudnn", keys, head_dim)
+
+
+def narrow_rows(gpu: str, phase: str) -> list[dict]:
+    return [r for r in json.loads(DATA.read_text(encoding="utf-8"))["rows"]
+            if r["gpu"] == gpu and r["phase"] == phase and r["head_dim_qk"] < 128 and not r["deterministic"]]
+
+
+def fit(phase: str) -> float:
+    """D of `phase` minimising the squared log error of H200's narrow-head rows."""
+    base = load_cluster(PRESET["H200"])
+    rows, at = narrow_rows("H200", phase), PHASES[phase][1]
+
+    def loss(d0: float) -> float:
+        dims = tuple(d0 if i == at else base.attention_half_dims[i] for i in range(2))
+        c = dataclasses.replace(base, attention_half_dims=dims)
+        return sum(math.log(predicted_ms(r, c) / r["time_ms"]) ** 2 for r in rows)
+
+    return float(minimize_scalar(loss, bounds=(0.0, 512.0), method="bounded", options={"xatol": 0.1}).x)
+
+
+def main() -> int:
+    fitted = {p: fit(p) for p in PHASES}
+    print("D fitted on H200's head-dim-64 rows: forward %.0f, backward %.0f" % (fitted["fwd"], fitted["bwd"]))
+    for gpu in PRESET:
+        cluster = load_cluster(PRESET[gpu])
+        print(f"{gpu} ({PRESET[gpu]}: attention_half_dims {list(cluster.attention_half_dims)}, "
+              f"{'fitted' if gpu == 'H200' else 'held out'})")
+        for phase in PHASES:
+            for r in narrow_rows(gpu, phase):
+                p = predicted_ms(r, cluster)
+                print(f"  {phase} window {r['window']:>5} seq {r['seq']:>6}: measured {r['time_ms']:7.3f} ms, "
+                      f"predicted {p:7.3f} ms ({p / r['time_ms'] - 1:+.0%})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
