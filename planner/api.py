@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from planner.bounds import zoo_overrides
 from planner.caveats import assumptions, check_costed, scale_warnings, uncosted_note
+from planner.costing.attention import attention_regions
 from planner.errors import InvalidInput
 from planner.graph.ir import Graph
 from planner.model_source import build_weightless, content_file, display_name, kind_of, takes, unknown_message
@@ -187,7 +188,8 @@ def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any) ->
         "workload": {"mode": workload.mode, "global_batch": workload.global_batch, "seq_len": workload.seq_len,
                      "dtype": workload.dtype, "stack": workload.execution.origin or workload.execution.name,
                      "allocator_reserve": workload.execution.allocator_reserve},
-        "assumptions": assumptions(hw, workload) + ([uncosted_note(graph)] if graph.uncosted()["ops"] else []),
+        "assumptions": assumptions(hw, workload, {r.head_dim for r in attention_regions(graph)})
+        + ([uncosted_note(graph)] if graph.uncosted()["ops"] else []),
     }
 
 

@@ -4,8 +4,11 @@ rule costs, and a job whose scale suggests it was mistyped. Every estimate and p
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from typing import Any
+
+from cost_models.compute import MEASURED_HEAD_DIM
 
 from planner.errors import InvalidModel
 from planner.graph.ir import Graph
@@ -41,14 +44,20 @@ def scale_warnings(step_time_s: float, microbatches: int, mode: str) -> list[str
             "seconds to minutes of published training steps: --global-batch counts sequences per step"]
 
 
+#: The clause of a preset's attention basis that says how heads narrower than 128 are costed ("ASSUMPTION (head dims
+#: under 128): ...").
+NARROW_HEADS = "head dims under 128"
+
+
 def attention_assumed(basis: str, kernel: str) -> str:
-    """What a preset's attention basis assumes for `kernel`: the whole basis when it opens with "ASSUMPTION", the
-    "ASSUMPTION (kernel, ...): ..." clause naming it, or "" (measured)."""
-    if basis.startswith("ASSUMPTION"):
-        return basis.removeprefix("ASSUMPTION").lstrip(": ")
+    """What a preset's attention basis assumes for `kernel` (or for `NARROW_HEADS`): the "ASSUMPTION (kernel, ...):
+    ..." clause naming it, else, for a kernel, the basis up to its first such clause when it opens with
+    "ASSUMPTION", else "" (measured)."""
     for m in re.finditer(r"ASSUMPTION \(([^)]*)\):?\s*([^;]*)", basis):
         if kernel in {k.strip() for k in m.group(1).split(",")}:
             return m.group(2).strip()
+    if basis.startswith("ASSUMPTION") and kernel != NARROW_HEADS:
+        return re.split(r";\s*ASSUMPTION \(", basis)[0].removeprefix("ASSUMPTION").lstrip(": ")
     return ""
 
 
@@ -83,16 +92,33 @@ def attention_assumptions(hw: Any, kernel: str, fallback: bool = True) -> list[s
     return out
 
 
+def head_dim_assumptions(hw: Any, head_dims: Iterable[float]) -> list[str]:
+    """What the attention figures assume for heads narrower than the head dim 128 they were measured at: that they
+    run at its rate, on a device without the head-dim law (`cost_models.compute.head_dim_factor`), or what the
+    preset's basis says of its law's D."""
+    narrow = sorted({float(d) for d in head_dims if 0 < d < MEASURED_HEAD_DIM})
+    if not narrow:
+        return []
+    dims = ", ".join(f"{d:g}" for d in narrow)
+    if not any(hw.attention_half_dims):
+        return [f"{hw.name} has no flash-attention figures below head dim 128: heads of {dims} are costed at head dim "
+                "128's rate (cuDNN runs head dim 64 at 0.75x of it forward on H200: likely fast)"]
+    said = attention_assumed(hw.attention_basis, NARROW_HEADS)
+    return [f"{hw.name}'s flash attention at head dim {dims}: {said}"] if said else []
+
+
 #: FP8 recipes that scale blocks of a tensor (MXFP8's 1x32, DeepSeek's 128x128 / 1x128), costed as per-tensor FP8.
 SCALED_BLOCKS = ("mxfp8", "blockwise")
 
 
-def assumptions(hw: Any, workload: Any) -> list[str]:
-    """What the figures rest on that no measurement of this hardware and stack has checked."""
+def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = ()) -> list[str]:
+    """What the figures rest on that no measurement of this hardware and stack has checked (`head_dims`: the
+    model's attention head dims)."""
     out = hardware_assumptions(hw, workload.dtype)
     ex = workload.execution
     if ex.attention == "flash" and hw.attention_plateaus:
         out += attention_assumptions(hw, ex.attention_kernel, fallback=workload.mode == "train")
+        out += head_dim_assumptions(hw, head_dims)
     if workload.mode == "train" and ex.overlap_ep_comm:
         out.append("the 1F1B all-to-all overlap pairs two micro-batches' MoE layers as Megatron-Core's schedule does, "
                    "taking them as alike, each backward as half data and half weight gradient, and the host's waits "
@@ -111,4 +137,5 @@ def assumptions(hw: Any, workload: Any) -> list[str]:
 
 
 __all__ = ["LONG_STEP_S", "assumptions", "attention_assumptions", "check_costed", "hardware_assumptions",
+           "head_dim_assumptions",
            "scale_warnings", "uncosted_note"]

@@ -86,6 +86,29 @@ def test_every_estimate_on_borrowed_attention_figures_says_so():
     assert [a for a in assumptions(load_cluster("gb200-nvl72"), titan) if "flash attention" in a]
 
 
+def test_an_estimate_with_narrow_heads_says_how_they_are_costed():
+    """Head dim 64 on a device with the fitted head-dim law (H100): nothing to say; with the law carried (GB200,
+    twice H200's D): that clause; without one (A100): that they run at head dim 128's rate. Head dim 128: silent."""
+    from cost_models import load_cluster
+
+    from planner.caveats import assumptions
+    from planner.strategy import Workload
+
+    work = Workload(global_batch=8, seq_len=1024)
+
+    def heads(hw: str, dims) -> list[str]:
+        return [a for a in assumptions(load_cluster(hw), work, dims) if "head dim" in a]
+
+    assert heads("dgx-h100", {64.0}) == [] and heads("gb200-nvl72", {128.0}) == []
+    assert heads("gb200-nvl72", {64.0, 128.0}) == [
+        "gb200-nvl72's flash attention at head dim 64: the head-dim law at twice H200's D (Blackwell's tensor cores "
+        "do twice Hopper's FLOPs per clock beside the same exponential rate)"]
+    (a100,) = heads("dgx-a100", {64.0})
+    assert a100.startswith("dgx-a100 has no flash-attention figures below head dim 128: heads of 64 are costed")
+    b200 = [a for a in assumptions(load_cluster("dgx-b200"), work, {64.0}) if "flash attention" in a]
+    assert len(b200) == 2 and "head dims under 128" not in b200[0]  # the kernel's clause and the heads' apart
+
+
 def test_an_fp8_estimate_says_when_it_costs_block_scaling_as_per_tensor():
     from dataclasses import replace
 

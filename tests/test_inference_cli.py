@@ -143,6 +143,9 @@ def test_a_serving_plan_says_what_its_hardware_figures_assume():
     assert not any("flash attention" in n or "stand in" in n for n in h100)  # FlashAttention-3 on H100: measured
     cm = plan_inference("llama3-8b", cluster="cloudmatrix384", **kw)["notes"]
     assert any("transferred from the ascend-910b fit" in n for n in cm)
+    assert not any("head dim" in n for n in b200 + cm)  # Llama's heads are 128 wide
+    oss = plan_inference("gpt-oss-20b", cluster="gb200-nvl72", **kw)["notes"]
+    assert any(n.startswith("gb200-nvl72's flash attention at head dim 64: the head-dim law") for n in oss)
 
 
 def test_co_located_decode_takes_the_largest_batch_that_meets_the_tpot_target():

@@ -43,6 +43,16 @@ def test_plain_attention_caches_k_and_v_projections(model, per_layer, kv_heads):
     assert a.decode_pair_flops == a.prefill_pair_flops  # nothing to absorb
 
 
+def test_attention_with_sinks_keeps_its_kv_cache():
+    """gpt-oss joins a learned sink logit to the scores (Concat) before the softmax and drops it after (Slice): the
+    core is still found, and each layer caches its 8 KV heads of 64 (config: num_key_value_heads, head_dim)."""
+    p = profile_of("gpt-oss-20b", layers=2)
+    assert all(len(l.attention) == 1 for l in p.layers)
+    a = p.layers[0].attention[0]
+    assert (a.heads, a.key_dim, a.value_dim, a.kv_heads) == (64, 64, 64, 8)
+    assert p.cached_elements_per_token == 2 * 2 * 8 * 64
+
+
 @pytest.mark.parametrize("fixture, per_token, experts", [("llama_gqa", 2 * 2 * 2 * 8, None),
                                                         ("gpt2", 2 * 2 * 32, None),  # fused QKV, split
                                                         ("mixtral_moe", 2 * 2 * 2 * 8, (4, 2)),

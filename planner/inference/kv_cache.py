@@ -39,6 +39,9 @@ _ELEMENTWISE = frozenset({"Mul", "Add", "Sub", "Neg", "Div", "Where"})
 #: slice assignment export as ScatterND); the cache per token is their updates, not the whole buffer.
 _CACHE_WRITES = frozenset({"ScatterND", "ScatterElements", "Scatter"})
 _FUSED_ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
+#: The op a sink logit joins the scores through on their way into the softmax (gpt-oss: the scores first, the
+#: sinks after; a Slice drops them after the softmax)
+_SINK_JOIN = frozenset({"Concat"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +224,7 @@ def _back_to_contraction(graph: Graph, index: GraphIndex, i: int, nodes: frozens
             return None
         if _activation_contraction(graph, index, j):
             return j, frozenset(passed)
-        if graph.nodes[j].op_type not in _ELEMENTWISE | {"Cast", "Reshape", "Identity"}:
+        if graph.nodes[j].op_type not in _ELEMENTWISE | _SINK_JOIN | {"Cast", "Reshape", "Identity"}:
             return None
         passed.add(j)
     return None

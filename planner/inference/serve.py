@@ -8,11 +8,12 @@ that a what-if sweep profiles a model once.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any, Mapping
 
 from cost_models import Cluster
 
-from planner.caveats import attention_assumptions, hardware_assumptions
+from planner.caveats import attention_assumptions, hardware_assumptions, head_dim_assumptions
 from planner.errors import InvalidInput
 from planner.model_source import content_file, display_name, kind_of
 from planner.inference.phase_cost import ENGINE_KERNELS, SERVING_DTYPES, Precision, serving_attention_kernel
@@ -130,15 +131,18 @@ def serving_report(plan: ServingPlan, others: list[ServingPlan], serving: Servin
                     "layers": len(profile.layers), "moe": profile.is_moe}
     out["cluster"] = {"name": hw.name, "devices": hw.n_devices}
     out["workload"] = dict(workload)
-    out["notes"] = serving_assumptions(hw, serving.precision.dtype) + out["notes"]
+    dims = {(a.key_dim + a.value_dim) / 2 for part in profile.parts for a in part.attention}
+    out["notes"] = serving_assumptions(hw, serving.precision.dtype, dims) + out["notes"]
     return out
 
 
-def serving_assumptions(hw: Cluster, dtype: str) -> list[str]:
+def serving_assumptions(hw: Cluster, dtype: str, head_dims: Iterable[float] = ()) -> list[str]:
     """What a serving estimate on `hw` assumes: the hardware's unfitted parameters, and the attention figures (a
-    kernel other than the engine's own standing in, and what the preset says of that kernel's figures)."""
+    kernel other than the engine's own standing in, what the preset says of that kernel's figures, and of heads
+    narrower than 128 among `head_dims`)."""
     kernel = serving_attention_kernel(hw)
     stand_in = [] if kernel in ENGINE_KERNELS else [
         f"{hw.name}'s {kernel} figures stand in for the serving engine's own attention kernel (FlashInfer in vLLM "
         "on Blackwell, a fused inference attention op on Ascend), of which no preset has figures"]
-    return hardware_assumptions(hw, dtype, serving=True) + stand_in + attention_assumptions(hw, kernel)
+    return (hardware_assumptions(hw, dtype, serving=True) + stand_in + attention_assumptions(hw, kernel)
+            + head_dim_assumptions(hw, head_dims))
