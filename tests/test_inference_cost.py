@@ -82,6 +82,25 @@ def test_gqa_cache_splits_by_kv_heads_up_to_their_count(llama70):
     assert kv[1] == pytest.approx(8 * kv[8])  # 8 KV heads: one per rank at tp 8
 
 
+def test_sliding_window_layers_cache_and_read_their_window_only():
+    """gpt-oss-20b: 24 layers of 8 KV heads of 64, every other one banded to 128 tokens. At 8,192 tokens of context
+    the decode cache is 12 x 8,192 + 12 x 128 token-layers of 2 x 8 x 64 bf16 values, a little over half of what
+    caching every token in every layer would hold, and the banded layers' attention reads 128 keys: less time."""
+    oss = load_profile("gpt-oss-20b")
+    full = dataclasses.replace(oss, parts=tuple(dataclasses.replace(
+        p, attention=tuple(dataclasses.replace(a, window=0) for a in p.attention)) for p in oss.parts))
+    lay = Layout(tp=1, dp=8)
+    kv = decode(oss, H100, lay, batch=4, context=8192).memory_bytes["kv_cache"]
+    assert kv == pytest.approx(4 * (12 * 8192 + 12 * 128) * 2 * 8 * 64 * 2)
+    assert kv / decode(full, H100, lay, batch=4, context=8192).memory_bytes["kv_cache"] == pytest.approx(
+        (8192 + 128) / (2 * 8192))
+    model, banded = StepModel(oss, H100, lay, Precision()), oss.layers[0].attention[0]
+    wide = dataclasses.replace(banded, window=0)
+    assert banded.window == 128
+    assert attention_core_s(model, banded, "decode", 64, 1, 8192)[0] < attention_core_s(model, wide, "decode", 64, 1,
+                                                                                       8192)[0]
+
+
 def test_expected_touched_experts_is_the_occupancy_law():
     assert expected_touched(1, 8, 256) == pytest.approx(8)
     assert expected_touched(10_000, 8, 256) == pytest.approx(256)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from models_zoo import param_counts
@@ -51,6 +53,22 @@ def test_attention_with_sinks_keeps_its_kv_cache():
     a = p.layers[0].attention[0]
     assert (a.heads, a.key_dim, a.value_dim, a.kv_heads) == (64, 64, 64, 8)
     assert p.cached_elements_per_token == 2 * 2 * 8 * 64
+
+
+def test_sliding_window_layers_keep_and_read_their_window_only():
+    """gpt-oss bands every other layer to 128 tokens (config: sliding_window, layer_types) and the layers share one
+    structure: each keeps its own window. A 8,192-token sequence then holds 8,192 tokens in the full layers and 128
+    in the banded ones (vLLM's hybrid KV cache manager); a prefill's queries read at most 128 keys there, by hand:
+    6 queries after no prefix with a 4-token window read 1+2+3+4+4+4 = 18 keys, 21 without it, and 3 after 5 cached
+    tokens read 4 each."""
+    p = profile_of("gpt-oss-20b", seq=512, layers=4)
+    assert [a.window for l in p.layers for a in l.attention] == [128, 0, 128, 0]
+    assert p.cached_elements_at(8192) == 2 * 8 * 64 * 2 * (8192 + 128)
+    assert p.cached_elements_at(100) == 100 * p.cached_elements_per_token
+    banded = dataclasses.replace(p.layers[0].attention[0], window=4)
+    full = dataclasses.replace(banded, window=0)
+    assert (banded.prefill_pairs(0, 6), full.prefill_pairs(0, 6), banded.prefill_pairs(5, 3)) == (18, 21, 12)
+    assert banded.held(10) == 4 and full.held(10) == 10
 
 
 @pytest.mark.parametrize("fixture, per_token, experts", [("llama_gqa", 2 * 2 * 2 * 8, None),

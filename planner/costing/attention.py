@@ -25,6 +25,7 @@ exporter: every Softmax between two contractions of activations.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from planner.costing.activations import _PASS, softmax_span, view_roots
@@ -92,10 +93,7 @@ def attention_regions(graph: Graph, index: GraphIndex | None = None) -> list[Att
         region, qk, av = softmax_span(graph, index, i, _PASS | _SINK_OPS)
         if av < 0:
             continue
-        mask_nodes = {k for k in region if k not in (qk, av, i)}
-        found = [_mask_shape(graph, producer, x, region) for k in mask_nodes for x in graph.nodes[k].inputs if x]
-        causal = any(c for c, _ in found)
-        window = max((w for _, w in found), default=0)
+        causal, window = core_mask(graph, producer, {k for k in region if k not in (qk, av, i)}, region)
         q, k_in = graph.nodes[qk].inputs[0], graph.nodes[qk].inputs[1]
         v = graph.nodes[av].inputs[1]
         fed = _absorb_feeding_views(graph, producer, consumers, region, (q, k_in, v))
@@ -154,7 +152,14 @@ def kept_fraction(q_len: int, kv_len: int, causal: bool, window: int, tile: int 
     return min(1.0, tiles / (rows * cols))
 
 
-def _mask_shape(graph: Graph, producer, name: str, region: set[int]) -> tuple[bool, int]:
+def core_mask(graph: Graph, producer, between: Iterable[int], region: Collection[int]) -> tuple[bool, int]:
+    """(causal, window in tokens, 0: none) of an attention core, from the masks fed to the ops `between` its
+    contractions (`region`: the core's nodes, where the walk back from each mask stops)."""
+    found = [_mask_shape(graph, producer, x, region) for k in between for x in graph.nodes[k].inputs if x]
+    return any(c for c, _ in found), max((w for _, w in found), default=0)
+
+
+def _mask_shape(graph: Graph, producer, name: str, region: Collection[int]) -> tuple[bool, int]:
     """(causal, window) of a mask input of the core, from how it is built, looking up to 16 ops back: a Trilu
     or a comparison of position ranges makes it causal; a second Trilu whose diagonal offset is k, |k| > 1,
     bands it to |k| tokens (the additive -inf masks of transformers' sliding-window layers)."""
@@ -185,4 +190,4 @@ def _constant(graph: Graph, producer, name: str) -> float | None:
     return float(values[0]) if values and len(values) == 1 and isinstance(values[0], (int, float)) else None
 
 
-__all__ = ["BACKWARD_FLOPS_RATIO", "TILE", "AttentionRegion", "attention_regions", "kept_fraction"]
+__all__ = ["BACKWARD_FLOPS_RATIO", "TILE", "AttentionRegion", "attention_regions", "core_mask", "kept_fraction"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.costing.attention import core_mask
 from planner.graph.ir import Graph
 from planner.graph.walk import GraphIndex, is_weight_matmul, per_token
 from planner.costing.node_work import FLOAT_DTYPES
@@ -57,6 +58,23 @@ class AttentionFacts:
     latent: bool  # the cache is an absorbed latent (MLA)
     prefill_pair_flops: float  # FLOPs per (query, key) pair as the graph computes attention
     decode_pair_flops: float  # FLOPs per (query, cached token) pair at decode
+    window: int = 0  # sliding window in tokens (0: none): a query reads, and the cache keeps, only the last `window`
+
+    def held(self, context: float) -> float:
+        """Tokens of a `context`-token sequence this core keeps cached and a new query reads: the last `window` of a
+        sliding-window layer (vLLM's hybrid KV cache manager frees the rest), else all of them."""
+        return min(context, self.window) if self.window else context
+
+    def prefill_pairs(self, prefix: float, q: float) -> float:
+        """(query, key) pairs of `q` new tokens after `prefix` cached ones, each query reading the keys up to
+        itself, the last `window` of them in a sliding-window layer."""
+        first, last = prefix + 1, prefix + q  # keys the first and the last new query read, before the window
+        w = self.window
+        if not w or last <= w:
+            return q * (first + last) / 2
+        if first >= w:
+            return q * w
+        return (first + w) * (w - first + 1) / 2 + (last - w) * w
 
     @property
     def cached_elements(self) -> float:
@@ -87,6 +105,12 @@ def find_cores(graph: Graph, index: GraphIndex, nodes: frozenset[int]) -> list[C
         (qk, before), (av, after) = back, fwd
         out.append(Core(qk=qk, av=av, nodes=frozenset({i, qk, av} | before | after)))
     return out
+
+
+def core_windows(graph: Graph, index: GraphIndex, nodes: frozenset[int]) -> list[int]:
+    """The sliding window (tokens, 0: none) of each attention core among `nodes`, in `find_cores`' order: layers of
+    one structure differ in it (gpt-oss bands every other layer's mask, Gemma its local layers')."""
+    return [core_mask(graph, index.producer, c.nodes - {c.qk, c.av}, c.nodes)[1] for c in find_cores(graph, index, nodes)]
 
 
 def attention_facts(graph: Graph, index: GraphIndex, cores: list[Core], nodes: frozenset[int],

@@ -253,7 +253,7 @@ def step(profile: Profile, cluster: Cluster, layout: Layout, prec: Precision, *,
 
 
 def _cache_bytes(m: StepModel, a, batch: int, context: int) -> float:
-    return batch * context * a.cached_elements * m.prec.kv_bytes / min(m.layout.tp, a.kv_heads)
+    return batch * a.held(context) * a.cached_elements * m.prec.kv_bytes / min(m.layout.tp, a.kv_heads)
 
 
 def _memory(m: StepModel, parts, phase: Phase, batch: int, q: int, context: int, kv_offload: float):
@@ -286,15 +286,15 @@ def attention_core_s(m: StepModel, a: AttentionFacts, phase: Phase, batch: int, 
                      context: int) -> tuple[float, bool]:
     """(seconds, whether compute rather than HBM sets them) of one attention core on one device, by the
     flash-attention law training uses: each of the `batch` x `q` query rows covers the `context` cached keys
-    (decode) or its causal share of the prompt after any cached prefix (prefill), reading or writing the cache
-    and the queries and outputs."""
+    (decode) or its causal share of the prompt after any cached prefix (prefill), the last `window` of them in a
+    sliding-window layer, reading or writing the cache and the queries and outputs."""
     tp = m.layout.tp
     if phase == "decode":
-        flops, keys = batch * q * context * a.decode_pair_flops / tp, float(context)
+        keys = a.held(context)
+        flops = batch * q * keys * a.decode_pair_flops / tp
     else:
-        prefix = max(0, context - q)
-        flops = batch * (q * prefix + q * (q + 1) / 2) * a.prefill_pair_flops / tp
-        keys = prefix + (q + 1) / 2
+        pairs = a.prefill_pairs(max(0, context - q), q)
+        flops, keys = batch * pairs * a.prefill_pair_flops / tp, pairs / q
     rows = batch * q * a.heads * (a.key_dim + a.value_dim) * m.prec.act_bytes / tp
     kernel, dim = m.attention_kernel, (a.key_dim + a.value_dim) / 2
     t = attention_time_s(m.cluster, flops, _cache_bytes(m, a, batch, context) + rows, "forward", kernel, keys, dim)

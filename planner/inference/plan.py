@@ -217,7 +217,8 @@ def plan_dict(plan: ServingPlan, others: list[ServingPlan], serving: Serving, pr
         "ttft_ms": pre["ttft_ms"],
         "tpot_ms": dec["tpot_ms"],
         "kv_cache": {"bytes_per_token": kv, "latent": any(a.latent for p in profile.parts for a in p.attention),
-                     "bytes_per_sequence": kv * serving.max_context},
+                     "bytes_per_sequence": profile.cached_elements_at(serving.max_context)
+                     * serving.precision.kv_bytes},
         "alternatives": [{"serving": o.mode, "requests_per_s": o.requests_per_s,
                           "prefill": f"{o.prefill.devices} devices, {o.prefill.layout.short()}",
                           "decode": f"{o.decode.devices} devices, {o.decode.layout.short()}",

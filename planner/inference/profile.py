@@ -23,7 +23,7 @@ from planner.costing.fusion import fused_act_bytes
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.walk import GraphIndex, forward_closure, index_graph, is_weight_matmul
-from planner.inference.kv_cache import AttentionFacts, attention_facts, find_cores
+from planner.inference.kv_cache import AttentionFacts, attention_facts, core_windows, find_cores
 from planner.graph.moe import moe_facts
 from planner.costing.node_work import graph_batch, node_work
 
@@ -94,8 +94,13 @@ class Profile:
 
     @property
     def cached_elements_per_token(self) -> float:
-        """KV-cache elements per token, all layers."""
+        """KV-cache elements per token, all layers (of a sequence no longer than any sliding window)."""
         return sum(p.cached_elements for p in self.parts)
+
+    def cached_elements_at(self, context: float) -> float:
+        """KV-cache elements a sequence of `context` tokens holds, all layers: a sliding-window layer its last
+        window's."""
+        return sum(a.cached_elements * a.held(context) for p in self.parts for a in p.attention)
 
     @property
     def is_moe(self) -> bool:
@@ -170,7 +175,7 @@ def serving_profile(graph: Graph, structure: Structure) -> Profile:
         if blk.type_id not in by_type:
             by_type[blk.type_id] = _part(graph, index, work, acts, blk.name, "layer", blk.type_id, list(blk.nodes),
                                          owner, tokens, batch)
-        parts.append(dataclasses.replace(by_type[blk.type_id], name=blk.name))
+        parts.append(_with_windows(graph, index, dataclasses.replace(by_type[blk.type_id], name=blk.name), blk.nodes))
     for (kind, name), nodes in sorted(groups.items()):
         if kind != "pre":
             parts.append(_part(graph, index, work, acts, name, kind, name, nodes, owner, tokens, batch))
@@ -178,6 +183,19 @@ def serving_profile(graph: Graph, structure: Structure) -> Profile:
     notes = () if any(p.attention for p in parts) else (
         "no attention core was found: the model keeps no KV cache, decode costs weights and projections only",)
     return Profile(name=graph.name, parts=tuple(parts), hidden=hidden, float_bytes=work.float_bytes, notes=notes)
+
+
+def _with_windows(graph: Graph, index: GraphIndex, part: Part, nodes) -> Part:
+    """A layer's part with its own attention cores' sliding windows (a part is shared by the layers of one
+    structure, which may band their masks differently); an op that fuses attention keeps none."""
+    if not part.attention:
+        return part
+    windows = core_windows(graph, index, frozenset(nodes))
+    fused = len(part.attention) - len(windows)  # `attention_facts` lists the fused attention ops first
+    attention = part.attention[:fused] + tuple(dataclasses.replace(a, window=w)
+                                               for a, w in zip(part.attention[fused:], windows))
+    banded = "".join(f"/window {w}" for w in windows if w)  # a banded layer is costed apart from the full ones
+    return dataclasses.replace(part, attention=attention, type_id=part.type_id + banded)
 
 
 def _param_owner(graph: Graph, index: GraphIndex, structure: Structure, decoder: str, last: int) -> dict[str, str]:
