@@ -38,10 +38,11 @@ DSV3_OPT_NOTE = ("precision-aware optimizer: fp32 master weights, bf16 Adam mome
 DSV3_AS_SHIPPED = ("ASSUMPTION: costed without the run's multi-token-prediction layer and with the layers split "
                    "evenly over the pipeline chunks; as run (overrides mtp_layers 1, the recipe's pipeline layout as "
                    "stage_layers) the estimate is faster still (README: calibration, DeepSeek-V3 as run)")
-#: Megatron-Bridge's Llama-3.1-405B and Qwen3-235B recipes split the pipeline counting the embedding and the loss as a
-#: layer each (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split: recipes/llama/llama3.py
-#: llama31_405b_pretrain_config since v0.2.0, recipes/qwen/h100/qwen3_moe.py qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config;
-#: the perf recipes build on them). The rows are costed with the even split (README: balanced pipeline splits as run)
+#: Megatron-Bridge's Llama-3.1-405B and Qwen3-235B recipes split the pipeline counting the embedding and the loss
+#: as a layer each (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split:
+#: recipes/llama/llama3.py llama31_405b_pretrain_config since v0.2.0, recipes/qwen/h100/qwen3_moe.py
+#: qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config; the perf recipes build on them). The rows are costed with the
+#: even split (README: balanced pipeline splits as run)
 BALANCED_SPLIT_NOTE = ("ASSUMPTION: costed with the layers split evenly over the pipeline chunks (the output layer on a "
                        "full chunk); the recipe counts the embedding and the loss as a layer each (Megatron-Bridge: "
                        "account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split), one layer fewer in "

@@ -32,7 +32,7 @@ PHASES = {"fwd": ("forward", 0), "bwd": ("backward", 1)}
 
 
 def useful_keys(row: dict) -> float:
-    """Mean unmasked keys per query row, as the benchmark counts its FLOPs."""
+    """Mean unmasked keys per query row, as the benchmark counts its FLOPs (benchmark_single_sdpa.py, flops)."""
     seq, window = row["seq"], row["window"]
     if row["mask"] != "top_left":
         return float(seq)
@@ -41,9 +41,16 @@ def useful_keys(row: dict) -> float:
     return (window * (window + 1) / 2 + (seq - window) * window) / seq
 
 
-def predicted_ms(row: dict, cluster) -> float:
-    """The row's time as the cost model charges it: the FLOPs of the tiles it computes at the law's rate."""
-    keys = kept_fraction(row["seq"], row["seq"], row["mask"] == "top_left", row["window"]) * row["seq"]
+def kept_keys(row: dict) -> float:
+    """Mean key positions a query row's computed tiles cover, as the cost model counts them."""
+    return kept_fraction(row["seq"], row["seq"], row["mask"] == "top_left", row["window"]) * row["seq"]
+
+
+def predicted_ms(row: dict, cluster=None) -> float:
+    """The row's time as the cost model charges it (on `cluster`, by default the row's GPU's preset): the FLOPs of
+    the tiles it computes at the law's rate for the keys they cover and the head dim."""
+    cluster = cluster or load_cluster(PRESET[row["gpu"]])
+    keys = kept_keys(row)
     flops = row["tflops"] * 1e12 * row["time_ms"] * 1e-3 * keys / useful_keys(row)
     head_dim = (row["head_dim_qk"] + row["head_dim_vo"]) / 2
     return 1e3 * attention_time_s(cluster, flops, 0.0, PHASES[row["phase"]][0], "cudnn", keys, head_dim)

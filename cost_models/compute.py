@@ -100,7 +100,7 @@ def head_dim_factor(cluster: Cluster, head_dim: float, phase: Phase) -> float:
     softmax's rescaling, the masking. Only the FLOPs count as useful work, so a narrow head spends a larger share
     of its time off the tensor cores; D, the device's `attention_half_dims` for the phase, is the head dim at
     which that other work takes as long as the matmuls. Fitted on cuDNN's head-dim-64 runs on H200 beside its
-    head-dim-128 ones (tests/test_attention_length.py). Heads wider than 128 are not credited a higher rate: MLA's
+    head-dim-128 ones (benchmarks/fit_attention_head_dim.py; tests/test_attention_length.py checks it). Heads wider than 128 are not credited a higher rate: MLA's
     192-wide query-key heads run 2 % (forward) and 15 % (backward) slower than head dim 128 in cuDNN's GB200
     benchmark, not faster as the law would have it. D = 0: the device's figures for every head dim."""
     forward, backward = cluster.attention_half_dims

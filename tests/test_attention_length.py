@@ -18,40 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import fit_attention_head_dim as script
+from benchmarks.fit_attention_head_dim import PRESET, predicted_ms
 from cost_models import load_cluster
-from cost_models.compute import attention_time_s, head_dim_factor
-from planner.costing.attention import kept_fraction
+from cost_models.compute import head_dim_factor
 
 DATA = json.loads((Path(__file__).parent / "data" / "cudnn_sdpa.json").read_text(encoding="utf-8"))["rows"]
-PRESET = {"H200": "dgx-h200", "GB200": "gb200-nvl72"}
-PHASE = {"fwd": "forward", "bwd": "backward"}
-
-
-def causal(row: dict) -> bool:
-    return row["mask"] == "top_left"
-
-
-def kept_keys(row: dict) -> float:
-    """Mean key positions a query row's computed tiles cover, as the cost model counts them."""
-    return kept_fraction(row["seq"], row["seq"], causal(row), row["window"]) * row["seq"]
-
-
-def useful_keys(row: dict) -> float:
-    """Mean unmasked keys per query row, as the benchmark counts its FLOPs (benchmark_single_sdpa.py, flops)."""
-    seq, window = row["seq"], row["window"]
-    if not causal(row):
-        return float(seq)
-    if not window or seq <= window:
-        return (seq + 1) / 2
-    return (window * (window + 1) / 2 + (seq - window) * window) / seq
-
-
-def predicted_ms(row: dict, cluster=None) -> float:
-    cluster = cluster or load_cluster(PRESET[row["gpu"]])
-    keys = kept_keys(row)
-    flops = row["tflops"] * 1e12 * row["time_ms"] * 1e-3 * keys / useful_keys(row)
-    head_dim = (row["head_dim_qk"] + row["head_dim_vo"]) / 2
-    return 1e3 * attention_time_s(cluster, flops, 0.0, PHASE[row["phase"]], "cudnn", keys, head_dim)
 
 
 def _rows(mask: str, window: bool) -> list[dict]:
@@ -119,11 +91,6 @@ def test_head_dim_law_slows_narrow_heads_only():
 
 def test_the_presets_carry_the_fitted_head_dim_law():
     """dgx-h200's D is what the fit script finds on the rows, to 2 head dims, and the other GH100 presets carry it."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "fit_attention_head_dim", Path(__file__).parents[1] / "benchmarks" / "fit_attention_head_dim.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     fitted = (script.fit("fwd"), script.fit("bwd"))
     for name in ("dgx-h200", "dgx-h100", "h100-grand-teton"):
         assert load_cluster(name).attention_half_dims == pytest.approx(fitted, abs=2.0), name

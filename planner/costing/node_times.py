@@ -139,8 +139,9 @@ class NodeTimes:
             # key positions a query row's kept tiles cover in one kernel: a CP rank's chunk holds 1/cp of a causal
             # row's keys, a sliding window all of its own unless the chunk is shorter
             keys = min(r.row_keys, r.kv_len / self.cp) if r.window else r.row_keys / self.cp
-            return attention_time_s(cluster, flops, nbytes, "backward" if backward else "forward",
-                                    self.execution.attention_kernel, keys, r.head_dim) / self.execution.kernel_efficiency
+            phase = "backward" if backward else "forward"
+            return attention_time_s(cluster, flops, nbytes, phase, self.execution.attention_kernel, keys,
+                                    r.head_dim) / self.execution.kernel_efficiency
         if facts.weight_view[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]):
             return 0.0
         group = self._group(i)

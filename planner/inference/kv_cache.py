@@ -110,7 +110,8 @@ def find_cores(graph: Graph, index: GraphIndex, nodes: frozenset[int]) -> list[C
 def core_windows(graph: Graph, index: GraphIndex, nodes: frozenset[int]) -> list[int]:
     """The sliding window (tokens, 0: none) of each attention core among `nodes`, in `find_cores`' order: layers of
     one structure differ in it (gpt-oss bands every other layer's mask, Gemma its local layers')."""
-    return [core_mask(graph, index.producer, c.nodes - {c.qk, c.av}, c.nodes)[1] for c in find_cores(graph, index, nodes)]
+    return [core_mask(graph, index.producer, c.nodes - {c.qk, c.av}, c.nodes)[1]
+            for c in find_cores(graph, index, nodes)]
 
 
 def attention_facts(graph: Graph, index: GraphIndex, cores: list[Core], nodes: frozenset[int],
