@@ -22,9 +22,16 @@ Three kinds of kernels, each a roofline with the device's efficiency curves
   caches their FP8 copies over a step's micro-batches
   (`Execution.fp8_weight_cache`: TE's is_first_microbatch, once per step).
 
-In training each kernel also carries what issuing it costs the host of an
+In training each op also carries what issuing it costs the host of an
 eager step (`Cluster.host_overhead_s`, fitted where a hardware has enough
-runs), which the device waits out whenever its kernels are shorter.
+runs). ASSUMPTIONS: the charge is added to the op's time, not hidden behind
+a long kernel, and it is counted per graph node, so the nodes of a chain a
+fusing stack runs as one kernel each pay it. Counting one launch per fused
+kernel instead was refitted (2026-12-04): DGX H100 dense held-out mean/max
+4.6/13.9 % -> 3.4/9.3 %, but the fits take the 30 us bound (37-45 us with it
+lifted) and Grand Teton's go 4.5/13.3 % -> 5.7/16.6 % (its 8B TP8 rows);
+taking the longer of kernel and host time took 60 us, the lifted bound.
+So the charge also stands in for per-op costs the model does not yet name.
 """
 
 from __future__ import annotations
@@ -123,8 +130,9 @@ class NodeTimes:
         return 1.0 if self._group(i)[0] == i else 0.0
 
     def _issued(self, t: float, ops: float) -> float:
-        """An op's time with what issuing it costs the host of an eager training step (`Cluster.host_overhead_s`,
-        fitted): `ops` kernels per op, two for a backward (its input and its weight gradient)."""
+        """An op's time plus what issuing it costs the host of an eager training step (`Cluster.host_overhead_s`,
+        fitted; added in full, see the module docstring): `ops` kernels per op, two for a backward (its input and
+        its weight gradient)."""
         return t + ops * self.cluster.host_overhead_s if t > 0.0 and self.training else t
 
     def _time(self, i: int, k: int, backward: bool) -> float:
