@@ -26,12 +26,9 @@ In training each op also carries what issuing it costs the host of an
 eager step (`Cluster.host_overhead_s`, fitted where a hardware has enough
 runs). ASSUMPTIONS: the charge is added to the op's time, not hidden behind
 a long kernel, and it is counted per graph node, so the nodes of a chain a
-fusing stack runs as one kernel each pay it. Counting one launch per fused
-kernel instead was refitted (2026-12-04): DGX H100 dense held-out mean/max
-4.6/13.9 % -> 3.4/9.3 %, but the fits take the 30 us bound (37-45 us with it
-lifted) and Grand Teton's go 4.5/13.3 % -> 5.7/16.6 % (its 8B TP8 rows);
-taking the longer of kernel and host time took 60 us, the lifted bound.
-So the charge also stands in for per-op costs the model does not yet name.
+fusing stack runs as one kernel each pay it. Both alternatives were refitted
+and not landed (README, Calibration: the third to fifth measured fixes): the
+charge also stands in for per-op costs the model does not yet name.
 """
 
 from __future__ import annotations
