@@ -74,9 +74,11 @@ def gemm_windows(problem, timer, t: int) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def block_parts(structure: Structure, problem, parts: list[Parts]) -> dict[str, Parts]:
-    """Var seconds summed per block: a tied var's seconds split evenly over its instances."""
+    """Var seconds summed per block: a tied var's seconds split evenly over its instances (the blocks whose ops
+    it stands for; an instance of the type that did not line up has vars of its own)."""
     per_type: dict[str, Parts] = defaultdict(Parts)  # one instance of a tied block type
     own: dict[str, Parts] = defaultdict(Parts)
+    tied: set[str] = set()  # the blocks the tied vars stand for
     for v_i, v in enumerate(problem.vars):
         if v.node is None:
             continue
@@ -85,12 +87,13 @@ def block_parts(structure: Structure, problem, parts: list[Parts]) -> dict[str, 
             continue
         if isinstance(v.key, tuple) and v.key and v.key[0] == blk.type_id:
             per_type[blk.type_id].add(parts[v_i], 1.0 / v.count)
+            tied.update(structure.block_of_node(int(i)).name for i in problem.members[v_i])
         else:
             own[blk.name].add(parts[v_i])
     out: dict[str, Parts] = {}
     for blk in structure.blocks:
         p = Parts()
-        if blk.type_id in per_type:
+        if blk.name in tied:
             p.add(per_type[blk.type_id])
         if blk.name in own:
             p.add(own[blk.name])

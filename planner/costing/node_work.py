@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.graph.ir import Graph, dtype_bytes
+from planner.graph.op_costs import is_shape_arithmetic
 
 #: Ops that run on the matrix units; every other op is costed as vector / memory work.
 MATRIX_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Attention", "FusedMatMul",
@@ -32,6 +33,7 @@ class NodeWork:
     act_bytes: np.ndarray
     param_bytes: np.ndarray
     matrix: np.ndarray  # bool: runs on the matrix units
+    host: np.ndarray  # bool: only computes sizes or scalars, which frameworks do on the host (no kernel)
     batch: int  # the batch the graph was imported at
     float_bytes: float  # bytes per element of the graph's floating-point tensors
 
@@ -64,10 +66,18 @@ def node_work(graph: Graph, weights: Collection[str] | None = None) -> NodeWork:
     act = np.zeros(n)
     pbytes = np.zeros(n)
     matrix = np.zeros(n, dtype=bool)
+    host = np.zeros(n, dtype=bool)
+
+    def typed(name: str) -> tuple:
+        t = graph.tensors.get(name)
+        return (t.shape, t.dtype) if t is not None else (None, "")
+
     for i, node in enumerate(graph.nodes):
         pb = sum(graph.tensors[x].nbytes for x in set(node.inputs) if x in weights and x in graph.tensors)
         flops[i] = node.flops
         pbytes[i] = pb
         act[i] = max(0.0, node.bytes_read + node.bytes_written - pb)
         matrix[i] = node.op_type in MATRIX_OPS and node.flops > 0
-    return NodeWork(flops, act, pbytes, matrix, graph_batch(graph), float_width(graph))
+        host[i] = not matrix[i] and is_shape_arithmetic(node.op_type, [typed(x) for x in node.inputs if x],
+                                                        [typed(o) for o in node.outputs if o])
+    return NodeWork(flops, act, pbytes, matrix, host, graph_batch(graph), float_width(graph))

@@ -97,16 +97,17 @@ REDUCE_OUT_FLOPS: Mapping[str, float] = MappingProxyType(
     {"ReduceMean": 1, "ReduceL2": 1, "ReduceLogSum": 1, "ReduceLogSumExp": 1}
 )
 
-#: Views: a runtime changes the tensor's metadata, no bytes move.
+#: Views: a runtime changes the tensor's metadata, no bytes move (SequenceAt hands out a reference to a tensor
+#: the sequence already holds: the SplitToSequence that filled it did the copying).
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant",
-                      "SequenceLength", "SequenceEmpty", "SequenceErase"})
+                      "SequenceLength", "SequenceEmpty", "SequenceErase", "SequenceAt"})
 
 #: Copies: read the whole input, write the whole output, no arithmetic.
 COPY_OPS = frozenset(
     {
         "Transpose", "Concat", "Split", "Expand", "Tile", "Pad", "DepthToSpace", "SpaceToDepth",
         "ReverseSequence", "Compress", "SplitToSequence", "ConcatFromSequence", "Col2Im",
-        "CenterCropPad", "Upsample", "SequenceAt", "SequenceConstruct", "SequenceInsert",
+        "CenterCropPad", "Upsample", "SequenceConstruct", "SequenceInsert",
     }
 )
 

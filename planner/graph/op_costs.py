@@ -8,7 +8,9 @@ Rules, in one place:
   `op_cost_tables`).
 - Bytes read are the bytes of the inputs an op really touches, bytes written
   those of its outputs. Views (Reshape, Squeeze, Unsqueeze, Flatten, Identity,
-  Shape, Size, Constant) move nothing: runtimes change metadata only. Gather,
+  Shape, Size, Constant) move nothing: runtimes change metadata only
+  (`is_shape_arithmetic` names the ops that only compute sizes and scalars,
+  which frameworks run on the host). CastLike reads only its first input. Gather,
   GatherND, GatherElements and Slice read their indices and only the data they
   write, not the whole table (an embedding lookup does not read the vocabulary).
 - An op we have no rule for costs the bytes of its inputs and outputs, 0 FLOPs,
@@ -329,11 +331,31 @@ def _flops(o: _Op, domain: str) -> float | None:
     return None
 
 
+#: The most elements a shape vector holds (a tensor's rank): integer tensors this small are sizes, not data.
+SHAPE_NUMEL = 16
+_SIZE_DTYPES = frozenset({"int64", "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8", "bool"})
+
+
+def is_shape_arithmetic(op_type: str, ins: Sequence[tuple[Shape, str]], outs: Sequence[tuple[Shape, str]]) -> bool:
+    """Whether an op only computes sizes or scalars: each output, and each input it reads, (shape, dtype) known and
+    an integer (or boolean) tensor of at most `SHAPE_NUMEL` elements or a single number, such as the Concat of a
+    Reshape's target dims or attention's 1/sqrt(d) cast to the scores' dtype. Frameworks do this on the host
+    (torch's sizes and scale factors are Python numbers; ONNX Runtime folds it into shape inference): a costing
+    charges it no kernel. Its FLOPs and bytes here stay what the op does."""
+    def small(shape: Shape, dtype: str) -> bool:
+        return shape is not None and math.prod(shape) <= (SHAPE_NUMEL if dtype in _SIZE_DTYPES else 1)
+
+    read = ins[:1] if op_type == "CastLike" else ins  # CastLike's second input only names the dtype
+    return bool(outs) and all(small(s, d) for s, d in outs) and all(small(s, d) for s, d in read if s is not None)
+
+
 def _bytes(o: _Op) -> tuple[float, float]:
     """(bytes read, bytes written) under the module's data-movement rules."""
     op = o.op
     if op in T.VIEW_OPS:
         return 0.0, 0.0
+    if op == "CastLike":  # the second input only names the dtype
+        return o.read(0), o.written()
     written = o.written()
     if op in T.GATHER_OPS:
         indices = o.read(*range(1, len(o.ins)))
