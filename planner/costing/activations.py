@@ -33,8 +33,10 @@ _SAVE_INPUT = frozenset(
 _SAVE_OUTPUT = frozenset({"Softmax", "LogSoftmax"})
 _CONTRACTIONS = frozenset({"MatMul", "Gemm", "Einsum", "Conv", "ConvTranspose", "FusedMatMul"})
 _BILINEAR = frozenset({"Mul", "Div"})
+#: Ops between the scores and the softmax, or the softmax and AV, that an attention core passes (scale, mask,
+#: casts, dropout; Tanh: Gemma-2's logit soft-capping, which FlashAttention-2 runs in its kernel, `softcap`).
 _PASS = frozenset({"Add", "Sub", "Neg", "Cast", "Where", "Div", "Mul", "Dropout", "Reshape", "Transpose",
-                   "Squeeze", "Unsqueeze", "Identity", "Expand", "Softmax", "Clip", "Max", "Min"})
+                   "Squeeze", "Unsqueeze", "Identity", "Expand", "Softmax", "Clip", "Max", "Min", "Tanh"})
 
 
 def requires_grad(graph: Graph) -> set[str]:
@@ -207,7 +209,7 @@ def softmax_span(graph: Graph, index: GraphIndex, i: int, passable: frozenset[st
         return region, -1, -1
     frontier = i
     for _ in range(8):
-        nxt = index.consumers.get(graph.nodes[frontier].outputs[0], ())
+        nxt = _past_nan_guard(graph, index, index.consumers.get(graph.nodes[frontier].outputs[0], ()), region)
         if len(nxt) != 1:
             break
         frontier = nxt[0]
@@ -218,6 +220,24 @@ def softmax_span(graph: Graph, index: GraphIndex, i: int, passable: frozenset[st
         if graph.nodes[frontier].op_type not in passable:
             break
     return region, qk, av
+
+
+#: Ops that only test a tensor for a value, as in torch's exported scaled_dot_product_attention, which zeroes a
+#: fully masked row's NaN probabilities: Where(IsNaN(p), 0, p).
+_GUARDS = frozenset({"IsNaN", "IsInf"})
+
+
+def _past_nan_guard(graph: Graph, index: GraphIndex, users, region: set[int]) -> tuple[int, ...]:
+    """`users` of a tensor, with a guard that only feeds the one other user taken into `region` and left out."""
+    users = tuple(users)
+    guards = [u for u in users if graph.nodes[u].op_type in _GUARDS]
+    rest = [u for u in users if u not in guards]
+    if not guards or len(rest) != 1:
+        return users
+    if any(tuple(index.consumers.get(graph.nodes[g].outputs[0], ())) != (rest[0],) for g in guards):
+        return users
+    region.update(guards)
+    return (rest[0],)
 
 
 def layer_inputs(graph: Graph, nodes: set[int] | frozenset[int], grad: set[str]) -> list[str]:

@@ -25,6 +25,7 @@ exporter: every Softmax between two contractions of activations.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
@@ -88,6 +89,11 @@ def attention_regions(graph: Graph, index: GraphIndex | None = None) -> list[Att
     roots = view_roots(graph)
     out: list[AttentionRegion] = []
     for i, n in enumerate(graph.nodes):
+        if n.op_type == "Attention" and n.domain in ("", "ai.onnx"):
+            region = _attention_op(graph, producer, consumers, roots, i)
+            if region is not None:
+                out.append(region)
+            continue
         if n.op_type != "Softmax":
             continue
         region, qk, av = softmax_span(graph, index, i, _PASS | _SINK_OPS)
@@ -113,6 +119,37 @@ def attention_regions(graph: Graph, index: GraphIndex | None = None) -> list[Att
         out.append(AttentionRegion(frozenset(region), qk, q, k_in, v, graph.nodes[av].outputs[0], flops, kept,
                                    causal, window, io, lse, heads, q_len, kv_len, head_dim))
     return out
+
+
+def _attention_op(graph: Graph, producer, consumers, roots, i: int) -> AttentionRegion | None:
+    """ONNX's Attention op (opset 23, what torch's dynamo exporter writes for scaled_dot_product_attention from
+    opset 23): one core by itself. Q, K, V are [B, H, S, D], or [B, S, H x D] with `q_num_heads` and
+    `kv_num_heads`; causal from `is_causal` or the mask it is given (input 3), as for a spelled-out core."""
+    n = graph.nodes[i]
+    ts = [graph.tensors.get(x) if x else None for x in n.inputs[:3]]
+    o_t = graph.tensors.get(n.outputs[0]) if n.outputs else None
+    if len(ts) < 3 or any(t is None or not t.shape for t in ts) or o_t is None:
+        return None
+    (q, k, v), shapes = n.inputs[:3], [t.shape for t in ts]
+    if all(len(s) == 4 for s in shapes):
+        batch, heads, q_len, qk_dim = shapes[0]
+        kv_len, v_dim = shapes[1][2], shapes[2][3]
+    elif all(len(s) == 3 for s in shapes) and int(n.attrs.get("q_num_heads", 0) or 0) > 0 \
+            and int(n.attrs.get("kv_num_heads", 0) or 0) > 0:
+        heads, kv_heads = int(n.attrs["q_num_heads"]), int(n.attrs["kv_num_heads"])
+        batch, q_len, qk_dim = shapes[0][0], shapes[0][1], shapes[0][2] // heads
+        kv_len, v_dim = shapes[1][1], shapes[2][2] // kv_heads
+    else:
+        return None
+    region = {i} | _absorb_feeding_views(graph, producer, consumers, {i}, (q, k, v))
+    causal, window = core_mask(graph, producer, [i], region) if len(n.inputs) > 3 and n.inputs[3] else (False, 0)
+    causal = causal or bool(n.attrs.get("is_causal", 0))
+    scores = float(batch * heads * q_len * kv_len)
+    stored = {roots.get(x, x) for x in (q, k, v)}
+    io = sum(graph.tensors[x].nbytes for x in stored if x in graph.tensors) + o_t.nbytes
+    return AttentionRegion(frozenset(region), i, q, k, v, n.outputs[0], 2.0 * scores * (qk_dim + v_dim),
+                           kept_fraction(q_len, kv_len, causal, window), causal, window, io,
+                           4.0 * scores / max(1, kv_len), heads, q_len, kv_len, (qk_dim + v_dim) / 2)
 
 
 def _leading(shape: tuple[int, ...]) -> int:
@@ -160,24 +197,63 @@ def core_mask(graph: Graph, producer, between: Iterable[int], region: Collection
 
 
 def _mask_shape(graph: Graph, producer, name: str, region: Collection[int]) -> tuple[bool, int]:
-    """(causal, window) of a mask input of the core, from how it is built, looking up to 16 ops back: a Trilu
-    or a comparison of position ranges makes it causal; a second Trilu whose diagonal offset is k, |k| > 1,
-    bands it to |k| tokens (the additive -inf masks of transformers' sliding-window layers)."""
-    frontier, seen, causal, window = [name], 0, False, 0
-    while frontier and seen < 16:
-        x = frontier.pop()
+    """(causal, window) of a mask input of the core, from how it is built, looking at up to 48 ops back, nearest
+    first (a mask built once and shared by every layer spends the budget on its shape arithmetic if walked depth
+    first). Causal: a Trilu, or a comparison across the two position axes (key positions against query
+    positions, as transformers' mask functions build it; a comparison against one number, a padding or
+    bidirectional mask, is not). Banded to w tokens: a second Trilu whose diagonal offset is k, |k| > 1 (w = |k|),
+    or such a comparison with w added to or taken from one side (kv > q - w), or of q - kv against w."""
+    frontier, seen, causal, window = deque([name]), 0, False, 0
+    while frontier and seen < 48:
+        x = frontier.popleft()
         j = producer.get(x, -1)
         if j < 0 or j in region:
             continue
         seen += 1
         node = graph.nodes[j]
-        if node.op_type in _MASK_MAKERS or node.op_type in _MASK_COMPARES:
+        if node.op_type in _MASK_MAKERS:
             causal = True
-            k = _constant(graph, producer, node.inputs[1]) if node.op_type == "Trilu" and len(node.inputs) > 1 else None
+            k = _constant(graph, producer, node.inputs[1]) if len(node.inputs) > 1 else None
             if k is not None and abs(k) > 1:
                 window = max(window, abs(int(k)))
+        elif node.op_type in _MASK_COMPARES and len(node.inputs) == 2:
+            band = _position_compare(graph, producer, *node.inputs)
+            if band is not None:
+                causal, window = True, max(window, band)
         frontier += [y for y in node.inputs if y]
     return causal, window
+
+
+def _position_compare(graph: Graph, producer, a: str, b: str) -> int | None:
+    """The band (0: none) of a comparison of query and key positions, or None if it does not compare across the
+    two axes: its operands vary along different ones of the last two dims, either of them offset by a constant
+    (the band), or it compares their difference against a constant (the band)."""
+    def axis(x: str) -> int | None:  # -1: varies along the last dim only, -2: along the one before only
+        t = graph.tensors.get(x)
+        if t is None or t.shape is None or len(t.shape) < 2:
+            return None
+        last, before = t.shape[-1] > 1, t.shape[-2] > 1
+        return -1 if last and not before else -2 if before and not last else None
+
+    def offset(x: str) -> tuple[str, float]:  # the operand behind an added or subtracted constant, and it
+        j = producer.get(x, -1)
+        if j >= 0 and graph.nodes[j].op_type in ("Add", "Sub") and len(graph.nodes[j].inputs) == 2:
+            c = _constant(graph, producer, graph.nodes[j].inputs[1])
+            if c is not None:
+                return graph.nodes[j].inputs[0], c
+        return x, 0.0
+
+    (a0, ca), (b0, cb) = offset(a), offset(b)
+    axes = {axis(a0), axis(b0)}
+    if axes == {-1, -2}:
+        band = abs(ca or cb)
+        return int(band) if band > 1 else 0
+    for diff, other in ((a, b), (b, a)):  # (q - kv) < w
+        j, c = producer.get(diff, -1), _constant(graph, producer, other)
+        if j >= 0 and c is not None and graph.nodes[j].op_type == "Sub" and len(graph.nodes[j].inputs) == 2 \
+                and {axis(graph.nodes[j].inputs[0]), axis(graph.nodes[j].inputs[1])} == {-1, -2}:
+            return int(abs(c)) if abs(c) > 1 else 0
+    return None
 
 
 def _constant(graph: Graph, producer, name: str) -> float | None:
