@@ -17,10 +17,13 @@ ways that once changed the estimate and not the model:
   costed with unfused attention, dense rather than causal.
 
 Checked here against two independent paths (a block's seconds as the layout
-program attributes them, against its own ops timed one by one) and against
-the other exporter's file of the same model. Not checked: a model exported in
-training mode keeps its Dropout ops and one exported for generation may
-compute the logits of the last position only; those are different graphs.
+program attributes them, against its own ops timed one by one), against each
+fixture's config (where its attention is causal or banded), and, on a Llama of
+hidden 1,024 (tests/fixtures/export_pairs), against the zoo's graph of the
+same config.json and the other exporter's file. The tiny fixtures are not
+compared across exporters: at hidden 32 kernel launches dominate, and the
+exporters spell a few ops apart (dynamo builds RoPE tables at run time where a
+static TorchScript file folds them), which moves such a step 10-15 %.
 """
 
 from __future__ import annotations
@@ -62,11 +65,7 @@ EXPECTED_CORES = {
     "deepseek_v3_ts18_inline_axes": [(True, 0)] * 2,
     "jamba_dyn18_inline_named": [(True, 0)] * 2,  # two attention layers among four (Mamba the others)
 }
-#: the same model written by each exporter (identical torch parameter counts and configs); GPT-2's dynamo file
-#: was exported in training mode (Dropout kept), DeepSeek-V3's TorchScript file routes with another op spelling
-PAIRS = (("llama_dyn18_inputs_named", "llama_ts17_inputs_axes"),
-         ("qwen2_dyn23_external_auto", "qwen2_ts17_inline_static"),
-         ("jamba_dyn18_inline_named", "jamba_ts17_inline_axes_fp32"))
+
 
 
 def _path(stem: str) -> str:
@@ -75,16 +74,6 @@ def _path(stem: str) -> str:
 
 def _seq(stem: str) -> int:
     return MANIFEST[stem]["bind"]["seq_len"] or 8
-
-
-def test_the_pairs_are_one_model():
-    for a, b in PAIRS:
-        ea, eb = MANIFEST[a], MANIFEST[b]
-        assert ea["exporter"] != eb["exporter"] and ea["arch"] == eb["arch"]
-        assert ea["torch_param_count"] == eb["torch_param_count"]
-        dtypes = ("dtype", "torch_dtype")  # Jamba's TorchScript file holds fp32 weights: the estimate is in bf16
-        assert {k: v for k, v in ea["config"].items() if k not in dtypes} == \
-            {k: v for k, v in eb["config"].items() if k not in dtypes}
 
 
 @pytest.mark.parametrize("stem", sorted(EXPECTED_CORES))
@@ -131,19 +120,6 @@ def test_each_block_costs_its_own_ops(stem):
         assert costs.block_s[blk.name] == pytest.approx(own, rel=1e-9, abs=1e-12), blk.name
 
 
-@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: MANIFEST[p[0]]["arch"])
-def test_both_exporters_estimate_one_model_alike(pair):
-    steps = []
-    for stem in pair:
-        out = estimate_model(_path(stem), cluster="dgx-h100", devices=1, global_batch=4, seq_len=_seq(stem),
-                             dims=MANIFEST[stem]["dims"])
-        steps.append(out["step_time_s"])
-    # tiny models (hidden 32): kernel launches dominate, and the exporters still spell some ops apart (dynamo
-    # builds the mask and RoPE tables at run time where a static TorchScript file folds them); a 1,024-token Llama
-    # of hidden 1,024 exported both ways comes out 1.2 % apart
-    assert steps[1] == pytest.approx(steps[0], rel=0.08)
-
-
 def test_shape_arithmetic_is_told_from_data():
     sizes = ((4,), "int64")
     assert is_shape_arithmetic("Concat", [sizes, ((1,), "int64")], [((5,), "int64")])
@@ -154,3 +130,38 @@ def test_shape_arithmetic_is_told_from_data():
     assert not is_shape_arithmetic("Range", [((), "int64"), ((), "int64"), ((), "int64")], [((1024,), "int64")])
     assert not is_shape_arithmetic("ReduceMean", [((8, 1024), "float32")], [((), "float32")])
     assert not is_shape_arithmetic("Concat", [sizes, (None, "int64")], [(None, "int64")])
+
+
+# -- a Llama of hidden 1,024 (tests/fixtures/make_export_pairs.py): GEMMs and attention, not launches, dominate --
+PAIR_DIR = Path(__file__).resolve().parent / "fixtures" / "export_pairs"
+PAIR_MANIFEST: dict = json.loads((PAIR_DIR / "manifest.json").read_text())
+
+
+def _pair_estimate(source: str, exported: bool) -> dict:
+    dims = {"batch": 8, "seq": 1024} if exported else None
+    return estimate_model(source, cluster="dgx-h100", devices=1, global_batch=8, seq_len=1024, dims=dims)
+
+
+def test_a_real_export_estimates_as_the_zoo_graph_of_its_config():
+    """The dynamo export against the zoo's graph built from the same config.json: two constructions of one
+    model, the same FLOPs and, within 3 %, the same step (what is left: the export's own RoPE tables and
+    RMSNorm spelling)."""
+    zoo = _pair_estimate(str(PAIR_DIR / "config.json"), exported=False)
+    real = _pair_estimate(str(PAIR_DIR / PAIR_MANIFEST["files"]["dynamo"]["file"]), exported=True)
+    assert real["model"]["params"] == pytest.approx(zoo["model"]["params"], rel=1e-3)
+    assert real["model_flops_per_step"] == pytest.approx(zoo["model_flops_per_step"], rel=0.01)
+    assert real["step_time_s"] == pytest.approx(zoo["step_time_s"], rel=0.03)
+
+
+def test_both_exporters_of_a_sizeable_model_agree():
+    """The TorchScript file computes the last position's logits only (its manifest says so): 40 % fewer FLOPs
+    per step, all in the output head, and its step within 5 % of the dynamo file's."""
+    steps, flops = [], []
+    for exporter in ("dynamo", "torchscript"):
+        out = _pair_estimate(str(PAIR_DIR / PAIR_MANIFEST["files"][exporter]["file"]), exported=True)
+        steps.append(out["step_time_s"])
+        flops.append(out["model_flops_per_step"])
+        graph = load_graph(str(PAIR_DIR / PAIR_MANIFEST["files"][exporter]["file"]), dims={"batch": 1, "seq": 1024})
+        assert [(r.causal, r.window) for r in attention_regions(graph)] == [(True, 0)] * 4
+    assert steps[1] == pytest.approx(steps[0], rel=0.05)
+    assert flops[1] < 0.7 * flops[0]

@@ -157,7 +157,11 @@ def test_norms_softmax_and_elementwise_per_element_weights():
     assert cost("Where", [x, x, (1,)], [x]).flops == n
     assert cost("Sigmoid", [x], [x]).flops == 4 * n
     assert cost("Gelu", [x], [x], {"approximate": "tanh"}).flops == 9 * n
-    assert cost("Cast", [x], [x]).flops == 0 and cost("Cast", [x], [x]).bytes_written == 4 * n
+    to_half = node_cost("Cast", "", {"to": 10}, [x], ["float32"], [x], ["float16"])
+    assert to_half.flops == 0 and to_half.bytes_read == 4 * n and to_half.bytes_written == 2 * n
+    assert cost("Cast", [x], [x]).bytes_read == cost("Cast", [x], [x]).bytes_written == 0  # to its own dtype
+    like = node_cost("CastLike", "", {}, [(), x], ["float32", "float16"], [()], ["float16"])
+    assert like.bytes_read == 4  # the scalar, not the tensor that names the dtype
     assert cost("ReduceMean", [x, (1,)], [(4, 8, 1)]).flops == n + 32
     assert cost("BatchNormalization", [(1, 3, 4, 4)] + [(3,)] * 4, [(1, 3, 4, 4)]).flops == 2 * 48
 

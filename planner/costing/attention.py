@@ -38,6 +38,8 @@ BACKWARD_FLOPS_RATIO = 2.5
 #: Ops that only relabel or broadcast K and V on their way into the core (GQA's repeat_kv, the K transpose):
 #: a fused kernel reads the stored tensor instead.
 _FEEDING_VIEWS = frozenset({"Transpose", "Reshape", "Expand", "Unsqueeze", "Squeeze", "Identity", "Tile"})
+#: Ops that read only a tensor's shape: they do not keep it alive outside the core.
+_METADATA = frozenset({"Shape", "Size"})
 #: Ops through which a mask is built from positions: a Trilu, or comparisons of position ranges.
 _MASK_MAKERS = frozenset({"Trilu"})
 _MASK_COMPARES = frozenset({"Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
@@ -67,6 +69,7 @@ class AttentionRegion:
     q_len: int
     kv_len: int
     head_dim: float = 128.0  # mean of the query-key and value head dims (what `head_dim_factor` reads)
+    masks: tuple[str, ...] = ()  # what the ops between the contractions read from outside the core (masks, scales)
 
     @property
     def row_keys(self) -> float:
@@ -99,7 +102,10 @@ def attention_regions(graph: Graph, index: GraphIndex | None = None) -> list[Att
         region, qk, av = softmax_span(graph, index, i, _PASS | _SINK_OPS)
         if av < 0:
             continue
-        causal, window = core_mask(graph, producer, {k for k in region if k not in (qk, av, i)}, region)
+        between = {k for k in region if k not in (qk, av, i)}
+        causal, window = core_mask(graph, producer, between, region)
+        made = {o for k in region for o in graph.nodes[k].outputs if o}
+        masks = tuple(sorted({x for k in between for x in graph.nodes[k].inputs if x and x not in made}))
         q, k_in = graph.nodes[qk].inputs[0], graph.nodes[qk].inputs[1]
         v = graph.nodes[av].inputs[1]
         fed = _absorb_feeding_views(graph, producer, consumers, region, (q, k_in, v))
@@ -117,8 +123,39 @@ def attention_regions(graph: Graph, index: GraphIndex | None = None) -> list[Att
         flops = graph.nodes[qk].flops + graph.nodes[av].flops
         head_dim = (int(q_t.shape[-1]) + int(o_t.shape[-1])) / 2 if q_t.shape and o_t.shape else 128.0
         out.append(AttentionRegion(frozenset(region), qk, q, k_in, v, graph.nodes[av].outputs[0], flops, kept,
-                                   causal, window, io, lse, heads, q_len, kv_len, head_dim))
+                                   causal, window, io, lse, heads, q_len, kv_len, head_dim, masks))
     return out
+
+
+def mask_builders(graph: Graph, index: GraphIndex, regions: Iterable[AttentionRegion]) -> frozenset[int]:
+    """The ops that only build the masks the cores read (comparisons of positions, the boolean-to-additive Where,
+    their broadcasts): a flash kernel takes causal and window flags instead, so with one they do not run. Walked
+    back from each core's mask inputs, an op is taken when everything that reads its outputs is a core, another
+    op taken, or reads only a shape; never an op that reads a weight."""
+    inside: set[int] = set()
+    start: set[str] = set()
+    for r in regions:
+        inside |= r.nodes
+        start |= set(r.masks)
+    cone: set[int] = set()
+    frontier = [index.producer[x] for x in start if x in index.producer]
+    while frontier:
+        j = frontier.pop()
+        if j in cone or j in inside:
+            continue
+        cone.add(j)
+        frontier += [index.producer[x] for x in graph.nodes[j].inputs if x in index.producer]
+    taken: set[int] = set()
+    for j in sorted(cone, reverse=True):  # readers first: ONNX lists a node after what it reads
+        node = graph.nodes[j]
+        if any(x in index.weight_of for x in node.inputs) or not any(node.outputs):
+            continue
+        readers = [c for o in node.outputs if o for c in index.consumers.get(o, ())]
+        if any(o in graph.outputs for o in node.outputs):
+            continue
+        if all(c in inside or c in taken or graph.nodes[c].op_type in _METADATA for c in readers):
+            taken.add(j)
+    return frozenset(taken)
 
 
 def _attention_op(graph: Graph, producer, consumers, roots, i: int) -> AttentionRegion | None:
@@ -149,7 +186,8 @@ def _attention_op(graph: Graph, producer, consumers, roots, i: int) -> Attention
     io = sum(graph.tensors[x].nbytes for x in stored if x in graph.tensors) + o_t.nbytes
     return AttentionRegion(frozenset(region), i, q, k, v, n.outputs[0], 2.0 * scores * (qk_dim + v_dim),
                            kept_fraction(q_len, kv_len, causal, window), causal, window, io,
-                           4.0 * scores / max(1, kv_len), heads, q_len, kv_len, (qk_dim + v_dim) / 2)
+                           4.0 * scores / max(1, kv_len), heads, q_len, kv_len, (qk_dim + v_dim) / 2,
+                           tuple(n.inputs[3:4]) if len(n.inputs) > 3 and n.inputs[3] else ())
 
 
 def _leading(shape: tuple[int, ...]) -> int:
@@ -158,18 +196,40 @@ def _leading(shape: tuple[int, ...]) -> int:
 
 
 def _absorb_feeding_views(graph: Graph, producer, consumers, region: set[int], inputs) -> set[int]:
-    """Views and broadcasts between a stored Q/K/V and the core whose output only the core reads."""
+    """Views and broadcasts between a stored Q/K/V and the core whose output only the core reads (a Shape or Size
+    reading it takes only its metadata), and a scaling by one number on the way (torch's exported
+    scaled_dot_product_attention multiplies Q and K each by the square root of the scale; the kernel applies it)."""
     taken: set[int] = set()
     for name in inputs:
-        for _ in range(6):
+        for _ in range(8):
             j = producer.get(name, -1)
-            if j < 0 or graph.nodes[j].op_type not in _FEEDING_VIEWS:
+            if j < 0:
                 break
-            if any(c not in region and c not in taken for c in consumers.get(name, [])):
+            node = graph.nodes[j]
+            data = _scaled_input(graph, node) if node.op_type in ("Mul", "Div") else (
+                node.inputs[0] if node.op_type in _FEEDING_VIEWS and node.inputs else None)
+            if data is None:
+                break
+            if any(c not in region and c not in taken and graph.nodes[c].op_type not in _METADATA
+                   for c in consumers.get(name, [])):
                 break
             taken.add(j)
-            name = graph.nodes[j].inputs[0] if graph.nodes[j].inputs else ""
+            name = data
     return taken
+
+
+def _scaled_input(graph: Graph, node) -> str | None:
+    """The tensor a Mul or Div scales by a single number (a scalar operand, as Div only its divisor), or None."""
+    def scalar(x: str) -> bool:
+        t = graph.tensors.get(x)
+        return t is not None and t.shape is not None and t.numel <= 1
+
+    if len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    if scalar(b) and not scalar(a):
+        return a
+    return b if node.op_type == "Mul" and scalar(a) and not scalar(b) else None
 
 
 def kept_fraction(q_len: int, kv_len: int, causal: bool, window: int, tile: int = TILE) -> float:
@@ -266,4 +326,5 @@ def _constant(graph: Graph, producer, name: str) -> float | None:
     return float(values[0]) if values and len(values) == 1 and isinstance(values[0], (int, float)) else None
 
 
-__all__ = ["BACKWARD_FLOPS_RATIO", "TILE", "AttentionRegion", "attention_regions", "core_mask", "kept_fraction"]
+__all__ = ["BACKWARD_FLOPS_RATIO", "TILE", "AttentionRegion", "attention_regions", "core_mask", "kept_fraction",
+           "mask_builders"]

@@ -15,7 +15,7 @@ import numpy as np
 from planner.costing.activations import (
     attention_core, layer_inputs, loss_inputs, requires_grad, saved_tensors, view_roots,
 )
-from planner.costing.attention import AttentionRegion, attention_regions, kept_fraction
+from planner.costing.attention import AttentionRegion, attention_regions, kept_fraction, mask_builders
 from planner.costing.fusion import folded_permutes, fused_act_bytes, recomputed_in_fused_backward
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
@@ -113,6 +113,9 @@ class GraphFacts:
         self.flash_core = np.zeros(len(graph.nodes), dtype=bool)
         self.flash_core[sorted(self.region_of)] = True
         self.flash_core &= self.in_layer
+        #: ops that only build the cores' masks, which a flash kernel does not run (`attention.mask_builders`)
+        self.mask_built = np.zeros(len(graph.nodes), dtype=bool)
+        self.mask_built[sorted(mask_builders(graph, self.index, self.regions))] = True
         self.lse_outputs = {f"{graph.nodes[r.anchor].name or r.anchor}::lse" for r in self.regions}
         # mixture of experts, found from each block's router (planner.graph.moe), not from parameter names
         self.moe: dict[str, MoeFacts] = moe_blocks(graph, self.index, structure)

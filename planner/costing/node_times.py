@@ -147,7 +147,8 @@ class NodeTimes:
             phase = "backward" if backward else "forward"
             return attention_time_s(cluster, flops, nbytes, phase, self.execution.attention_kernel, keys,
                                     r.head_dim) / self.execution.kernel_efficiency
-        if facts.weight_view[i] or work.host[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]):
+        if facts.weight_view[i] or work.host[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]) \
+                or (self.flash and facts.mask_built[i]):
             return 0.0
         group = self._group(i)
         flops = work.flops[i] * share

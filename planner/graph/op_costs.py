@@ -10,7 +10,8 @@ Rules, in one place:
   those of its outputs. Views (Reshape, Squeeze, Unsqueeze, Flatten, Identity,
   Shape, Size, Constant) move nothing: runtimes change metadata only
   (`is_shape_arithmetic` names the ops that only compute sizes and scalars,
-  which frameworks run on the host). CastLike reads only its first input. Gather,
+  which frameworks run on the host). A cast to the dtype a tensor has moves nothing;
+  CastLike reads only its first input. Gather,
   GatherND, GatherElements and Slice read their indices and only the data they
   write, not the whole table (an embedding lookup does not read the vocabulary).
 - An op we have no rule for costs the bytes of its inputs and outputs, 0 FLOPs,
@@ -353,6 +354,8 @@ def _bytes(o: _Op) -> tuple[float, float]:
     """(bytes read, bytes written) under the module's data-movement rules."""
     op = o.op
     if op in T.VIEW_OPS:
+        return 0.0, 0.0
+    if op in ("Cast", "CastLike") and o.in_dt[:1] == o.out_dt[:1]:  # to the dtype it has: a runtime returns it
         return 0.0, 0.0
     if op == "CastLike":  # the second input only names the dtype
         return o.read(0), o.written()
