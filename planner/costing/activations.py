@@ -14,6 +14,7 @@ full recompute keeps only each layer's inputs and runs the layer again.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -74,7 +75,7 @@ def view_roots(graph: Graph) -> dict[str, str]:
 
 
 def saved_tensors(graph: Graph, work_float_bytes: float | None = None, grad: set[str] | None = None,
-                  fused_attention: Sequence | None = None) -> list[Saved]:
+                  fused_attention: Sequence | None = None, weights: Collection[str] = ()) -> list[Saved]:
     """Every tensor the forward pass stores for backward, once each, in node order.
 
     `work_float_bytes` re-prices floating-point tensors at the precision the
@@ -88,8 +89,11 @@ def saved_tensors(graph: Graph, work_float_bytes: float | None = None, grad: set
     The loss keeps the log-softmax of each floating-point graph output that carries a gradient (the logits),
     priced here in fp32 as PyTorch's cross_entropy on upcast logits and Megatron's vocab-parallel cross entropy
     keep it; `planner.costing.recompute.kept_tensors` reprices it at the stack's kernel's peak (`loss.peak_scale`).
+
+    `weights` are tensors made of parameters only (`planner.graph.walk`: a transposed weight, the routed experts'
+    weights gathered per token): backward reads the parameters again, so they are not kept.
     """
-    params = set(graph.params)
+    params = set(graph.params) | set(weights)
     grad = requires_grad(graph) if grad is None else grad
     roots = view_roots(graph)
     seen: set[str] = set()

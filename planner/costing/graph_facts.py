@@ -199,7 +199,8 @@ class GraphFacts:
         key = (width, flash, fused)
         if key not in self._saved:
             by_block: dict[str, list] = defaultdict(list)
-            saved = saved_tensors(self.graph, width, self.grad, self.regions if flash else None)
+            saved = saved_tensors(self.graph, width, self.grad, self.regions if flash else None,
+                                  self.index.weight_of)
             if fused:
                 dropped = recomputed_in_fused_backward(self.graph, saved, ())
                 saved = [sv for sv in saved if sv.tensor not in dropped]

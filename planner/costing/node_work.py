@@ -9,7 +9,7 @@ come out of the same graph.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,11 +56,23 @@ def float_width(graph: Graph) -> float:
     return float(values[int(np.argmax(counts))])
 
 
-def node_work(graph: Graph, weights: Collection[str] | None = None) -> NodeWork:
+def node_work(graph: Graph, weights: Collection[str] | Mapping[str, Collection[str]] | None = None) -> NodeWork:
     """Per-node work; `weights` are the tensors that hold weights (parameters, and views of them such as a
     transposed or a gathered stack of expert matrices: `planner.graph.walk`), which a micro-batch does not
-    scale (default: the parameters)."""
+    scale (default: the parameters). Given as a mapping to the parameters each is made of, a view is charged at
+    most those parameters' bytes: a per-token gather of expert matrices (transformers' batched_mm experts, as
+    exported) spells a copy of an expert's weights for every (token, expert) pair, where a grouped GEMM reads
+    each expert's weights once."""
+    made_of = weights if isinstance(weights, Mapping) else {}
     weights = set(graph.params) if weights is None else set(weights)
+
+    def weight_bytes(x: str) -> float:
+        view = graph.tensors[x].nbytes
+        params = made_of.get(x)
+        if not params:
+            return view
+        return min(view, sum(graph.tensors[p].nbytes for p in params if p in graph.tensors))
+
     n = len(graph.nodes)
     flops = np.zeros(n)
     act = np.zeros(n)
@@ -73,10 +85,12 @@ def node_work(graph: Graph, weights: Collection[str] | None = None) -> NodeWork:
         return (t.shape, t.dtype) if t is not None else (None, "")
 
     for i, node in enumerate(graph.nodes):
-        pb = sum(graph.tensors[x].nbytes for x in set(node.inputs) if x in weights and x in graph.tensors)
+        read = [x for x in set(node.inputs) if x in weights and x in graph.tensors]
+        pb = sum(weight_bytes(x) for x in read)
+        views = sum(graph.tensors[x].nbytes for x in read)  # what the op's own bytes count for them
         flops[i] = node.flops
         pbytes[i] = pb
-        act[i] = max(0.0, node.bytes_read + node.bytes_written - pb)
+        act[i] = max(0.0, node.bytes_read + node.bytes_written - views)
         matrix[i] = node.op_type in MATRIX_OPS and node.flops > 0
         host[i] = not matrix[i] and is_shape_arithmetic(node.op_type, [typed(x) for x in node.inputs if x],
                                                         [typed(o) for o in node.outputs if o])
