@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from cost_models.loader import load_cluster
-from planner.api import estimate_model, load_graph
+from planner.api import estimate_model, load_graph, plan_inference
 from planner.costing.attention import attention_regions
 from planner.costing.execution import load_execution
 from planner.costing.graph_facts import GraphFacts
@@ -183,3 +183,29 @@ def test_a_real_moe_export_estimates_as_the_zoo_graph_of_its_config():
         assert real["model_flops_per_step"] == pytest.approx(zoo["model_flops_per_step"], rel=0.01)
         assert real["memory_gib"]["activations"] == pytest.approx(zoo["memory_gib"]["activations"], rel=0.15)
         assert real["step_time_s"] == pytest.approx(zoo["step_time_s"], rel=0.10), layout
+
+
+def _config_kv_bytes(entry: dict) -> float:
+    """KV-cache bytes per token in bf16 from the config alone: K and V of each attention layer's KV heads, or
+    MLA's compressed latent and shared RoPE key (DeepSeek-V2 section 2.1.2)."""
+    c = entry["config"]
+    layers = sum("attention" in k for v in entry["torch_layers"].values() for k in v["kinds"])
+    if c.get("kv_lora_rank"):
+        return layers * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * 2.0
+    heads = c.get("num_attention_heads") or c["n_head"]
+    head_dim = c.get("head_dim") or (c.get("hidden_size") or c["n_embd"]) // heads
+    return layers * 2 * (c.get("num_key_value_heads") or heads) * head_dim * 2.0
+
+
+#: decoders whose sequence dimension is symbolic (serving binds it; a fixed one is refused, as it should be)
+SERVABLE = [s for s in EXPORTED if MANIFEST[s]["class"].endswith("ForCausalLM")
+            and "seq" in MANIFEST[s].get("dim_roles", {}).values()]
+
+
+@pytest.mark.parametrize("stem", SERVABLE)
+def test_serving_caches_what_the_config_says(stem):
+    """The KV cache serving plans with, per token, against the config's: before, Gemma-2 cached nothing (its
+    soft-cap hid the core), Phi-3 its whole fused QKV output (a Slice, not a Split, cuts K and V from it), OLMo-2
+    the repeated K and V (its first layer hands on a mask shaped like its input, read as the residual stream)."""
+    out = plan_inference(_path(stem), cluster="dgx-h100", devices=1, prompt_len=16, gen_len=16, batch=2)
+    assert out["kv_cache"]["bytes_per_token"] == _config_kv_bytes(MANIFEST[stem])

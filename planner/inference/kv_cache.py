@@ -43,6 +43,8 @@ _FUSED_ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAtte
 #: The op a sink logit joins the scores through on their way into the softmax (gpt-oss: the scores first, the
 #: sinks after; a Slice drops them after the softmax)
 _SINK_JOIN = frozenset({"Concat"})
+#: Gemma-2's logit soft-cap between the scores and the softmax (cap x tanh(scores / cap))
+_SOFT_CAP = frozenset({"Tanh"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +192,8 @@ def _cached(graph: Graph, index: GraphIndex, start: str, stream: frozenset[str])
             else:
                 parts.setdefault(name, set()).add(part)
             continue
-        if node.op_type in ("Split", "SequenceAt"):
-            part = name
+        if node.op_type in ("Split", "SequenceAt") or (node.op_type == "Slice" and _feature_slice(graph, node)):
+            part = name  # K or V of a fused QKV projection (Phi-3's qkv_proj is sliced, not split)
         if node.op_type in _CACHE_WRITES:  # a cache written in place: what this step adds is the updates
             updates = node.inputs[2] if len(node.inputs) > 2 else ""
             if updates in stream:
@@ -207,6 +209,15 @@ def _cached(graph: Graph, index: GraphIndex, start: str, stream: frozenset[str])
     for whole, needed in parts.items():
         found |= {whole} if None in needed else {p for p in needed if p}
     return frozenset(found), absorbed
+
+
+def _feature_slice(graph: Graph, node) -> bool:
+    """A Slice that cuts only the last dim of its input (a part of each token's features, not of the tokens)."""
+    a = graph.tensors.get(node.inputs[0]) if node.inputs else None
+    b = graph.tensors.get(node.outputs[0]) if node.outputs else None
+    if a is None or b is None or not a.shape or not b.shape or len(a.shape) != len(b.shape):
+        return False
+    return a.shape[:-1] == b.shape[:-1] and a.shape[-1] != b.shape[-1]
 
 
 def _data_inputs(graph: Graph, node) -> list[str]:
@@ -249,7 +260,7 @@ def _back_to_contraction(graph: Graph, index: GraphIndex, i: int, nodes: frozens
             return None
         if _activation_contraction(graph, index, j):
             return j, frozenset(passed)
-        if graph.nodes[j].op_type not in _ELEMENTWISE | _SINK_JOIN | {"Cast", "Reshape", "Identity"}:
+        if graph.nodes[j].op_type not in _ELEMENTWISE | _SINK_JOIN | _SOFT_CAP | {"Cast", "Reshape", "Identity"}:
             return None
         passed.add(j)
     return None

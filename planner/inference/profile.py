@@ -25,7 +25,7 @@ from planner.graph.ir import Graph
 from planner.graph.walk import GraphIndex, forward_closure, index_graph, is_weight_matmul
 from planner.inference.kv_cache import AttentionFacts, attention_facts, core_windows, find_cores
 from planner.graph.moe import moe_facts
-from planner.costing.node_work import graph_batch, node_work
+from planner.costing.node_work import FLOAT_DTYPES, graph_batch, node_work
 
 PartKind = Literal["layer", "pre", "post", "encoder"]
 
@@ -296,7 +296,10 @@ def _stream_input(graph: Graph, index: GraphIndex, name: str, nodes: frozenset[i
     if not pool:
         raise InvalidModel(f"layer {name} reads no activation from outside itself, so its input cannot be found; "
                            "export the model with its layers connected through the residual stream")
-    return max(pool, key=lambda x: (graph.tensors[x].numel, x))
+    # a mask built in the first layer and handed on is shaped like what it reads too: the stream is floating
+    # point and [batch, seq, hidden] (or flatter), where a mask is boolean or [batch, 1, seq, seq]
+    return max(pool, key=lambda x: (graph.tensors[x].dtype in FLOAT_DTYPES, len(graph.tensors[x].shape or ()) <= 3,
+                                    graph.tensors[x].numel, x))
 
 
 def _tokens(graph: Graph, hidden_name: str) -> int:
