@@ -167,21 +167,27 @@ def test_both_exporters_of_a_sizeable_model_agree():
     assert flops[1] < 0.7 * flops[0]
 
 
-def test_a_real_moe_export_estimates_as_the_zoo_graph_of_its_config():
-    """Qwen3-MoE exported with transformers' batched_mm experts, which gather a copy of an expert's matrices for
-    every (token, expert) pair (12 GiB a layer spelled out at 1,024 tokens): costed as the grouped GEMM a
-    training stack runs, reading each expert's weights once and keeping none of the copies for backward. Against
-    the zoo's graph of the same config.json, with and without expert parallelism: the same FLOPs and
-    activations within 15 %, the step within 10 % (before: 4.7x the step and 235x the activations)."""
-    entry = PAIR_MANIFEST["files"]["qwen3_moe_dynamo"]
+@pytest.mark.parametrize("model", ["qwen3_moe", "gpt_oss"])
+def test_a_real_moe_export_estimates_as_the_zoo_graph_of_its_config(model):
+    """MoE models exported with transformers' batched_mm experts, which gather a copy of an expert's matrices for
+    every (token, expert) pair (12 GiB a layer spelled out for Qwen3-MoE at 1,024 tokens): costed as the grouped
+    GEMM a training stack runs, reading each expert's weights once and keeping none of the copies for backward.
+    Against the zoo's graph of the same config.json, with and without expert parallelism: the same FLOPs,
+    activations within 25 % (gpt-oss's export keeps its clamped activation's intermediates), the step within
+    10 % (before, Qwen3-MoE's was 4.7x, with 235x the activations). gpt-oss's sliding-window layers are found
+    as such."""
+    entry = PAIR_MANIFEST["files"][f"{model}_dynamo"]
+    if model == "gpt_oss":
+        graph = load_graph(str(PAIR_DIR / entry["file"]))
+        assert [(r.causal, r.window) for r in attention_regions(graph)] == [(True, 128), (True, 0)] * 2
     for layout in ({}, {"ep": 8}):
         outs = [estimate_model(str(source), cluster="dgx-h100", devices=8, global_batch=16, seq_len=entry["tokens"],
                                **layout)
-                for source in (PAIR_DIR / "qwen3_moe" / "config.json", PAIR_DIR / entry["file"])]
+                for source in (PAIR_DIR / model / "config.json", PAIR_DIR / entry["file"])]
         zoo, real = outs
         assert real["model"]["params"] == zoo["model"]["params"]
         assert real["model_flops_per_step"] == pytest.approx(zoo["model_flops_per_step"], rel=0.01)
-        assert real["memory_gib"]["activations"] == pytest.approx(zoo["memory_gib"]["activations"], rel=0.15)
+        assert real["memory_gib"]["activations"] == pytest.approx(zoo["memory_gib"]["activations"], rel=0.25)
         assert real["step_time_s"] == pytest.approx(zoo["step_time_s"], rel=0.10), layout
 
 

@@ -78,7 +78,43 @@ def fused_act_bytes(graph: Graph, act_bytes: np.ndarray, matrix: np.ndarray, sto
             k = graph.nodes[j].inputs.count(read)
             out[i] -= nbytes  # not written by the producer
             out[j] -= nbytes * k  # not read back by the consumer
+    for i, readers, source, cast in folded_casts(graph, matrix, consumers, outputs):
+        out[i] = 0.0  # the cast does not run: each reader converts in registers
+        for j, k in readers:
+            out[j] -= (cast - source) * k  # it reads the source at the source's width
     return np.maximum(out, 0.0)
+
+
+def folded_casts(graph: Graph, matrix: np.ndarray, consumers: dict[str, list[int]],
+                 outputs: Collection[str]) -> list[tuple[int, list[tuple[int, int]], float, float]]:
+    """Casts read by two or more memory-bound ops (through views) that fuse into each of them: (cast, [(reader,
+    times it reads)], the source's bytes, the cast's bytes). An eager export spells RMSNorm's upcast to fp32 as
+    one Cast read by the square and by the scaling; a fused norm (Transformer Engine's, TorchInductor's) reads
+    the 16-bit input and converts it in registers, and its backward keeps that input rather than the upcast
+    (which `planner.costing.activations` already prices at the step's width). A cast read once is the chain
+    rule's (`fused_act_bytes`)."""
+    out = []
+    for i, n in enumerate(graph.nodes):
+        if n.op_type != "Cast" or not n.inputs or not n.outputs:
+            continue
+        src, dst = graph.tensors.get(n.inputs[0]), graph.tensors.get(n.outputs[0])
+        if src is None or dst is None or dst.name in outputs:
+            continue
+        readers: dict[int, int] = {}
+        frontier, ok = [dst.name], True
+        while frontier and ok:
+            name = frontier.pop()
+            for j in consumers.get(name, []):
+                if graph.nodes[j].op_type in VIEW_OPS:
+                    ok = ok and graph.nodes[j].outputs[0] not in outputs
+                    frontier.append(graph.nodes[j].outputs[0])
+                elif matrix[j]:
+                    ok = False
+                else:
+                    readers[j] = readers.get(j, 0) + graph.nodes[j].inputs.count(name)
+        if ok and len(readers) >= 2:
+            out.append((i, sorted(readers.items()), float(src.nbytes), float(dst.nbytes)))
+    return out
 
 
 def folded_permutes(graph: Graph) -> np.ndarray:
@@ -97,7 +133,7 @@ def folded_permutes(graph: Graph) -> np.ndarray:
                      for n in graph.nodes], dtype=bool)
 
 
-__all__ = ["VIEW_OPS", "folded_permutes", "fused_act_bytes"]
+__all__ = ["VIEW_OPS", "folded_casts", "folded_permutes", "fused_act_bytes"]
 
 
 #: Pointwise and row-wise ops a fusing compiler (or a hand-fused kernel) runs in one kernel with their neighbours.

@@ -72,6 +72,8 @@ class GraphFacts:
         self.params = set(graph.params)
         self.core = attention_core(graph, self.index)
         self.grad = requires_grad(graph)
+        #: per node, whether a gradient flows back through it (an output carries one): the ops with a backward
+        self.carries_grad = np.array([any(o in self.grad for o in n.outputs if o) for n in graph.nodes], dtype=bool)
         self.in_layer = np.zeros(len(graph.nodes), dtype=bool)
         for b in structure.blocks:
             if b.is_layer:

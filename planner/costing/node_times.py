@@ -116,10 +116,11 @@ class NodeTimes:
         return self._fwd[key]
 
     def backward(self, i: int, k: int) -> float:
+        """Node i's backward: none for an op no gradient flows back through (integer indices, masks, shapes)."""
         key = (i, k)
         if key not in self._bwd:
             self._bwd[key] = self._issued(self._time(i, k, backward=True), 2.0 * self._launches(i)) \
-                if self.training else 0.0
+                if self.training and self.facts.carries_grad[i] else 0.0
         return self._bwd[key]
 
     def _launches(self, i: int) -> float:

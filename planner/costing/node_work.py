@@ -94,4 +94,29 @@ def node_work(graph: Graph, weights: Collection[str] | Mapping[str, Collection[s
         matrix[i] = node.op_type in MATRIX_OPS and node.flops > 0
         host[i] = not matrix[i] and is_shape_arithmetic(node.op_type, [typed(x) for x in node.inputs if x],
                                                         [typed(o) for o in node.outputs if o])
+    host |= shape_only(graph)
     return NodeWork(flops, act, pbytes, matrix, host, graph_batch(graph), float_width(graph))
+
+
+#: Ops that read only their input's shape.
+METADATA_OPS = frozenset({"Shape", "Size"})
+
+
+def shape_only(graph: Graph) -> np.ndarray:
+    """Per node: an op whose outputs only ever reach a Shape or Size (through ops of the same kind), so only
+    their shapes are used: what a tracer recorded to size a buffer (a max over routing indices), computed from
+    shapes a runtime already knows. Nodes come in topological order, so readers are decided first."""
+    readers: dict[str, list[int]] = {}
+    for i, n in enumerate(graph.nodes):
+        for x in n.inputs:
+            if x:
+                readers.setdefault(x, []).append(i)
+    outputs = set(graph.outputs)
+    out = np.zeros(len(graph.nodes), dtype=bool)
+    for i in range(len(graph.nodes) - 1, -1, -1):
+        n = graph.nodes[i]
+        names = [o for o in n.outputs if o]
+        users = [j for o in names for j in readers.get(o, ())]
+        out[i] = bool(users) and n.op_type not in METADATA_OPS and not any(o in outputs for o in names) \
+            and all(graph.nodes[j].op_type in METADATA_OPS or out[j] for j in users)
+    return out
