@@ -215,3 +215,15 @@ def test_serving_caches_what_the_config_says(stem):
     the repeated K and V (its first layer hands on a mask shaped like its input, read as the residual stream)."""
     out = plan_inference(_path(stem), cluster="dgx-h100", devices=1, prompt_len=16, gen_len=16, batch=2)
     assert out["kv_cache"]["bytes_per_token"] == _config_kv_bytes(MANIFEST[stem])
+
+
+def test_serving_a_real_export_as_the_zoo_graph_of_its_config():
+    """The Llama of hidden 1,024 served with 4,096-token prompts: both exporters' files against the zoo's graph
+    of their config.json, time to first token and per output token within 2 %, the same KV cache."""
+    options = dict(cluster="dgx-h100", devices=8, prompt_len=4096, gen_len=256, batch=8)
+    zoo = plan_inference(str(PAIR_DIR / "config.json"), **options)
+    for exporter in ("dynamo", "torchscript"):
+        real = plan_inference(str(PAIR_DIR / PAIR_MANIFEST["files"][exporter]["file"]), **options)
+        assert real["kv_cache"] == zoo["kv_cache"]
+        assert real["ttft_ms"] == pytest.approx(zoo["ttft_ms"], rel=0.02)
+        assert real["tpot_ms"] == pytest.approx(zoo["tpot_ms"], rel=0.02)

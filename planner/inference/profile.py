@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 
 from planner.errors import InvalidModel
+from planner.costing.attention import attention_regions, mask_builders
 from planner.costing.fusion import fused_act_bytes
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
@@ -148,6 +149,9 @@ def serving_profile(graph: Graph, structure: Structure) -> Profile:
     index = index_graph(graph)
     work = node_work(graph)
     acts = fused_act_bytes(graph, work.act_bytes, work.matrix, set())
+    # the ops that only build attention masks do not run beside a flash kernel (it takes causal and window flags)
+    free = mask_builders(graph, index, attention_regions(graph, index))
+    acts[sorted(free)] = 0.0
     batch = graph_batch(graph)
     decoder = layers[-1].submodel
     mine = [b for b in layers if b.submodel == decoder]
@@ -245,7 +249,7 @@ def _part(graph: Graph, index: GraphIndex, work, acts: np.ndarray, name: str, ki
               and graph.nodes[i].op_type not in DATA_MOVEMENT and (kind == "encoder" or i not in core_nodes)]
     vector_bytes = float(sum(acts[i] for i in vector))
     biggest = max((sum(graph.tensors[o].nbytes for o in graph.nodes[i].outputs if o in graph.tensors)
-                   for i in nodes if i not in core_nodes and i not in makes_weight), default=0.0)
+                   for i in nodes if i not in core_nodes and i not in makes_weight and acts[i] > 0), default=0.0)
     params = {p for p, o in owner.items() if o == name}
     expert_params = (moe.params & params) if moe else frozenset()
     gathered = _gathered_only(graph, index, params)
