@@ -17,7 +17,8 @@ from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.walk import GraphIndex, is_weight_matmul
 
-_SCORE_OPS = frozenset({"Softmax", "Sigmoid", "Cast", "Identity", "Add", "Mul", "Reshape", "LogSoftmax", "Div"})
+_SCORE_OPS = frozenset({"Softmax", "Sigmoid", "Cast", "Identity", "Add", "Mul", "Reshape", "LogSoftmax", "Div",
+                        "Where"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,15 @@ def expert_params(graph: Graph, structure: Structure, index: GraphIndex | None =
 
 
 def moe_facts(graph: Graph, index: GraphIndex, nodes: frozenset[int]) -> MoeFacts | None:
-    """The routed experts among `nodes`, or None for a dense layer."""
+    """The routed experts among `nodes`, or None for a dense layer. Of several TopKs over router scores the one
+    over the most: group-limited routing (DeepSeek-V3's n_group, topk_group) first picks groups by a TopK over
+    the group scores, then the experts by one over all of them."""
+    found = list(_candidates(graph, index, nodes))
+    return max(found, key=lambda f: (f.experts, -f.topk_node)) if found else None
+
+
+def _candidates(graph: Graph, index: GraphIndex, nodes: frozenset[int]):
+    """Each TopK among `nodes` over a router's scores, as the MoeFacts it would make."""
     for i in sorted(nodes):
         n = graph.nodes[i]
         if n.op_type != "TopK" or not n.inputs:
@@ -79,9 +88,8 @@ def moe_facts(graph: Graph, index: GraphIndex, nodes: frozenset[int]) -> MoeFact
         x = next((graph.tensors.get(y) for y in graph.nodes[router].inputs if y and not index.is_weight(y)), None)
         hidden = int(x.shape[-1]) if x is not None and x.shape else 0
         tokens = int(x.numel // hidden) if hidden else 0
-        return MoeFacts(experts=experts, top_k=top_k, params=params, router_params=router_params,
-                        expert_nodes=expert_nodes, tokens=tokens, hidden=hidden, topk_node=i)
-    return None
+        yield MoeFacts(experts=experts, top_k=top_k, params=params, router_params=router_params,
+                       expert_nodes=expert_nodes, tokens=tokens, hidden=hidden, topk_node=i)
 
 
 def _router(graph: Graph, index: GraphIndex, scores: str, nodes: frozenset[int]) -> int | None:
@@ -97,6 +105,10 @@ def _router(graph: Graph, index: GraphIndex, scores: str, nodes: frozenset[int])
         if node.op_type not in _SCORE_OPS or not node.inputs:
             return None
         acts = [x for x in node.inputs if x and not index.is_weight(x) and x not in index.constants]
+        if node.op_type == "Where":  # group-limited routing masks the scores of the groups it did not pick
+            out = graph.tensors.get(node.outputs[0]) if node.outputs else None
+            acts = [x for x in acts[1:] if out is not None and x in graph.tensors
+                    and graph.tensors[x].shape == out.shape and graph.tensors[x].dtype == out.dtype]
         if not acts:
             return None
         name = acts[0]
