@@ -24,9 +24,10 @@ tensor parallelism can split the cache (the KV heads; 1 for a latent).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.costing.attention import core_mask
+from planner.costing.attention import AttentionRegion, attention_regions
 from planner.graph.ir import Graph
 from planner.graph.walk import GraphIndex, is_weight_matmul, per_token
 from planner.costing.node_work import FLOAT_DTYPES
@@ -40,11 +41,6 @@ _ELEMENTWISE = frozenset({"Mul", "Add", "Sub", "Neg", "Div", "Where"})
 #: slice assignment export as ScatterND); the cache per token is their updates, not the whole buffer.
 _CACHE_WRITES = frozenset({"ScatterND", "ScatterElements", "Scatter"})
 _FUSED_ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
-#: The op a sink logit joins the scores through on their way into the softmax (gpt-oss: the scores first, the
-#: sinks after; a Slice drops them after the softmax)
-_SINK_JOIN = frozenset({"Concat"})
-#: Gemma-2's logit soft-cap between the scores and the softmax (cap x tanh(scores / cap))
-_SOFT_CAP = frozenset({"Tanh"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,27 +89,23 @@ class Core:
     nodes: frozenset[int]
 
 
-def find_cores(graph: Graph, index: GraphIndex, nodes: frozenset[int]) -> list[Core]:
-    """Attention cores among `nodes`: from each softmax back through masking and scaling to a contraction of two
-    activations, and forward (through NaN guards, casts, dropout) to the contraction that consumes it."""
-    out: list[Core] = []
-    for i in sorted(nodes):
-        if graph.nodes[i].op_type != "Softmax":
-            continue
-        back = _back_to_contraction(graph, index, i, nodes)
-        fwd = _forward_to_contraction(graph, index, i, nodes)
-        if back is None or fwd is None:
-            continue
-        (qk, before), (av, after) = back, fwd
-        out.append(Core(qk=qk, av=av, nodes=frozenset({i, qk, av} | before | after)))
-    return out
+def find_cores(graph: Graph, index: GraphIndex, nodes: frozenset[int],
+               regions: Sequence[AttentionRegion] | None = None) -> list[Core]:
+    """Attention cores among `nodes`, as training finds them (`planner.costing.attention.attention_regions`: a
+    softmax between two contractions of activations, whatever torch wrote around it); pass the graph's
+    `regions` when calling for many layers. ONNX's fused attention ops are read apart (`attention_facts`)."""
+    regions = attention_regions(graph, index) if regions is None else regions
+    return [Core(qk=r.anchor, av=index.producer[r.out], nodes=r.nodes) for r in regions
+            if r.anchor in nodes and graph.nodes[r.anchor].op_type not in _FUSED_ATTENTION and r.out in index.producer]
 
 
-def core_windows(graph: Graph, index: GraphIndex, nodes: frozenset[int]) -> list[int]:
+def core_windows(graph: Graph, index: GraphIndex, nodes: frozenset[int],
+                 regions: Sequence[AttentionRegion] | None = None) -> list[int]:
     """The sliding window (tokens, 0: none) of each attention core among `nodes`, in `find_cores`' order: layers of
     one structure differ in it (gpt-oss bands every other layer's mask, Gemma its local layers')."""
-    return [core_mask(graph, index.producer, c.nodes - {c.qk, c.av}, c.nodes)[1]
-            for c in find_cores(graph, index, nodes)]
+    regions = attention_regions(graph, index) if regions is None else regions
+    return [r.window for r in regions
+            if r.anchor in nodes and graph.nodes[r.anchor].op_type not in _FUSED_ATTENTION and r.out in index.producer]
 
 
 def attention_facts(graph: Graph, index: GraphIndex, cores: list[Core], nodes: frozenset[int],
@@ -244,42 +236,3 @@ def per_token_ratio(graph: Graph, a: str, b: str) -> float:
     if ta is None or tb is None or not tb.numel:
         return 1.0
     return ta.numel / tb.numel
-
-
-def _activation_contraction(graph: Graph, index: GraphIndex, j: int) -> bool:
-    return graph.nodes[j].op_type in ("MatMul", "Einsum") and not is_weight_matmul(graph, index, j)
-
-
-def _back_to_contraction(graph: Graph, index: GraphIndex, i: int, nodes: frozenset[int]):
-    """(QK contraction, nodes passed) walking up the softmax's first input."""
-    j, passed = i, set()
-    for _ in range(12):
-        src = graph.nodes[j].inputs[0] if graph.nodes[j].inputs else ""
-        j = index.producer.get(src, -1)
-        if j < 0 or j not in nodes:
-            return None
-        if _activation_contraction(graph, index, j):
-            return j, frozenset(passed)
-        if graph.nodes[j].op_type not in _ELEMENTWISE | _SINK_JOIN | _SOFT_CAP | {"Cast", "Reshape", "Identity"}:
-            return None
-        passed.add(j)
-    return None
-
-
-def _forward_to_contraction(graph: Graph, index: GraphIndex, i: int, nodes: frozenset[int]):
-    """(AV contraction, nodes passed): breadth-first from the softmax through at most four ops."""
-    frontier, passed = [i], set()
-    for _ in range(4):
-        nxt = []
-        for j in frontier:
-            for o in graph.nodes[j].outputs:
-                for k in index.consumers.get(o, ()):
-                    if k not in nodes or k in passed:
-                        continue
-                    if _activation_contraction(graph, index, k) and graph.nodes[k].inputs[0] == o:
-                        return k, frozenset(passed)
-                    if not is_weight_matmul(graph, index, k):
-                        passed.add(k)
-                        nxt.append(k)
-        frontier = nxt
-    return None

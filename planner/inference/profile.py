@@ -150,7 +150,8 @@ def serving_profile(graph: Graph, structure: Structure) -> Profile:
     work = node_work(graph)
     acts = fused_act_bytes(graph, work.act_bytes, work.matrix, set())
     # the ops that only build attention masks do not run beside a flash kernel (it takes causal and window flags)
-    free = mask_builders(graph, index, attention_regions(graph, index))
+    regions = tuple(attention_regions(graph, index))
+    free = mask_builders(graph, index, regions)
     acts[sorted(free)] = 0.0
     batch = graph_batch(graph)
     decoder = layers[-1].submodel
@@ -174,27 +175,28 @@ def serving_profile(graph: Graph, structure: Structure) -> Profile:
     parts: list[Part] = []
     if ("pre", "embedding") in groups:
         parts.append(_part(graph, index, work, acts, "embedding", "pre", "embedding", groups[("pre", "embedding")],
-                           owner, tokens, batch))
+                           owner, tokens, batch, regions))
     for blk in mine:
         if blk.type_id not in by_type:
             by_type[blk.type_id] = _part(graph, index, work, acts, blk.name, "layer", blk.type_id, list(blk.nodes),
-                                         owner, tokens, batch)
-        parts.append(_with_windows(graph, index, dataclasses.replace(by_type[blk.type_id], name=blk.name), blk.nodes))
+                                         owner, tokens, batch, regions)
+        parts.append(_with_windows(graph, index, dataclasses.replace(by_type[blk.type_id], name=blk.name), blk.nodes,
+                                   regions))
     for (kind, name), nodes in sorted(groups.items()):
         if kind != "pre":
-            parts.append(_part(graph, index, work, acts, name, kind, name, nodes, owner, tokens, batch))
+            parts.append(_part(graph, index, work, acts, name, kind, name, nodes, owner, tokens, batch, regions))
     parts = [p for p in parts if p.kind == "layer" or p.params or p.flops_per_token]
     notes = () if any(p.attention for p in parts) else (
         "no attention core was found: the model keeps no KV cache, decode costs weights and projections only",)
     return Profile(name=graph.name, parts=tuple(parts), hidden=hidden, float_bytes=work.float_bytes, notes=notes)
 
 
-def _with_windows(graph: Graph, index: GraphIndex, part: Part, nodes) -> Part:
+def _with_windows(graph: Graph, index: GraphIndex, part: Part, nodes, regions) -> Part:
     """A layer's part with its own attention cores' sliding windows (a part is shared by the layers of one
     structure, which may band their masks differently); an op that fuses attention keeps none."""
     if not part.attention:
         return part
-    windows = core_windows(graph, index, frozenset(nodes))
+    windows = core_windows(graph, index, frozenset(nodes), regions)
     fused = len(part.attention) - len(windows)  # `attention_facts` lists the fused attention ops first
     attention = part.attention[:fused] + tuple(dataclasses.replace(a, window=w)
                                                for a, w in zip(part.attention[fused:], windows))
@@ -232,10 +234,10 @@ def _users(index: GraphIndex, param: str) -> list[int]:
 
 
 def _part(graph: Graph, index: GraphIndex, work, acts: np.ndarray, name: str, kind: PartKind, type_id: str,
-          node_list: list[int], owner: dict[str, str], tokens: int, batch: int) -> Part:
+          node_list: list[int], owner: dict[str, str], tokens: int, batch: int, regions) -> Part:
     nodes = frozenset(node_list)
     per = float(batch) if kind == "encoder" else float(tokens)
-    cores = find_cores(graph, index, nodes)
+    cores = find_cores(graph, index, nodes, regions)
     core_nodes = frozenset(i for c in cores for i in c.nodes)
     moe = moe_facts(graph, index, nodes) if kind == "layer" else None
     expert_nodes = moe.expert_nodes if moe else frozenset()
