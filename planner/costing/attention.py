@@ -30,6 +30,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from planner.costing.activations import _PASS, softmax_span, view_roots
+from planner.costing.node_work import METADATA_OPS
 from planner.graph.ir import Graph
 from planner.graph.walk import GraphIndex, index_graph
 
@@ -38,8 +39,6 @@ BACKWARD_FLOPS_RATIO = 2.5
 #: Ops that only relabel or broadcast K and V on their way into the core (GQA's repeat_kv, the K transpose):
 #: a fused kernel reads the stored tensor instead.
 _FEEDING_VIEWS = frozenset({"Transpose", "Reshape", "Expand", "Unsqueeze", "Squeeze", "Identity", "Tile"})
-#: Ops that read only a tensor's shape: they do not keep it alive outside the core.
-_METADATA = frozenset({"Shape", "Size"})
 #: Ops through which a mask is built from positions: a Trilu, or comparisons of position ranges.
 _MASK_MAKERS = frozenset({"Trilu"})
 _MASK_COMPARES = frozenset({"Less", "LessOrEqual", "Greater", "GreaterOrEqual"})
@@ -153,7 +152,7 @@ def mask_builders(graph: Graph, index: GraphIndex, regions: Iterable[AttentionRe
         readers = [c for o in node.outputs if o for c in index.consumers.get(o, ())]
         if any(o in graph.outputs for o in node.outputs):
             continue
-        if all(c in inside or c in taken or graph.nodes[c].op_type in _METADATA for c in readers):
+        if all(c in inside or c in taken or graph.nodes[c].op_type in METADATA_OPS for c in readers):
             taken.add(j)
     return frozenset(taken)
 
@@ -210,7 +209,7 @@ def _absorb_feeding_views(graph: Graph, producer, consumers, region: set[int], i
                 node.inputs[0] if node.op_type in _FEEDING_VIEWS and node.inputs else None)
             if data is None:
                 break
-            if any(c not in region and c not in taken and graph.nodes[c].op_type not in _METADATA
+            if any(c not in region and c not in taken and graph.nodes[c].op_type not in METADATA_OPS
                    for c in consumers.get(name, [])):
                 break
             taken.add(j)

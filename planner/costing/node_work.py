@@ -98,7 +98,7 @@ def node_work(graph: Graph, weights: Collection[str] | Mapping[str, Collection[s
     return NodeWork(flops, act, pbytes, matrix, host, graph_batch(graph), float_width(graph))
 
 
-#: Ops that read only their input's shape.
+#: Ops that read only their input's shape: a tensor they read is not kept alive as data.
 METADATA_OPS = frozenset({"Shape", "Size"})
 
 

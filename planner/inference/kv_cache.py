@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.costing.attention import AttentionRegion, attention_regions
+from planner.costing.attention import AttentionRegion
 from planner.graph.ir import Graph
 from planner.graph.walk import GraphIndex, is_weight_matmul, per_token
 from planner.costing.node_work import FLOAT_DTYPES
@@ -90,22 +90,26 @@ class Core:
 
 
 def find_cores(graph: Graph, index: GraphIndex, nodes: frozenset[int],
-               regions: Sequence[AttentionRegion] | None = None) -> list[Core]:
-    """Attention cores among `nodes`, as training finds them (`planner.costing.attention.attention_regions`: a
-    softmax between two contractions of activations, whatever torch wrote around it); pass the graph's
-    `regions` when calling for many layers. ONNX's fused attention ops are read apart (`attention_facts`)."""
-    regions = attention_regions(graph, index) if regions is None else regions
-    return [Core(qk=r.anchor, av=index.producer[r.out], nodes=r.nodes) for r in regions
-            if r.anchor in nodes and graph.nodes[r.anchor].op_type not in _FUSED_ATTENTION and r.out in index.producer]
+               regions: Sequence[AttentionRegion]) -> list[Core]:
+    """Attention cores among `nodes`, as training finds them (`regions`, the graph's
+    `planner.costing.attention.attention_regions`: a softmax between two contractions of activations, whatever
+    torch wrote around it). ONNX's fused attention ops are read apart (`attention_facts`)."""
+    return [Core(qk=r.anchor, av=index.producer[r.out], nodes=r.nodes)
+            for r in _spelled_out(graph, index, nodes, regions)]
 
 
 def core_windows(graph: Graph, index: GraphIndex, nodes: frozenset[int],
-                 regions: Sequence[AttentionRegion] | None = None) -> list[int]:
+                 regions: Sequence[AttentionRegion]) -> list[int]:
     """The sliding window (tokens, 0: none) of each attention core among `nodes`, in `find_cores`' order: layers of
     one structure differ in it (gpt-oss bands every other layer's mask, Gemma its local layers')."""
-    regions = attention_regions(graph, index) if regions is None else regions
-    return [r.window for r in regions
-            if r.anchor in nodes and graph.nodes[r.anchor].op_type not in _FUSED_ATTENTION and r.out in index.producer]
+    return [r.window for r in _spelled_out(graph, index, nodes, regions)]
+
+
+def _spelled_out(graph: Graph, index: GraphIndex, nodes: frozenset[int],
+                 regions: Sequence[AttentionRegion]) -> list[AttentionRegion]:
+    """The `regions` among `nodes` that are spelled out (QK^T, softmax, AV), not one fused attention op."""
+    return [r for r in regions if r.anchor in nodes and graph.nodes[r.anchor].op_type not in _FUSED_ATTENTION
+            and r.out in index.producer]
 
 
 def attention_facts(graph: Graph, index: GraphIndex, cores: list[Core], nodes: frozenset[int],

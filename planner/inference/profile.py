@@ -175,16 +175,16 @@ def serving_profile(graph: Graph, structure: Structure) -> Profile:
     parts: list[Part] = []
     if ("pre", "embedding") in groups:
         parts.append(_part(graph, index, work, acts, "embedding", "pre", "embedding", groups[("pre", "embedding")],
-                           owner, tokens, batch, regions))
+                           owner, tokens, batch, regions, free))
     for blk in mine:
         if blk.type_id not in by_type:
             by_type[blk.type_id] = _part(graph, index, work, acts, blk.name, "layer", blk.type_id, list(blk.nodes),
-                                         owner, tokens, batch, regions)
+                                         owner, tokens, batch, regions, free)
         parts.append(_with_windows(graph, index, dataclasses.replace(by_type[blk.type_id], name=blk.name), blk.nodes,
                                    regions))
     for (kind, name), nodes in sorted(groups.items()):
         if kind != "pre":
-            parts.append(_part(graph, index, work, acts, name, kind, name, nodes, owner, tokens, batch, regions))
+            parts.append(_part(graph, index, work, acts, name, kind, name, nodes, owner, tokens, batch, regions, free))
     parts = [p for p in parts if p.kind == "layer" or p.params or p.flops_per_token]
     notes = () if any(p.attention for p in parts) else (
         "no attention core was found: the model keeps no KV cache, decode costs weights and projections only",)
@@ -234,7 +234,7 @@ def _users(index: GraphIndex, param: str) -> list[int]:
 
 
 def _part(graph: Graph, index: GraphIndex, work, acts: np.ndarray, name: str, kind: PartKind, type_id: str,
-          node_list: list[int], owner: dict[str, str], tokens: int, batch: int, regions) -> Part:
+          node_list: list[int], owner: dict[str, str], tokens: int, batch: int, regions, free) -> Part:
     nodes = frozenset(node_list)
     per = float(batch) if kind == "encoder" else float(tokens)
     cores = find_cores(graph, index, nodes, regions)
@@ -251,7 +251,7 @@ def _part(graph: Graph, index: GraphIndex, work, acts: np.ndarray, name: str, ki
               and graph.nodes[i].op_type not in DATA_MOVEMENT and (kind == "encoder" or i not in core_nodes)]
     vector_bytes = float(sum(acts[i] for i in vector))
     biggest = max((sum(graph.tensors[o].nbytes for o in graph.nodes[i].outputs if o in graph.tensors)
-                   for i in nodes if i not in core_nodes and i not in makes_weight and acts[i] > 0), default=0.0)
+                   for i in nodes if i not in core_nodes and i not in makes_weight and i not in free), default=0.0)
     params = {p for p, o in owner.items() if o == name}
     expert_params = (moe.params & params) if moe else frozenset()
     gathered = _gathered_only(graph, index, params)
