@@ -124,9 +124,13 @@ def test_a_gradient_read_by_three_ops_is_reduced_once():
 @pytest.mark.parametrize("model", ["llama2-70b", "gpt3-175b"])
 def test_free_search_rediscovers_megatron_on_a_transformer_layer(model):
     """With the tensor axis forced to 8, the residual stream replicated between layers and nothing
-    else said, the solver picks Megatron's weight layouts on A100 costs: column-parallel q/k/v and
-    first MLP matmuls, row-parallel output projections. (Elsewhere it may run an output projection
-    sequence-parallel with its weight gathered, where the cost model finds that cheaper.)"""
+    else said, the solver picks Megatron's weight layouts on A100 costs: column-parallel first MLP
+    matmuls, row-parallel output projections, and q/k/v column-parallel behind a replicated norm.
+    (Elsewhere it may run an output projection sequence-parallel with its weight gathered, where the
+    cost model finds that cheaper. Llama's attention may instead take its norm on a shard of the
+    hidden dimension, one all-reduce of the row statistics, and q/k/v row-parallel, reduce-scattered
+    to head shards: the norm not run eight times over, at the price of that reduce-scatter; the two
+    cost about the same here, and the search may pick either.)"""
     from cost_models import load_cluster
 
     from planner.costing.stage_costs import stage_costs
@@ -145,6 +149,11 @@ def test_free_search_rediscovers_megatron_on_a_transformer_layer(model):
     else:  # GPT-2 Conv1D weights are [in, out]: column = S1, row = S0
         col, row = ["attn.c_attn.weight", "mlp.c_fc.weight"], ["attn.c_proj.weight", "mlp.c_proj.weight"]
         want_col, want_row = "S1", "S0"
+    if model.startswith("llama") and lay["self_attn.q_proj.weight"] == "S1":  # the hidden-split norm
+        assert lay["input_layernorm.weight"] == "S0"
+        assert all(lay[p] == "S1" for p in col[:3])
+        col = col[3:]
+        assert costs.stages[0].parts.tp_kinds.get("reduce_scatter", 0) > 0
     assert {p: lay[p] for p in col} == {p: want_col for p in col}
     assert {p: lay[p] for p in row} == {p: want_row for p in row}
     kinds = costs.stages[0].parts.tp_kinds

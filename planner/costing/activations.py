@@ -62,15 +62,25 @@ class Saved:
     nbytes: float
 
 
-def view_roots(graph: Graph) -> dict[str, str]:
-    """Tensor -> the tensor whose storage it views (itself when not a view)."""
+def view_roots(graph: Graph, casts: bool = False) -> dict[str, str]:
+    """Tensor -> the tensor whose storage it views (itself when not a view). With `casts`, a float-to-float Cast
+    or CastLike output also maps to its source's root: priced at the step's width (`saved_tensors`'
+    `work_float_bytes`) an upcast holds its source's values, so a backward that keeps both keeps one tensor (an
+    eager export's RMSNorm squares `x.float()` where the zoo squares `x`, which a residual already keeps)."""
     root: dict[str, str] = {}
     for n in graph.nodes:
-        if n.op_type in _VIEWS and n.inputs and n.inputs[0]:
-            src = n.inputs[0]
-            for o in n.outputs:
-                if o:
-                    root[o] = root.get(src, src)
+        if not n.inputs or not n.inputs[0]:
+            continue
+        src = n.inputs[0]
+        if casts and n.op_type in ("Cast", "CastLike") and n.outputs and n.outputs[0]:
+            a, b = graph.tensors.get(src), graph.tensors.get(n.outputs[0])
+            if a is None or b is None or a.dtype not in FLOAT_DTYPES or b.dtype not in FLOAT_DTYPES:
+                continue
+        elif n.op_type not in _VIEWS:
+            continue
+        for o in n.outputs:
+            if o:
+                root[o] = root.get(src, src)
     return root
 
 
@@ -95,7 +105,7 @@ def saved_tensors(graph: Graph, work_float_bytes: float | None = None, grad: set
     """
     params = set(graph.params) | set(weights)
     grad = requires_grad(graph) if grad is None else grad
-    roots = view_roots(graph)
+    roots = view_roots(graph, casts=work_float_bytes is not None)
     seen: set[str] = set()
     out: list[Saved] = []
 

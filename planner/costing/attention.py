@@ -108,7 +108,7 @@ def attention_regions(graph: Graph, index: GraphIndex | None = None) -> list[Att
         q, k_in = graph.nodes[qk].inputs[0], graph.nodes[qk].inputs[1]
         v = graph.nodes[av].inputs[1]
         fed = _absorb_feeding_views(graph, producer, consumers, region, (q, k_in, v))
-        region |= fed
+        region |= fed | _stabilizers(graph, consumers, region)
         q_t, o_t = graph.tensors.get(q), graph.tensors.get(graph.nodes[av].outputs[0])
         scores = graph.tensors.get(graph.nodes[qk].outputs[0])
         if q_t is None or o_t is None or scores is None or not scores.shape or len(scores.shape) < 2:
@@ -215,6 +215,22 @@ def _absorb_feeding_views(graph: Graph, producer, consumers, region: set[int], i
             taken.add(j)
             name = data
     return taken
+
+
+def _stabilizers(graph: Graph, consumers, region: set[int]) -> set[int]:
+    """ReduceMax ops that read the scores inside `region` and feed only it: the running maximum an exported
+    softmax-with-sinks subtracts before its Softmax (transformers' gpt-oss eager attention), which a flash kernel
+    keeps in registers."""
+    made = {o for k in region for o in graph.nodes[k].outputs if o}
+    out = set()
+    for name in sorted(made):
+        for j in consumers.get(name, ()):
+            n = graph.nodes[j]
+            if j in region or n.op_type != "ReduceMax" or n.inputs[0] != name:
+                continue
+            if all(u in region for o in n.outputs if o for u in consumers.get(o, ())):
+                out.add(j)
+    return out
 
 
 def _scaled_input(graph: Graph, node) -> str | None:

@@ -140,7 +140,7 @@ __all__ = ["VIEW_OPS", "folded_casts", "folded_permutes", "fused_act_bytes"]
 FUSABLE_OPS = frozenset({
     "Add", "Sub", "Mul", "Div", "Neg", "Pow", "Sqrt", "Reciprocal", "Exp", "Log", "Tanh", "Sigmoid", "Relu",
     "LeakyRelu", "Gelu", "FastGelu", "QuickGelu", "Erf", "Silu", "Softplus", "HardSigmoid", "HardSwish", "Mish",
-    "Cast", "Where", "Max", "Min", "Clip", "Abs", "Sin", "Cos", "ReduceMean", "ReduceSum",
+    "Cast", "CastLike", "Where", "Max", "Min", "Clip", "Abs", "Sin", "Cos", "ReduceMean", "ReduceSum",
     "LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
     "SkipSimplifiedLayerNormalization",
 }) | VIEW_OPS | frozenset({"Transpose", "Expand", "Slice", "Split", "Concat"})
@@ -170,8 +170,8 @@ def recomputed_in_fused_backward(graph: Graph, saved: list, stored_by_others: Co
 
     def available(x: str) -> bool:
         t = graph.tensors.get(x)
-        if x in params or x not in producer:
-            return True  # parameters, graph inputs and constants
+        if x in params or x not in producer or graph.nodes[producer[x]].op_type == "Constant":
+            return True  # parameters, graph inputs and constants (initializers or Constant nodes)
         if t is not None and t.dtype not in ("float32", "float16", "bfloat16", "float", "float64", "double"):
             return True  # integer and boolean side inputs (masks, positions) are cheap to rebuild
         return x in kept or x in recomputable
