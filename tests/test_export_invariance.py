@@ -155,8 +155,8 @@ def test_a_real_export_estimates_as_the_zoo_graph_of_its_config():
 
 def test_both_exporters_of_a_sizeable_model_agree():
     """The TorchScript file computes the last position's logits only (its manifest says so): 40 % fewer FLOPs
-    per step, all in the output head. Its decoder layers cost what the dynamo file's do, within 5 %, and its
-    head (the blocks outside the layers) less; the whole step less too."""
+    per step, all in the output head. Its decoder layers cost what the dynamo file's do, within 2 %, its head
+    (the blocks outside the layers) less, and its step less, by under 5 %."""
     steps, flops, layers, rest = [], [], [], []
     for exporter in ("dynamo", "torchscript"):
         source = str(PAIR_DIR / PAIR_MANIFEST["files"][exporter]["file"])
@@ -172,8 +172,9 @@ def test_both_exporters_of_a_sizeable_model_agree():
                             facts=GraphFacts(graph, st))
         layers.append(sum(costs.block_s[b.name] for b in st.blocks if b.is_layer))
         rest.append(sum(costs.block_s[b.name] for b in st.blocks if not b.is_layer))
-    assert layers[1] == pytest.approx(layers[0], rel=0.05)
-    assert rest[1] < rest[0] and steps[1] < steps[0]
+    assert layers[1] == pytest.approx(layers[0], rel=0.02)
+    assert rest[1] < rest[0]
+    assert steps[1] < steps[0] and steps[1] == pytest.approx(steps[0], rel=0.05)
     assert flops[1] < 0.7 * flops[0]
 
 
@@ -183,8 +184,8 @@ def test_a_real_moe_export_estimates_as_the_zoo_graph_of_its_config(model):
     every (token, expert) pair (12 GiB a layer spelled out for Qwen3-MoE at 1,024 tokens): costed as the grouped
     GEMM a training stack runs, reading each expert's weights once and keeping none of the copies for backward.
     Against the zoo's graph of the same config.json, with and without expert parallelism: the same FLOPs,
-    activations within 25 % (gpt-oss's export keeps its clamped activation's intermediates), the step within
-    10 % (before, Qwen3-MoE's was 4.7x, with 235x the activations). gpt-oss's sliding-window layers are found
+    activations within 25 % (gpt-oss's export keeps 12 % less: the zoo's graph keeps its clamped activation's
+    intermediates), the step within 10 % (before, Qwen3-MoE's was 4.7x, with 235x the activations). gpt-oss's sliding-window layers are found
     as such."""
     entry = PAIR_MANIFEST["files"][f"{model}_dynamo"]
     if model == "gpt_oss":

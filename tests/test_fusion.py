@@ -122,3 +122,78 @@ def test_a_permute_is_folded_into_its_readers_strides_unless_a_view_needs_it_con
     copy = NodeTimes(facts, cluster, work, Strategy(dp=8, micro_batch=2), eager).forward(q, 1)
     assert copy == pytest.approx(2 * nbytes / (hbm * cluster.memory_efficiency(2 * nbytes)), rel=1e-6)
     assert NodeTimes(facts, cluster, work, Strategy(dp=8, micro_batch=2), fused).forward(to_view[0], 1) > 0.0
+
+
+# -- spelling-independence of what a backward keeps (tests/graphs builders; small hand-made graphs) --
+
+def _graph(nodes, inputs, outputs, inits):
+    from planner.graph.onnx_import import import_model
+    from tests import graphs
+
+    return import_model(graphs.model(nodes, inputs, outputs, inits))
+
+
+def test_a_tensor_and_its_float_upcast_are_kept_once_at_the_steps_width():
+    """x feeds a weight GEMM (which keeps it) and, upcast to fp32, a square (which keeps the upcast): at the
+    step's width the two are one tensor, kept once; at the imported precision they are two."""
+    from onnx import helper
+
+    from tests import graphs
+
+    nodes = [helper.make_node("MatMul", ["inp", "w0"], ["x"]),
+             helper.make_node("MatMul", ["x", "w1"], ["y"]),
+             helper.make_node("Cast", ["x"], ["xf"], to=graphs.F),
+             helper.make_node("Mul", ["xf", "xf"], ["sq"]),
+             helper.make_node("Cast", ["sq"], ["sqh"], to=graphs.BF16),
+             helper.make_node("Add", ["y", "sqh"], ["out"])]
+    g = _graph(nodes, [graphs.vi("inp", [4, 8], graphs.BF16)], [graphs.vi("out", [4, 8], graphs.BF16)],
+               [graphs.weight("w0", 8, 8, dtype=graphs.BF16), graphs.weight("w1", 8, 8, dtype=graphs.BF16)])
+    at_width = [sv.tensor for sv in saved_tensors(g, 2.0) if sv.tensor in ("x", "xf")]
+    as_imported = [sv.tensor for sv in saved_tensors(g) if sv.tensor in ("x", "xf")]
+    assert at_width == ["x"]
+    assert sorted(as_imported) == ["x", "xf"]
+
+
+def test_a_constant_nodes_output_is_as_available_to_a_fused_backward_as_an_initializer():
+    """tanh(h + c) * h, c a Constant node's output: the Tanh keeps its input h + c, which the fused backward
+    rebuilds from the kept h (it stayed kept while a Constant node's output did not count as available)."""
+    from onnx import helper, numpy_helper
+
+    from planner.costing.fusion import recomputed_in_fused_backward
+    from tests import graphs
+
+    c = numpy_helper.from_array(np.array(0.5, dtype=np.float32), "c_value")
+    nodes = [helper.make_node("MatMul", ["inp", "w0"], ["h"]),
+             helper.make_node("Constant", [], ["c"], value=c),
+             helper.make_node("Add", ["h", "c"], ["a"]),
+             helper.make_node("Tanh", ["a"], ["t"]),
+             helper.make_node("Mul", ["t", "h"], ["u"]),
+             helper.make_node("MatMul", ["u", "w1"], ["out"])]
+    g = _graph(nodes, [graphs.vi("inp", [4, 8])], [graphs.vi("out", [4, 8])],
+               [graphs.weight("w0", 8, 8), graphs.weight("w1", 8, 8)])
+    assert g.nodes[1].op_type == "Constant"
+    saved = saved_tensors(g, 2.0)
+    assert {"a", "h"} <= {sv.tensor for sv in saved}
+    dropped = recomputed_in_fused_backward(g, saved, ())
+    assert "a" in dropped and "h" not in dropped
+
+
+def test_only_a_softmax_stabilizer_joins_the_attention_region():
+    """Of two ReduceMax over the scores, the one whose maximum only the region's Sub subtracts joins it; the
+    one whose maximum is a graph output (a logged max-logit) stays out."""
+    from onnx import helper
+
+    from planner.costing.attention import _stabilizers
+    from planner.graph.walk import index_graph
+    from tests import graphs
+
+    nodes = [helper.make_node("Identity", ["s"], ["t"]),
+             helper.make_node("ReduceMax", ["t"], ["m"], keepdims=1),
+             helper.make_node("Sub", ["t", "m"], ["d"]),
+             helper.make_node("ReduceMax", ["t"], ["m2"], keepdims=1),
+             helper.make_node("Softmax", ["d"], ["p"])]
+    g = _graph(nodes, [graphs.vi("s", [2, 4, 4])], [graphs.vi("p", [2, 4, 4]), graphs.vi("m2", [2, 4, 1])], [])
+    names = [n.name or n.op_type for n in g.nodes]
+    idx = {n.outputs[0]: i for i, n in enumerate(g.nodes)}
+    region = {idx["t"], idx["d"], idx["p"]}
+    assert _stabilizers(g, index_graph(g).consumers, region) == {idx["m"]}, names

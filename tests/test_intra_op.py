@@ -130,7 +130,7 @@ def test_free_search_rediscovers_megatron_on_a_transformer_layer(model):
     cost model finds that cheaper. Llama's attention may instead take its norm on a shard of the
     hidden dimension, one all-reduce of the row statistics, and q/k/v row-parallel, reduce-scattered
     to head shards: the norm not run eight times over, at the price of that reduce-scatter; the two
-    cost about the same here, and the search may pick either.)"""
+    cost within 3 % of each other here (1.4 %), and the search may pick either.)"""
     from cost_models import load_cluster
 
     from planner.costing.stage_costs import stage_costs
@@ -154,6 +154,10 @@ def test_free_search_rediscovers_megatron_on_a_transformer_layer(model):
         assert all(lay[p] == "S1" for p in col[:3])
         col = col[3:]
         assert costs.stages[0].parts.tp_kinds.get("reduce_scatter", 0) > 0
+        megatron = stage_costs(g, st, load_cluster("dgx-a100", devices=8), Workload(global_batch=1, seq_len=2048),
+                               Strategy(tp=8, micro_batch=1), style="megatron")
+        ours, theirs = sum(costs.block_s.values()), sum(megatron.block_s.values())
+        assert theirs * 0.97 < ours <= theirs  # found cheaper, but by little: either is a sound plan
     assert {p: lay[p] for p in col} == {p: want_col for p in col}
     assert {p: lay[p] for p in row} == {p: want_row for p in row}
     kinds = costs.stages[0].parts.tp_kinds

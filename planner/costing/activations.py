@@ -65,8 +65,9 @@ class Saved:
 def view_roots(graph: Graph, casts: bool = False) -> dict[str, str]:
     """Tensor -> the tensor whose storage it views (itself when not a view). With `casts`, a float-to-float Cast
     or CastLike output also maps to its source's root: priced at the step's width (`saved_tensors`'
-    `work_float_bytes`) an upcast holds its source's values, so a backward that keeps both keeps one tensor (an
-    eager export's RMSNorm squares `x.float()` where the zoo squares `x`, which a residual already keeps)."""
+    `work_float_bytes`) a float cast, up or down, holds its source's values at that width, so a backward that
+    keeps both keeps one tensor (an eager export's RMSNorm squares `x.float()` where the zoo squares `x`, which a
+    residual already keeps; a router's fp32 softmax cast back)."""
     root: dict[str, str] = {}
     for n in graph.nodes:
         if not n.inputs or not n.inputs[0]:

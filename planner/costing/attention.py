@@ -103,12 +103,13 @@ def attention_regions(graph: Graph, index: GraphIndex | None = None) -> list[Att
             continue
         between = {k for k in region if k not in (qk, av, i)}
         causal, window = core_mask(graph, producer, between, region)
+        region |= _stabilizers(graph, consumers, region)
         made = {o for k in region for o in graph.nodes[k].outputs if o}
         masks = tuple(sorted({x for k in between for x in graph.nodes[k].inputs if x and x not in made}))
         q, k_in = graph.nodes[qk].inputs[0], graph.nodes[qk].inputs[1]
         v = graph.nodes[av].inputs[1]
         fed = _absorb_feeding_views(graph, producer, consumers, region, (q, k_in, v))
-        region |= fed | _stabilizers(graph, consumers, region)
+        region |= fed
         q_t, o_t = graph.tensors.get(q), graph.tensors.get(graph.nodes[av].outputs[0])
         scores = graph.tensors.get(graph.nodes[qk].outputs[0])
         if q_t is None or o_t is None or scores is None or not scores.shape or len(scores.shape) < 2:
@@ -218,17 +219,22 @@ def _absorb_feeding_views(graph: Graph, producer, consumers, region: set[int], i
 
 
 def _stabilizers(graph: Graph, consumers, region: set[int]) -> set[int]:
-    """ReduceMax ops that read the scores inside `region` and feed only it: the running maximum an exported
-    softmax-with-sinks subtracts before its Softmax (transformers' gpt-oss eager attention), which a flash kernel
-    keeps in registers."""
+    """ReduceMax ops that take the running maximum a softmax subtracts (x - max(x)) from scores made inside
+    `region` and feed only it, through that Sub: as transformers' gpt-oss eager attention spells its
+    softmax-with-sinks; a flash kernel keeps that maximum in registers. A maximum read elsewhere (a logged
+    max-logit, a graph output) stays outside."""
     made = {o for k in region for o in graph.nodes[k].outputs if o}
+    outputs = set(graph.outputs)
     out = set()
     for name in sorted(made):
         for j in consumers.get(name, ()):
             n = graph.nodes[j]
-            if j in region or n.op_type != "ReduceMax" or n.inputs[0] != name:
+            if j in region or n.op_type != "ReduceMax" or n.inputs[0] != name or not n.outputs[0] \
+                    or n.outputs[0] in outputs:
                 continue
-            if all(u in region for o in n.outputs if o for u in consumers.get(o, ())):
+            readers = consumers.get(n.outputs[0], ())
+            if readers and all(u in region and graph.nodes[u].op_type == "Sub"
+                               and list(graph.nodes[u].inputs) == [name, n.outputs[0]] for u in readers):
                 out.add(j)
     return out
 

@@ -95,7 +95,7 @@ def folded_casts(graph: Graph, matrix: np.ndarray, consumers: dict[str, list[int
     rule's (`fused_act_bytes`)."""
     out = []
     for i, n in enumerate(graph.nodes):
-        if n.op_type != "Cast" or not n.inputs or not n.outputs:
+        if n.op_type not in ("Cast", "CastLike") or not n.inputs or not n.outputs:
             continue
         src, dst = graph.tensors.get(n.inputs[0]), graph.tensors.get(n.outputs[0])
         if src is None or dst is None or dst.name in outputs:
@@ -181,7 +181,8 @@ def recomputed_in_fused_backward(graph: Graph, saved: list, stored_by_others: Co
         for o in n.outputs:
             if not o:
                 continue
-            ok = fusable and all(available(x) for x in n.inputs if x)
+            ins = n.inputs[:1] if n.op_type == "CastLike" else n.inputs  # CastLike's second input names a dtype
+            ok = fusable and all(available(x) for x in ins if x)
             if ok:
                 recomputable.add(o)
             if o in savers:

@@ -103,6 +103,8 @@ class GraphFacts:
                     self.producer[o] = (i, j)
         self.in_core_output = {o for i in self.core for o in graph.nodes[i].outputs if o}
         self.roots = view_roots(graph)
+        #: the roots saved tensors are named by (`activations.saved_tensors` at the step's width): float casts too
+        self.saved_roots = view_roots(graph, casts=True)
         #: per node, elements (at the imported batch) of the outputs a training loss reads from it (the logits),
         #: charged to the op that computes them (through views such as an Identity)
         self.loss_numel = np.zeros(len(graph.nodes))

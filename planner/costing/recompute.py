@@ -199,7 +199,7 @@ def kept_tensors(facts, blk: Block, rc: str, execution: Execution, width: float)
         if execution.moe_probs_in_activation:
             rebuilt |= _expert_outputs(facts, blk)
         out = [sv for sv in facts.saved(width, flash, fused).get(blk.name, ())
-               if sv.saver not in again and facts.roots.get(sv.tensor, sv.tensor) not in rebuilt]
+               if sv.saver not in again and facts.saved_roots.get(sv.tensor, sv.tensor) not in rebuilt]
         if again:
             have = {sv.tensor for sv in out}
             out += [sv for sv in _inputs_of(facts, blk, again, width) if sv.tensor not in have]
@@ -228,7 +228,7 @@ def _inputs_of(facts, blk: Block, nodes: frozenset[int], width: float) -> list[S
         for j, x in enumerate(graph.nodes[i].inputs):
             if not x or x in made or x in facts.params or x not in facts.grad or facts.index.is_weight(x):
                 continue
-            root = facts.roots.get(x, x)  # a view is kept as the tensor it views
+            root = facts.saved_roots.get(x, x)  # a view (or float cast) is kept as the tensor it views
             if root in seen or root in made:
                 continue
             seen.add(root)
