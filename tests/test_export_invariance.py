@@ -185,8 +185,8 @@ def test_a_real_moe_export_estimates_as_the_zoo_graph_of_its_config(model):
     GEMM a training stack runs, reading each expert's weights once and keeping none of the copies for backward.
     Against the zoo's graph of the same config.json, with and without expert parallelism: the same FLOPs,
     activations within 25 % (gpt-oss's export keeps 12 % less: the zoo's graph keeps its clamped activation's
-    intermediates), the step within 10 % (before, Qwen3-MoE's was 4.7x, with 235x the activations). gpt-oss's sliding-window layers are found
-    as such."""
+    intermediates), the step within 10 % (before, Qwen3-MoE's was 4.7x, with 235x the activations). gpt-oss's
+    sliding-window layers are found as such."""
     entry = PAIR_MANIFEST["files"][f"{model}_dynamo"]
     if model == "gpt_oss":
         graph = load_graph(str(PAIR_DIR / entry["file"]))
