@@ -232,3 +232,16 @@ def test_broadcast_with_unknown_dims():
     assert broadcast((None, 4), (3, 1)) == (3, 4)
     assert broadcast((None, 4), (1, 4)) == (None, 4)
     assert broadcast((2, 4), None) is None
+
+
+def test_a_tensor_given_twice_is_read_once():
+    """x * x squares what one load brings, as x ** 2 does: the op's bytes count x once, whatever the spelling
+    (an exporter's RMSNorm writes Pow(x, 2), the zoo's Mul(x, x))."""
+    x = Tensor("x", (8, 1024), "float16")
+    two = Tensor("two", (), "float16")
+    y = Tensor("y", (8, 1024), "float16")
+    square = cost_of_node(Node("sq", "Mul", ("x", "x"), ("y",)), {"x": x, "y": y})
+    power = cost_of_node(Node("pw", "Pow", ("x", "two"), ("y",)), {"x": x, "two": two, "y": y})
+    product = cost_of_node(Node("xy", "Mul", ("x", "y"), ("y",)), {"x": x, "y": y})
+    assert square.bytes_read == 8 * 1024 * 2 == power.bytes_read - 2
+    assert product.bytes_read == 2 * 8 * 1024 * 2  # two tensors: both read

@@ -28,7 +28,7 @@ from planner.graph.onnx_scopes import inline_functions, node_scope
 from planner.graph.onnx_shapes import Shapes, collect, propagate, write_back
 from planner.graph.onnx_subgraphs import control_flow_cost, is_control_flow
 from planner.graph.op_cost_tables import VIEW_OPS
-from planner.graph.op_costs import OpCost, node_cost
+from planner.graph.op_costs import OpCost, node_cost, read_once
 from planner.graph.shape_rules import is_full, merge
 
 #: Control-flow nodes described one by one in Graph.notes; the rest are counted.
@@ -291,9 +291,10 @@ def _build(skel: onnx.ModelProto, known: Shapes, scopes: list[str], bound: Mappi
                                           attrs_of, known.value)
             flow_notes.append(how)
         else:
-            cost = node_cost(op, n.domain, attrs, [t.shape if t else None for t in in_t],
-                             [t.dtype if t else "" for t in in_t], [t.shape if t else None for t in out_t],
-                             [t.dtype if t else "" for t in out_t])
+            in_shapes, in_dtypes = [t.shape if t else None for t in in_t], [t.dtype if t else "" for t in in_t]
+            cost = read_once(node_cost(op, n.domain, attrs, in_shapes, in_dtypes,
+                                       [t.shape if t else None for t in out_t], [t.dtype if t else "" for t in out_t]),
+                             ins, in_shapes, in_dtypes)
             if cost.known and op not in VIEW_OPS and "Sequence" not in op \
                     and any(t is not None and t.shape is None for t in in_t + out_t):  # a sequence has no shape
                 cost = cost._replace(known=False)  # costed from the shapes we know: flag it

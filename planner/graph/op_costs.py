@@ -386,6 +386,22 @@ def node_cost(op_type: str, domain: str, attrs: Mapping[str, Any], in_shapes: Se
     return OpCost(float(flops), float(read), float(written), True)
 
 
+def read_once(cost: OpCost, names: Sequence[str], in_shapes: Sequence[Shape], in_dtypes: Sequence[str]) -> OpCost:
+    """`cost` with a tensor that is several of the op's inputs read once (x * x squares what one load brings,
+    as x ** 2 does), where its rule reads every input whole."""
+    seen: set[str] = set()
+    dup = whole = 0.0
+    for name, shape, dtype in zip(names, in_shapes, in_dtypes):
+        nbytes = _nbytes(shape, dtype)
+        whole += nbytes
+        if name and name in seen:
+            dup += nbytes
+        seen.add(name)
+    if dup <= 0 or not math.isclose(cost.bytes_read, whole, rel_tol=1e-9):
+        return cost
+    return cost._replace(bytes_read=cost.bytes_read - dup)
+
+
 def cost_of_node(node: Node, tensors: Mapping[str, Tensor],
                  shapes: Mapping[str, tuple[int, ...]] | None = None) -> OpCost:
     """Re-cost `node` from the graph's tensors, with `shapes` overriding some (e.g. sharded ones)."""
@@ -401,6 +417,7 @@ def cost_of_node(node: Node, tensors: Mapping[str, Tensor],
         t = tensors.get(name)
         return t.dtype if t is not None else "float32"
 
-    return node_cost(node.op_type, node.domain, node.attrs,
-                     [shape_of(n) if n else None for n in node.inputs], [dtype_of(n) for n in node.inputs],
+    in_shapes, in_dtypes = [shape_of(n) if n else None for n in node.inputs], [dtype_of(n) for n in node.inputs]
+    cost = node_cost(node.op_type, node.domain, node.attrs, in_shapes, in_dtypes,
                      [shape_of(n) if n else None for n in node.outputs], [dtype_of(n) for n in node.outputs])
+    return read_once(cost, node.inputs, in_shapes, in_dtypes)
