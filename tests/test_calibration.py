@@ -28,11 +28,11 @@ pytestmark = pytest.mark.calibration
 #: 5% and 15%; where a hardware is above it the README says so and why).
 BOUNDS = {
     ("dgx-a100", "dense_training"): (0.05, 0.05),
-    ("dgx-h100", "dense_training"): (0.05, 0.15),  # the target (NeMo 24.07's Llama 2 7B on 8 GPUs at +14.3 %)
+    ("dgx-h100", "dense_training"): (0.04, 0.11),  # under the target (the Llama 3 8B FSDP row at +9.4 %)
     ("ascend-910b", "dense_training"): (0.05, 0.15),  # the target
     ("h100-grand-teton", "dense_training"): (0.05, 0.15),  # the target (the 8B FP8 async-TP row at -13.3 %)
     # above the target: guards against regressions, not the target (README: calibration)
-    ("dgx-h100", "moe_training"): (0.10, 0.21),  # DeepSeek-V3 on 1,024 GPUs with its 1F1B all-to-all overlap, -19.6 %
+    ("dgx-h100", "moe_training"): (0.09, 0.18),  # DeepSeek-V3 on 1,024 GPUs with its 1F1B all-to-all overlap, -16.5 %
     ("gb200-nvl72", "moe_training"): (0.08, 0.12),  # 5.4 % -> 7.3 % (max 10.9 %, the BF16 EP8 row) when the 70B
     # MXFP8 row joined and the split moved (README: GB200's Llama 3 70B)
 }

@@ -156,7 +156,8 @@ def test_a_real_export_estimates_as_the_zoo_graph_of_its_config():
 def test_both_exporters_of_a_sizeable_model_agree():
     """The TorchScript file computes the last position's logits only (its manifest says so): 40 % fewer FLOPs
     per step, all in the output head. Its decoder layers cost what the dynamo file's do, within 2 %, its head
-    (the blocks outside the layers) less, and its step less, by under 5 %."""
+    (the blocks outside the layers) less, and its step less, by under 7 % (5.4 %: the head's share of the
+    step grew when a fused chain came to issue one kernel)."""
     steps, flops, layers, rest = [], [], [], []
     for exporter in ("dynamo", "torchscript"):
         source = str(PAIR_DIR / PAIR_MANIFEST["files"][exporter]["file"])
@@ -174,7 +175,7 @@ def test_both_exporters_of_a_sizeable_model_agree():
         rest.append(sum(costs.block_s[b.name] for b in st.blocks if not b.is_layer))
     assert layers[1] == pytest.approx(layers[0], rel=0.02)
     assert rest[1] < rest[0]
-    assert steps[1] < steps[0] and steps[1] == pytest.approx(steps[0], rel=0.05)
+    assert steps[1] < steps[0] and steps[1] == pytest.approx(steps[0], rel=0.07)
     assert flops[1] < 0.7 * flops[0]
 
 
@@ -244,8 +245,10 @@ def test_group_limited_routing_is_read_as_its_experts():
     """DeepSeek-V3's router picks groups by a TopK over group scores, and the top-k of each group's experts by
     another, before the TopK over all experts (on scores the group mask fills): the layer has 16 experts, top 4,
     not the 4 of a group's TopK (read so before: expert parallelism over 8 ranks was refused). Its estimate
-    against the zoo's graph of the same config.json: the same FLOPs, the step within 20 % (the export spells
-    MLA's splits and the routing in some 15 % more ops, each charged a host issue: `NodeTimes._issued`)."""
+    against the zoo's graph of the same config.json: the same FLOPs, the step within 25 % (the export spells
+    MLA's splits and the routing in 39 kernels a layer where the zoo's graph has 30, each charged the fitted host
+    issue, 30 us on DGX H100: `NodeTimes._issued`; 23 % apart, 14 % at the 11.6 us fitted before a fused chain
+    issued one kernel)."""
     entry = PAIR_MANIFEST["files"]["deepseek_v3_dynamo"]
     graph = load_graph(str(PAIR_DIR / entry["file"]))
     facts = GraphFacts(graph, discover_blocks(graph))
@@ -254,4 +257,4 @@ def test_group_limited_routing_is_read_as_its_experts():
                                 ep=8)
                  for source in (PAIR_DIR / "deepseek_v3" / "config.json", PAIR_DIR / entry["file"]))
     assert real["model_flops_per_step"] == pytest.approx(zoo["model_flops_per_step"], rel=0.01)
-    assert real["step_time_s"] == pytest.approx(zoo["step_time_s"], rel=0.20)
+    assert real["step_time_s"] == pytest.approx(zoo["step_time_s"], rel=0.25)

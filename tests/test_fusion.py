@@ -197,3 +197,33 @@ def test_only_a_softmax_stabilizer_joins_the_attention_region():
     idx = {n.outputs[0]: i for i, n in enumerate(g.nodes)}
     region = {idx["t"], idx["d"], idx["p"]}
     assert _stabilizers(g, index_graph(g).consumers, region) == {idx["m"]}, names
+
+
+def test_a_permute_folded_into_its_readers_neither_ends_a_chain_nor_keeps_its_input_on_chip():
+    """A norm's scaled output permuted before RoPE (an export's QK-norm: [b, s, h, d] -> [b, h, s, d]) is read
+    through the permute by two pointwise ops: as without the permute, the scaling is a kernel of its own that
+    writes its output (it had fused into the permute, which moves nothing, with no kernel left to run it)."""
+    from onnx import helper
+
+    from planner.costing.fusion import absorbed_nodes, folded_permutes
+    from tests import graphs
+
+    def build(permuted: bool):
+        head = [helper.make_node("MatMul", ["inp", "w0"], ["h"]), helper.make_node("Mul", ["h", "g"], ["n"])]
+        if permuted:
+            head.append(helper.make_node("Transpose", ["n"], ["t"], perm=[1, 0]))
+        src = "t" if permuted else "n"
+        tail = [helper.make_node("Mul", [src, "c"], ["a"]), helper.make_node("Neg", [src], ["b"]),
+                helper.make_node("Add", ["a", "b"], ["out"])]
+        shape = [8, 4] if permuted else [4, 8]
+        return _graph(head + tail, [graphs.vi("inp", [4, 8], graphs.BF16)], [graphs.vi("out", shape, graphs.BF16)],
+                      [graphs.weight("w0", 8, 8, dtype=graphs.BF16), graphs.weight("g", 8, dtype=graphs.BF16),
+                       graphs.weight("c", *shape, dtype=graphs.BF16)])
+
+    for permuted in (False, True):
+        g = build(permuted)
+        w = node_work(g)
+        scale = next(i for i, n in enumerate(g.nodes) if n.op_type == "Mul" and "g" in n.inputs)
+        assert not absorbed_nodes(g, w.matrix)[scale]
+        assert fused_act_bytes(g, w.act_bytes, w.matrix, set())[scale] == pytest.approx(w.act_bytes[scale])
+        assert folded_permutes(g).any() == permuted

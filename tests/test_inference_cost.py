@@ -225,8 +225,9 @@ def test_prefill_and_decode_groups_end_anywhere_on_a_flat_fabric_but_on_node_bou
     InfiniBand is not, so its groups stay whole 8-GPU nodes (planner/search/program_groups.py)."""
     from planner.api import plan_inference
 
-    # a 30 ms decode target, where splitting pays at both presets' efficiency (at 40 ms one program wins)
-    kw = dict(prompt_len=2048, gen_len=256, ttft_ms=1000, tpot_ms=30, overrides={"layers": 8})
+    # a 26 ms decode target, where splitting pays at both presets' efficiency (at 40 ms one program wins; 30 ms
+    # is at CloudMatrix's edge, where its 910B plateau of 0.549 co-locates and 0.551 split)
+    kw = dict(prompt_len=2048, gen_len=256, ttft_ms=1000, tpot_ms=26, overrides={"layers": 8})
     cm = plan_inference("llama3-70b", cluster="cloudmatrix384", devices=16, **kw)
     dgx = plan_inference("llama3-70b", cluster="dgx-h100", devices=32, **kw)
     assert cm["serving"] == "disaggregated" and cm["prefill"]["devices"] % 8 != 0

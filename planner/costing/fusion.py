@@ -14,7 +14,7 @@ outputs, norm inputs, dropout masks are written regardless).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 
 import numpy as np
 
@@ -31,19 +31,60 @@ def fused_act_bytes(graph: Graph, act_bytes: np.ndarray, matrix: np.ndarray, sto
     `stored` holds the (view-root) names the backward pass reads, which
     must be written even inside a fused chain.
     """
+    consumers, outputs = _consumers(graph)
+    out = act_bytes.astype(float).copy()
+    for i, j, nbytes, reads in _fused_edges(graph, matrix, stored, consumers, outputs):
+        out[i] -= nbytes  # not written by the producer
+        out[j] -= nbytes * reads  # not read back by the consumer
+    for i, readers, source, cast in folded_casts(graph, matrix, consumers, outputs):
+        out[i] = 0.0  # the cast does not run: each reader converts in registers
+        for j, k in readers:
+            out[j] -= (cast - source) * k  # it reads the source at the source's width
+    return np.maximum(out, 0.0)
+
+
+def absorbed_nodes(graph: Graph, matrix: np.ndarray) -> np.ndarray:
+    """Per node: a memory-bound op that launches no kernel of its own because it runs inside its consumers'
+    fused kernel: each of its outputs stays on chip into one memory-bound reader (`fused_act_bytes`' rule, a
+    tensor the backward keeps included: the kernel writes it on the way, as Transformer Engine's RMSNorm writes
+    its 1/rms beside its output), or it is a cast its readers fold (`folded_casts`). A fused RMSNorm's seven
+    ONNX nodes are one launch, its last."""
+    consumers, outputs = _consumers(graph)
+    fused: dict[int, int] = {}
+    for i, _, _, _ in _fused_edges(graph, matrix, (), consumers, outputs):
+        fused[i] = fused.get(i, 0) + 1
+    out = np.array([bool(n.outputs) and fused.get(i, 0) == sum(1 for o in n.outputs if o in graph.tensors)
+                    for i, n in enumerate(graph.nodes)], dtype=bool)
+    for i, _, _, _ in folded_casts(graph, matrix, consumers, outputs):
+        out[i] = True
+    return out
+
+
+def _consumers(graph: Graph) -> tuple[dict[str, list[int]], set[str]]:
+    """Each tensor's reading nodes, and the graph's outputs. A node that reads only a tensor's shape or dtype
+    (Shape, Size, CastLike's second input) does not read its data, so it is no reader here."""
     consumers: dict[str, list[int]] = {}
-    producer: dict[str, int] = {}
     for i, n in enumerate(graph.nodes):
-        for x in n.inputs:
-            if x:
+        if n.op_type in ("Shape", "Size"):
+            continue
+        for pos, x in enumerate(n.inputs):
+            if x and not (n.op_type == "CastLike" and pos == 1) and x not in n.inputs[:pos]:  # x * x: one reader
                 consumers.setdefault(x, []).append(i)
-        for o in n.outputs:
-            if o:
-                producer[o] = i
-    outputs = set(graph.outputs)
+    return consumers, set(graph.outputs)
+
+
+def _fused_edges(graph: Graph, matrix: np.ndarray, stored: Collection[str], consumers: dict[str, list[int]],
+                 outputs: Collection[str]) -> Iterator[tuple[int, int, float, int]]:
+    """(producer, consumer, bytes, times the consumer reads it) of each tensor that stays on chip between two
+    memory-bound ops: its one non-view reader (views looked through, and so are the permutes and casts its
+    readers fold in: `folded_permutes`, `folded_casts`) is memory-bound, and neither the graph nor the backward
+    pass (`stored`) needs it."""
+    free = folded_permutes(graph)  # moves nothing: neither ends a chain nor keeps its input on chip
+    for cast, _, _, _ in folded_casts(graph, matrix, consumers, outputs):
+        free[cast] = True
 
     def is_view(i: int) -> bool:
-        return graph.nodes[i].op_type in VIEW_OPS
+        return graph.nodes[i].op_type in VIEW_OPS or bool(free[i])
 
     def final_consumer(name: str, root: str) -> tuple[int, str] | None:
         """The one non-view node that reads `name` (through views), and the tensor it reads; None if not one."""
@@ -60,7 +101,6 @@ def fused_act_bytes(graph: Graph, act_bytes: np.ndarray, matrix: np.ndarray, sto
                 return None
             name = graph.nodes[user].outputs[0]
 
-    out = act_bytes.astype(float).copy()
     for i, n in enumerate(graph.nodes):
         if matrix[i] or is_view(i):
             continue
@@ -72,17 +112,9 @@ def fused_act_bytes(graph: Graph, act_bytes: np.ndarray, matrix: np.ndarray, sto
             if hit is None:
                 continue
             j, read = hit
-            if matrix[j] or graph.nodes[j].op_type in VIEW_OPS:
+            if matrix[j] or is_view(j):
                 continue
-            nbytes = float(t.nbytes)
-            k = graph.nodes[j].inputs.count(read)
-            out[i] -= nbytes  # not written by the producer
-            out[j] -= nbytes * k  # not read back by the consumer
-    for i, readers, source, cast in folded_casts(graph, matrix, consumers, outputs):
-        out[i] = 0.0  # the cast does not run: each reader converts in registers
-        for j, k in readers:
-            out[j] -= (cast - source) * k  # it reads the source at the source's width
-    return np.maximum(out, 0.0)
+            yield i, j, float(t.nbytes), graph.nodes[j].inputs.count(read)
 
 
 def folded_casts(graph: Graph, matrix: np.ndarray, consumers: dict[str, list[int]],
@@ -133,7 +165,7 @@ def folded_permutes(graph: Graph) -> np.ndarray:
                      for n in graph.nodes], dtype=bool)
 
 
-__all__ = ["VIEW_OPS", "folded_casts", "folded_permutes", "fused_act_bytes"]
+__all__ = ["VIEW_OPS", "absorbed_nodes", "folded_casts", "folded_permutes", "fused_act_bytes"]
 
 
 #: Pointwise and row-wise ops a fusing compiler (or a hand-fused kernel) runs in one kernel with their neighbours.

@@ -16,7 +16,7 @@ from planner.costing.activations import (
     attention_core, layer_inputs, loss_inputs, requires_grad, saved_tensors, view_roots,
 )
 from planner.costing.attention import AttentionRegion, attention_regions, kept_fraction, mask_builders
-from planner.costing.fusion import folded_permutes, fused_act_bytes, recomputed_in_fused_backward
+from planner.costing.fusion import absorbed_nodes, folded_permutes, fused_act_bytes, recomputed_in_fused_backward
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.moe import MoeFacts, moe_blocks, routed_region
@@ -121,6 +121,16 @@ class GraphFacts:
         self.mask_built = np.zeros(len(graph.nodes), dtype=bool)
         self.mask_built[sorted(mask_builders(graph, self.index, self.regions))] = True
         self.lse_outputs = {f"{graph.nodes[r.anchor].name or r.anchor}::lse" for r in self.regions}
+        #: per node, a memory-bound op that runs inside its readers' fused kernel (`fusion.absorbed_nodes`); an
+        #: attention kernel is not one: it reads its queries, keys and values from HBM
+        region = np.zeros(len(graph.nodes), dtype=bool)
+        region[sorted(self.region_of)] = True
+        absorbed = absorbed_nodes(graph, self.work.matrix | region)
+        # tied instances are costed once (their first's ops): a last layer whose residual sum feeds the final norm
+        # takes its siblings' launches
+        first: dict = {}
+        self._absorbed = np.array([absorbed[first.setdefault(self.node_keys[i], i)] for i in range(len(graph.nodes))],
+                                  dtype=bool)
         # mixture of experts, found from each block's router (planner.graph.moe), not from parameter names
         self.moe: dict[str, MoeFacts] = moe_blocks(graph, self.index, structure)
         self.expert_params: frozenset[str] = frozenset(p for f in self.moe.values() for p in f.params)
@@ -236,3 +246,8 @@ class GraphFacts:
                       else set())
             self._fused[key] = fused_act_bytes(self.graph, self.work.act_bytes, self.work.matrix, stored)
         return self._fused[key]
+
+    def absorbed(self) -> np.ndarray:
+        """Per node: a memory-bound op that runs inside its readers' fused kernel and launches none of its own
+        (`planner.costing.fusion.absorbed_nodes`)."""
+        return self._absorbed

@@ -24,11 +24,14 @@ Three kinds of kernels, each a roofline with the device's efficiency curves
 
 In training each op also carries what issuing it costs the host of an
 eager step (`Cluster.host_overhead_s`, fitted where a hardware has enough
-runs). ASSUMPTIONS: the charge is added to the op's time, not hidden behind
-a long kernel, and it is counted per graph node, so the nodes of a chain a
-fusing stack runs as one kernel each pay it. Both alternatives were refitted
-and not landed (README, Calibration: the third to fifth measured fixes): the
-charge also stands in for per-op costs the model does not yet name.
+runs), per kernel it launches: none for a sibling GEMM after its group's
+first, nor, on a stack of hand-written fused kernels
+(`Execution.fused_launches`), for an op that runs inside its readers'
+fused kernel (`GraphFacts.absorbed`). ASSUMPTIONS: the charge is added to
+the op's time, not hidden behind a long kernel (the per-op and per-pass
+maxima were refitted and not landed: README, Calibration); an absorbed op
+keeps the law's per-kernel overhead; and the charge also stands in for
+per-op costs the model does not yet name.
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ class NodeTimes:
         self.flash = execution.attention == "flash"
         self.act = (facts.act_bytes(self.training, self.width, self.flash, True) if execution.fuse_elementwise
                     else facts.work.act_bytes)
+        self.absorbed = facts.absorbed() if execution.fuse_elementwise and execution.fused_launches else None
         self.fp8 = self.training and workload.dtype in LOW_PRECISION_GEMMS
         self.gemm_dtype = workload.dtype if self.fp8 else self.dtype
         self.weight_casts = weight_cast_shares(strategy, workload, execution) if self.fp8 else (1.0, 1.0)
@@ -124,7 +128,10 @@ class NodeTimes:
         return self._bwd[key]
 
     def _launches(self, i: int) -> float:
-        """Kernels node i issues per pass: none for a sibling GEMM after its group's first (one GEMM for all)."""
+        """Kernels node i issues per pass: none for a sibling GEMM after its group's first (one GEMM for all), nor
+        for a memory-bound op that runs inside its readers' fused kernel (`GraphFacts.absorbed`)."""
+        if self.absorbed is not None and self.absorbed[i]:
+            return 0.0
         return 1.0 if self._group(i)[0] == i else 0.0
 
     def _issued(self, t: float, ops: float) -> float:
