@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterator
 
 import numpy as np
 
+from planner.costing.node_work import METADATA_OPS
 from planner.graph.ir import Graph
 
 #: Ops that only relabel storage: a chain is fused through them.
@@ -31,12 +32,12 @@ def fused_act_bytes(graph: Graph, act_bytes: np.ndarray, matrix: np.ndarray, sto
     `stored` holds the (view-root) names the backward pass reads, which
     must be written even inside a fused chain.
     """
-    consumers, outputs = _consumers(graph)
+    chains = _Chains(graph, matrix)
     out = act_bytes.astype(float).copy()
-    for i, j, nbytes, reads in _fused_edges(graph, matrix, stored, consumers, outputs):
+    for i, j, nbytes, reads in chains.fused_edges(stored):
         out[i] -= nbytes  # not written by the producer
         out[j] -= nbytes * reads  # not read back by the consumer
-    for i, readers, source, cast in folded_casts(graph, matrix, consumers, outputs):
+    for i, readers, source, cast in chains.casts:
         out[i] = 0.0  # the cast does not run: each reader converts in registers
         for j, k in readers:
             out[j] -= (cast - source) * k  # it reads the source at the source's width
@@ -49,39 +50,53 @@ def absorbed_nodes(graph: Graph, matrix: np.ndarray) -> np.ndarray:
     tensor the backward keeps included: the kernel writes it on the way, as Transformer Engine's RMSNorm writes
     its 1/rms beside its output), or it is a cast its readers fold (`folded_casts`). A fused RMSNorm's seven
     ONNX nodes are one launch, its last."""
-    consumers, outputs = _consumers(graph)
+    chains = _Chains(graph, matrix)
     fused: dict[int, int] = {}
-    for i, _, _, _ in _fused_edges(graph, matrix, (), consumers, outputs):
+    for i, _, _, _ in chains.fused_edges(()):
         fused[i] = fused.get(i, 0) + 1
     out = np.array([bool(n.outputs) and fused.get(i, 0) == sum(1 for o in n.outputs if o in graph.tensors)
                     for i, n in enumerate(graph.nodes)], dtype=bool)
-    for i, _, _, _ in folded_casts(graph, matrix, consumers, outputs):
+    for i, _, _, _ in chains.casts:
         out[i] = True
     return out
 
 
-def _consumers(graph: Graph) -> tuple[dict[str, list[int]], set[str]]:
-    """Each tensor's reading nodes, and the graph's outputs. A node that reads only a tensor's shape or dtype
-    (Shape, Size, CastLike's second input) does not read its data, so it is no reader here."""
-    consumers: dict[str, list[int]] = {}
-    for i, n in enumerate(graph.nodes):
-        if n.op_type in ("Shape", "Size"):
-            continue
-        for pos, x in enumerate(n.inputs):
-            if x and not (n.op_type == "CastLike" and pos == 1) and x not in n.inputs[:pos]:  # x * x: one reader
-                consumers.setdefault(x, []).append(i)
-    return consumers, set(graph.outputs)
+def data_inputs(node) -> tuple[str, ...]:
+    """The inputs whose data a node reads: none for an op that reads only shapes (`METADATA_OPS`), CastLike's
+    first (its second names a dtype)."""
+    if node.op_type in METADATA_OPS:
+        return ()
+    return tuple(node.inputs[:1] if node.op_type == "CastLike" else node.inputs)
+
+
+class _Chains:
+    """What the chain rule reads of a graph, found once: each tensor's readers (a node that reads a tensor's data,
+    once however many of its inputs it is: x * x), the graph's outputs, the casts readers fold (`folded_casts`),
+    and the nodes that move nothing, views aside: folded permutes and casts (`folded_permutes`)."""
+
+    def __init__(self, graph: Graph, matrix: np.ndarray) -> None:
+        self.graph, self.matrix = graph, matrix
+        self.consumers: dict[str, list[int]] = {}
+        for i, n in enumerate(graph.nodes):
+            for x in dict.fromkeys(data_inputs(n)):
+                if x:
+                    self.consumers.setdefault(x, []).append(i)
+        self.outputs = set(graph.outputs)
+        self.casts = folded_casts(graph, matrix, self.consumers, self.outputs)
+        self.free = folded_permutes(graph)  # moves nothing: neither ends a chain nor keeps its input on chip
+        for cast, _, _, _ in self.casts:
+            self.free[cast] = True
+
+    def fused_edges(self, stored: Collection[str]) -> Iterator[tuple[int, int, float, int]]:
+        return _fused_edges(self.graph, self.matrix, stored, self.consumers, self.outputs, self.free)
 
 
 def _fused_edges(graph: Graph, matrix: np.ndarray, stored: Collection[str], consumers: dict[str, list[int]],
-                 outputs: Collection[str]) -> Iterator[tuple[int, int, float, int]]:
+                 outputs: Collection[str], free: np.ndarray) -> Iterator[tuple[int, int, float, int]]:
     """(producer, consumer, bytes, times the consumer reads it) of each tensor that stays on chip between two
-    memory-bound ops: its one non-view reader (views looked through, and so are the permutes and casts its
-    readers fold in: `folded_permutes`, `folded_casts`) is memory-bound, and neither the graph nor the backward
-    pass (`stored`) needs it."""
-    free = folded_permutes(graph)  # moves nothing: neither ends a chain nor keeps its input on chip
-    for cast, _, _, _ in folded_casts(graph, matrix, consumers, outputs):
-        free[cast] = True
+    memory-bound ops: its one non-view reader (views looked through, and so are the `free` nodes, the permutes
+    and casts its readers fold in) is memory-bound, and neither the graph nor the backward pass (`stored`)
+    needs it."""
 
     def is_view(i: int) -> bool:
         return graph.nodes[i].op_type in VIEW_OPS or bool(free[i])
@@ -165,7 +180,7 @@ def folded_permutes(graph: Graph) -> np.ndarray:
                      for n in graph.nodes], dtype=bool)
 
 
-__all__ = ["VIEW_OPS", "absorbed_nodes", "folded_casts", "folded_permutes", "fused_act_bytes"]
+__all__ = ["VIEW_OPS", "absorbed_nodes", "data_inputs", "folded_casts", "folded_permutes", "fused_act_bytes"]
 
 
 #: Pointwise and row-wise ops a fusing compiler (or a hand-fused kernel) runs in one kernel with their neighbours.
@@ -213,8 +228,7 @@ def recomputed_in_fused_backward(graph: Graph, saved: list, stored_by_others: Co
         for o in n.outputs:
             if not o:
                 continue
-            ins = n.inputs[:1] if n.op_type == "CastLike" else n.inputs  # CastLike's second input names a dtype
-            ok = fusable and all(available(x) for x in ins if x)
+            ok = fusable and all(available(x) for x in data_inputs(n) if x)
             if ok:
                 recomputable.add(o)
             if o in savers:

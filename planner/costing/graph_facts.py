@@ -114,23 +114,14 @@ class GraphFacts:
         # fused (flash) attention: one region per attention core, and the nodes of all of them
         self.regions: tuple[AttentionRegion, ...] = tuple(attention_regions(graph, self.index))
         self.region_of: dict[int, AttentionRegion] = {i: r for r in self.regions for i in r.nodes}
-        self.flash_core = np.zeros(len(graph.nodes), dtype=bool)
-        self.flash_core[sorted(self.region_of)] = True
-        self.flash_core &= self.in_layer
+        self.in_region = np.zeros(len(graph.nodes), dtype=bool)
+        self.in_region[sorted(self.region_of)] = True
+        self.flash_core = self.in_region & self.in_layer
         #: ops that only build the cores' masks, which a flash kernel does not run (`attention.mask_builders`)
         self.mask_built = np.zeros(len(graph.nodes), dtype=bool)
         self.mask_built[sorted(mask_builders(graph, self.index, self.regions))] = True
         self.lse_outputs = {f"{graph.nodes[r.anchor].name or r.anchor}::lse" for r in self.regions}
-        #: per node, a memory-bound op that runs inside its readers' fused kernel (`fusion.absorbed_nodes`); an
-        #: attention kernel is not one: it reads its queries, keys and values from HBM
-        region = np.zeros(len(graph.nodes), dtype=bool)
-        region[sorted(self.region_of)] = True
-        absorbed = absorbed_nodes(graph, self.work.matrix | region)
-        # tied instances are costed once (their first's ops): a last layer whose residual sum feeds the final norm
-        # takes its siblings' launches
-        first: dict = {}
-        self._absorbed = np.array([absorbed[first.setdefault(self.node_keys[i], i)] for i in range(len(graph.nodes))],
-                                  dtype=bool)
+        self._absorbed: np.ndarray | None = None
         # mixture of experts, found from each block's router (planner.graph.moe), not from parameter names
         self.moe: dict[str, MoeFacts] = moe_blocks(graph, self.index, structure)
         self.expert_params: frozenset[str] = frozenset(p for f in self.moe.values() for p in f.params)
@@ -249,5 +240,13 @@ class GraphFacts:
 
     def absorbed(self) -> np.ndarray:
         """Per node: a memory-bound op that runs inside its readers' fused kernel and launches none of its own
-        (`planner.costing.fusion.absorbed_nodes`)."""
+        (`planner.costing.fusion.absorbed_nodes`; an attention kernel is not such a reader: it reads its queries,
+        keys and values from HBM). Tied instances are costed as their first (a last layer whose residual sum
+        feeds the final norm takes its siblings' launches). Found on first use: only a stack of fused launches
+        asks."""
+        if self._absorbed is None:
+            absorbed = absorbed_nodes(self.graph, self.work.matrix | self.in_region)
+            first: dict = {}
+            self._absorbed = np.array([absorbed[first.setdefault(key, i)] for i, key in enumerate(self.node_keys)],
+                                      dtype=bool)
         return self._absorbed
