@@ -91,7 +91,12 @@ def ties_for(hardware: str, fitted: dict[str, str]) -> tuple[dict, str]:
 #: its file states): Grand Teton's GPUs are H100 SXMs run with NCCL, as DGX H100's, whose 14 fit runs (gradient,
 #: parameter, TP and expert overlaps) pin the overlap efficiency; Grand Teton's 10 barely do (fitted free it came to
 #: 0.51, and held at 0.791 their mean error moves 1.7 % -> 2.0 %).
-SHARED_FROM = {"h100-grand-teton": ("dgx-h100", ("overlap",))}
+SHARED_FROM = {"h100-grand-teton": ("dgx-h100", ("overlap",)),
+               # the per-kernel host issue cost of an eager Megatron-Core step, a property of the stack on a server
+               # CPU (DGX B200's Xeon 8570, GB200's Grace), not of the GPU: their runs are too few to fit it, and
+               # their CUDA-graph runs (Execution.cuda_graphs) issue no kernels from the host
+               "dgx-b200": ("dgx-h100", ("host_overhead_us",)),
+               "gb200-nvl72": ("dgx-h100", ("host_overhead_us",))}
 
 
 def shared_values(hardware: str, fitted: dict[str, str]) -> tuple[dict[str, float], str]:
@@ -103,8 +108,10 @@ def shared_values(hardware: str, fitted: dict[str, str]) -> tuple[dict[str, floa
     text = fitted.get(ref) or (PRESET_DIR / f"{ref}.toml").read_text(encoding="utf-8")
     c = load_text(text, source=f"{ref}.toml", default_name=ref)
     values = {k: round(preset_values(c)[k], 3) for k in keys}
-    return values, "ASSUMPTION: " + ", ".join(f"{k} = {v:g} from {ref}'s fit, the same H100 and NCCL, which these "
-                                              "runs barely pin" for k, v in values.items())
+    why = {"overlap": "the same H100 and NCCL, which these runs barely pin",
+           "host_overhead_us": "the same Megatron-Core issuing kernels from a server CPU, which these runs are too "
+                               "few to pin"}
+    return values, "ASSUMPTION: " + ", ".join(f"{k} = {v:g} from {ref}'s fit, {why[k]}" for k, v in values.items())
 
 
 def start_text(hardware: str, shared: dict[str, float] | None = None) -> str:
@@ -113,15 +120,18 @@ def start_text(hardware: str, shared: dict[str, float] | None = None) -> str:
     text = (PRESET_DIR / f"{hardware}.toml").read_text(encoding="utf-8")
     if hardware == "dgx-a100":
         return text  # the reference: its own parameters are fitted from the A100 start values
-    out = []
+    out, missing = [], dict(shared or {})
     for line in text.splitlines():
         key = line.split("=")[0].strip()
-        if key in (shared or {}):
-            out.append(f"{key} = {shared[key]:g}")
+        if key in missing:
+            out.append(f"{key} = {missing.pop(key):g}")
         elif key in TRANSFERRED:
             out.append(f"{key} = {TRANSFERRED[key]:g}")
         elif key != "fp8_matmul_plateau":
             out.append(line)
+    start = out.index("[efficiency]")  # a shared value the file does not yet state ends its [efficiency]
+    end = next((i for i in range(start + 1, len(out)) if out[i].startswith("[")), len(out))
+    out[end:end] = [f"{key} = {value:g}" for key, value in missing.items()]
     return "\n".join(out) + "\n"
 
 

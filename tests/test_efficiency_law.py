@@ -134,4 +134,4 @@ def test_a_tied_preset_with_a_16_bit_fit_run_fits_its_bf16_plateau_and_says_no_t
 
     c, dtypes = load_cluster("gb200-nvl72"), {r.id: r.dtype for r in read_runs()}
     assert any(dtypes[i] == "bf16" for i in c.fitted_on)
-    assert "matmul_plateau" not in c.not_fitted and "dgx-h100" not in c.calibration
+    assert "matmul_plateau" not in c.not_fitted and "x fp8_matmul_plateau" not in c.calibration

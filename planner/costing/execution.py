@@ -42,6 +42,10 @@ RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "mlp", "moe", "moe_act", "lay
                                       "shared_experts")
 DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
 ROUTINGS: tuple[str, ...] = ("uniform", "contiguous", "learned")
+#: What a stack may capture in CUDA graphs (Megatron-Core's cuda_graph_impl = "full_iteration", or its per-layer
+#: cuda_graph_modules, megatron/core/transformer/transformer_config.py): the whole forward-backward path, or a
+#: layer's attention, dense MLP, MoE block, or the MoE block up to its router and the dispatcher's preprocessing.
+CUDA_GRAPH_SCOPES: tuple[str, ...] = ("full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess")
 #: What a recipe's quantisation moves per element on hardware whose FP8 GEMMs take only TN, and the transposed
 #: copy's part of it (Transformer Engine, transformer_engine/pytorch/csrc/quantizer.cpp): per-tensor current
 #: scaling reads the operand for its amax, reads it again and writes the FP8 copy and its transpose; delayed
@@ -71,6 +75,8 @@ class Execution:
     # RoPE); False: each graph op keeps its launch (Inductor's kernel count is not what this rule predicts)
     fuse_sibling_gemms: bool = True  # projections of one input run as one GEMM (Megatron's linear_qkv, linear_fc1)
     kernel_efficiency: float = 1.0  # this stack's GEMM and attention kernels against the hardware file's fit
+    cuda_graphs: tuple[str, ...] = ()  # what runs from CUDA graphs (CUDA_GRAPH_SCOPES; none by default): a
+    # captured kernel is replayed by the device, so the host issues nothing for it (`NodeTimes`)
     loss_kernel: str = "megatron"  # the cross-entropy kernel of the training loss (`planner.costing.loss`)
     # (which is of today's Megatron-Core where it has run; fitted with it, see benchmarks/fit_presets.py)
     expert_gemm_streams: int = 0  # routed experts' GEMMs: one grouped kernel (0), or one GEMM per local expert
@@ -228,7 +234,7 @@ _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DI
 
 _SECTIONS = {
     "kernels": ("attention", "attention_kernel", "fuse_elementwise", "fused_launches", "fuse_sibling_gemms",
-                "tp_layout_copies", "kernel_efficiency", "expert_gemm_streams", "loss_kernel"),
+                "tp_layout_copies", "kernel_efficiency", "expert_gemm_streams", "loss_kernel", "cuda_graphs"),
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "fp8_saves_inputs",
                   "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather"),
@@ -284,6 +290,13 @@ def _value(t: Table, key: str) -> Any:
         if bad or not mods:
             raise t.error(key, f"expected a list of {', '.join(RECOMPUTE_MODULES)}, got {mods!r}")
         return tuple(mods)
+    if key == "cuda_graphs":
+        scopes = t.texts(key)
+        bad = [m for m in scopes if m not in CUDA_GRAPH_SCOPES]
+        if bad or ("full_iteration" in scopes and len(scopes) > 1):
+            raise t.error(key, f"expected [\"full_iteration\"] or a list of {', '.join(CUDA_GRAPH_SCOPES[1:])} "
+                               f"(Megatron-Core's cuda_graph_modules), got {scopes!r}")
+        return tuple(scopes)
     if key == "allocator_reserve":
         value = t.number(key, allow_zero=True)
         if value >= MAX_ALLOCATOR_RESERVE:
@@ -315,5 +328,5 @@ def _parse(root: Table, default_name: str) -> Execution:
     return replace(start, **_with_recipe_casts(changes))
 
 
-__all__ = ["DEFAULT_STACK", "FIELDS", "MAX_ALLOCATOR_RESERVE", "RECIPE_CAST_BYTES", "Execution", "load_execution",
+__all__ = ["CUDA_GRAPH_SCOPES", "DEFAULT_STACK", "FIELDS", "MAX_ALLOCATOR_RESERVE", "RECIPE_CAST_BYTES", "Execution", "load_execution",
            "parse_execution", "stack_names", "stays_gathered", "with_changes"]

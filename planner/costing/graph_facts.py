@@ -17,6 +17,7 @@ from planner.costing.activations import (
 )
 from planner.costing.attention import AttentionRegion, attention_regions, kept_fraction, mask_builders
 from planner.costing.fusion import absorbed_nodes, folded_permutes, fused_act_bytes, recomputed_in_fused_backward
+from planner.costing.graph_capture import captured_nodes
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.moe import MoeFacts, moe_blocks, routed_region
@@ -122,6 +123,7 @@ class GraphFacts:
         self.mask_built[sorted(mask_builders(graph, self.index, self.regions))] = True
         self.lse_outputs = {f"{graph.nodes[r.anchor].name or r.anchor}::lse" for r in self.regions}
         self._absorbed: np.ndarray | None = None
+        self._captured: dict[tuple[str, ...], np.ndarray] = {}
         # mixture of experts, found from each block's router (planner.graph.moe), not from parameter names
         self.moe: dict[str, MoeFacts] = moe_blocks(graph, self.index, structure)
         self.expert_params: frozenset[str] = frozenset(p for f in self.moe.values() for p in f.params)
@@ -250,3 +252,10 @@ class GraphFacts:
             self._absorbed = np.array([absorbed[first.setdefault(key, i)] for i, key in enumerate(self.node_keys)],
                                       dtype=bool)
         return self._absorbed
+
+    def captured(self, scopes: tuple[str, ...]) -> np.ndarray:
+        """Per node: replayed from the stack's CUDA graphs of these scopes (`planner.costing.graph_capture`), once
+        per scopes."""
+        if scopes not in self._captured:
+            self._captured[scopes] = captured_nodes(self.graph, self, scopes)
+        return self._captured[scopes]

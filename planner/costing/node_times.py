@@ -103,6 +103,7 @@ class NodeTimes:
         self.act = (facts.act_bytes(self.training, self.width, self.flash, True) if execution.fuse_elementwise
                     else facts.work.act_bytes)
         self.absorbed = facts.absorbed() if execution.fuse_elementwise and execution.fused_launches else None
+        self.captured = facts.captured(execution.cuda_graphs) if execution.cuda_graphs else None
         self.fp8 = self.training and workload.dtype in LOW_PRECISION_GEMMS
         self.gemm_dtype = workload.dtype if self.fp8 else self.dtype
         self.weight_casts = weight_cast_shares(strategy, workload, execution) if self.fp8 else (1.0, 1.0)
@@ -128,9 +129,10 @@ class NodeTimes:
         return self._bwd[key]
 
     def _launches(self, i: int) -> float:
-        """Kernels node i issues per pass: none for a sibling GEMM after its group's first (one GEMM for all), nor
-        for a memory-bound op that runs inside its readers' fused kernel (`GraphFacts.absorbed`)."""
-        if self.absorbed is not None and self.absorbed[i]:
+        """Kernels the host issues for node i per pass: none for a sibling GEMM after its group's first (one GEMM
+        for all), for a memory-bound op that runs inside its readers' fused kernel (`GraphFacts.absorbed`), or for
+        an op the stack replays from a CUDA graph (`GraphFacts.captured`)."""
+        if (self.absorbed is not None and self.absorbed[i]) or (self.captured is not None and self.captured[i]):
             return 0.0
         return 1.0 if self._group(i)[0] == i else 0.0
 
