@@ -100,7 +100,9 @@ def shape(name: str) -> dict:
     return out
 
 
-_TYPES = {"int": int, "float": float, "str": str}
+#: The value types pinned parsers give; "<lambda>" is Megatron-LM's --cuda-graph-scope, CudaGraphScope[name] for each
+#: name, read here as the name (megatron-core's TransformerConfig makes each a CudaGraphScope, refusing an unknown one).
+_TYPES = {"int": int, "float": float, "str": str, "<lambda>": str}
 
 
 def parse_pinned(words: list[str], pinned: dict[str, Any]) -> tuple[argparse.Namespace, set[str]]:
@@ -112,8 +114,9 @@ def parse_pinned(words: list[str], pinned: dict[str, Any]) -> tuple[argparse.Nam
         assert flag in pinned["flags"], f"{flag} is not a flag of {pinned['source']}"
         spec = pinned["flags"][flag]
         dest = spec.get("dest", flag[2:].replace("-", "_"))
-        if not spec["value"]:
-            parser.add_argument(flag, dest=dest, action="store_true", default=None)
+        if not spec["value"]:  # a switch; "--no-X" writing X (Megatron-LM's store_false) sets it False
+            off = flag.startswith("--no-") and dest == flag[5:].replace("-", "_")
+            parser.add_argument(flag, dest=dest, action="store_false" if off else "store_true", default=None)
             continue
         kw: dict[str, Any] = {"dest": dest, "type": _TYPES[spec["type"]] if "type" in spec else None}
         for key in ("nargs", "choices"):

@@ -91,3 +91,7 @@ def test_a_scope_megatron_core_does_not_have_is_refused_by_name():
         with_changes(ex, {"cuda_graphs": ["layer"]}, "run")
     with pytest.raises(InvalidInput, match="cuda_graphs"):
         with_changes(ex, {"cuda_graphs": ["full_iteration", "attn"]}, "run")
+    with pytest.raises(InvalidInput, match="not both"):
+        with_changes(ex, {"cuda_graphs": ["moe", "moe_router"]}, "run")
+    with pytest.raises(InvalidInput, match="only together with"):
+        with_changes(ex, {"cuda_graphs": ["attn", "moe_preprocess"]}, "run")

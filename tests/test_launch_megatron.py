@@ -250,3 +250,30 @@ def test_the_loss_kernel_the_estimate_costs_goes_out_as_megatrons_fusion(stack, 
     if impl:
         assert tc.cross_entropy_fusion_impl == impl
     assert any("costs the loss as 'torch_compiled'" in n for n in out["notes"]) == (stack == "torchtitan")
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("scopes, impl", [('["full_iteration"]', "local"),
+                                          ('["attn", "moe_router", "moe_preprocess"]', "transformer_engine")])
+def test_cuda_graphs_the_estimate_costs_go_out_as_megatron_captures_them(scopes, impl, tmp_path, monkeypatch):
+    """A stack's CUDA graphs (no host issue for what they capture) go out as Megatron-LM's --cuda-graph-impl and
+    --cuda-graph-scope, with what validate_args asks of a full-iteration graph (no NaN check of the loss, padded
+    experts under expert parallelism); megatron-core's config takes the scopes; another backend refuses them."""
+    pytest.importorskip("megatron.core")
+    from launch_plans import COMMON, MOE
+    from planner.hypershard import declare
+
+    stack = tmp_path / "graphs.toml"
+    stack.write_text(f'[stack]\nbase = "megatron-core"\n[kernels]\ncuda_graphs = {scopes}\n', encoding="utf-8")
+    doc = declare("mixtral-8x7b", overrides=MOE, **COMMON, ep=8, zero=1, stack=str(stack))
+    words = launch_config(doc, "megatron")["config"]["args"]
+    ns, given = parse(words)
+    assert ns.cuda_graph_impl == impl
+    if impl == "local":
+        assert ns.cuda_graph_scope == ["full_iteration"] and ns.check_for_nan_in_loss_and_grad is False
+        assert "--moe-pad-experts-for-cuda-graph-inference" in words
+    tc, *_ = core_configs(ns, given, "moe", monkeypatch)
+    assert tc.cuda_graph_impl == impl
+    assert sorted(s.name for s in tc.cuda_graph_scope) == sorted(json.loads(scopes))
+    with pytest.raises(InvalidInput, match="CUDA graphs of .*export with --backend megatron"):
+        launch_config(doc, "torchtitan")

@@ -291,12 +291,7 @@ def _value(t: Table, key: str) -> Any:
             raise t.error(key, f"expected a list of {', '.join(RECOMPUTE_MODULES)}, got {mods!r}")
         return tuple(mods)
     if key == "cuda_graphs":
-        scopes = t.texts(key)
-        bad = [m for m in scopes if m not in CUDA_GRAPH_SCOPES]
-        if bad or ("full_iteration" in scopes and len(scopes) > 1):
-            raise t.error(key, f"expected [\"full_iteration\"] or a list of {', '.join(CUDA_GRAPH_SCOPES[1:])} "
-                               f"(Megatron-Core's cuda_graph_modules), got {scopes!r}")
-        return tuple(scopes)
+        return _graph_scopes(t, key)
     if key == "allocator_reserve":
         value = t.number(key, allow_zero=True)
         if value >= MAX_ALLOCATOR_RESERVE:
@@ -304,6 +299,22 @@ def _value(t: Table, key: str) -> Any:
                                f"got {value:g}")
         return value
     return t.text(key)
+
+
+def _graph_scopes(t: Table, key: str) -> tuple[str, ...]:
+    """CUDA-graph scopes as Megatron-Core takes them (TransformerConfig.__post_init__ at core_v0.16.1): the full
+    iteration alone; not "moe" beside "moe_router" (both capture the router); "moe_preprocess" only with
+    "moe_router"."""
+    scopes = t.texts(key)
+    bad = [m for m in scopes if m not in CUDA_GRAPH_SCOPES]
+    if bad or ("full_iteration" in scopes and len(scopes) > 1):
+        raise t.error(key, f"expected [\"full_iteration\"] or a list of {', '.join(CUDA_GRAPH_SCOPES[1:])} "
+                           f"(Megatron-Core's cuda_graph_modules), got {scopes!r}")
+    if "moe" in scopes and "moe_router" in scopes:
+        raise t.error(key, "\"moe\" already captures the router: give \"moe\" or \"moe_router\", not both")
+    if "moe_preprocess" in scopes and "moe_router" not in scopes:
+        raise t.error(key, "\"moe_preprocess\" is captured only together with \"moe_router\"; add it")
+    return tuple(dict.fromkeys(scopes))
 
 
 def _parse(root: Table, default_name: str) -> Execution:

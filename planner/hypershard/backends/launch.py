@@ -149,11 +149,15 @@ def offload_problems(t: Training, allowed: Mapping[str, str], hint: tuple[tuple[
     return [(f"{cls} offload ({frac:.0%})", fix) for cls, frac in refused]
 
 
-def common_problems(t: Training, schedules: str, mtp: bool = False) -> list[Problem]:
+def common_problems(t: Training, schedules: str, mtp: bool = False, graphs: bool = False) -> list[Problem]:
     """What no training launch config here expresses: stages of different tensor widths; for a format whose
-    pipeline runs only `schedules`, a GPipe schedule; and multi-token-prediction layers unless it builds them
-    (`mtp`)."""
+    pipeline runs only `schedules`, a GPipe schedule; multi-token-prediction layers unless it builds them (`mtp`);
+    and CUDA graphs the estimate costs (`Execution.cuda_graphs`) unless it captures them (`graphs`): launched
+    eagerly, the step would pay the host issue the estimate left out."""
     out = []
+    if t.execution.cuda_graphs and not graphs:
+        out.append((f"CUDA graphs of {', '.join(t.execution.cuda_graphs)} (its launch config captures none)",
+                    "plan with a stack whose cuda_graphs is empty, or export with --backend megatron"))
     if t.mtp and not mtp:
         out.append((f"{t.mtp} multi-token-prediction layer{'s' if t.mtp > 1 else ''} (its model code builds none)",
                     "plan without mtp_layers, or export with --backend megatron"))

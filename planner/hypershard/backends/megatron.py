@@ -27,7 +27,9 @@ PyPI matches:
   --tp-comm-overlap with SP, --overlap-moe-expert-parallel-comm), its MoE
   dispatcher, FP8 (--fp8-format, --fp8-recipe, --fp8-param-gather), bf16/fp16;
 - optimizer offload: --optimizer-cpu-offload --optimizer-offload-fraction f
-  (with --use-precision-aware-optimizer, which validate_args asks for).
+  (with --use-precision-aware-optimizer, which validate_args asks for);
+- the stack's CUDA graphs: --cuda-graph-impl local --cuda-graph-scope
+  full_iteration, or transformer_engine with the layer modules it names.
 
 Megatron-LM cannot run: stages of different tensor widths, a GPipe schedule,
 offloaded parameters, gradients or a fraction of activations, selective
@@ -54,7 +56,7 @@ _SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 
 def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem]:
     s, ex = t.s, t.execution
-    out = launch.common_problems(t, "1F1B and interleaved 1F1B", mtp=True)
+    out = launch.common_problems(t, "1F1B and interleaved 1F1B", mtp=True, graphs=True)
     out += launch.offload_problems(t, {"optimizer": "fraction"} if s.zero == 1 else {}, (
         ("params", "grads", "optimizer"), "--zero 1 --offload optimizer=F (Megatron-LM offloads a fraction of the "
                                           "distributed optimizer's states)"))
@@ -70,6 +72,10 @@ def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem
     elif t.dtype == "fp8" and _fp8_params(t) and t.offload("optimizer") and FP8_RECIPES[ex.fp8_recipe] != "delayed":
         out.append((f"FP8 weights with optimizer offload under the {ex.fp8_recipe} recipe (Megatron-LM offloads them "
                     "only with --fp8-recipe delayed)", "plan with --no-offload or a stack with fp8_params = false"))
+    moe_scopes = [m for m in ex.cuda_graphs if m.startswith("moe")]
+    if moe_scopes and not t.moe:
+        out.append((f"CUDA graphs of MoE modules ({', '.join(moe_scopes)}) on a model without MoE layers (Megatron-Core "
+                    "refuses them)", "plan with a stack whose cuda_graphs leaves them out"))
     mtp = t.mtp  # Megatron-LM builds them beside the decoder layers (--mtp-num-layers), last
     if mtp and s.pp > 1 and t.chunks[-1] < mtp:
         out.append((f"{mtp} MTP layers over more than the last pipeline chunk (Megatron-Core keeps them all in the "
@@ -158,6 +164,21 @@ def _precision(t: launch.Training) -> list[tuple[str, Any]]:
 LOSS_IMPL = {"te": "te", "megatron_fused": "native"}
 
 
+def _cuda_graphs(t: launch.Training) -> list[tuple[str, Any]]:
+    """The stack's CUDA graphs (`Execution.cuda_graphs`), as the estimate costs them: the full iteration by the
+    local implementation, which validate_args runs only without the NaN check of the loss and, with expert
+    parallelism, with padded experts; a layer's modules by Transformer Engine's (the split --cuda-graph-scope's help
+    gives)."""
+    scopes = t.execution.cuda_graphs
+    if not scopes:
+        return []
+    if "full_iteration" in scopes:
+        out = [("--cuda-graph-impl", "local"), ("--cuda-graph-scope", ["full_iteration"]),
+               ("--no-check-for-nan-in-loss-and-grad", None)]
+        return out + ([("--moe-pad-experts-for-cuda-graph-inference", None)] if t.moe and t.s.ep > 1 else [])
+    return [("--cuda-graph-impl", "transformer_engine"), ("--cuda-graph-scope", list(scopes))]
+
+
 def _loss(t: launch.Training) -> list[tuple[str, Any]]:
     impl = LOSS_IMPL.get(t.execution.loss_kernel)
     return [("--cross-entropy-loss-fusion", None), ("--cross-entropy-fusion-impl", impl)] if impl else []
@@ -192,7 +213,7 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     args += _recompute(t)
     args += [("--micro-batch-size", s.micro_batch), ("--global-batch-size", t.global_batch),
              ("--seq-length", t.seq_len)]
-    args += _optimizer(t) + _precision(t) + _loss(t)
+    args += _optimizer(t) + _precision(t) + _loss(t) + _cuda_graphs(t)
     fsdp = s.zero >= 2 and s.dp * s.cp > 1
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (s.tp > 1 or s.cp > 1) and not fsdp else {}
     notes = launch.layout_notes(t, "Megatron-LM")
