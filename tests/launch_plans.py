@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from pathlib import Path
 from typing import Any
 
 from planner.hypershard import declare
@@ -15,6 +16,9 @@ from planner.hypershard import declare
 TINY = dict(layers=8, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=128)
 MOE = dict(layers=4, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=64, experts=8, top_k=2)
 COMMON = dict(cluster="dgx-h100", devices=8, global_batch=16, seq_len=32)
+#: stack files of Megatron-Core with CUDA graphs: the whole step, or a layer's attention, router and preprocessing
+GRAPHS = {k: str(Path(__file__).parent / "data" / "stacks" / f"graphs_{k}.toml") for k in ("full_iteration",
+                                                                                          "layer_modules")}
 
 #: name -> (model, overrides, strategy and, optionally, stack, dtype, devices)
 PLANS = {
@@ -46,6 +50,9 @@ PLANS = {
     "ds_offload1": ("llama3-8b", TINY, dict(dp=8, zero=1, offload=(("grads", 1.0), ("optimizer", 1.0)))),
     "ds_tp": ("llama3-8b", TINY, dict(tp=2, dp=4, zero=1)),
     "ds_moe": ("mixtral-8x7b", MOE, dict(dp=8, ep=8, zero=2)),
+    # CUDA graphs (Megatron-LM captures them; the others launch eagerly)
+    "graphs_full": ("mixtral-8x7b", MOE, dict(ep=8, zero=1, stack=GRAPHS["full_iteration"])),
+    "graphs_layer": ("mixtral-8x7b", MOE, dict(tp=2, ep=4, zero=1, sp=True, stack=GRAPHS["layer_modules"])),
     # what some formats cannot say
     "widths": ("llama3-8b", TINY, dict(tp=2, pp=2, dp=2, stage_tp=(1, 2), devices=6)),
     "gpipe": ("llama3-8b", TINY, dict(pp=2, dp=4, schedule="gpipe")),
@@ -54,7 +61,7 @@ PLANS = {
 #: the plans each launch backend writes
 WRITES = {
     "megatron": ["3d", "interleaved", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "offload",
-                 "fp8", "tt_3d", "tt_layout", "tt_cp", "tt_moe", "tt_fp8"],
+                 "fp8", "tt_3d", "tt_layout", "tt_cp", "tt_moe", "tt_fp8", "graphs_full", "graphs_layer"],
     "mindformers": ["3d", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "tt_gpipe", "tt_layout",
                     "ds_tp", "ds_moe"],
     "deepspeed": ["zero2", "ds_offload3", "ds_offload1", "ds_tp", "ds_moe", "tt_offload"],
@@ -66,7 +73,8 @@ REFUSES = {
     "mindformers": {"interleaved": "selective recompute (the megatron-core stack's: core_attn",
                     "tt_interleaved": "selective recompute (the torchtitan stack's: every other matmul",
                     "fp8": "FP8 GEMMs", "offload": "optimizer offload (50%)", "activations": "activations offload (40%)",
-                    "widths": "pipeline stages of different tensor widths"},
+                    "widths": "pipeline stages of different tensor widths",
+                    "graphs_full": "CUDA graphs of full_iteration"},
     "deepspeed": {"3d": "2 pipeline stages", "cp": "context parallelism 2", "moe": "sequence parallelism beside tensor",
                   "fsdp": "selective or per-layer recompute", "fp8": "FP8 GEMMs", "offload": "optimizer offload (50%)",
                   "activations": "activations offload (40%)"},
@@ -76,7 +84,8 @@ REFUSES = {
     "torchtitan": {"widths": "pipeline stages of different tensor widths", "interleaved": "unsharded data parallelism",
                    "first_last": "unsharded data parallelism beside TP, PP or CP",
                    "fsdp": "full recompute of the first 2 layers", "offload": "optimizer offload (50%)",
-                   "activations": "activations offload (40%)"},
+                   "activations": "activations offload (40%)",
+                   "graphs_layer": "CUDA graphs of attn, moe_router, moe_preprocess"},
 }
 
 
