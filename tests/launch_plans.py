@@ -51,7 +51,8 @@ PLANS = {
     "ds_tp": ("llama3-8b", TINY, dict(tp=2, dp=4, zero=1)),
     "ds_moe": ("mixtral-8x7b", MOE, dict(dp=8, ep=8, zero=2)),
     # CUDA graphs (Megatron-LM captures them; the others launch eagerly)
-    "graphs_full": ("mixtral-8x7b", MOE, dict(ep=8, zero=1, stack=GRAPHS["full_iteration"])),
+    "graphs_full": ("llama3-8b", TINY, dict(tp=2, dp=4, sp=True, zero=1, stack=GRAPHS["full_iteration"])),
+    "graphs_moe_full": ("mixtral-8x7b", MOE, dict(ep=8, zero=1, stack=GRAPHS["full_iteration"])),
     "graphs_layer": ("mixtral-8x7b", MOE, dict(tp=2, ep=4, zero=1, sp=True, stack=GRAPHS["layer_modules"])),
     # what some formats cannot say
     "widths": ("llama3-8b", TINY, dict(tp=2, pp=2, dp=2, stage_tp=(1, 2), devices=6)),
@@ -80,6 +81,7 @@ REFUSES = {
                   "activations": "activations offload (40%)"},
     "megatron": {"widths": "pipeline stages of different tensor widths (TP 1+2)", "gpipe": "GPipe schedule",
                  "activations": "activations offload (40%)", "tt_interleaved": "selective recompute as the torchtitan",
+                 "graphs_moe_full": "a full-iteration CUDA graph of a MoE model",
                  "tt_offload": "params offload (100%)", "tt_gpipe": "GPipe schedule"},
     "torchtitan": {"widths": "pipeline stages of different tensor widths", "interleaved": "unsharded data parallelism",
                    "first_last": "unsharded data parallelism beside TP, PP or CP",

@@ -262,10 +262,67 @@ def test_cuda_graphs_the_estimate_costs_go_out_as_megatron_captures_them(name, i
     experts under expert parallelism), and megatron-core's config takes the scopes (Megatron-LM's own validate_args
     too: benchmarks/megatron_parser_check.json); the other backends refuse them (launch_plans.REFUSES)."""
     pytest.importorskip("megatron.core")
-    words = launch_config(plan(name), "megatron")["config"]["args"]
+    out = launch_config(plan(name), "megatron")
+    words = out["config"]["args"]
     ns, given = parse(words)
     assert ns.cuda_graph_impl == impl and ns.cuda_graph_scope == scopes
     if impl == "local":
-        assert ns.check_for_nan_in_loss_and_grad is False and "--moe-pad-experts-for-cuda-graph-inference" in words
-    tc, *_ = core_configs(ns, given, "moe", monkeypatch)
+        assert ns.check_for_nan_in_loss_and_grad is False
+    tc, *_ = core_configs(ns, given, name, monkeypatch)
     assert tc.cuda_graph_impl == impl and sorted(s.name for s in tc.cuda_graph_scope) == sorted(scopes)
+
+
+@pytest.mark.launch
+def test_graphed_attention_recompute_says_the_dropout_megatron_core_needs(monkeypatch):
+    """Selective recompute of core attention under graphs: megatron-core refuses it with Megatron-LM's default
+    attention dropout (0.1) and takes it at 0, which the export's note asks MODEL_ARGS to give."""
+    pytest.importorskip("megatron.core")
+    from launch_plans import COMMON, GRAPHS, TINY
+    from planner.hypershard import declare
+
+    out = launch_config(declare("llama3-8b", overrides=TINY, **COMMON, tp=2, dp=4, sp=True, zero=1,
+                                recompute="selective", stack=GRAPHS["full_iteration"]), "megatron")
+    assert any("--attention-dropout 0" in n for n in out["notes"])
+    ns, given = parse(out["config"]["args"])
+    with pytest.raises(AssertionError, match="attention dropout is not supported with graphed attention"):
+        core_configs(ns, given, "graphs_full", monkeypatch)
+    ns.attention_dropout = 0.0
+    tc, *_ = core_configs(ns, given | {"attention_dropout"}, "graphs_full", monkeypatch)
+    assert tc.recompute_modules == ["core_attn"]
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("change, strategy, words, megatron_says", [
+    ({"cuda_graphs": ["attn"]}, dict(recompute="full"), "per-layer CUDA graphs beside full recompute",
+     "full recompute is only supported with full iteration"),
+    ({"cuda_graphs": ["moe"]}, {}, "CUDA graphs of a dropless MoE block", "only supported with drop-padding MoE"),
+    ({"cuda_graphs": ["mlp"]}, {}, "CUDA graphs of dense MLPs where every layer is MoE",
+     "mlp cuda graph is only supported for dense layers"),
+    ({"cuda_graphs": ["moe_router"], "recompute_modules": ["moe"]}, dict(recompute="selective"),
+     "CUDA graphs of the MoE router beside selective recompute of the MoE block",
+     "moe recompute is not supported with moe_router")])
+def test_graphs_megatron_core_refuses_are_refused_before_anything_is_written(change, strategy, words, megatron_says,
+                                                                             tmp_path, monkeypatch):
+    """Each refused combination is one megatron-core 0.16.1's TransformerConfig refuses: built anyway (the flags
+    put in by hand), the config raises."""
+    pytest.importorskip("megatron.core")
+    from launch_plans import COMMON, MOE
+    from planner.hypershard import declare
+
+    text = f'[stack]\nbase = "megatron-core"\n[kernels]\ncuda_graphs = {json.dumps(change["cuda_graphs"])}\n'
+    if "recompute_modules" in change:
+        text += f'[recompute]\nrecompute_modules = {json.dumps(change["recompute_modules"])}\n'
+    stack = tmp_path / "graphs.toml"
+    stack.write_text(text, encoding="utf-8")
+    doc = declare("mixtral-8x7b", overrides=MOE, **COMMON, ep=8, zero=1, stack=str(stack), **strategy)
+    with pytest.raises(InvalidInput, match=words):
+        launch_config(doc, "megatron")
+    plain = launch_config(declare("mixtral-8x7b", overrides=MOE, **COMMON, ep=8, zero=1, **strategy),
+                          "megatron")["config"]["args"]
+    ns, given = parse(plain + ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", *change["cuda_graphs"]])
+    ns.attention_dropout = ns.hidden_dropout = 0.0  # not what megatron-core refuses here
+    given |= {"attention_dropout", "hidden_dropout"}
+    if "recompute_modules" in change:
+        ns.recompute_modules = change["recompute_modules"]
+    with pytest.raises(AssertionError, match=megatron_says):
+        core_configs(ns, given, "moe", monkeypatch)

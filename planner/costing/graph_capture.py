@@ -24,7 +24,9 @@ experts is what of the MLP part neither runs on routed tokens nor follows
 from them. ASSUMPTION: an imported graph does not tell the router's ops from
 the dispatcher's preprocessing, so either of "moe_router" and
 "moe_preprocess" captures that whole part (the recipes that name one name
-both).
+both). ASSUMPTION: a multi-token-prediction depth (`planner.graph.mtp`) is
+costed uncaptured under per-layer graphs, where Megatron-Core graphs the one
+transformer layer inside it: at most one layer's host issue charged over.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ def captured_nodes(graph: Graph, facts, scopes: tuple[str, ...]) -> np.ndarray:
     out = np.zeros(n, dtype=bool)
     if not scopes:
         return out
-    for b in facts.structure.blocks:
-        if not b.is_layer:
+    layers = facts.structure.layers()
+    mtp = {b.name for b in layers[len(layers) - facts.mtp_layers():]} if facts.mtp_layers() else set()
+    for b in layers:
+        if b.name in mtp:
             continue
         nodes = sorted(b.nodes)
         attn = attention_part(graph, facts, b.name, nodes)
@@ -55,7 +59,8 @@ def captured_nodes(graph: Graph, facts, scopes: tuple[str, ...]) -> np.ndarray:
             out[mlp] = True
         elif moe and ("moe_router" in scopes or "moe_preprocess" in scopes):
             after = _reached(graph, mlp, {i for i in mlp if facts.in_routed[i]})
-            out[[i for i in mlp if i not in after]] = True
+            routing = _routing(graph, facts, mlp)
+            out[[i for i in mlp if i not in after or i in routing]] = True
     return out
 
 
@@ -82,6 +87,20 @@ def attention_part(graph: Graph, facts, block: str, nodes: list[int]) -> set[int
                 part.add(src[0])
                 todo.append(src[0])
     return part
+
+
+def _routing(graph: Graph, facts, nodes: list[int]) -> set[int]:
+    """What Megatron-Core's router computes (MoELayer.router(): scores, top-k, probabilities): the router's GEMMs
+    and the nodes of `nodes` (in graph order) whose every data input follows from them alone."""
+    found = {i for i in nodes if facts.router_node[i]}
+    written = {o for i in found for o in graph.nodes[i].outputs if o}
+    for i in nodes:
+        data = [x for x in graph.nodes[i].inputs if x and x in facts.producer and not facts.index.weight_of.get(x)
+                and graph.nodes[facts.producer[x][0]].op_type != "Constant"]
+        if i not in found and data and all(x in written for x in data):
+            found.add(i)
+            written.update(o for o in graph.nodes[i].outputs if o)
+    return found
 
 
 def _reached(graph: Graph, nodes: list[int], start: set[int]) -> set[int]:

@@ -28,8 +28,10 @@ PyPI matches:
   dispatcher, FP8 (--fp8-format, --fp8-recipe, --fp8-param-gather), bf16/fp16;
 - optimizer offload: --optimizer-cpu-offload --optimizer-offload-fraction f
   (with --use-precision-aware-optimizer, which validate_args asks for);
-- the stack's CUDA graphs: --cuda-graph-impl local --cuda-graph-scope
-  full_iteration, or transformer_engine with the layer modules it names.
+- the stack's CUDA graphs (`megatron_graphs`): --cuda-graph-impl local
+  --cuda-graph-scope full_iteration, or transformer_engine with the layer
+  modules it names; what megatron-core 0.16.1 refuses or cannot capture is
+  refused.
 
 Megatron-LM cannot run: stages of different tensor widths, a GPipe schedule,
 offloaded parameters, gradients or a fraction of activations, selective
@@ -43,7 +45,7 @@ import shlex
 from typing import Any, Mapping
 
 from planner.costing.moe_pairing import delays_wgrad, unpaired_why
-from planner.hypershard.backends import launch
+from planner.hypershard.backends import launch, megatron_graphs
 
 SUFFIX = ".sh"
 #: Where the flag names come from (tests/data/megatron_arguments.json pins them).
@@ -72,10 +74,7 @@ def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem
     elif t.dtype == "fp8" and _fp8_params(t) and t.offload("optimizer") and FP8_RECIPES[ex.fp8_recipe] != "delayed":
         out.append((f"FP8 weights with optimizer offload under the {ex.fp8_recipe} recipe (Megatron-LM offloads them "
                     "only with --fp8-recipe delayed)", "plan with --no-offload or a stack with fp8_params = false"))
-    moe_scopes = [m for m in ex.cuda_graphs if m.startswith("moe")]
-    if moe_scopes and not t.moe:
-        out.append((f"CUDA graphs of MoE modules ({', '.join(moe_scopes)}) on a model without MoE layers (Megatron-Core "
-                    "refuses them)", "plan with a stack whose cuda_graphs leaves them out"))
+    out += megatron_graphs.problems(t)
     mtp = t.mtp  # Megatron-LM builds them beside the decoder layers (--mtp-num-layers), last
     if mtp and s.pp > 1 and t.chunks[-1] < mtp:
         out.append((f"{mtp} MTP layers over more than the last pipeline chunk (Megatron-Core keeps them all in the "
@@ -164,21 +163,6 @@ def _precision(t: launch.Training) -> list[tuple[str, Any]]:
 LOSS_IMPL = {"te": "te", "megatron_fused": "native"}
 
 
-def _cuda_graphs(t: launch.Training) -> list[tuple[str, Any]]:
-    """The stack's CUDA graphs (`Execution.cuda_graphs`), as the estimate costs them: the full iteration by the
-    local implementation, which validate_args runs only without the NaN check of the loss and, with expert
-    parallelism, with padded experts; a layer's modules by Transformer Engine's (the split --cuda-graph-scope's help
-    gives)."""
-    scopes = t.execution.cuda_graphs
-    if not scopes:
-        return []
-    if "full_iteration" in scopes:
-        out = [("--cuda-graph-impl", "local"), ("--cuda-graph-scope", ["full_iteration"]),
-               ("--no-check-for-nan-in-loss-and-grad", None)]
-        return out + ([("--moe-pad-experts-for-cuda-graph-inference", None)] if t.moe and t.s.ep > 1 else [])
-    return [("--cuda-graph-impl", "transformer_engine"), ("--cuda-graph-scope", list(scopes))]
-
-
 def _loss(t: launch.Training) -> list[tuple[str, Any]]:
     impl = LOSS_IMPL.get(t.execution.loss_kernel)
     return [("--cross-entropy-loss-fusion", None), ("--cross-entropy-fusion-impl", impl)] if impl else []
@@ -213,10 +197,10 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     args += _recompute(t)
     args += [("--micro-batch-size", s.micro_batch), ("--global-batch-size", t.global_batch),
              ("--seq-length", t.seq_len)]
-    args += _optimizer(t) + _precision(t) + _loss(t) + _cuda_graphs(t)
+    args += _optimizer(t) + _precision(t) + _loss(t) + megatron_graphs.flags(t)
     fsdp = s.zero >= 2 and s.dp * s.cp > 1
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (s.tp > 1 or s.cp > 1) and not fsdp else {}
-    notes = launch.layout_notes(t, "Megatron-LM")
+    notes = launch.layout_notes(t, "Megatron-LM") + megatron_graphs.notes(t)
     left_off = unpaired_why(s, ex, mtp) if t.moe and ex.overlap_ep_comm else None
     if left_off:
         notes.append(f"the stack's 1F1B expert all-to-all overlap is left off, as the estimate costs it: Megatron-Core "
