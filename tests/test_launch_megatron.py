@@ -268,6 +268,8 @@ def test_cuda_graphs_the_estimate_costs_go_out_as_megatron_captures_them(name, i
     assert ns.cuda_graph_impl == impl and ns.cuda_graph_scope == scopes
     if impl == "local":
         assert ns.check_for_nan_in_loss_and_grad is False
+    else:  # validate_args: Transformer Engine's graphs beside expandable segments need NCCL's registration off
+        assert out["config"]["env"]["NCCL_GRAPH_REGISTER"] == "0"
     tc, *_ = core_configs(ns, given, name, monkeypatch)
     assert tc.cuda_graph_impl == impl and sorted(s.name for s in tc.cuda_graph_scope) == sorted(scopes)
 

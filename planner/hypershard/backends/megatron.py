@@ -200,6 +200,7 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     args += _optimizer(t) + _precision(t) + _loss(t) + megatron_graphs.flags(t)
     fsdp = s.zero >= 2 and s.dp * s.cp > 1
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (s.tp > 1 or s.cp > 1) and not fsdp else {}
+    env |= megatron_graphs.env(t)
     notes = launch.layout_notes(t, "Megatron-LM") + megatron_graphs.notes(t)
     left_off = unpaired_why(s, ex, mtp) if t.moe and ex.overlap_ep_comm else None
     if left_off:

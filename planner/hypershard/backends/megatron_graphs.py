@@ -34,6 +34,13 @@ def flags(t: launch.Training) -> list[tuple[str, Any]]:
     return [("--cuda-graph-impl", "transformer_engine"), ("--cuda-graph-scope", list(scopes))]
 
 
+def env(t: launch.Training) -> dict[str, str]:
+    """Transformer Engine's graphs with PyTorch's expandable segments need NCCL's graph registration off
+    (validate_args asserts it): set, whatever allocator the user's environment picks."""
+    scopes = t.execution.cuda_graphs
+    return {"NCCL_GRAPH_REGISTER": "0"} if scopes and "full_iteration" not in scopes else {}
+
+
 def problems(t: launch.Training) -> list[launch.Problem]:
     """The graphs megatron-core 0.16.1 refuses or cannot capture for this plan (see the module docstring)."""
     scopes, s, ex = t.execution.cuda_graphs, t.s, t.execution
@@ -77,4 +84,4 @@ def notes(t: launch.Training) -> list[str]:
     return out
 
 
-__all__ = ["flags", "notes", "problems"]
+__all__ = ["env", "flags", "notes", "problems"]
