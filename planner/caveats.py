@@ -127,6 +127,11 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = ()) -> list
         out.append(f"{ex.fp8_recipe} GEMMs are costed as per-tensor FP8 ones, at the fp8 plateau, their casts at the "
                    f"stack's {ex.fp8_cast_bytes:g} bytes an element: Megatron-Bridge's Llama 3.1 405B on 256 GB200s runs "
                    "7 % slower in MXFP8 than in per-tensor FP8 on the same TP4·PP16 (README: GB200's Llama 3 70B)")
+    if workload.mode == "train" and ex.cuda_graphs:
+        router = {"moe_router", "moe_preprocess"} & set(ex.cuda_graphs)
+        out.append(f"the {ex.name} stack replays {', '.join(ex.cuda_graphs)} from CUDA graphs: those kernels are costed "
+                   "without the host's issue" + (" (a MoE layer's whole part before its experts, router and "
+                                                 "dispatcher preprocessing alike)" if router else ""))
     if ex.allocator_reserve == 0.0:
         out.append(f"the {ex.name} stack keeps no caching-allocator reserve: its tensors may fill HBM (no measured "
                    "peak memory of it has fitted one; `hyperplan calibrate` reports the reserve runs with one give)")

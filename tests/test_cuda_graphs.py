@@ -96,3 +96,15 @@ def test_a_scope_megatron_core_does_not_have_is_refused_by_name():
         with_changes(ex, {"cuda_graphs": ["moe", "moe_router"]}, "run")
     with pytest.raises(InvalidInput, match="only together with"):
         with_changes(ex, {"cuda_graphs": ["attn", "moe_preprocess"]}, "run")
+
+
+def test_an_estimate_with_graphs_says_what_they_leave_out():
+    """The caveats name the graphs the figures assume, and that the router's scope is taken with its preprocessing."""
+    from planner.caveats import assumptions
+
+    ex = with_changes(load_execution("megatron-core"), {"cuda_graphs": ["attn", "moe_router"]}, "run")
+    work = dataclasses.replace(make_workload("train", 8, 256, "bf16", None), execution=ex)
+    said = [a for a in assumptions(load_cluster("dgx-h100", devices=8), work) if "CUDA graphs" in a]
+    assert len(said) == 1 and "attn, moe_router" in said[0] and "dispatcher preprocessing" in said[0]
+    plain = make_workload("train", 8, 256, "bf16", None)
+    assert not any("CUDA graphs" in a for a in assumptions(load_cluster("dgx-h100", devices=8), plain))
