@@ -64,6 +64,15 @@ def test_router_scopes_capture_the_router_and_not_the_experts(moe):
     assert any("experts/MatMul" in n for n in _layer0(moe, ("moe",)))
 
 
+def test_per_layer_graphs_hold_the_language_models_layers_not_an_encoders():
+    """A VLM's vision tower runs eagerly beside a decoder whose layers' attention is graphed."""
+    graph = _graph_for_costing("llava-style-7b", 1024, None, dict(layers=2, vision_layers=2))
+    facts = GraphFacts(graph, discover_blocks(graph))
+    cap = facts.captured(("attn",))
+    by = {b.submodel: bool(cap[list(b.nodes)].any()) for b in facts.structure.layers()}
+    assert by == {"language_model": True, "vision_tower": False}
+
+
 def _times(facts, host_us: float, scopes: tuple[str, ...]):
     cluster = dataclasses.replace(load_cluster("dgx-h100", devices=8), host_overhead_s=host_us * US)
     execution = dataclasses.replace(load_execution("megatron-core"), cuda_graphs=scopes)

@@ -26,7 +26,10 @@ the dispatcher's preprocessing, so either of "moe_router" and
 "moe_preprocess" captures that whole part (the recipes that name one name
 both). ASSUMPTION: a multi-token-prediction depth (`planner.graph.mtp`) is
 costed uncaptured under per-layer graphs, where Megatron-Core graphs the one
-transformer layer inside it: at most one layer's host issue charged over.
+transformer layer inside it: at most one layer's host issue charged over;
+and an encoder tower's layers (a vision or audio encoder beside the decoder
+whose last layer ends the model) are costed uncaptured, as Megatron-Core's
+training graphs hold the language model's layers.
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ def captured_nodes(graph: Graph, facts, scopes: tuple[str, ...]) -> np.ndarray:
         return out
     layers = facts.structure.layers()
     mtp = {b.name for b in layers[len(layers) - facts.mtp_layers():]} if facts.mtp_layers() else set()
+    decoder = layers[-1].submodel if layers else None  # the language model's layers, not an encoder tower's
     for b in layers:
-        if b.name in mtp:
+        if b.name in mtp or b.submodel != decoder:
             continue
         nodes = sorted(b.nodes)
         attn = attention_part(graph, facts, b.name, nodes)
