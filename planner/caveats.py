@@ -129,9 +129,9 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = ()) -> list
                    "7 % slower in MXFP8 than in per-tensor FP8 on the same TP4·PP16 (README: GB200's Llama 3 70B)")
     if workload.mode == "train" and ex.cuda_graphs:
         router = {"moe_router", "moe_preprocess"} & set(ex.cuda_graphs)
-        out.append(f"the {ex.name} stack replays {', '.join(ex.cuda_graphs)} from CUDA graphs: those kernels are costed "
-                   "without the host's issue" + (" (a MoE layer's whole part before its experts, router and "
-                                                 "dispatcher preprocessing alike)" if router else ""))
+        out.append(f"the {ex.name} stack replays {', '.join(ex.cuda_graphs)} from CUDA graphs: those kernels are "
+                   "costed without the host's issue" + (" (a MoE layer's whole part before its experts, router and "
+                                                        "dispatcher preprocessing alike)" if router else ""))
     if ex.allocator_reserve == 0.0:
         out.append(f"the {ex.name} stack keeps no caching-allocator reserve: its tensors may fill HBM (no measured "
                    "peak memory of it has fitted one; `hyperplan calibrate` reports the reserve runs with one give)")

@@ -339,5 +339,5 @@ def _parse(root: Table, default_name: str) -> Execution:
     return replace(start, **_with_recipe_casts(changes))
 
 
-__all__ = ["CUDA_GRAPH_SCOPES", "DEFAULT_STACK", "FIELDS", "MAX_ALLOCATOR_RESERVE", "RECIPE_CAST_BYTES", "Execution", "load_execution",
-           "parse_execution", "stack_names", "stays_gathered", "with_changes"]
+__all__ = ["CUDA_GRAPH_SCOPES", "DEFAULT_STACK", "FIELDS", "MAX_ALLOCATOR_RESERVE", "RECIPE_CAST_BYTES", "Execution",
+           "load_execution", "parse_execution", "stack_names", "stays_gathered", "with_changes"]

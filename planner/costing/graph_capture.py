@@ -99,8 +99,8 @@ def _routing(graph: Graph, facts, nodes: list[int]) -> set[int]:
     found = {i for i in nodes if facts.router_node[i]}
     written = {o for i in found for o in graph.nodes[i].outputs if o}
     for i in nodes:
-        data = [x for x in graph.nodes[i].inputs if x and x in facts.producer and not facts.index.weight_of.get(x)
-                and graph.nodes[facts.producer[x][0]].op_type != "Constant"]
+        data = [x for x in graph.nodes[i].inputs
+                if x and x in facts.producer and not facts.index.is_weight(x) and x not in facts.index.constants]
         if i not in found and data and all(x in written for x in data):
             found.add(i)
             written.update(o for o in graph.nodes[i].outputs if o)

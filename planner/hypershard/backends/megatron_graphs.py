@@ -49,8 +49,8 @@ def problems(t: launch.Training) -> list[launch.Problem]:
     fix = "plan with a stack whose cuda_graphs leaves them out"
     out: list[launch.Problem] = []
     if "full_iteration" in scopes and t.moe:
-        out.append(("a full-iteration CUDA graph of a MoE model (megatron-core 0.16.1's token dispatcher syncs the host "
-                    "every step)", "plan with per-layer cuda_graphs such as [\"attn\", \"moe_router\"]"))
+        out.append(("a full-iteration CUDA graph of a MoE model (megatron-core 0.16.1's token dispatcher syncs the "
+                    "host every step)", "plan with per-layer cuda_graphs such as [\"attn\", \"moe_router\"]"))
     if "full_iteration" not in scopes and (s.recompute == "full" or s.full_recompute_layers):
         out.append(("per-layer CUDA graphs beside full recompute (megatron-core recomputes whole layers only under a "
                     "full-iteration graph)", "plan with --recompute selective or none"))
