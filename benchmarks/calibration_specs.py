@@ -340,19 +340,25 @@ SPECS["mindspeed-qwen3-30b-a3b-16x910b-bf16"]["execution"] = {"moe_routing": "le
 
 #: CUDA graphs, as the configurations that produced the tables set them (Execution.cuda_graphs); every other NVIDIA
 #: row ran none (its release's config sets cuda_graph_impl "none" or leaves Megatron-Core's default, "none")
+def _whole_step(release: str, config: str) -> tuple[list[str], str]:
+    """A run that replays its whole forward-backward path from one CUDA graph, as `release`'s `config` sets."""
+    return ["full_iteration"], (f"the whole forward-backward path replayed from one CUDA graph, as the {release} "
+                                f"release sets (Megatron-Bridge {config})")
+
+
 GRAPHS = {
-    "mb2511-llama3-8b-8xb200-fp8cs": (["full_iteration"], "the whole forward-backward path replayed from one CUDA graph "
-        "(cuda_graph_impl 'local', scope 'full_iteration'), as the 25.11 release sets (Megatron-Bridge v0.2.0 "
-        "scripts/performance/configs/llama3/workload_base_configs.py LLAMA3_8B_B200_FP8_CS_BASE_CONFIG)"),
-    "mb2606-deepseek-v3-256xgb200-mxfp8": (["full_iteration"], "the whole forward-backward path replayed from one CUDA "
-        "graph, as the 26.06 release sets (Megatron-Bridge v0.5.0 scripts/performance/configs/deepseek/"
-        "deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_FP8_MX_V1: cuda_graph_impl='full_iteration')"),
-    "mb2606-qwen3-235b-a22b-256xgb200-mxfp8": (["full_iteration"], "the whole forward-backward path replayed from one "
-        "CUDA graph, as the 26.06 release sets (Megatron-Bridge v0.5.0 scripts/performance/configs/qwen/"
-        "qwen3_workload_base_configs.py GB200_FP8_MX_V2: cuda_graph_impl='full_iteration')"),
-    "mb2606-qwen3-30b-a3b-8xgb200-mxfp8": (["full_iteration"], "the whole forward-backward path replayed from one CUDA "
-        "graph, as the 26.06 release sets (Megatron-Bridge v0.5.0 scripts/performance/configs/qwen/"
-        "qwen3_workload_base_configs.py QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1: cuda_graph_impl='full_iteration')"),
+    "mb2511-llama3-8b-8xb200-fp8cs": _whole_step("25.11", "v0.2.0 scripts/performance/configs/llama3/"
+                                     "workload_base_configs.py LLAMA3_8B_B200_FP8_CS_BASE_CONFIG: cuda_graph_impl="
+                                     "'local', cuda_graph_scope='full_iteration'"),
+    "mb2606-deepseek-v3-256xgb200-mxfp8": _whole_step("26.06", "v0.5.0 scripts/performance/configs/deepseek/"
+                                          "deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_FP8_MX_V1:"
+                                          " cuda_graph_impl='full_iteration'"),
+    "mb2606-qwen3-235b-a22b-256xgb200-mxfp8": _whole_step("26.06", "v0.5.0 scripts/performance/configs/qwen/"
+                                              "qwen3_workload_base_configs.py GB200_FP8_MX_V2: "
+                                              "cuda_graph_impl='full_iteration'"),
+    "mb2606-qwen3-30b-a3b-8xgb200-mxfp8": _whole_step("26.06", "v0.5.0 scripts/performance/configs/qwen/"
+                                          "qwen3_workload_base_configs.py QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1:"
+                                          " cuda_graph_impl='full_iteration'"),
     "mz-qwen3-235b-256xgb200-bf16-pp8-ep8": (["attn", "moe_router", "moe_preprocess"], "Transformer Engine CUDA graphs "
         "of each layer's attention, router and dispatcher preprocessing, as the run's command sets "
         "(Megatron-MoE-ModelZoo 020b8136 best_practice/qwen3/run_gb200_235b.sh: --cuda-graph-impl transformer_engine "
