@@ -7,8 +7,9 @@
 Which runs are fitted is decided by a rule that does not look at the errors
 (`planner.calibration.alternate_split`): per hardware, every other published
 row in file order, never more than half of its runs; the rest are held out.
-Each preset's [efficiency] then lists its fitted runs under `fitted_on`, and
-`hyperplan calibrate` reports the two groups apart. Prints the fitted values
+Each preset's [efficiency] then lists its fitted runs under `fitted_on` and the
+held-out runs' errors per category under `held_out` (what every estimate on the
+preset repeats), and `hyperplan calibrate` reports the two groups apart. Prints the fitted values
 and the fit and held-out errors; takes minutes (every evaluation estimates
 every fitted run).
 """

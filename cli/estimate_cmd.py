@@ -254,6 +254,8 @@ def print_estimate(r: dict) -> None:
             ("peak memory", peak)]
     if r.get("workload", {}).get("stack"):
         head.append(("stack", r["workload"]["stack"]))
+    if r.get("accuracy"):  # how far off the held-out runs of this hardware and kind of job came out
+        head.append(("checked", r["accuracy"]["sentence"]))
     console.print(render.kv_table("", head))
     for note in r.get("assumptions", ()):
         console.print(f"assumption: {note}", markup=False)

@@ -11,6 +11,7 @@ from rich.markup import escape
 from cli import render
 from cli.errors import guarded
 from cost_models import Cluster, cluster_as_dict, load_cluster, preset_names
+from cost_models.accuracy import CATEGORIES, unchecked
 
 console = render.LiveConsole(highlight=False, soft_wrap=False)
 
@@ -88,6 +89,9 @@ def _print_cluster(c: Cluster) -> None:
                      if c.host_overhead_s else ""), markup=False)
     if c.calibration:  # whether the efficiency is this hardware's own fit or an assumption carried from another
         console.print(f"efficiency calibration: {c.calibration}", markup=False)
+    for category in CATEGORIES:  # how far off the runs the fit left out came out, per kind of job
+        h = c.checked(category)
+        console.print(f"checked: {h.sentence(c.name) if h else unchecked(c.name, category)}", markup=False)
     if c.attention_plateaus:
         kernels = ", ".join(f"{k} {f:g}/{b:g}" for k, f, b in c.attention_plateaus)
         kf, kb = c.attention_half_keys

@@ -250,7 +250,7 @@ def print_plan(r: dict) -> None:
             (p["name"], p["devices"], f"{p['ranks'][0]}-{p['ranks'][1]}", p["strategy"]["summary"],
              render.seconds(p["estimate"]["step_time_s"])) for p in r["programs"]), right=("devices", "step")))
         est = dict(r["estimate"])
-        est.update({k: r[k] for k in ("model", "cluster", "workload", "assumptions", "warnings") if k in r})
+        est.update({k: r[k] for k in ("model", "cluster", "workload", "accuracy", "assumptions", "warnings") if k in r})
         est["strategy"] = s
         print_estimate(est)
         return
@@ -274,7 +274,7 @@ def print_plan(r: dict) -> None:
     console.print(f"recompute: {s['recompute']}; ZeRO-{s['zero']}; micro-batch {s['micro_batch']} "
                   f"({r['estimate']['microbatches']} per step); sequence parallel: {'yes' if s['sp'] else 'no'}")
     est = dict(r["estimate"])
-    est.update({k: r[k] for k in ("model", "cluster", "workload", "assumptions", "warnings") if k in r})
+    est.update({k: r[k] for k in ("model", "cluster", "workload", "accuracy", "assumptions", "warnings") if k in r})
     est["strategy"] = s
     print_estimate(est)
     if r["runners_up"]:

@@ -17,6 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from cost_models.accuracy import parse_held_out
 from cost_models.curves import EfficiencyCurve, half_size, overhead_law
 from cost_models.errors import SpecError
 from cost_models.spec import ALGORITHMS, DTYPES, TOPOLOGIES, Cluster, Device, Level, MemoryTier, check_device_count
@@ -118,8 +119,7 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     """
     eff.only("matmul", "memory", "matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us",
              "host_overhead_us", "attention", "attention_basis", "attention_half_keys", "attention_half_dims",
-             "overlap", "fitted_on",
-             "not_fitted", "calibration")
+             "overlap", "fitted_on", "not_fitted", "calibration", "held_out")
     law = [k for k in ("matmul_plateau", "memory_plateau", "kernel_overhead_us") if k in eff.data]
     if law and len(law) != 3:
         missing = sorted({"matmul_plateau", "memory_plateau", "kernel_overhead_us"} - set(law))
@@ -164,7 +164,8 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
                 dp_overlap_efficiency=eff.fraction("overlap", default=1.0),
                 attention_basis=eff.text("attention_basis", default=""),
                 calibration=eff.text("calibration", default=""), fitted_on=tuple(fitted_on),
-                not_fitted=tuple(eff.texts("not_fitted")))
+                not_fitted=tuple(eff.texts("not_fitted")),
+                held_out=parse_held_out(eff.data.get("held_out", {}), f"{eff.source}: {eff.field('held_out')}"))
 
 
 def law_curves(device: Device, matmul_plateau: float, fp8_matmul_plateau: float | None, memory_plateau: float,

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from cost_models.accuracy import HeldOut
 from cost_models.curves import EfficiencyCurve
 from cost_models.errors import SpecError
 
@@ -109,6 +110,11 @@ class Cluster:
     calibration: str = ""  # where the efficiency figures come from: a fit on named rows, or a stated assumption
     fitted_on: tuple[str, ...] = ()  # ids of the measured runs its efficiency parameters were fitted on
     not_fitted: tuple[str, ...] = ()  # the law's parameters those runs could not pin (kept from the file: assumptions)
+    held_out: tuple[HeldOut, ...] = ()  # per category, the errors of the runs the fit left out (cost_models.accuracy)
+
+    def checked(self, category: str) -> HeldOut | None:
+        """The held-out runs of `category` (dense_training, moe_training) on this hardware, if any."""
+        return next((h for h in self.held_out if h.category == category), None)
 
     @property
     def fitted(self) -> bool:
@@ -307,6 +313,8 @@ def cluster_as_dict(cluster: Cluster) -> dict:
             "fitted_on": list(cluster.fitted_on),
             "not_fitted": list(cluster.not_fitted),
             "calibration": cluster.calibration,
+            "held_out": {h.category: {"runs": h.runs, "mean_abs_error": h.mean, "max_abs_error": h.max}
+                         for h in cluster.held_out},
         },
         "sources": list(cluster.sources),
     }

@@ -13,7 +13,7 @@ import os
 from typing import Any, Mapping
 
 from planner.bounds import zoo_overrides
-from planner.caveats import assumptions, check_costed, scale_warnings, uncosted_note
+from planner.caveats import accuracy, assumptions, check_costed, scale_warnings, uncosted_note
 from planner.costing.attention import attention_regions
 from planner.errors import InvalidInput
 from planner.graph.ir import Graph
@@ -161,7 +161,7 @@ def estimate_model(
         raise InvalidInput(f"--solver {solver!r}: use highs or cpsat")
     est = estimate(graph, structure, hw, workload, strat, solver=solver)
     out = est.to_dict()
-    out.update(_describe(model, graph, hw, workload))
+    out.update(_describe(model, graph, hw, workload, structure))
     out["warnings"] = scale_warnings(est.step_time_s, est.microbatches, workload.mode) + unpaired_warnings(
         strat, workload, mtp_depths(graph, structure))
     from planner.plan import strategy_dict
@@ -179,8 +179,10 @@ def make_workload(mode: str, global_batch: int, seq_len: int, dtype: str, stack:
                     execution=load_execution(stack))
 
 
-def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any) -> dict[str, Any]:
+def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, structure: Any) -> dict[str, Any]:
+    moe = any(t.kind == "moe" for t in structure.types)
     return {
+        "accuracy": accuracy(hw, workload, moe),
         "uncosted": graph.uncosted(),
         "model": {"name": display_name(model), "params": graph.param_count},
         "cluster": {"name": hw.name, "devices": hw.n_devices, "calibration": hw.calibration,
@@ -300,7 +302,7 @@ def plan_model(
         else:
             mpmd_info["used"] = False
         out["mpmd"] = mpmd_info
-    out.update(_describe(model, graph, hw, workload))
+    out.update(_describe(model, graph, hw, workload, structure))
     out["warnings"] = scale_warnings(out["estimate"]["step_time_s"], out["estimate"].get("microbatches", 1),
                                      workload.mode)
     if user.given():

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from typing import Any
 
+from cost_models.accuracy import unchecked
 from cost_models.compute import MEASURED_HEAD_DIM
 
 from planner.errors import InvalidModel
@@ -122,7 +123,7 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = ()) -> list
     if workload.mode == "train" and ex.overlap_ep_comm:
         out.append("the 1F1B all-to-all overlap pairs two micro-batches' MoE layers as Megatron-Core's schedule does, "
                    "taking them as alike, each backward as half data and half weight gradient, and the host's waits "
-                   "as none (DeepSeek-V3 on 1,024 H100s comes out 17 % fast with it)")
+                   "as none (DeepSeek-V3 on 1,024 H100s, held out, comes out 16 % fast with it)")
     if workload.dtype == "fp8" and ex.fp8_recipe in SCALED_BLOCKS:
         out.append(f"{ex.fp8_recipe} GEMMs are costed as per-tensor FP8 ones, at the fp8 plateau, their casts at the "
                    f"stack's {ex.fp8_cast_bytes:g} bytes an element: Megatron-Bridge's Llama 3.1 405B on 256 GB200s runs "
@@ -141,6 +142,20 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = ()) -> list
     return out
 
 
-__all__ = ["LONG_STEP_S", "assumptions", "attention_assumptions", "check_costed", "hardware_assumptions",
+def accuracy(hw: Any, workload: Any, moe: bool) -> dict[str, Any] | None:
+    """How far off a training estimate on `hw` may be: its held-out runs of the same kind of job (MoE training when
+    `moe`, else dense), as its file records them (`cost_models.accuracy`), or that none checks it. None for a serving
+    step (its deployments are checked apart: `benchmarks/bench_infer.py`)."""
+    if workload.mode != "train":
+        return None
+    category = "moe_training" if moe else "dense_training"
+    h = hw.checked(category)
+    if h is None:
+        return {"category": category, "runs": 0, "sentence": unchecked(hw.name, category)}
+    return {"category": category, "runs": h.runs, "mean_abs_error": h.mean, "max_abs_error": h.max,
+            "sentence": h.sentence(hw.name)}
+
+
+__all__ = ["LONG_STEP_S", "accuracy", "assumptions", "attention_assumptions", "check_costed", "hardware_assumptions",
            "head_dim_assumptions",
            "scale_warnings", "uncosted_note"]

@@ -45,6 +45,12 @@ def test_refitting_the_a100_preset_on_its_rows_gives_the_shipped_plateau(tmp_pat
     assert fitted["matmul_plateau"] == pytest.approx(shipped["matmul_plateau"], abs=0.002)
     report = json.loads(res.output)
     assert all(abs(r["error"]) < 0.05 for r in report["runs"])  # the A100 rows, fit and held-out, within 5 %
+    # beside the fit, the file records how far off the runs it left out came out: what its estimates then say
+    held = [r for r in report["runs"] if r["group"] == "held-out"]
+    errors = [abs(r["error"]) for r in held]
+    assert fitted["held_out"] == {"dense_training": [len(held), round(100 * sum(errors) / len(errors), 1),
+                                                     round(100 * max(errors), 1)]}
+    assert load_cluster(str(out)).checked("dense_training").runs == len(held) == 6
     # the written file is the user's now: a second fit does not replace it without --force
     before = out.read_text(encoding="utf-8")
     again = CliRunner().invoke(app, ["calibrate", "--hardware", "dgx-a100", "--fit", shipped["fitted_on"][0],

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cost_models import load_cluster
 from planner.api import calibrate
 from planner.calibration import read_runs
 from planner.calibration.predict import Predictor, summarise
@@ -63,6 +64,20 @@ def test_held_out_runs_are_within_their_bounds(result, hardware, category):
     mean_bound, max_bound = BOUNDS[(hardware, category)]
     worst = max(held, key=lambda p: abs(p.error))
     assert s.mean <= mean_bound and s.max <= max_bound, f"worst {worst.run.id}: {100 * worst.error:+.1f}%"
+
+
+@pytest.mark.parametrize("hardware", sorted({r.hardware for r in read_runs()}))
+def test_each_preset_states_the_held_out_errors_it_has(result, hardware):
+    """What every estimate on a preset repeats (`Cluster.checked`) is what its held-out runs give today: a change of
+    the cost model without a refit (benchmarks/fit_presets.py writes them) fails here."""
+    cluster = load_cluster(hardware)
+    held = [p for p in result.predictions if p.cluster == hardware and not p.fitted]
+    for category in sorted({p.run.category for p in held} | {h.category for h in cluster.held_out}):
+        mine = [p for p in held if p.run.category == category]
+        stated = cluster.checked(category)
+        assert stated is not None and stated.runs == len(mine), category
+        s = summarise(mine)
+        assert stated.mean == pytest.approx(s.mean, abs=0.0005) and stated.max == pytest.approx(s.max, abs=0.0005)
 
 
 def test_the_a100_runs_stay_within_5_percent(result):

@@ -158,6 +158,30 @@ def test_cli_json_has_the_documented_keys_and_is_repeatable():
     assert r["strategy"]["dp"] == 1 and r["strategy"]["summary"].startswith("TP4·PP2")
 
 
+def test_an_estimate_says_how_far_off_its_hardwares_held_out_runs_of_its_kind_came_out():
+    """Dense or MoE training, by the graph's structure: the preset's held-out figures of that category, or, on
+    hardware no held-out run of it checks, that it is unchecked; a serving step carries none."""
+    from cost_models import load_cluster
+
+    kw = dict(cluster="dgx-h100", devices=8, global_batch=8, seq_len=1024, ep=8)
+    moe = estimate_model("mixtral-8x7b", overrides=dict(layers=2), **kw)["accuracy"]
+    stated = load_cluster("dgx-h100").checked("moe_training")
+    assert (moe["category"], moe["runs"], moe["max_abs_error"]) == ("moe_training", stated.runs, stated.max)
+    assert "held-out MoE training runs on dgx-h100" in moe["sentence"]
+    dense = estimate_model("gpt", overrides=dict(layers=2), cluster="cloudmatrix384", devices=8, global_batch=8,
+                           seq_len=1024)["accuracy"]
+    assert dense == {"category": "dense_training", "runs": 0,
+                     "sentence": "no held-out dense training run on cloudmatrix384: how far off its estimates are is "
+                                 "unchecked"}
+    served = estimate_model("gpt", overrides=dict(layers=2), cluster="dgx-h100", devices=8, global_batch=8,
+                            seq_len=1024, mode="infer")
+    assert served["accuracy"] is None
+    out = runner.invoke(app, ["estimate", "gpt", "--layers", "2", "--cluster", "dgx-a100", "--devices", "8",
+                              "--global-batch", "8", "--seq-len", "512"], terminal_width=200).output
+    line = next(l for l in out.splitlines() if l.startswith("checked"))
+    assert "6 held-out dense training runs on dgx-a100: mean |error|" in line
+
+
 def test_cli_tables_and_errors():
     ok = runner.invoke(app, ["estimate", "gpt", "--layers", "2", "--cluster", "dgx-a100", "--devices", "8",
                              "--global-batch", "8", "--seq-len", "512", "--tp", "8"], terminal_width=120)

@@ -83,6 +83,11 @@ MALFORMED = [
     ("overlap = 0.8", "overlap = 0.8\nattention_half_keys = [-1, 2]",
      "efficiency.attention_half_keys: expected [forward, backward] key counts >= 0, got [-1, 2]"),
     ("overlap = 0.8", "overlap = 1.5", "efficiency.overlap: expected a number in (0, 1], got 1.5"),
+    ("overlap = 0.8", 'overlap = 0.8\nheld_out = "good"', "efficiency.held_out: expected a table of category ="),
+    ("overlap = 0.8", "overlap = 0.8\nheld_out = { moe_training = [0, 1.0, 2.0] }",
+     "efficiency.held_out.moe_training: expected [runs >= 1, mean %, max %] with 0 <= mean <= max"),
+    ("overlap = 0.8", "overlap = 0.8\nheld_out = { dense_training = [3, 9.0, 2.0] }",
+     "efficiency.held_out.dense_training: expected [runs >= 1, mean %, max %]"),
     ("overlap = 0.8", "fp8_matmul_plateau = 0.7", "efficiency.fp8_matmul_plateau: the device lists no fp8 peak"),
     ("efficiency = 0.8", 'efficiency = "high"', 'memory_tiers[0].efficiency: expected a number in (0, 1] or a list'),
     ("pooled = false", 'pooled = "no"', 'memory_tiers[0].pooled: expected true or false, got "no"'),
@@ -99,6 +104,14 @@ def test_malformed_fields_are_named(tmp_path, old, new, message):
     text = str(err.value)
     assert message in text
     assert "\n" not in text and text.endswith(".")
+
+
+def test_a_file_states_how_far_off_its_held_out_runs_came_out(tmp_path):
+    text = _mutate("overlap = 0.8", "overlap = 0.8\nheld_out = { moe_training = [3, 6.25, 11.5] }")
+    c = load_cluster(_write(tmp_path, text))
+    h = c.checked("moe_training")
+    assert (h.runs, h.mean, h.max) == (3, 0.0625, 0.115) and c.checked("dense_training") is None
+    assert "3 held-out MoE training runs on dgx-a100: mean |error| 6.2 %, max 11.5 %" in h.sentence(c.name)
 
 
 def test_a_file_without_levels_or_peaks(tmp_path):

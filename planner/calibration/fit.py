@@ -32,6 +32,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from cost_models import Cluster
+from cost_models.accuracy import HeldOut, held_out_toml
 from cost_models.loader import PRESET_DIR, preset_names, with_law
 
 from planner.calibration.predict import Prediction, Predictor
@@ -213,18 +214,33 @@ def write_fit(text: str, result: Fit, note: str) -> str:
             if k not in values or k in result.tied]
     values |= {"fitted_on": list(result.runs), "not_fitted": kept, "calibration": note}
     for key, value in values.items():
-        rendered = f"{key} = {_toml(value)}"
-        hit = [i for i, l in enumerate(section) if re.match(rf"\s*{key}\s*=", l)]
-        if hit:
-            first = hit[0]
-            # a multi-line array continues until its closing bracket
-            last = first
-            while section[last].count("[") > section[last].count("]") and last + 1 < len(section):
-                last += 1
-            section[first:last + 1] = [rendered]
-        else:
-            section.append(rendered)
+        _set(section, key, _toml(value))
     return "\n".join(lines[:start + 1] + section + lines[end:]) + "\n"
+
+
+def write_held_out(text: str, rows: Sequence[HeldOut]) -> str:
+    """`text` (a fitted hardware TOML file) with `held_out` in [efficiency] set to `rows` (`cost_models.accuracy`):
+    the errors of the runs of that hardware the fit left out, per category; none, no line."""
+    lines = text.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.strip() == "[efficiency]")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines))
+    section = [l for l in lines[start + 1:end] if not re.match(r"\s*held_out\s*=", l)]
+    if rows:
+        _set(section, "held_out", held_out_toml(rows))
+    return "\n".join(lines[:start + 1] + section + lines[end:]) + "\n"
+
+
+def _set(section: list[str], key: str, rendered: str) -> None:
+    """Set `key = rendered` in the lines of a TOML table, in place of its line (or multi-line array), else last."""
+    line = f"{key} = {rendered}"
+    hit = [i for i, l in enumerate(section) if re.match(rf"\s*{key}\s*=", l)]
+    if not hit:
+        section.append(line)
+        return
+    first = last = hit[0]
+    while section[last].count("[") > section[last].count("]") and last + 1 < len(section):
+        last += 1  # a multi-line array continues until its closing bracket
+    section[first:last + 1] = [line]
 
 
 def _toml(value) -> str:
@@ -236,4 +252,4 @@ def _toml(value) -> str:
 
 
 __all__ = ["Fit", "PARAMETERS", "STACK_FIELDS", "fit", "fitted_names", "hardware_text", "is_device_value",
-           "law_values", "preset_values", "with_stack_values", "write_fit"]
+           "law_values", "preset_values", "with_stack_values", "write_fit", "write_held_out"]

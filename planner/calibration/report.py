@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from cost_models import load_cluster
+from cost_models.accuracy import HeldOut
 from cost_models.loader import load_text
 
-from planner.calibration.fit import Fit, fit as fit_runs, hardware_text, is_device_value, with_stack_values, write_fit
+from planner.calibration.fit import (Fit, fit as fit_runs, hardware_text, is_device_value, with_stack_values, write_fit,
+                                     write_held_out)
 from planner.calibration.predict import Prediction, Predictor, predict_all, summarise
 from planner.calibration.reserve_fit import fit_reserves
 from planner.calibration.runs import Run
@@ -129,6 +131,8 @@ def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks
         got, why = predict_all([r], predictor, cluster)
         preds += got
         skipped += why
+    if text is not None:  # the fitted file says how far off its held-out runs came out
+        text = write_held_out(text, held_out([p for p in preds if p.run.hardware == override[0] and not p.fitted]))
     notes = {}
     for r in runs:
         if r.hardware not in notes:
@@ -137,10 +141,22 @@ def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks
     return CalibrationResult(preds, skipped, result_fit, text, notes)
 
 
+def held_out(predictions: Sequence[Prediction]) -> list[HeldOut]:
+    """Per category, how many of `predictions` there are and their mean and largest |error|."""
+    groups: dict[str, list[Prediction]] = defaultdict(list)
+    for p in predictions:
+        groups[p.run.category].append(p)
+    out = []
+    for category, preds in sorted(groups.items()):
+        s = summarise(preds)
+        out.append(HeldOut(category, s.rows, s.mean, s.max))
+    return out
+
+
 def _with_fitted(cluster, runs, note):
     import dataclasses
 
     return dataclasses.replace(cluster, fitted_on=tuple(runs), calibration=note)
 
 
-__all__ = ["CalibrationResult", "calibrate_runs", "select"]
+__all__ = ["CalibrationResult", "calibrate_runs", "held_out", "select"]
