@@ -21,6 +21,8 @@ from cost_models.errors import SpecError
 
 #: The kinds of job a runs file tells apart (`planner.calibration.runs`), as an estimate names them.
 CATEGORIES = {"dense_training": "dense training", "moe_training": "MoE training"}
+#: What runs that state no category are called (`planner.calibration.runs`: a user's runs file may leave it out).
+WORDS = CATEGORIES | {"training": "training"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +35,7 @@ class HeldOut:
     max: float
 
     def sentence(self, hardware: str) -> str:
-        what = CATEGORIES.get(self.category, self.category)
+        what = WORDS.get(self.category, self.category)
         return (f"{self.runs} held-out {what} run{'' if self.runs == 1 else 's'} on {hardware}: "
                 f"mean |error| {100 * self.mean:.1f} %, max {100 * self.max:.1f} % (hyperplan calibrate "
                 f"--hardware {hardware})")
@@ -41,7 +43,7 @@ class HeldOut:
 
 def unchecked(hardware: str, category: str) -> str:
     """The sentence for a hardware and kind of job that no held-out run checks."""
-    what = CATEGORIES.get(category, category)
+    what = WORDS.get(category, category)
     return f"no held-out {what} run on {hardware}: how far off its estimates are is unchecked"
 
 

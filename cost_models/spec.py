@@ -113,8 +113,10 @@ class Cluster:
     held_out: tuple[HeldOut, ...] = ()  # per category, the errors of the runs the fit left out (cost_models.accuracy)
 
     def checked(self, category: str) -> HeldOut | None:
-        """The held-out runs of `category` (dense_training, moe_training) on this hardware, if any."""
-        return next((h for h in self.held_out if h.category == category), None)
+        """The held-out runs of `category` (dense_training, moe_training) on this hardware, if any; else those of
+        runs that state no category ("training": a user's runs file may not tell dense from MoE)."""
+        mine = {h.category: h for h in self.held_out}
+        return mine.get(category) or mine.get("training")
 
     @property
     def fitted(self) -> bool:

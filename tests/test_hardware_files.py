@@ -112,6 +112,11 @@ def test_a_file_states_how_far_off_its_held_out_runs_came_out(tmp_path):
     h = c.checked("moe_training")
     assert (h.runs, h.mean, h.max) == (3, 0.0625, 0.115) and c.checked("dense_training") is None
     assert "3 held-out MoE training runs on dgx-a100: mean |error| 6.2 %, max 11.5 %" in h.sentence(c.name)
+    # a user's runs that state no category check both kinds of job
+    text = _mutate("overlap = 0.8", "overlap = 0.8\nheld_out = { training = [2, 3, 4] }")
+    mine = load_cluster(_write(tmp_path, text))
+    assert mine.checked("dense_training") == mine.checked("moe_training") is not None
+    assert mine.checked("moe_training").sentence("lab").startswith("2 held-out training runs on lab")
 
 
 def test_a_file_without_levels_or_peaks(tmp_path):
