@@ -173,6 +173,9 @@ def print_sweep(doc: dict) -> None:
                       "marginal: what the devices added since the previous point bring, per device, on the same scale")
         if any(not p["search_complete"] for p in ok):
             console.print("* the search stopped at --time-limit; a longer limit may find a faster plan")
+        for c in doc["clusters"]:  # how far off each cluster's estimates may be: its held-out runs
+            if c.get("checked"):
+                console.print(f"checked: {c['checked']}", markup=False)
     else:
         console.print("no point fits")
     print_misses(doc)

@@ -140,7 +140,8 @@ def _plan_point(task: Mapping[str, Any]) -> dict[str, Any]:
     return {**rec, "plan": r["strategy"]["summary"], "params": r["model"]["params"],
             "step_time_s": est["step_time_s"], "tokens_per_s": est["tokens_per_s"],
             "tokens_per_s_per_device": est["tokens_per_s"] / task["devices"], "mfu": est["mfu"],
-            "peak_memory_gib": est["memory_gib"]["peak"], "search_complete": r["search"]["complete"]}
+            "peak_memory_gib": est["memory_gib"]["peak"], "search_complete": r["search"]["complete"],
+            "checked": (r.get("accuracy") or {}).get("sentence")}
 
 
 def _pool_context() -> Any:
@@ -332,8 +333,9 @@ def _summarise(model: Any, clusters: Sequence[str], points: list[dict[str, Any]]
             if price is not None:  # price per device-hour x devices / tokens per hour, per million tokens
                 p["cost_per_mtoken"] = price * p["devices"] / (3600.0 * p["tokens_per_s"]) * 1e6
             prev = p
+        checked = [p.pop("checked", None) for p in mine]  # the hardware's held-out runs: one sentence per cluster
         header.append({"name": name, "baseline_devices": ok[0]["devices"] if ok else None,
-                       "price_per_device_hour": price})
+                       "price_per_device_hour": price, "checked": next((c for c in checked if c), None)})
     workload = {k: base[k] for k in ("mode", "global_batch", "seq_len", "dtype")}
     return {"model": {"name": display_name(model), "params": params,
                       "overrides": base["overrides"]},
