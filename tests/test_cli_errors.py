@@ -7,11 +7,14 @@ silently accepted (issue 17).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from cli.app import app
+from cost_models import load_cluster
 from cli.errors import guarded
 from planner.errors import Infeasible, InvalidInput, SolverTimeout
 
@@ -91,6 +94,10 @@ def test_a_plan_is_scored_only_on_its_own_model(tmp_path):
     assert made.exit_code == 0, made.output
     same = runner.invoke(app, ["estimate", "gpt", "--plan", str(out), "--json"])
     assert same.exit_code == 0, same.output
+    scored = json.loads(same.output)  # as an estimate given by flags: with what it rests on and how far off it may be
+    stated = load_cluster("dgx-h100").checked("dense_training")
+    assert scored["accuracy"]["sentence"] == stated.sentence("dgx-h100")
+    assert any("memory_plateau not fitted" in a for a in scored["assumptions"])
     other = runner.invoke(app, ["estimate", "llama3-8b", "--plan", str(out)])
     assert other.exit_code == 2, other.output
     assert "llama3-8b is not the model the declaration was planned for (gpt)" in other.output

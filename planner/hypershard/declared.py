@@ -117,6 +117,9 @@ class Scored:
         out = dict(self.plan["estimate"])
         for k in ("model", "cluster", "workload", "strategy"):
             out[k] = self.plan[k]
+        for k in ("accuracy", "assumptions"):  # what the figures rest on and how far off they may be, as estimate's
+            if k in self.plan:
+                out[k] = self.plan[k]
         if (self.plan.get("mpmd") or {}).get("used"):
             out["programs"] = self.plan["programs"]
         return out
@@ -179,7 +182,7 @@ def score(request: Request, workload: Workload, strategy: Strategy, devices: int
     if edited:
         est = estimate(graph, structure, hw, workload, strategy, param_pins=pins)
     plan = {"strategy": strategy_dict(strategy), "mesh": list(mesh_axes(hw, strategy)), "estimate": est.to_dict()}
-    plan.update(_describe(request.model, graph, hw, workload))
+    plan.update(_describe(request.model, graph, hw, workload, structure))
     return Scored(graph, structure, request, plan, edited)
 
 
@@ -220,7 +223,7 @@ def _score_split(request: Request, workload: Workload, devices: int, ranks: list
                                         pins=[pk if d else None for pk, d in zip(pins, differ)])
     plan = {"strategy": entries[-1]["strategy"], "mesh": [], "estimate": overall, "programs": entries,
             "mpmd": {"used": True, "step_time_s": overall["step_time_s"], "imbalance": overall["imbalance"]}}
-    plan.update(_describe(request.model, graph, hw, workload))
+    plan.update(_describe(request.model, graph, hw, workload, structure))
     return Scored(graph, structure, request, plan, {p: d for one in differ for p, d in one.items()})
 
 
