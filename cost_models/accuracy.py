@@ -35,10 +35,13 @@ class HeldOut:
     max: float
 
     def sentence(self, hardware: str) -> str:
+        """One line for an estimate on `hardware`; for a preset, with the command that lists its runs."""
+        from cost_models.loader import preset_names  # the loader reads this module's tables
+
         what = WORDS.get(self.category, self.category)
+        where = f" (hyperplan calibrate --hardware {hardware})" if hardware in preset_names() else ""
         return (f"{self.runs} held-out {what} run{'' if self.runs == 1 else 's'} on {hardware}: "
-                f"mean |error| {100 * self.mean:.1f} %, max {100 * self.max:.1f} % (hyperplan calibrate "
-                f"--hardware {hardware})")
+                f"mean |error| {100 * self.mean:.1f} %, max {100 * self.max:.1f} %{where}")
 
 
 def unchecked(hardware: str, category: str) -> str:
