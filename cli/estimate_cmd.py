@@ -256,6 +256,8 @@ def print_estimate(r: dict) -> None:
         head.append(("stack", r["workload"]["stack"]))
     if r.get("accuracy"):  # how far off the held-out runs of this hardware and kind of job came out
         head.append(("checked", r["accuracy"]["sentence"]))
+        if r["accuracy"].get("published_sentence"):  # and this very model's published runs on it
+            head.append(("published", r["accuracy"]["published_sentence"]))
     console.print(render.kv_table("", head))
     for note in r.get("assumptions", ()):
         console.print(f"assumption: {note}", markup=False)

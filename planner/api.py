@@ -161,7 +161,7 @@ def estimate_model(
         raise InvalidInput(f"--solver {solver!r}: use highs or cpsat")
     est = estimate(graph, structure, hw, workload, strat, solver=solver)
     out = est.to_dict()
-    out.update(_describe(model, graph, hw, workload, structure))
+    out.update(_describe(model, graph, hw, workload, structure, as_shipped=_as_shipped(model, overrides, dims)))
     out["warnings"] = scale_warnings(est.step_time_s, est.microbatches, workload.mode) + unpaired_warnings(
         strat, workload, mtp_depths(graph, structure))
     from planner.plan import strategy_dict
@@ -179,10 +179,19 @@ def make_workload(mode: str, global_batch: int, seq_len: int, dtype: str, stack:
                     execution=load_execution(stack))
 
 
-def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, structure: Any) -> dict[str, Any]:
+def _as_shipped(model: str | os.PathLike, overrides: Mapping[str, Any] | None, dims: Mapping[str, int] | None) -> bool:
+    """Whether `model` is a zoo model as the zoo builds it (no overrides, no dimensions bound): its published runs
+    are then its own."""
+    return kind_of(model) == "zoo" and not overrides and not dims
+
+
+def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, structure: Any,
+              as_shipped: bool = False) -> dict[str, Any]:
+    """What an estimate rests on and how far off it may be; `as_shipped`: the model is a zoo name without overrides
+    (its own published runs are then cited)."""
     moe = any(t.kind == "moe" for t in structure.types)
     return {
-        "accuracy": accuracy(hw, workload, moe),
+        "accuracy": accuracy(hw, workload, moe, display_name(model) if as_shipped else None),
         "uncosted": graph.uncosted(),
         "model": {"name": display_name(model), "params": graph.param_count},
         "cluster": {"name": hw.name, "devices": hw.n_devices, "calibration": hw.calibration,
@@ -302,7 +311,7 @@ def plan_model(
         else:
             mpmd_info["used"] = False
         out["mpmd"] = mpmd_info
-    out.update(_describe(model, graph, hw, workload, structure))
+    out.update(_describe(model, graph, hw, workload, structure, as_shipped=_as_shipped(model, overrides, dims)))
     out["warnings"] = scale_warnings(out["estimate"]["step_time_s"], out["estimate"].get("microbatches", 1),
                                      workload.mode)
     if user.given():

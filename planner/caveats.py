@@ -142,18 +142,26 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = ()) -> list
     return out
 
 
-def accuracy(hw: Any, workload: Any, moe: bool) -> dict[str, Any] | None:
+def accuracy(hw: Any, workload: Any, moe: bool, model: str | None = None) -> dict[str, Any] | None:
     """How far off a training estimate on `hw` may be: its held-out runs of the same kind of job (MoE training when
-    `moe`, else dense), as its file records them (`cost_models.accuracy`), or that none checks it. None for a serving
-    step (its deployments are checked apart: `benchmarks/bench_infer.py`)."""
+    `moe`, else dense), as its file records them (`cost_models.accuracy`), or that none checks it; and, for a zoo
+    `model` as shipped (None: not one, or changed by overrides), its own published runs on `hw`
+    (`planner.calibration.published`). None for a serving step (its deployments are checked apart:
+    `benchmarks/bench_infer.py`)."""
+    from planner.calibration.published import cited, runs_of
+
     if workload.mode != "train":
         return None
     category = "moe_training" if moe else "dense_training"
     h = hw.checked(category)
-    if h is None:
-        return {"category": category, "runs": 0, "sentence": unchecked(hw.name, category)}
-    return {"category": category, "runs": h.runs, "mean_abs_error": h.mean, "max_abs_error": h.max,
-            "sentence": h.sentence(hw.name)}
+    out: dict[str, Any] = ({"category": category, "runs": 0, "sentence": unchecked(hw.name, category)} if h is None
+                           else {"category": category, "runs": h.runs, "mean_abs_error": h.mean,
+                                 "max_abs_error": h.max, "sentence": h.sentence(hw.name)})
+    published = runs_of(model, hw.name) if model else []
+    if published:
+        out["published"] = [{k: r[k] for k in ("id", "devices", "group", "error")} for r in published]
+        out["published_sentence"] = cited(model, hw.name, published)
+    return out
 
 
 __all__ = ["LONG_STEP_S", "accuracy", "assumptions", "attention_assumptions", "check_costed", "hardware_assumptions",

@@ -18,6 +18,7 @@ from cost_models import load_cluster
 from planner.api import calibrate
 from planner.calibration import read_runs
 from planner.calibration.predict import Predictor, summarise
+from planner.calibration.published import ERRORS
 from planner.calibration.reserve_fit import fit_reserves, tensor_gib
 from planner.calibration.runs import load_runs
 from planner.costing.execution import load_execution
@@ -78,6 +79,18 @@ def test_each_preset_states_the_held_out_errors_it_has(result, hardware):
         assert stated is not None and stated.runs == len(mine), category
         s = summarise(mine)
         assert stated.mean == pytest.approx(s.mean, abs=0.0005) and stated.max == pytest.approx(s.max, abs=0.0005)
+
+
+def test_the_errors_estimates_cite_are_the_runs_errors_today(result):
+    """An estimate of a zoo model on a preset cites that model's runs there (planner/calibration/published.py):
+    what it cites is what the runs give now (benchmarks/published_errors.py writes them after a refit)."""
+    cited = {r["id"]: r for r in json.loads(ERRORS.read_text(encoding="utf-8"))["runs"]}
+    assert set(cited) == {p.run.id for p in result.predictions}
+    for p in result.predictions:
+        r = cited[p.run.id]
+        assert (r["model"], r["hardware"], r["devices"], r["as_shipped"]) == (p.run.model, p.cluster, p.run.devices,
+                                                                              not p.run.overrides)
+        assert r["group"] == ("fit" if p.fitted else "held-out") and r["error"] == pytest.approx(p.error, abs=1e-4)
 
 
 def test_the_a100_runs_stay_within_5_percent(result):

@@ -182,6 +182,22 @@ def test_an_estimate_says_how_far_off_its_hardwares_held_out_runs_of_its_kind_ca
     assert "6 held-out dense training runs on dgx-a100: mean |error|" in line
 
 
+def test_a_zoo_model_as_shipped_cites_its_own_published_runs_on_the_hardware():
+    """Qwen3-30B-A3B on DGX H100: its runs there (NeMo Automodel's held out, Megatron-Bridge's fitted) with their
+    errors, held-out first; changed by overrides it is not the model those runs trained, and none is cited."""
+    from planner.calibration.published import runs_of
+
+    kw = dict(cluster="dgx-h100", devices=16, global_batch=64, seq_len=4096, ep=8)
+    acc = estimate_model("qwen3-30b-a3b", **kw)["accuracy"]
+    mine = runs_of("qwen3-30b-a3b", "dgx-h100")
+    assert [r["id"] for r in acc["published"]] == [r["id"] for r in mine] and len(mine) >= 2
+    assert mine[0]["group"] == "held-out" and "automodel-qwen3-moe-30b-8xh100-bf16" in acc["published_sentence"]
+    assert f"{100 * mine[0]['error']:+.1f} % (held out)" in acc["published_sentence"]
+    assert "published" not in estimate_model("qwen3-30b-a3b", overrides=dict(layers=4), **kw)["accuracy"]
+    # nor is a run that changed the model's size: Llama 2 13B ran as the llama2-7b preset with 13B's dimensions
+    assert [r["id"] for r in runs_of("llama2-7b", "dgx-h100")] == ["nemo2407-llama2-7b-8-h100-fp8"]
+
+
 def test_cli_tables_and_errors():
     ok = runner.invoke(app, ["estimate", "gpt", "--layers", "2", "--cluster", "dgx-a100", "--devices", "8",
                              "--global-batch", "8", "--seq-len", "512", "--tp", "8"], terminal_width=120)

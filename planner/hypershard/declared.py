@@ -171,7 +171,7 @@ def score(request: Request, workload: Workload, strategy: Strategy, devices: int
           v: Mapping[str, Any] | None = None) -> Scored:
     """Estimate `strategy` exactly as `plan_model` does for its chosen strategy, with the parameter layouts of the
     view `v` when it declares others than the estimator chooses (an unedited file scores to the planned numbers)."""
-    from planner.api import _describe
+    from planner.api import _as_shipped, _describe
     from planner.costing.estimate import estimate
     from planner.plan import mesh_axes, strategy_dict
 
@@ -182,7 +182,8 @@ def score(request: Request, workload: Workload, strategy: Strategy, devices: int
     if edited:
         est = estimate(graph, structure, hw, workload, strategy, param_pins=pins)
     plan = {"strategy": strategy_dict(strategy), "mesh": list(mesh_axes(hw, strategy)), "estimate": est.to_dict()}
-    plan.update(_describe(request.model, graph, hw, workload, structure))
+    plan.update(_describe(request.model, graph, hw, workload, structure,
+                          as_shipped=_as_shipped(request.model, request.overrides, request.dims)))
     return Scored(graph, structure, request, plan, edited)
 
 
@@ -203,7 +204,7 @@ def _score_split(request: Request, workload: Workload, devices: int, ranks: list
                  ) -> Scored:
     """The model's programs (as declared in `doc`, when given) on `ranks` with `strategies`, the parameter layouts
     of the views `vs` pinned where they differ from the estimator's."""
-    from planner.api import _describe
+    from planner.api import _as_shipped, _describe
     from planner.search.mpmd import score_groups, split_programs
 
     hw, graph, structure = _rebuild(request, workload, devices)
@@ -223,7 +224,8 @@ def _score_split(request: Request, workload: Workload, devices: int, ranks: list
                                         pins=[pk if d else None for pk, d in zip(pins, differ)])
     plan = {"strategy": entries[-1]["strategy"], "mesh": [], "estimate": overall, "programs": entries,
             "mpmd": {"used": True, "step_time_s": overall["step_time_s"], "imbalance": overall["imbalance"]}}
-    plan.update(_describe(request.model, graph, hw, workload, structure))
+    plan.update(_describe(request.model, graph, hw, workload, structure,
+                          as_shipped=_as_shipped(request.model, request.overrides, request.dims)))
     return Scored(graph, structure, request, plan, {p: d for one in differ for p, d in one.items()})
 
 
