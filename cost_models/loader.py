@@ -119,7 +119,7 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     """
     eff.only("matmul", "memory", "matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us",
              "host_overhead_us", "attention", "attention_basis", "attention_half_keys", "attention_half_dims",
-             "overlap", "fitted_on", "not_fitted", "calibration", "held_out")
+             "overlap", "fitted_on", "not_fitted", "calibration", "held_out", "transferred_from")
     law = [k for k in ("matmul_plateau", "memory_plateau", "kernel_overhead_us") if k in eff.data]
     if law and len(law) != 3:
         missing = sorted({"matmul_plateau", "memory_plateau", "kernel_overhead_us"} - set(law))
@@ -165,7 +165,8 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
                 attention_basis=eff.text("attention_basis", default=""),
                 calibration=eff.text("calibration", default=""), fitted_on=tuple(fitted_on),
                 not_fitted=tuple(eff.texts("not_fitted")),
-                held_out=parse_held_out(eff.data.get("held_out", {}), f"{eff.source}: {eff.field('held_out')}"))
+                held_out=parse_held_out(eff.data.get("held_out", {}), f"{eff.source}: {eff.field('held_out')}"),
+                transferred_from=eff.text("transferred_from", default=""))
 
 
 def law_curves(device: Device, matmul_plateau: float, fp8_matmul_plateau: float | None, memory_plateau: float,

@@ -111,6 +111,7 @@ class Cluster:
     fitted_on: tuple[str, ...] = ()  # ids of the measured runs its efficiency parameters were fitted on
     not_fitted: tuple[str, ...] = ()  # the law's parameters those runs could not pin (kept from the file: assumptions)
     held_out: tuple[HeldOut, ...] = ()  # per category, the errors of the runs the fit left out (cost_models.accuracy)
+    transferred_from: str = ""  # the preset whose fit these efficiency figures are, when none of this hardware's is
 
     def checked(self, category: str) -> HeldOut | None:
         """The held-out runs of `category` (dense_training, moe_training) on this hardware, if any; else those of
@@ -317,6 +318,7 @@ def cluster_as_dict(cluster: Cluster) -> dict:
             "calibration": cluster.calibration,
             "held_out": {h.category: {"runs": h.runs, "mean_abs_error": h.mean, "max_abs_error": h.max}
                          for h in cluster.held_out},
+            "transferred_from": cluster.transferred_from,
         },
         "sources": list(cluster.sources),
     }

@@ -120,6 +120,12 @@ def test_a_file_states_how_far_off_its_held_out_runs_came_out(tmp_path):
     assert said == "2 held-out training runs on lab: mean |error| 3.0 %, max 4.0 %"  # no preset: no command to list
 
 
+def test_a_preset_whose_efficiency_is_another_ones_fit_names_it():
+    c = load_cluster("cloudmatrix384")
+    assert c.transferred_from == "ascend-910b" and not c.held_out and "ascend-910b" in c.calibration
+    assert load_cluster("dgx-h100").transferred_from == ""
+
+
 def test_a_file_without_levels_or_peaks(tmp_path):
     minimal = """
 [cluster]
