@@ -91,7 +91,8 @@ def _print_cluster(c: Cluster) -> None:
         console.print(f"efficiency calibration: {c.calibration}", markup=False)
     for category in CATEGORIES:  # how far off the runs the fit left out came out, per kind of job
         h = c.checked(category)
-        console.print(f"checked: {h.sentence(c.name) if h else unchecked(c.name, category)}", markup=False)
+        said = h.sentence(c.name, c.name in preset_names()) if h else unchecked(c.name, category)
+        console.print(f"checked: {said}", markup=False)
     if c.attention_plateaus:
         kernels = ", ".join(f"{k} {f:g}/{b:g}" for k, f, b in c.attention_plateaus)
         kf, kb = c.attention_half_keys

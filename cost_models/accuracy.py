@@ -34,12 +34,11 @@ class HeldOut:
     mean: float  # fractions of the measured step time
     max: float
 
-    def sentence(self, hardware: str) -> str:
-        """One line for an estimate on `hardware`; for a preset, with the command that lists its runs."""
-        from cost_models.loader import preset_names  # the loader reads this module's tables
-
+    def sentence(self, hardware: str, shipped: bool = False) -> str:
+        """One line for an estimate on `hardware`; with `shipped` (a preset, whose runs hyperplan ships), the
+        command that lists the runs."""
         what = WORDS.get(self.category, self.category)
-        where = f" (hyperplan calibrate --hardware {hardware})" if hardware in preset_names() else ""
+        where = f" (hyperplan calibrate --hardware {hardware})" if shipped else ""
         return (f"{self.runs} held-out {what} run{'' if self.runs == 1 else 's'} on {hardware}: "
                 f"mean |error| {100 * self.mean:.1f} %, max {100 * self.max:.1f} %{where}")
 

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from typing import Any
 
+from cost_models import load_cluster, preset_names
 from cost_models.accuracy import unchecked
 from cost_models.compute import MEASURED_HEAD_DIM
 
@@ -156,14 +157,13 @@ def accuracy(hw: Any, workload: Any, moe: bool, model: str | None = None) -> dic
     h = hw.checked(category)
     out: dict[str, Any] = ({"category": category, "runs": 0, "sentence": unchecked(hw.name, category)} if h is None
                            else {"category": category, "runs": h.runs, "mean_abs_error": h.mean,
-                                 "max_abs_error": h.max, "sentence": h.sentence(hw.name)})
+                                 "max_abs_error": h.max, "sentence": h.sentence(hw.name, hw.name in preset_names())})
     if h is None and hw.transferred_from:  # its figures are another preset's fit: what that fit's runs say
-        from cost_models import load_cluster
 
         source = load_cluster(hw.transferred_from).checked(category)
         if source is not None:
             out["transferred_from"] = hw.transferred_from
-            said = source.sentence(hw.transferred_from)
+            said = source.sentence(hw.transferred_from, shipped=True)
             out["sentence"] += f" (its efficiency is {hw.transferred_from}'s fit, with {said})"
     published = runs_of(model, hw.name) if model else []
     if published:

@@ -113,9 +113,9 @@ def test_mode_infer_goes_to_the_inference_sweep(tmp_path):
 
 
 #: What a sweep says of CloudMatrix384's figures: no run of its own, its efficiency the 910B's fit
+_SOURCE = load_cluster("ascend-910b").checked("dense_training").sentence("ascend-910b", shipped=True)
 CLOUDMATRIX_CHECKED = ("no held-out dense training run on cloudmatrix384: how far off its estimates are is unchecked "
-                       "(its efficiency is ascend-910b's fit, with "
-                       + load_cluster("ascend-910b").checked("dense_training").sentence("ascend-910b") + ")")
+                       f"(its efficiency is ascend-910b's fit, with {_SOURCE})")
 
 
 # -- what the sweep computes -----------------------------------------------------------------------
