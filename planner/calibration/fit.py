@@ -194,11 +194,7 @@ def hardware_text(hardware: str) -> tuple[str, Path]:
 def write_fit(text: str, result: Fit, note: str) -> str:
     """`text` (a hardware TOML file) with the fitted values, the fitted run ids and `note` in [efficiency]."""
     lines = text.splitlines()
-    try:
-        start = next(i for i, l in enumerate(lines) if l.strip() == "[efficiency]")
-    except StopIteration:
-        raise InvalidInput("the hardware file has no [efficiency] table to write the fit into") from None
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines))
+    start, end = _efficiency_lines(lines)
     section = lines[start + 1:end]
     while section and section[0].startswith("#"):  # the table's opening comment says where the values came from
         section.pop(0)
@@ -222,12 +218,20 @@ def write_held_out(text: str, rows: Sequence[HeldOut]) -> str:
     """`text` (a fitted hardware TOML file) with `held_out` in [efficiency] set to `rows` (`cost_models.accuracy`):
     the errors of the runs of that hardware the fit left out, per category; none, no line."""
     lines = text.splitlines()
-    start = next(i for i, l in enumerate(lines) if l.strip() == "[efficiency]")
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines))
+    start, end = _efficiency_lines(lines)
     section = [l for l in lines[start + 1:end] if not re.match(r"\s*held_out\s*=", l)]
     if rows:
         _set(section, "held_out", held_out_toml(rows))
     return "\n".join(lines[:start + 1] + section + lines[end:]) + "\n"
+
+
+def _efficiency_lines(lines: list[str]) -> tuple[int, int]:
+    """The [efficiency] header's line of a hardware TOML file and the line that ends its table."""
+    try:
+        start = next(i for i, l in enumerate(lines) if l.strip() == "[efficiency]")
+    except StopIteration:
+        raise InvalidInput("the hardware file has no [efficiency] table to write the fit into") from None
+    return start, next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines))
 
 
 def _set(section: list[str], key: str, rendered: str) -> None:

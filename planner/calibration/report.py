@@ -131,26 +131,17 @@ def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks
         got, why = predict_all([r], predictor, cluster)
         preds += got
         skipped += why
-    if text is not None:  # the fitted file says how far off its held-out runs came out
-        text = write_held_out(text, held_out([p for p in preds if p.run.hardware == override[0] and not p.fitted]))
     notes = {}
     for r in runs:
         if r.hardware not in notes:
             c = override[1] if override and r.hardware == override[0] else load_cluster(r.hardware)
             notes[c.name] = c.calibration
-    return CalibrationResult(preds, skipped, result_fit, text, notes)
-
-
-def held_out(predictions: Sequence[Prediction]) -> list[HeldOut]:
-    """Per category, how many of `predictions` there are and their mean and largest |error|."""
-    groups: dict[str, list[Prediction]] = defaultdict(list)
-    for p in predictions:
-        groups[p.run.category].append(p)
-    out = []
-    for category, preds in sorted(groups.items()):
-        s = summarise(preds)
-        out.append(HeldOut(category, s.rows, s.mean, s.max))
-    return out
+    result = CalibrationResult(preds, skipped, result_fit, text, notes)
+    if text is not None:  # the fitted file says how far off its held-out runs came out, as the summary reports them
+        result.fitted_text = write_held_out(text, [
+            HeldOut(s["category"], s["rows"], s["mean_abs_error"], s["max_abs_error"]) for s in result.summary()
+            if s["hardware"] == override[1].name and s["group"] == "held-out"])
+    return result
 
 
 def _with_fitted(cluster, runs, note):
@@ -159,4 +150,4 @@ def _with_fitted(cluster, runs, note):
     return dataclasses.replace(cluster, fitted_on=tuple(runs), calibration=note)
 
 
-__all__ = ["CalibrationResult", "calibrate_runs", "held_out", "select"]
+__all__ = ["CalibrationResult", "calibrate_runs", "select"]
