@@ -12,6 +12,7 @@ from cli import render
 from cli.errors import guarded
 from cost_models import Cluster, cluster_as_dict, load_cluster, preset_names
 from cost_models.accuracy import CATEGORIES, unchecked
+from planner.inference.deployments import serving_accuracy
 
 console = render.LiveConsole(highlight=False, soft_wrap=False)
 
@@ -57,7 +58,7 @@ def show_cmd(
     """Show one cluster: device, interconnect levels, memory tiers, efficiency data, sources."""
     cluster = load_cluster(name_or_path, devices=devices)
     if as_json:
-        typer.echo(json.dumps(cluster_as_dict(cluster), indent=2))
+        typer.echo(json.dumps({**cluster_as_dict(cluster), "serving_checked": serving_accuracy(cluster)}, indent=2))
         return
     _print_cluster(cluster)
 
@@ -93,6 +94,7 @@ def _print_cluster(c: Cluster) -> None:
         h = c.checked(category)
         said = h.sentence(c.name, c.name in preset_names()) if h else unchecked(c.name, category)
         console.print(f"checked: {said}", markup=False)
+    console.print(f"checked (serving): {serving_accuracy(c)['sentence']}", markup=False)
     if c.attention_plateaus:
         kernels = ", ".join(f"{k} {f:g}/{b:g}" for k, f, b in c.attention_plateaus)
         kf, kb = c.attention_half_keys

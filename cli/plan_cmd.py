@@ -346,5 +346,7 @@ def print_serving(r: dict) -> None:
                   f"{' (latent, MLA)' if r['kv_cache']['latent'] else ''}")
     for alt in r["alternatives"]:
         console.print(f"{alt['serving']}: {alt['why']} (prefill {alt['prefill']}; decode {alt['decode']})")
+    if r.get("accuracy"):
+        console.print(f"checked: {r['accuracy']['sentence']}", markup=False)
     for note in r["notes"]:
         console.print(f"note: {note}")

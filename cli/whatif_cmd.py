@@ -284,6 +284,9 @@ def print_infer_sweep(doc: dict) -> None:
         console.print(render.table("best serving plan per point", cols, rows,
                                    right=tuple(c for c in cols if c not in ("cluster", "plan"))))
         console.print("scaling: output tokens/s per device against the smallest point that serves")
+        for c in doc["clusters"]:  # how far off each cluster's serving estimates may be: its published deployments
+            if c.get("checked"):
+                console.print(f"checked: {c['checked']}", markup=False)
     else:
         console.print("no point serves")
     print_misses(doc)

@@ -147,8 +147,8 @@ def accuracy(hw: Any, workload: Any, moe: bool, model: str | None = None) -> dic
     """How far off a training estimate on `hw` may be: its held-out runs of the same kind of job (MoE training when
     `moe`, else dense), as its file records them (`cost_models.accuracy`), or that none checks it; and, for a zoo
     `model` as shipped (None: not one, or changed by overrides), its own published runs on `hw`
-    (`planner.calibration.published`). None for a serving step (its deployments are checked apart:
-    `benchmarks/bench_infer.py`)."""
+    (`planner.calibration.published`). None for a serving step (what checks it is the published serving
+    deployments: `planner.inference.deployments`)."""
     from planner.calibration.published import cited, runs_of
 
     if workload.mode != "train":

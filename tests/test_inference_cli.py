@@ -47,6 +47,14 @@ def test_json_carries_both_phases_and_their_figures(planned):
         assert p["requests_per_s"] == pytest.approx(rate)
 
 
+def test_the_plan_says_how_far_off_serving_estimates_on_its_hardware_may_be(planned):
+    """No deployment on the CloudMatrix384 is compared: the plan says so, in --json and in its report."""
+    assert planned["accuracy"]["category"] == "serving" and planned["accuracy"]["deployments"] == 0
+    assert "unchecked" in planned["accuracy"]["sentence"]
+    r = run(*SMALL, "--batch", "8")
+    assert "checked: no published serving deployment on cloudmatrix384 is compared" in r.output
+
+
 def test_same_inputs_same_bytes(planned):
     again = run(*SMALL, "--ttft-ms", "1500", "--tpot-ms", "40", "--json")
     assert json.loads(again.output) == planned

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cost_models import load_cluster
+from cost_models import load_cluster, preset_names
+from planner.inference.deployments import ERRORS as DEPLOYMENT_ERRORS
+from planner.inference.deployments import fit_of, serving_accuracy
 from planner.inference.phase_cost import Precision
 from planner.inference.search import Serving, best_phase
 from planner.inference.serve import load_profile
@@ -54,3 +56,39 @@ def test_an_inline_cluster_shares_a_presets_efficiency_by_name(tmp_path):
     bad.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="names 'dgx-h99', not a preset"):
         load_rows(bad)
+
+
+def _fit_of(cluster: str) -> str:
+    raw = json.loads(DATA.read_text())["clusters"]
+    return fit_of(cluster, raw, load_cluster(cluster).transferred_from if cluster in preset_names() else "")
+
+
+def test_the_errors_serving_plans_cite_are_the_deployments_errors_today():
+    """A serving plan cites the published deployments (planner/inference/deployments.py): what it cites is what
+    they give now (benchmarks/published_errors.py writes them after a change of the cost model)."""
+    cited = {r["id"]: r for r in json.loads(DEPLOYMENT_ERRORS.read_text(encoding="utf-8"))["rows"]}
+    assert set(cited) == set(ROWS)
+    for row_id, row in ROWS.items():
+        got, c = estimate_row(row, CLUSTERS), cited[row_id]
+        assert (c["cluster"], c["model"], c["phase"], c["compared"]) == (row["cluster"], row["model"], row["phase"],
+                                                                          row["compared"])
+        assert c["fit_of"] == _fit_of(row["cluster"]) and c["error"] == pytest.approx(got["error"], abs=1e-4)
+
+
+def test_a_serving_plan_says_how_its_hardware_s_deployments_came_out():
+    """DGX H100: its own compared deployments (SGLang), then DeepSeek's H800 nodes, which run its curves; the
+    CloudMatrix384: none compared, the die preset's listed (same 910B fit, transferred); GB200: nothing at all."""
+    errors = {i: estimate_row(r, CLUSTERS)["error"] for i, r in ROWS.items()}
+    h100 = serving_accuracy(load_cluster("dgx-h100"))
+    mine = [abs(errors[i]) for i, r in ROWS.items() if r["cluster"] == "dgx-h100" and r["compared"]]
+    assert h100["deployments"] == len(mine) == 2
+    assert h100["mean_abs_error"] == pytest.approx(sum(mine) / 2, abs=1e-4)
+    assert h100["max_abs_error"] == pytest.approx(max(mine), abs=1e-4)
+    assert "hgx-h800, which shares its efficiency fit (dgx-h100's)" in h100["sentence"]
+    assert {c["id"] for c in h100["compared"]} == {i for i, r in ROWS.items() if r["compared"]
+                                                  and _fit_of(r["cluster"]) == "dgx-h100"}
+    cm = serving_accuracy(load_cluster("cloudmatrix384"))
+    assert cm["deployments"] == 0 and not cm["compared"] and "unchecked" in cm["sentence"]
+    assert "2 deployments on cloudmatrix384-die published but not compared" in cm["sentence"]
+    gb = serving_accuracy(load_cluster("gb200-nvl72"))
+    assert gb["sentence"].endswith("how far off its serving estimates are is unchecked")

@@ -16,6 +16,7 @@ from cost_models import Cluster
 from planner.caveats import attention_assumptions, hardware_assumptions, head_dim_assumptions
 from planner.errors import InvalidInput
 from planner.model_source import content_file, display_name, kind_of
+from planner.inference.deployments import serving_accuracy
 from planner.inference.phase_cost import ENGINE_KERNELS, SERVING_DTYPES, Precision, serving_attention_kernel
 from planner.inference.plan import ServingPlan, plan_dict, plan_serving
 from planner.inference.profile import Profile, serving_profile
@@ -133,6 +134,7 @@ def serving_report(plan: ServingPlan, others: list[ServingPlan], serving: Servin
     out["workload"] = dict(workload)
     dims = {(a.key_dim + a.value_dim) / 2 for part in profile.parts for a in part.attention}
     out["notes"] = serving_assumptions(hw, serving.precision.dtype, dims) + out["notes"]
+    out["accuracy"] = serving_accuracy(hw)
     return out
 
 

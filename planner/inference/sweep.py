@@ -84,6 +84,15 @@ def _empty_infer(status: str, reason: str | None) -> dict[str, Any]:
             **dict.fromkeys(_INFER_NUMBERS)}
 
 
+def _checked(cluster: str) -> str | None:
+    """How far off serving estimates on `cluster` may be (`planner.inference.deployments`), one sentence."""
+    from cost_models import load_cluster
+
+    from planner.inference.deployments import serving_accuracy
+
+    return serving_accuracy(load_cluster(cluster))["sentence"]
+
+
 def _summarise_infer(model: Any, clusters: Sequence[str], points: list[dict[str, Any]],
                      base: Mapping[str, Any]) -> dict[str, Any]:
     params = next((p["params"] for p in points if p["params"] is not None), None)
@@ -96,7 +105,8 @@ def _summarise_infer(model: Any, clusters: Sequence[str], points: list[dict[str,
             # Scaling: output tokens/s per device against the smallest point that serves (1.0 = linear).
             p["scaling_efficiency"] = (p["output_tokens_per_s_per_device"] / ok[0]["output_tokens_per_s_per_device"]
                                        if p["status"] == "ok" else None)
-        header.append({"name": name, "baseline_devices": ok[0]["devices"] if ok else None})
+        header.append({"name": name, "baseline_devices": ok[0]["devices"] if ok else None,
+                       "checked": _checked(name) if ok else None})
     workload = {k: base[k] for k in ("mode", "prompt_len", "gen_len", "batch", "ttft_ms", "tpot_ms", "dtype",
                                      "kv_dtype")}
     return {"model": {"name": display_name(model), "params": params, "overrides": base["overrides"]},
