@@ -35,7 +35,9 @@ def list_cmd(
     if as_json:
         rows = [
             {"name": c.name, "description": c.description, "device": c.device.name, "n_devices": c.n_devices,
-             "levels": [lvl.name for lvl in c.levels]}
+             "levels": [lvl.name for lvl in c.levels], "transferred_from": c.transferred_from or None,
+             "held_out": {h.category: {"runs": h.runs, "mean_abs_error": h.mean, "max_abs_error": h.max}
+                          for h in c.held_out}}
             for c in clusters
         ]
         typer.echo(json.dumps(rows, indent=2))
@@ -45,6 +47,18 @@ def list_cmd(
     console.print(render.table("hardware presets", ("name", "device", "devices",
                                                     "interconnect (GB/s per device per direction)"), rows,
                                right=("devices",)))
+    console.print(render.table("how far off estimates came out: the runs each fit left out", (
+        "name", "dense training", "MoE training"), ((c.name, *_held_out(c)) for c in clusters)))
+    console.print("mean |error| of the step times (runs, largest); `hyperplan calibrate --hardware NAME` lists "
+                  "them")
+
+
+def _held_out(c: Cluster) -> tuple[str, str]:
+    """A preset's held-out errors, dense and MoE training: mean (runs, largest), "-" for none, or, for a preset
+    that carries another's fit, whose."""
+    mine = {h.category: f"{100 * h.mean:.1f} % ({h.runs}, {100 * h.max:.1f} %)" for h in c.held_out}
+    none = f"- ({c.transferred_from}'s fit)" if c.transferred_from else "-"
+    return mine.get("dense_training", none), mine.get("moe_training", none)
 
 
 @guarded

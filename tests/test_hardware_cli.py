@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import typer
 from typer.testing import CliRunner
@@ -31,6 +32,21 @@ def test_list_shows_every_preset():
     assert [r["name"] for r in rows] == sorted(r["name"] for r in rows)
     sizes = {r["name"]: r["n_devices"] for r in rows}
     assert (sizes["gb200-nvl72"], sizes["cloudmatrix384"], sizes["cloudmatrix384-die"]) == (72, 384, 768)
+
+
+def test_list_says_how_far_off_each_preset_came_out():
+    """Beside each preset, its held-out runs as its file records them, or whose fit it carries."""
+    from cost_models import load_cluster
+
+    out = runner.invoke(app, ["hardware", "list"], env=ENV).output
+    h = load_cluster("dgx-h100").checked("moe_training")
+    line = next(x for x in out.splitlines() if x.startswith("dgx-h100") and "%" in x)
+    assert f"{100 * h.mean:.1f} % ({h.runs}, {100 * h.max:.1f} %)" in line
+    assert re.search(r"^cloudmatrix384 .*- \(ascend-910b's fit\)", out, re.M)
+    rows = {r["name"]: r for r in json.loads(runner.invoke(app, ["hardware", "list", "--json"], env=ENV).output)}
+    assert rows["dgx-h100"]["held_out"]["moe_training"] == {"runs": h.runs, "mean_abs_error": h.mean,
+                                                            "max_abs_error": h.max}
+    assert rows["cloudmatrix384"]["held_out"] == {} and rows["cloudmatrix384"]["transferred_from"] == "ascend-910b"
 
 
 def test_show_scales_and_prints_json_deterministically():
