@@ -9,6 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from cli.app import app
+from planner.hypershard.io import read_document
 
 runner = CliRunner()
 MODEL = ["gpt", "--layers", "2", "--hidden", "512", "--heads", "8"]
@@ -31,6 +32,14 @@ def test_plan_writes_a_declaration_that_validates_to_its_numbers(planned):
     assert report["ok"] and report["estimate"]["step_time_s"] == plan["estimate"]["step_time_s"]
     human = runner.invoke(app, ["validate", str(folder / "plan.yaml")], terminal_width=120)
     assert human.exit_code == 0 and "valid" in human.output and "equal to the recorded estimate" in human.output
+
+
+def test_the_declaration_says_how_far_off_its_estimate_may_be(planned):
+    """What `plan` said of its figures travels with the file: its hardware's held-out runs and its assumptions."""
+    folder, plan = planned
+    doc = read_document(str(folder / "plan.yaml"))
+    assert doc["accuracy"] == plan["accuracy"] and doc["accuracy"]["sentence"].startswith("6 held-out dense training")
+    assert doc["assumptions"] == plan["assumptions"]
 
 
 def test_estimate_with_plan_scores_the_file(planned):

@@ -95,6 +95,12 @@ def test_validate_rescores_to_the_numbers_plan_printed(planned, name):
     assert est["serving"] == printed["serving"] and est["kv_cache"] == printed["kv_cache"]
 
 
+def test_the_declaration_says_how_far_off_its_estimate_may_be(planned):
+    printed, path = planned["mixtral"]
+    assert read_document(str(path))["accuracy"] == printed["accuracy"]
+    assert printed["accuracy"]["category"] == "serving" and "cloudmatrix384" in printed["accuracy"]["sentence"]
+
+
 def test_disaggregated_phases_are_programs_on_their_own_ranks_and_meshes(planned):
     printed, path = planned["mixtral"]
     doc = read_document(str(path))

@@ -268,6 +268,9 @@ def _figures(estimate: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _tail(doc: dict[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+    for key in ("accuracy", "assumptions"):  # how far off its figures may be, and what they rest on, when planned
+        if plan.get(key):
+            doc[key] = plan[key]
     if "search" in plan:
         doc["search"] = dict(plan["search"])
     if plan.get("constraints"):

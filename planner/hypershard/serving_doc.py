@@ -165,6 +165,8 @@ def build_serving_document(plan: Mapping[str, Any], graph: Graph, structure: Str
             first += lay.devices
     doc["estimate"] = {k: plan[k] for k in ESTIMATE_KEYS}
     doc["estimate"]["notes"] = list(plan.get("notes", []))
+    if plan.get("accuracy"):  # how far off its figures may be when planned: the published deployments
+        doc["accuracy"] = dict(plan["accuracy"])
     if search:
         doc["search"] = dict(search)
     if plan.get("alternatives"):
