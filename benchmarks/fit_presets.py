@@ -54,15 +54,18 @@ def transfer(source: str, values: dict[str, float]) -> None:
     """Write a fitted preset's device values into the presets that transfer them (`TRANSFER_TO`), saying so."""
     for target in TRANSFER_TO.get(source, ()):
         path = PRESET_DIR / f"{target}.toml"
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines()
-                 if line.split("=")[0].strip() != "transferred_from"]  # written again below, beside calibration
-        for i, line in enumerate(lines):
+        lines = []
+        for line in path.read_text(encoding="utf-8").splitlines():
             key = line.split("=")[0].strip()
+            if key == "transferred_from":  # written again below, beside calibration
+                continue
             if key in values:
-                lines[i] = f"{key} = {values[key]:g}"
-            elif key == "calibration":  # and whose fit it is: estimates on the target cite that fit's held-out runs
-                lines[i] = (f'calibration = "transferred from the {source} fit (an assumption: no runs of this '
-                            f'hardware fitted)"\ntransferred_from = "{source}"')
+                line = f"{key} = {values[key]:g}"
+            lines.append(line)
+            if key == "calibration":  # and whose fit it is: estimates on the target cite that fit's held-out runs
+                lines[-1] = (f'calibration = "transferred from the {source} fit (an assumption: no runs of this '
+                             f'hardware fitted)"')
+                lines.append(f'transferred_from = "{source}"')
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         print(f"  wrote {path} ({', '.join(f'{k} {v:g}' for k, v in values.items())}, from {source})")
 
