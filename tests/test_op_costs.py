@@ -10,7 +10,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from planner.graph.ir import Node, Tensor
-from planner.graph.op_costs import OpCost, cost_of_node, einsum_flops, matmul_flops, node_cost
+from planner.graph.contractions import einsum_flops, matmul_flops
+from planner.graph.op_costs import OpCost, cost_of_node, node_cost
 from planner.graph.shape_rules import broadcast
 
 dim = st.integers(1, 6)
