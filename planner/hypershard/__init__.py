@@ -16,7 +16,8 @@ Vocabulary: "axis" is a device-mesh axis (tp, cp, dp, pp, ep); "dim" is a tensor
 
 from __future__ import annotations
 
-from planner.hypershard.declared import declare, declare_plan, declare_programs, score_document, strategy_of
+from planner.hypershard.declare import declare, declare_plan, declare_programs
+from planner.hypershard.declared import score_document, strategy_of
 from planner.hypershard.document import FORMAT_VERSION, Request, build_document
 from planner.hypershard.io import read_document, write_document
 from planner.hypershard.serving_doc import declare_serving, declare_serving_phases

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from planner.errors import InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
-from planner.hypershard.document import Request, build_document, file_sha256
+from planner.hypershard.document import Request, file_sha256
 from planner.hypershard.pins import check_activations, declared_pins, estimator_pins
 from planner.hypershard.programs import is_multi, is_serving, rank_problems, ranks_of, view, views
 from planner.hypershard.stages import declared_widths, device_problem
@@ -196,10 +196,10 @@ def score_programs(request: Request, workload: Workload, doc: Mapping[str, Any],
     its subgraph and rank group, combined with the fill and the encoder-to-backbone hand-over."""
     vs = views(doc)
     ranks = [ranks_of(prog, devices) for prog in doc["programs"]]
-    return _score_split(request, workload, devices, ranks, [view_strategy(v) for v in vs], doc, vs)
+    return score_split(request, workload, devices, ranks, [view_strategy(v) for v in vs], doc, vs)
 
 
-def _score_split(request: Request, workload: Workload, devices: int, ranks: list[tuple[int, int]],
+def score_split(request: Request, workload: Workload, devices: int, ranks: list[tuple[int, int]],
                  strategies: list[Strategy], doc: Mapping[str, Any] | None, vs: list[Mapping[str, Any]] | None
                  ) -> Scored:
     """The model's programs (as declared in `doc`, when given) on `ranks` with `strategies`, the parameter layouts
@@ -283,63 +283,6 @@ def graph_of(doc: Mapping[str, Any], base_dir: str | None = None) -> tuple[Graph
     graph = load_graph(req.model, batch=1, seq_len=doc["workload"]["seq_len"], dims=dict(req.dims) or None,
                        overrides=req.overrides)
     return graph, discover_blocks(graph)
-
-
-def declare(model: str, *, cluster: str, global_batch: int, seq_len: int, devices: int, dtype: str = "bf16",
-            mode: str = "train", overrides: Mapping[str, Any] | None = None, dims: Mapping[str, int] | None = None,
-            memory_gib: float | None = None, stack: str | None = None, **strategy: Any) -> dict[str, Any]:
-    """Score one given strategy and declare it: the document `plan -o` writes, for a strategy you chose
-    (`stage_tp=(4, 8)` with tp=8, pp=2 gives stages of different widths), run by `stack` (default: the default)."""
-    _default_dp(strategy, devices)
-    request = Request(model=model, cluster=cluster, overrides=dict(overrides or {}), dims=dict(dims or {}),
-                      memory_gib=memory_gib)
-    wl = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
-                  execution=load_execution(stack))
-    sc = score(request, wl, Strategy(**strategy), devices)
-    return build_document(sc.plan, sc.graph, sc.structure, request)
-
-
-def _default_dp(kw: dict[str, Any], devices: int) -> None:
-    """dp, when not given, is what the devices leave beside the tensor (per stage), pipeline and context ranks."""
-    widths = tuple(kw.get("stage_tp") or ())
-    inner = (sum(widths) if widths else kw.get("tp", 1) * kw.get("pp", 1)) * kw.get("cp", 1)
-    kw.setdefault("dp", max(1, devices // inner))
-
-
-def declare_programs(model: str, *, cluster: str, global_batch: int, seq_len: int,
-                     programs: list[Mapping[str, Any]], dtype: str = "bf16", mode: str = "train",
-                     overrides: Mapping[str, Any] | None = None, dims: Mapping[str, int] | None = None,
-                     memory_gib: float | None = None) -> dict[str, Any]:
-    """Score given strategies for the model's programs and declare them: the document `plan -o` writes when
-    HyperMPMD wins, for a split you chose.
-
-    `programs` follows `mpmd.split_programs` (encoders first, then the backbone): each a dict of `devices` and
-    Strategy fields (dp defaults to what the devices leave); the groups take consecutive ranks from 0.
-    """
-    request = Request(model=model, cluster=cluster, overrides=dict(overrides or {}), dims=dict(dims or {}),
-                      memory_gib=memory_gib)
-    wl = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # type: ignore[arg-type]
-    ranks, strategies, first = [], [], 0
-    for given in programs:
-        kw = dict(given)
-        n = int(kw.pop("devices"))
-        _default_dp(kw, n)
-        ranks.append((first, n))
-        strategies.append(Strategy(**kw))
-        first += n
-    sc = _score_split(request, wl, first, ranks, strategies, None, None)
-    return build_document(sc.plan, sc.graph, sc.structure, request)
-
-
-def declare_plan(plan: Mapping[str, Any], request: Request) -> dict[str, Any]:
-    """The declaration of a `plan_model` result (rebuilds the graph it was planned on); several programs when
-    HyperMPMD won."""
-    from planner.api import load_graph
-    from planner.graph.blocks import discover_blocks
-
-    graph = load_graph(request.model, batch=1, seq_len=plan["workload"]["seq_len"], dims=dict(request.dims) or None,
-                       overrides=request.overrides)
-    return build_document(plan, graph, discover_blocks(graph), request)
 
 
 def _same_model(a: str, b: str) -> bool:
