@@ -3,7 +3,7 @@
 Three timings: profiling a graph for serving (import + profile, cold), one
 serving plan of a whole CloudMatrix384 (384 NPUs: every prefill/decode
 split, layouts and batches), and a what-if sweep over device counts. Then
-each row of tests/data/serving_deployments.json: measured and estimated
+each row of planner/inference/published_deployments.json: measured and estimated
 tokens/s per device, the error, what limits the step; and the longest
 context with and without KV-cache offload (issue 6's check).
 
@@ -28,7 +28,6 @@ from planner.inference.serve import load_profile  # noqa: E402
 from planner.inference.sweep import run_infer_sweep  # noqa: E402
 from planner.inference.validation import check_all  # noqa: E402
 
-DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "serving_deployments.json"
 
 
 def timed(what: str, fn):
@@ -62,7 +61,7 @@ def main() -> None:
         print(f"  {p['devices']:4d}: {p['plan']}, {p['output_tokens_per_s_per_device']:,.0f} output tok/s/dev")
 
     print("\npublished deployments (tokens/s per device):")
-    rows = timed("estimate every row", lambda: check_all(DATA))
+    rows = timed("estimate every row", lambda: check_all())
     for r in rows:
         mark = "" if r["compared"] else "   (not compared)"
         print(f"  {r['id']:34s} measured {r['measured']:8,.0f}  estimate {r['estimate']:8,.0f}  "

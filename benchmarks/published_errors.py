@@ -6,7 +6,7 @@ Predicts every shipped run as `hyperplan calibrate` does (the presets as fitted:
 benchmarks/fit_presets.py first after a change of the cost model) and writes
 planner/calibration/published_errors.json (`planner.calibration.published`), which training
 estimates of the same model on the same hardware cite; then estimates every published serving
-deployment (tests/data/serving_deployments.json) and writes planner/inference/deployment_errors.json
+deployment (planner/inference/published_deployments.json) and writes planner/inference/deployment_errors.json
 (`planner.inference.deployments`), which serving plans cite. tests/test_calibration.py and
 tests/test_inference_deployments.py check the files. Takes about a minute.
 """
@@ -25,9 +25,8 @@ from cost_models.loader import preset_names  # noqa: E402
 from planner.api import calibrate  # noqa: E402
 from planner.calibration.published import ERRORS, errors_table  # noqa: E402
 from planner.inference import deployments  # noqa: E402
-from planner.inference.validation import check_all  # noqa: E402
+from planner.inference.validation import SHIPPED as DEPLOYMENTS, check_all  # noqa: E402
 
-DEPLOYMENTS = ROOT / "tests" / "data" / "serving_deployments.json"
 
 
 def deployment_table() -> dict:

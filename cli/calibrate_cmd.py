@@ -25,6 +25,10 @@ hardware file's efficiency was fitted on it, "held-out" otherwise: only held-out
 Bring your own cluster's measurements in the same JSON format (see `planner/calibration/runs.py`) and fit a
 hardware file to them: hyperplan calibrate my_runs.json --fit run-a,run-b -o my-cluster.toml
 
+With --serving, serving deployments instead: tokens/s per device measured against the estimate at each one's
+layout, batch and context (the shipped ones, published by DeepSeek, SGLang and Huawei, or your own in the
+format of planner/inference/published_deployments.json).
+
 Example: hyperplan calibrate --hardware dgx-h100
 """
 
@@ -51,8 +55,21 @@ def calibrate_cmd(
                                         "command is never replaced).")] = False,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="Draw predicted against measured tokens/s to this PNG (needs matplotlib).")] = None,
+    serving: Annotated[bool, typer.Option(
+        "--serving", help="Serving deployments (JSON) instead of training runs: tokens/s per device measured "
+                          "against estimated.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
+    if serving:
+        given = [flag for flag, value in (("--fit", fit), ("-o", output), ("--plot", plot), ("--category", category))
+                 if value is not None]
+        if given:
+            raise InvalidInput(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to training runs; "
+                               "drop them with --serving")
+        from cli.calibrate_serving import check_deployments
+
+        check_deployments(files, hardware, as_json, console)
+        return
     fit_ids = [x.strip() for x in fit.split(",") if x.strip()] if fit else None
     inputs = (*(str(f) for f in files or ()), hardware)
     if output is not None:

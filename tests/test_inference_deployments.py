@@ -1,4 +1,5 @@
-"""Published serving deployments (tests/data/serving_deployments.json) against the estimate at their configuration."""
+"""Published serving deployments (planner/inference/published_deployments.json) against the estimate at their
+configuration; a deployments file with a mistake refused in one sentence."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from cost_models import load_cluster, preset_names
+from planner.errors import InvalidInput
 from planner.inference.deployments import ERRORS as DEPLOYMENT_ERRORS
 from planner.inference.deployments import fit_of, serving_accuracy
 from planner.inference.phase_cost import Precision
 from planner.inference.search import Serving, best_phase
 from planner.inference.serve import load_profile
-from planner.inference.validation import estimate_row, load_rows
+from planner.inference.validation import SHIPPED, estimate_row, load_rows
 
-DATA = Path(__file__).parent / "data" / "serving_deployments.json"
+DATA = SHIPPED
 DOC, CLUSTERS = load_rows(DATA)
 ROWS = {r["id"]: r for r in DOC["rows"]}
 
@@ -51,10 +53,11 @@ def test_an_inline_cluster_shares_a_presets_efficiency_by_name(tmp_path):
     h800 = CLUSTERS["hgx-h800"]
     h100 = load_cluster("dgx-h100")
     assert h800.matmul_plateau == h100.matmul_plateau and h800.attention_plateaus == h100.attention_plateaus
-    doc = {"clusters": {"x": {**json.loads(DATA.read_text())["clusters"]["hgx-h800"], "efficiency": "dgx-h99"}}}
+    doc = {"clusters": {"x": {**json.loads(DATA.read_text())["clusters"]["hgx-h800"], "efficiency": "dgx-h99"}},
+           "rows": [ROWS["sglang-decode-h100"]]}
     bad = tmp_path / "rows.json"
     bad.write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match="names 'dgx-h99', not a preset"):
+    with pytest.raises(InvalidInput, match="names 'dgx-h99', not a preset"):
         load_rows(bad)
 
 
@@ -92,3 +95,46 @@ def test_a_serving_plan_says_how_its_hardware_s_deployments_came_out():
     assert "2 deployments on cloudmatrix384-die published but not compared" in cm["sentence"]
     gb = serving_accuracy(load_cluster("gb200-nvl72"))
     assert gb["sentence"].endswith("how far off its serving estimates are is unchecked")
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda r: r.update(devices=12), "layout tp x dp x pp = 72, but devices is 12"),
+    (lambda r: r.update(phase="train"), "phase must be one of prefill, decode"),
+    (lambda r: r.update(cluster="dgx-h99"), "cluster 'dgx-h99' is neither a preset"),
+    (lambda r: r.update(measured_tokens_per_s_per_device=0), "must be a positive number"),
+    (lambda r: r.pop("batch"), "devices, batch, context and layout"),
+])
+def test_a_deployments_file_with_a_mistake_is_refused_in_one_sentence(tmp_path, edit, said):
+    """A user's own deployments (`hyperplan calibrate --serving FILE`) are checked before any estimate."""
+    row = json.loads(json.dumps(ROWS["sglang-decode-h100"]))
+    edit(row)
+    bad = tmp_path / "mine.json"
+    bad.write_text(json.dumps({"rows": [row]}))
+    with pytest.raises(InvalidInput, match=said) as err:
+        load_rows(bad)
+    assert str(err.value).startswith("mine.json: rows[0] (sglang-decode-h100)") and "\n" not in str(err.value)
+
+
+def test_calibrate_serving_prints_every_deployment_and_the_compared_ones_per_cluster(tmp_path):
+    """`hyperplan calibrate --serving`: the shipped deployments, estimated as here; a user's own file of one."""
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    runner = CliRunner()
+    got = json.loads(runner.invoke(app, ["calibrate", "--serving", "--json"]).output)
+    assert [d["id"] for d in got["deployments"]] == list(ROWS)
+    for d in got["deployments"]:
+        assert d["error"] == pytest.approx(estimate_row(ROWS[d["id"]], CLUSTERS)["error"])
+    h100 = next(s for s in got["summary"] if s["cluster"] == "dgx-h100")
+    assert h100["compared"] == 2 and h100["max_abs_error"] == pytest.approx(
+        max(abs(d["error"]) for d in got["deployments"] if d["cluster"] == "dgx-h100"))
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"rows": [{**ROWS["sglang-decode-h100"], "id": "my-decode"}]}))
+    table = runner.invoke(app, ["calibrate", "--serving", str(mine)], terminal_width=80)
+    assert table.exit_code == 0, table.output
+    assert "my-decode" in table.output and max(len(x) for x in table.output.splitlines()) <= 80
+    for args, said in ((["--fit", "a"], "--fit applies to training runs"),
+                       (["--hardware", "gb200-nvl72"], "no deployment runs on gb200-nvl72")):
+        r = runner.invoke(app, ["calibrate", "--serving", *args])
+        assert r.exit_code == 2 and said in r.output and len(r.output.strip().splitlines()) == 1

@@ -2,7 +2,7 @@
 
 Training estimates cite their hardware's held-out runs (`cost_models.accuracy`); serving has no fit of its own
 (its step is costed with the training fit's curves, without host overhead or overlap credit), so what checks it
-is the published serving deployments (tests/data/serving_deployments.json, `planner.inference.validation`):
+is the published serving deployments (published_deployments.json, `planner.inference.validation`):
 `python benchmarks/published_errors.py` estimates every one and writes, per deployment, its cluster, the preset
 whose efficiency fit that cluster uses, whether it is compared (a deployment whose configuration is not fully
 published is listed, not compared) and its tokens/s error into `deployment_errors.json` beside this module;
@@ -53,6 +53,21 @@ def _figures(rows: list[dict[str, Any]]) -> tuple[float, float]:
     return sum(errors) / len(errors), max(errors)
 
 
+def summary(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per cluster, in name order: its compared deployments' mean and largest |error| of tokens/s per device, and
+    how many more are listed but not compared (`results`: `validation.estimate_row`s)."""
+    results = list(results)
+    out = []
+    for cluster in sorted({r["cluster"] for r in results}):
+        mine = [r for r in results if r["cluster"] == cluster]
+        compared = [r for r in mine if r["compared"]]
+        row: dict[str, Any] = {"cluster": cluster, "compared": len(compared), "listed": len(mine) - len(compared)}
+        if compared:
+            row["mean_abs_error"], row["max_abs_error"] = _figures(compared)
+        out.append(row)
+    return out
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -92,4 +107,4 @@ def serving_accuracy(hw: Any) -> dict[str, Any]:
     return out
 
 
-__all__ = ["ERRORS", "errors_table", "fit_of", "serving_accuracy"]
+__all__ = ["ERRORS", "errors_table", "fit_of", "serving_accuracy", "summary"]

@@ -25,7 +25,7 @@ layer by layer (`prefetch_timeline`: only what the layer's compute cannot
 hide shows). Communication is charged in full, without overlap credit: the
 two-micro-batch overlap that DeepSeek and SGLang run does not beat the
 serial sum of these terms in their published figures (see
-tests/data/serving_deployments.json), as splitting the batch halves every
+planner/inference/published_deployments.json), as splitting the batch halves every
 kernel and the communication kernels take compute units.
 """
 
