@@ -9,7 +9,8 @@ from typing import Any, Optional
 import typer
 
 from cli import render
-from planner.errors import InvalidInput
+from cost_models.errors import SpecError
+from planner.errors import HyperplanError, InvalidInput
 from planner.inference.deployments import summary
 from planner.inference.validation import SHIPPED, estimate_row, load_rows
 
@@ -22,7 +23,13 @@ def check_deployments(files: Optional[list[Path]], hardware: Optional[str], as_j
         doc, clusters = load_rows(path)
         rows = [r for r in doc["rows"] if hardware is None or r["cluster"] == hardware]
         with render.progress(f"estimating {len(rows)} deployments of {path.name}"):
-            results += [estimate_row(r, clusters) for r in rows]
+            for row in rows:
+                try:
+                    results.append(estimate_row(row, clusters))
+                except HyperplanError as exc:  # a model or hardware file the row names: say which row
+                    raise type(exc)(f"{path.name} ({row['id']}): {exc}") from None
+                except SpecError as exc:
+                    raise InvalidInput(f"{path.name} ({row['id']}): {str(exc).rstrip('.')}") from None
     if not results:
         raise InvalidInput(f"no deployment runs on {hardware}; the files name "
                            + ", ".join(sorted({r["cluster"] for p in files or [SHIPPED] for r in load_rows(p)[0]["rows"]})))

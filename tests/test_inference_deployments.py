@@ -134,7 +134,10 @@ def test_calibrate_serving_prints_every_deployment_and_the_compared_ones_per_clu
     table = runner.invoke(app, ["calibrate", "--serving", str(mine)], terminal_width=80)
     assert table.exit_code == 0, table.output
     assert "my-decode" in table.output and max(len(x) for x in table.output.splitlines()) <= 80
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"rows": [{**ROWS["sglang-decode-h100"], "id": "mine", "model": "no-such-model"}]}))
     for args, said in ((["--fit", "a"], "--fit applies to training runs"),
-                       (["--hardware", "gb200-nvl72"], "no deployment runs on gb200-nvl72")):
+                       (["--hardware", "gb200-nvl72"], "no deployment runs on gb200-nvl72"),
+                       ([str(unknown)], "unknown.json (mine): no file or zoo model named 'no-such-model'")):
         r = runner.invoke(app, ["calibrate", "--serving", *args])
         assert r.exit_code == 2 and said in r.output and len(r.output.strip().splitlines()) == 1
