@@ -4,35 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
 from cli import render
-from cost_models.errors import SpecError
-from planner.errors import HyperplanError, InvalidInput
 from planner.inference.deployments import summary
-from planner.inference.validation import SHIPPED, estimate_row, load_rows
+from planner.inference.validation import check_files
 
 
 def check_deployments(files: Optional[list[Path]], hardware: Optional[str], as_json: bool, console) -> None:
     """Estimate every deployment of `files` (the shipped ones when none), on `hardware` only when given, and print
     them with the per-cluster mean and largest |error| of the compared ones (or one JSON object)."""
-    results: list[dict[str, Any]] = []
-    for path in files or [SHIPPED]:
-        doc, clusters = load_rows(path)
-        rows = [r for r in doc["rows"] if hardware is None or r["cluster"] == hardware]
-        with render.progress(f"estimating {len(rows)} deployments of {path.name}"):
-            for row in rows:
-                try:
-                    results.append(estimate_row(row, clusters))
-                except HyperplanError as exc:  # a model or hardware file the row names: say which row
-                    raise type(exc)(f"{path.name} ({row['id']}): {exc}") from None
-                except SpecError as exc:
-                    raise InvalidInput(f"{path.name} ({row['id']}): {str(exc).rstrip('.')}") from None
-    if not results:
-        raise InvalidInput(f"no deployment runs on {hardware}; the files name "
-                           + ", ".join(sorted({r["cluster"] for p in files or [SHIPPED] for r in load_rows(p)[0]["rows"]})))
+    with render.progress("estimating deployments"):
+        results = check_files(files or (), hardware)
     if as_json:
         typer.echo(json.dumps({"deployments": results, "summary": summary(results)}, indent=1, allow_nan=False))
         return

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from cost_models import Cluster, load_cluster
 from cost_models.errors import SpecError
 from cost_models.loader import PRESET_DIR, parse_cluster, preset_names
 
-from planner.errors import InvalidInput
+from planner.errors import HyperplanError, InvalidInput
 from planner.inference.phase_cost import SERVING_DTYPES, Layout, Precision, StepModel, tokens_per_s_per_device
 from planner.inference.serve import load_profile
 
@@ -122,5 +123,26 @@ def estimate_row(row: dict[str, Any], clusters: dict[str, Cluster]) -> dict[str,
 
 def check_all(path: str | Path = SHIPPED) -> list[dict[str, Any]]:
     """Every row of the file, estimated."""
-    doc, clusters = load_rows(path)
-    return [estimate_row(r, clusters) for r in doc["rows"]]
+    return check_files([path])
+
+
+def check_files(paths: Sequence[str | Path] = (), hardware: str | None = None) -> list[dict[str, Any]]:
+    """Every deployment of `paths` (the shipped ones when empty) on `hardware` (all when None), estimated; a model
+    or hardware file a row names that cannot be loaded is refused naming the file and the row."""
+    results: list[dict[str, Any]] = []
+    named: set[str] = set()
+    for path in paths or [SHIPPED]:
+        doc, clusters = load_rows(path)
+        named |= {r["cluster"] for r in doc["rows"]}
+        for row in doc["rows"]:
+            if hardware is not None and row["cluster"] != hardware:
+                continue
+            try:
+                results.append(estimate_row(row, clusters))
+            except HyperplanError as exc:
+                raise type(exc)(f"{Path(path).name} ({row['id']}): {exc}") from None
+            except SpecError as exc:
+                raise InvalidInput(f"{Path(path).name} ({row['id']}): {str(exc).rstrip('.')}") from None
+    if not results:
+        raise InvalidInput(f"no deployment runs on {hardware}; the files name {', '.join(sorted(named))}")
+    return results
