@@ -28,7 +28,7 @@ from planner.hypershard.programs import mesh_of, rank_problems, ranks_of
 from planner.hypershard.serving_doc import (ESTIMATE_KEYS, PHASES, WORKLOAD_KEYS, build_serving_document,
                                            serving_graph, tier_name)
 from planner.hypershard.serving_layouts import routed_experts
-from planner.hypershard.validate import Report, entry_problems, first_difference, model_problems, model_request
+from planner.hypershard.validate import Report, accuracy_changed, entry_problems, first_difference, model_problems, model_request
 from planner.graph.walk import index_graph
 from planner.inference.phase_cost import Layout
 from planner.inference.rescore import PhaseChoice, score_serving
@@ -178,7 +178,7 @@ def validate_serving(doc: Mapping[str, Any], name: str = "declaration", base_dir
     rep.add("memory", _memory_problems(scored.plan), "; ".join(
         f"{ph} {scored.report[ph]['memory_gib']['total']:.2f} of {scored.report[ph]['usable_hbm_gib']:.1f} GiB"
         for ph in PHASES))
-    rep.warnings += _target_notes(doc["workload"], scored.report)
+    rep.warnings += _target_notes(doc["workload"], scored.report) + accuracy_changed(doc, scored.report)
     rep.add("estimate", _estimate_problems(doc, index, scored.report),
             f"TTFT {scored.report['ttft_ms']:.6g} ms, TPOT {scored.report['tpot_ms']:.6g} ms, "
             f"{scored.report['requests_per_s']:.6g} requests/s: equal to the recorded estimate"

@@ -133,6 +133,7 @@ def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_di
     _compare_derived(doc, vs, [(g, expert_params(g, st)) for g, st in parts], scored, rep)
     est = scored.plan["estimate"]
     rep.estimate = scored.estimate_view()
+    rep.warnings += accuracy_changed(doc, rep.estimate)
     need, have = est["memory_gib"]["peak"], est["hbm_gib"]
     rep.add("memory", [] if est["fits"] else [f"needs {need:.1f} GiB per device and a device has {have:.1f} GiB"],
             f"peak {need:.2f} GiB of {have:.0f} GiB")
@@ -151,6 +152,14 @@ def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_di
             f"step {est['step_time_s']:.6g} s, peak {need:.6g} GiB: equal to the recorded estimate"
             if doc.get("estimate") else "no recorded estimate to compare; re-estimated")
     return rep
+
+
+def accuracy_changed(doc: Mapping[str, Any], now: Mapping[str, Any] | None) -> list[str]:
+    """A note when what the declaration says of its figures' accuracy is not what its re-estimate says now (its
+    hardware was refitted, or runs were added since it was written)."""
+    said, says = (doc.get("accuracy") or {}).get("sentence"), ((now or {}).get("accuracy") or {}).get("sentence")
+    return ([f"how far off its estimate may be changed since it was planned (a refit, or runs added): then {said}; "
+             f"now {says}"] if said and says and said != says else [])
 
 
 def _hashed(model: str) -> str:
