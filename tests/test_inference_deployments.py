@@ -88,6 +88,7 @@ def test_a_serving_plan_says_how_its_hardware_s_deployments_came_out():
     assert h100["mean_abs_error"] == pytest.approx(sum(mine) / 2, abs=1e-4)
     assert h100["max_abs_error"] == pytest.approx(max(mine), abs=1e-4)
     assert "hgx-h800, which shares its efficiency fit (dgx-h100's)" in h100["sentence"]
+    assert h100["sentence"].startswith("2 published serving deployments of deepseek-v3 on dgx-h100")
     assert {c["id"] for c in h100["compared"]} == {i for i, r in ROWS.items() if r["compared"]
                                                   and _fit_of(r["cluster"]) == "dgx-h100"}
     cm = serving_accuracy(load_cluster("cloudmatrix384"))

@@ -68,6 +68,11 @@ def summary(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _of(rows: list[dict[str, Any]]) -> str:
+    """The models the deployments served, so that a plan of another model knows what checked it: " of deepseek-v3"."""
+    return f" of {', '.join(sorted({r['model'] for r in rows}))}"
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -81,20 +86,20 @@ def serving_accuracy(hw: Any) -> dict[str, Any]:
     kin = [r for r in _rows() if r["cluster"] != hw.name and r["fit_of"] == fit]
     mine, theirs = [r for r in own if r["compared"]], [r for r in kin if r["compared"]]
     out: dict[str, Any] = {"category": "serving", "deployments": len(mine),
-                           "compared": [{k: r[k] for k in ("id", "cluster", "phase", "error")} for r in mine + theirs]}
+                           "compared": [{k: r[k] for k in ("id", "model", "cluster", "phase", "error")} for r in mine + theirs]}
     others = sorted({r["cluster"] for r in theirs})
     shared = f"{', '.join(others)}, which share{'s' if len(others) == 1 else ''} its efficiency fit ({fit}'s)"
     if mine:
         out["mean_abs_error"], out["max_abs_error"] = _figures(mine)
-        said = (f"{_plural(len(mine), 'published serving deployment')} on {hw.name}: tokens/s per device within "
+        said = (f"{_plural(len(mine), 'published serving deployment')}{_of(mine)} on {hw.name}: tokens/s per device within "
                 f"mean |error| {100 * out['mean_abs_error']:.1f} %, max {100 * out['max_abs_error']:.1f} %")
         if theirs:
             mean, worst = _figures(theirs)
-            said += f"; {len(theirs)} more on {shared}: mean {100 * mean:.1f} %, max {100 * worst:.1f} %"
+            said += f"; {len(theirs)} more{_of(theirs)} on {shared}: mean {100 * mean:.1f} %, max {100 * worst:.1f} %"
     elif theirs:
         mean, worst = _figures(theirs)
         said = (f"no published serving deployment on {hw.name} is compared; "
-                f"{_plural(len(theirs), 'deployment')} on {shared}: tokens/s per device within mean |error| "
+                f"{_plural(len(theirs), 'deployment')}{_of(theirs)} on {shared}: tokens/s per device within mean |error| "
                 f"{100 * mean:.1f} %, max {100 * worst:.1f} %")
     else:
         said = f"no published serving deployment on {hw.name} is compared: how far off its serving estimates are is unchecked"
