@@ -11,7 +11,7 @@ from rich.markup import escape
 from cli import render
 from cli.errors import guarded
 from cost_models import Cluster, cluster_as_dict, load_cluster, preset_names
-from cost_models.accuracy import CATEGORIES, unchecked
+from cost_models.accuracy import CATEGORIES, held_out_dicts, unchecked
 from planner.inference.deployments import serving_accuracy
 
 console = render.LiveConsole(highlight=False, soft_wrap=False)
@@ -36,8 +36,7 @@ def list_cmd(
         rows = [
             {"name": c.name, "description": c.description, "device": c.device.name, "n_devices": c.n_devices,
              "levels": [lvl.name for lvl in c.levels], "transferred_from": c.transferred_from or None,
-             "held_out": {h.category: {"runs": h.runs, "mean_abs_error": h.mean, "max_abs_error": h.max}
-                          for h in c.held_out}}
+             "held_out": held_out_dicts(c.held_out)}
             for c in clusters
         ]
         typer.echo(json.dumps(rows, indent=2))

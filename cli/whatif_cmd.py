@@ -173,9 +173,7 @@ def print_sweep(doc: dict) -> None:
                       "marginal: what the devices added since the previous point bring, per device, on the same scale")
         if any(not p["search_complete"] for p in ok):
             console.print("* the search stopped at --time-limit; a longer limit may find a faster plan")
-        for c in doc["clusters"]:  # how far off each cluster's estimates may be: its held-out runs
-            if c.get("checked"):
-                console.print(f"checked: {c['checked']}", markup=False)
+        _print_checked(doc)  # how far off each cluster's estimates may be: its held-out runs
     else:
         console.print("no point fits")
     print_misses(doc)
@@ -284,12 +282,17 @@ def print_infer_sweep(doc: dict) -> None:
         console.print(render.table("best serving plan per point", cols, rows,
                                    right=tuple(c for c in cols if c not in ("cluster", "plan"))))
         console.print("scaling: output tokens/s per device against the smallest point that serves")
-        for c in doc["clusters"]:  # how far off each cluster's serving estimates may be: its published deployments
-            if c.get("checked"):
-                console.print(f"checked: {c['checked']}", markup=False)
+        _print_checked(doc)  # how far off each cluster's serving estimates may be: its published deployments
     else:
         console.print("no point serves")
     print_misses(doc)
+
+
+def _print_checked(doc: dict) -> None:
+    """One `checked` line per cluster of a sweep that says how far off its estimates may be."""
+    for c in doc["clusters"]:
+        if c.get("checked"):
+            console.print(f"checked: {c['checked']}", markup=False)
 
 
 def print_misses(doc: dict) -> None:

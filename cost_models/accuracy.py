@@ -65,6 +65,11 @@ def parse_held_out(value: object, where: str) -> tuple[HeldOut, ...]:
     return tuple(out)
 
 
+def held_out_dicts(rows: Iterable[HeldOut]) -> dict[str, dict[str, float]]:
+    """The held-out rows as JSON gives them: category -> runs, mean and max |error| (fractions)."""
+    return {r.category: {"runs": r.runs, "mean_abs_error": r.mean, "max_abs_error": r.max} for r in rows}
+
+
 def held_out_toml(rows: Iterable[HeldOut]) -> str:
     """The `held_out` value as a TOML inline table, percent to one decimal (what `parse_held_out` reads)."""
     items = [f"{r.category} = [{r.runs}, {100 * r.mean:.1f}, {100 * r.max:.1f}]"
@@ -72,4 +77,4 @@ def held_out_toml(rows: Iterable[HeldOut]) -> str:
     return "{ " + ", ".join(items) + " }" if items else "{}"
 
 
-__all__ = ["CATEGORIES", "HeldOut", "held_out_toml", "parse_held_out", "unchecked"]
+__all__ = ["CATEGORIES", "HeldOut", "held_out_dicts", "held_out_toml", "parse_held_out", "unchecked"]

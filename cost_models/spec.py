@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from cost_models.accuracy import HeldOut
+from cost_models.accuracy import HeldOut, held_out_dicts
 from cost_models.curves import EfficiencyCurve
 from cost_models.errors import SpecError
 
@@ -316,8 +316,7 @@ def cluster_as_dict(cluster: Cluster) -> dict:
             "fitted_on": list(cluster.fitted_on),
             "not_fitted": list(cluster.not_fitted),
             "calibration": cluster.calibration,
-            "held_out": {h.category: {"runs": h.runs, "mean_abs_error": h.mean, "max_abs_error": h.max}
-                         for h in cluster.held_out},
+            "held_out": held_out_dicts(cluster.held_out),
             "transferred_from": cluster.transferred_from,
         },
         "sources": list(cluster.sources),

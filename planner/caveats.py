@@ -159,7 +159,6 @@ def accuracy(hw: Any, workload: Any, moe: bool, model: str | None = None) -> dic
                            else {"category": category, "runs": h.runs, "mean_abs_error": h.mean,
                                  "max_abs_error": h.max, "sentence": h.sentence(hw.name, hw.name in preset_names())})
     if h is None and hw.transferred_from:  # its figures are another preset's fit: what that fit's runs say
-
         source = load_cluster(hw.transferred_from).checked(category)
         if source is not None:
             out["transferred_from"] = hw.transferred_from

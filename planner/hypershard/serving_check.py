@@ -28,7 +28,8 @@ from planner.hypershard.programs import mesh_of, rank_problems, ranks_of
 from planner.hypershard.serving_doc import (ESTIMATE_KEYS, PHASES, WORKLOAD_KEYS, build_serving_document,
                                            serving_graph, tier_name)
 from planner.hypershard.serving_layouts import routed_experts
-from planner.hypershard.validate import Report, accuracy_changed, entry_problems, first_difference, model_problems, model_request
+from planner.hypershard.validate import (Report, accuracy_changed, entry_problems, first_difference, model_problems,
+                                         model_request)
 from planner.graph.walk import index_graph
 from planner.inference.phase_cost import Layout
 from planner.inference.rescore import PhaseChoice, score_serving

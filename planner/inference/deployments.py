@@ -81,28 +81,29 @@ def serving_accuracy(hw: Any) -> dict[str, Any]:
     """How far off a serving estimate on `hw` may be, by the published deployments: the ones on `hw` that are
     compared, then those on clusters that share its efficiency fit; or that none checks it. The dict an estimate
     carries as `accuracy` (`sentence`: one line)."""
-    fit = hw.transferred_from or hw.name
+    fit = fit_of(hw.name, {}, hw.transferred_from)
     own = [r for r in _rows() if r["cluster"] == hw.name]
     kin = [r for r in _rows() if r["cluster"] != hw.name and r["fit_of"] == fit]
     mine, theirs = [r for r in own if r["compared"]], [r for r in kin if r["compared"]]
-    out: dict[str, Any] = {"category": "serving", "deployments": len(mine),
-                           "compared": [{k: r[k] for k in ("id", "model", "cluster", "phase", "error")} for r in mine + theirs]}
+    out: dict[str, Any] = {"category": "serving", "deployments": len(mine), "compared": [
+        {k: r[k] for k in ("id", "model", "cluster", "phase", "error")} for r in mine + theirs]}
     others = sorted({r["cluster"] for r in theirs})
     shared = f"{', '.join(others)}, which share{'s' if len(others) == 1 else ''} its efficiency fit ({fit}'s)"
     if mine:
         out["mean_abs_error"], out["max_abs_error"] = _figures(mine)
-        said = (f"{_plural(len(mine), 'published serving deployment')}{_of(mine)} on {hw.name}: tokens/s per device within "
-                f"mean |error| {100 * out['mean_abs_error']:.1f} %, max {100 * out['max_abs_error']:.1f} %")
+        said = (f"{_plural(len(mine), 'published serving deployment')}{_of(mine)} on {hw.name}: tokens/s per device "
+                f"within mean |error| {100 * out['mean_abs_error']:.1f} %, max {100 * out['max_abs_error']:.1f} %")
         if theirs:
             mean, worst = _figures(theirs)
             said += f"; {len(theirs)} more{_of(theirs)} on {shared}: mean {100 * mean:.1f} %, max {100 * worst:.1f} %"
     elif theirs:
         mean, worst = _figures(theirs)
         said = (f"no published serving deployment on {hw.name} is compared; "
-                f"{_plural(len(theirs), 'deployment')}{_of(theirs)} on {shared}: tokens/s per device within mean |error| "
-                f"{100 * mean:.1f} %, max {100 * worst:.1f} %")
+                f"{_plural(len(theirs), 'deployment')}{_of(theirs)} on {shared}: tokens/s per device within mean "
+                f"|error| {100 * mean:.1f} %, max {100 * worst:.1f} %")
     else:
-        said = f"no published serving deployment on {hw.name} is compared: how far off its serving estimates are is unchecked"
+        said = (f"no published serving deployment on {hw.name} is compared: how far off its serving estimates are "
+                "is unchecked")
         listed = [r for r in own + kin if not r["compared"]]
         if listed:
             where = ", ".join(sorted({r["cluster"] for r in listed}))
