@@ -127,7 +127,10 @@ SPECS |= table([
                   "reduce-scatters every micro-batch's gradients (optim_grads_params), and in fp32 the four "
                   "micro-batches' expert gathers and reduce-scatters over the 32 expert-data-parallel nodes would "
                   "move 909 GB per GPU, "
-                  "18.2 s at the 50 GB/s link rate, more than the measured 17.6 s step"]}),
+                  "18.2 s at the 50 GB/s link rate, more than the measured 17.6 s step",
+                  "the table's TP 2, DP 128 and GA 4, which agree with each other; the ModelZoo's launch line for "
+                  "this layout, added the same day (examples/qwen3/run_235b.sh, 31c5686, 2025-05-27, 'Intra-node EP "
+                  "+ FSDP solution'), says TP=1, which would make it DP 256 with 2 micro-batches"]}),
     ("mz-qwen3-235b-256xh100-bf16-tp4-ep8-pp8", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
         "global_batch": 2048, "stack": MC, "execution": MZ_H100 | {"moe_dispatcher": "deepep"},
