@@ -7,6 +7,11 @@ cuDNN's SDPA training benchmark (tests/data/cudnn_sdpa.json, from NVIDIA/cudnn-f
 length law were fitted on the head-dim-128 rows alone; this fits D, per phase, on the head-dim-64 rows (least
 squares of the log time), and prints each row's error with it, and the held-out GB200 rows (head dim 64, a
 128-token window) under the Blackwell presets' D. Prints the figures the presets' `attention_half_dims` carry.
+
+It also times DeepSeek-V3's MLA shape (query-key head dim 192, values 128) on H200 and GB200: the rate of those
+wide heads over head dim 128's, per GPU and phase (the geometric mean over the lengths, never above 1), is what
+the presets' `attention_wide_heads` carry. H200's MLA rows were timed with a deterministic backward only (on
+GB200, where both were timed, the two differ by -4 % to +9 % per row, 0.1 % on the geometric mean).
 """
 
 from __future__ import annotations
@@ -61,6 +66,22 @@ def narrow_rows(gpu: str, phase: str) -> list[dict]:
             if r["gpu"] == gpu and r["phase"] == phase and r["head_dim_qk"] < 128 and not r["deterministic"]]
 
 
+def wide_rows(gpu: str, phase: str) -> list[dict]:
+    """The GPU's MLA-shaped rows of `phase`: the non-deterministic ones where there are any (GB200), else all."""
+    rows = [r for r in json.loads(DATA.read_text(encoding="utf-8"))["rows"]
+            if r["gpu"] == gpu and r["phase"] == phase and r["head_dim_qk"] > 128 and r["mask"] == "top_left"]
+    return [r for r in rows if not r["deterministic"]] or rows
+
+
+def fit_wide(gpu: str, phase: str) -> float:
+    """The rate of the GPU's MLA-shaped rows over head dim 128's law, at most 1: exp(mean log(predicted at 128's
+    rate / measured))."""
+    at_128 = dataclasses.replace(load_cluster(PRESET[gpu]), attention_wide_heads=(1.0, 1.0))
+    rows = wide_rows(gpu, phase)
+    rate = math.exp(sum(math.log(predicted_ms(r, at_128) / r["time_ms"]) for r in rows) / len(rows))
+    return min(1.0, rate)
+
+
 def fit(phase: str) -> float:
     """D of `phase` minimising the squared log error of H200's narrow-head rows."""
     base = load_cluster(PRESET["H200"])
@@ -74,6 +95,13 @@ def fit(phase: str) -> float:
     return float(minimize_scalar(loss, bounds=(0.0, 512.0), method="bounded", options={"xatol": 0.1}).x)
 
 
+def print_rows(rows: list[dict], cluster, label) -> None:
+    """Each row's measured and predicted time on `cluster`, named by `label(row)`."""
+    for r in rows:
+        p = predicted_ms(r, cluster)
+        print(f"  {label(r)}: measured {r['time_ms']:7.3f} ms, predicted {p:7.3f} ms ({p / r['time_ms'] - 1:+.0%})")
+
+
 def main() -> int:
     fitted = {p: fit(p) for p in PHASES}
     print("D fitted on H200's head-dim-64 rows: forward %.0f, backward %.0f" % (fitted["fwd"], fitted["bwd"]))
@@ -82,10 +110,13 @@ def main() -> int:
         print(f"{gpu} ({PRESET[gpu]}: attention_half_dims {list(cluster.attention_half_dims)}, "
               f"{'fitted' if gpu == 'H200' else 'held out'})")
         for phase in PHASES:
-            for r in narrow_rows(gpu, phase):
-                p = predicted_ms(r, cluster)
-                print(f"  {phase} window {r['window']:>5} seq {r['seq']:>6}: measured {r['time_ms']:7.3f} ms, "
-                      f"predicted {p:7.3f} ms ({p / r['time_ms'] - 1:+.0%})")
+            print_rows(narrow_rows(gpu, phase), cluster, lambda r: f"{phase} window {r['window']:>5} seq {r['seq']:>6}")
+        wide = [round(fit_wide(gpu, phase), 3) for phase in PHASES]
+        print(f"  MLA heads (192/128) over head dim 128's rate, forward and backward: {wide} "
+              f"(preset: {list(cluster.attention_wide_heads)})")
+        for phase in PHASES:
+            print_rows(wide_rows(gpu, phase), cluster,
+                       lambda r: f"{phase} MLA seq {r['seq']:>6}{' (deterministic)' if r['deterministic'] else ''}")
     return 0
 
 

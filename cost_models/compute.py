@@ -93,19 +93,24 @@ MEASURED_HEAD_DIM = 128.0
 
 def head_dim_factor(cluster: Cluster, head_dim: float, phase: Phase) -> float:
     """Flash attention's rate at `head_dim` (the mean of the query-key and value head dims) over its rate at head
-    dim 128, where the device's figures were measured: (d / (d + D)) / (128 / (128 + D)), capped at 1.
+    dim 128, where the device's figures were measured: (d / (d + D)) / (128 / (128 + D)) below 128, the device's
+    measured `attention_wide_heads` above it.
 
     Each (query, key) score costs 4d tensor-core FLOPs forward (QK^T and PV, 10d backward) beside a fixed
     amount of other work: the exponential (on the SFU, 16 per clock per SM on Hopper and Blackwell), the
     softmax's rescaling, the masking. Only the FLOPs count as useful work, so a narrow head spends a larger share
     of its time off the tensor cores; D, the device's `attention_half_dims` for the phase, is the head dim at
     which that other work takes as long as the matmuls. Fitted on cuDNN's head-dim-64 runs on H200 beside its
-    head-dim-128 ones (benchmarks/fit_attention_head_dim.py; tests/test_attention_length.py checks it). Heads wider than 128 are not credited a higher rate: MLA's
-    192-wide query-key heads run 2 % (forward) and 15 % (backward) slower than head dim 128 in cuDNN's GB200
-    benchmark, not faster as the law would have it. D = 0: the device's figures for every head dim."""
-    forward, backward = cluster.attention_half_dims
-    d0 = forward if phase == "forward" else backward
-    if d0 <= 0 or head_dim <= 0 or head_dim >= MEASURED_HEAD_DIM:
+    head-dim-128 ones (benchmarks/fit_attention_head_dim.py; tests/test_attention_length.py checks it). Wider
+    heads do not run at the higher rate this law would give them: cuDNN runs MLA's 192-wide query-key heads (128-
+    wide values) forward at head dim 128's rate and backward 10-12 % slower (its H200 and GB200 benchmarks), the
+    rate the device's `attention_wide_heads` carries, taken for every head wider than 128. D = 0: the device's
+    figures for every narrower head dim."""
+    index = 0 if phase == "forward" else 1
+    if head_dim > MEASURED_HEAD_DIM:
+        return cluster.attention_wide_heads[index]
+    d0 = cluster.attention_half_dims[index]
+    if d0 <= 0 or head_dim <= 0 or head_dim == MEASURED_HEAD_DIM:
         return 1.0
     return (head_dim / (head_dim + d0)) * ((MEASURED_HEAD_DIM + d0) / MEASURED_HEAD_DIM)
 

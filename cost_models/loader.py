@@ -100,12 +100,14 @@ def parse_cluster(data: dict[str, Any], *, source: str, default_name: str) -> Cl
     )
 
 
-def _pair(eff: Table, key: str, what: str) -> tuple[float, float]:
-    """A [forward, backward] pair of numbers >= 0 in [efficiency] (0, 0 when absent)."""
-    pair = eff.data.get(key, [0.0, 0.0])
+def _pair(eff: Table, key: str, what: str, rate: bool = False) -> tuple[float, float]:
+    """A [forward, backward] pair of numbers >= 0 in [efficiency] (0, 0 when absent), or with `rate` of rates in
+    (0, 1] (1, 1 when absent)."""
+    pair = eff.data.get(key, [1.0, 1.0] if rate else [0.0, 0.0])
     if not (isinstance(pair, list) and len(pair) == 2
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in pair)):
-        raise eff.error(key, f"expected [forward, backward] {what} >= 0, got {_show(pair)}")
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and (0 < v <= 1 if rate else v >= 0)
+                    for v in pair)):
+        raise eff.error(key, f"expected [forward, backward] {what}, got {_show(pair)}")
     return float(pair[0]), float(pair[1])
 
 
@@ -119,7 +121,8 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     """
     eff.only("matmul", "memory", "matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us",
              "host_overhead_us", "attention", "attention_basis", "attention_half_keys", "attention_half_dims",
-             "overlap", "fitted_on", "not_fitted", "calibration", "held_out", "transferred_from")
+             "attention_wide_heads", "overlap", "fitted_on", "not_fitted", "calibration", "held_out",
+             "transferred_from")
     law = [k for k in ("matmul_plateau", "memory_plateau", "kernel_overhead_us") if k in eff.data]
     if law and len(law) != 3:
         missing = sorted({"matmul_plateau", "memory_plateau", "kernel_overhead_us"} - set(law))
@@ -154,11 +157,13 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
             raise att.error(kernel, f"expected [forward, backward] fractions of the bf16 peak in (0, 1], "
                                     f"got {_show(value)}")
         attention.append((kernel, float(value[0]), float(value[1])))
-    half, dims = (_pair(eff, key, what) for key, what in (("attention_half_keys", "key counts"),
-                                                           ("attention_half_dims", "head dims")))
+    half, dims = (_pair(eff, key, f"{what} >= 0") for key, what in (("attention_half_keys", "key counts"),
+                                                                   ("attention_half_dims", "head dims")))
+    wide = _pair(eff, "attention_wide_heads", "rates over head dim 128's in (0, 1]", rate=True)
     fitted_on = eff.texts("fitted_on")
     return dict(matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
                 attention_plateaus=tuple(attention), attention_half_keys=half, attention_half_dims=dims,
+                attention_wide_heads=wide,
                 kernel_overhead_s=t0, **plateaus,
                 host_overhead_s=eff.number("host_overhead_us", default=0.0, allow_zero=True) * US,
                 dp_overlap_efficiency=eff.fraction("overlap", default=1.0),

@@ -102,6 +102,8 @@ class Cluster:
     # kernel reaches half its plateau (`cost_models.compute.attention_time_s`); 0: no dependence on the length
     attention_half_dims: tuple[float, float] = (0.0, 0.0)  # (forward, backward) D of the head-dim law (see
     # `cost_models.compute.head_dim_factor`); 0: every head dim at head dim 128's rate
+    attention_wide_heads: tuple[float, float] = (1.0, 1.0)  # (forward, backward) rate of heads wider than 128 (MLA's
+    # 192/128, where cuDNN was measured) over head dim 128's; 1: not measured, head dim 128's rate
     kernel_overhead_s: float = 0.0  # t0 of the overhead law the curves follow (0: the curves are bare tables)
     host_overhead_s: float = 0.0  # what issuing one op from an eager training step's host adds to it (0: none)
     matmul_plateau: float | None = None  # the law's parameters the curves were made from (None: bare tables)
@@ -310,6 +312,7 @@ def cluster_as_dict(cluster: Cluster) -> dict:
             "attention_basis": cluster.attention_basis,
             "attention_half_keys": dict(zip(("forward", "backward"), cluster.attention_half_keys)),
             "attention_half_dims": dict(zip(("forward", "backward"), cluster.attention_half_dims)),
+            "attention_wide_heads": dict(zip(("forward", "backward"), cluster.attention_wide_heads)),
             "kernel_overhead_s": cluster.kernel_overhead_s,
             "host_overhead_s": cluster.host_overhead_s,
             "overlap": cluster.dp_overlap_efficiency,

@@ -49,6 +49,10 @@ def scale_warnings(step_time_s: float, microbatches: int, mode: str) -> list[str
 #: The clause of a preset's attention basis that says how heads narrower than 128 are costed ("ASSUMPTION (head dims
 #: under 128): ...").
 NARROW_HEADS = "head dims under 128"
+WIDE_HEADS = "heads wider than 128"
+#: What cuDNN measured of such heads on other devices (NVIDIA/cudnn-frontend sdpa_benchmark_training).
+UNMEASURED = {NARROW_HEADS: "cuDNN runs head dim 64 at 0.75x of it forward on H200",
+              WIDE_HEADS: "cuDNN runs MLA's 192/128 heads at 0.88x of it backward on H200, 0.90x on GB200"}
 
 
 def attention_assumed(basis: str, kernel: str) -> str:
@@ -58,7 +62,7 @@ def attention_assumed(basis: str, kernel: str) -> str:
     for m in re.finditer(r"ASSUMPTION \(([^)]*)\):?\s*([^;]*)", basis):
         if kernel in {k.strip() for k in m.group(1).split(",")}:
             return m.group(2).strip()
-    if basis.startswith("ASSUMPTION") and kernel != NARROW_HEADS:
+    if basis.startswith("ASSUMPTION") and kernel not in (NARROW_HEADS, WIDE_HEADS):
         return re.split(r";\s*ASSUMPTION \(", basis)[0].removeprefix("ASSUMPTION").lstrip(": ")
     return ""
 
@@ -95,18 +99,25 @@ def attention_assumptions(hw: Any, kernel: str, fallback: bool = True) -> list[s
 
 
 def head_dim_assumptions(hw: Any, head_dims: Iterable[float]) -> list[str]:
-    """What the attention figures assume for heads narrower than the head dim 128 they were measured at: that they
-    run at its rate, on a device without the head-dim law (`cost_models.compute.head_dim_factor`), or what the
-    preset's basis says of its law's D."""
-    narrow = sorted({float(d) for d in head_dims if 0 < d < MEASURED_HEAD_DIM})
-    if not narrow:
-        return []
-    dims = ", ".join(f"{d:g}" for d in narrow)
-    if not any(hw.attention_half_dims):
-        return [f"{hw.name} has no flash-attention figures below head dim 128: heads of {dims} are costed at head dim "
-                "128's rate (cuDNN runs head dim 64 at 0.75x of it forward on H200: likely fast)"]
-    said = attention_assumed(hw.attention_basis, NARROW_HEADS)
-    return [f"{hw.name}'s flash attention at head dim {dims}: {said}"] if said else []
+    """What the attention figures assume for heads narrower or wider than the head dim 128 they were measured at:
+    that they run at its rate, on a device without the head-dim law or a measured wide-head rate
+    (`cost_models.compute.head_dim_factor`), or what the preset's basis says of them."""
+    dims = sorted({float(d) for d in head_dims if d > 0 and d != MEASURED_HEAD_DIM})
+    narrow = [d for d in dims if d < MEASURED_HEAD_DIM]
+    wide = [d for d in dims if d > MEASURED_HEAD_DIM]
+    out = []
+    for group, kind, law in ((NARROW_HEADS, narrow, any(hw.attention_half_dims)),
+                             (WIDE_HEADS, wide, hw.attention_wide_heads != (1.0, 1.0))):
+        if not kind:
+            continue
+        shown = ", ".join(f"{d:g}" for d in kind)
+        if not law:
+            side = "below" if group == NARROW_HEADS else "above"
+            out.append(f"{hw.name} has no flash-attention figures {side} head dim 128: heads of {shown} are costed at "
+                       f"head dim 128's rate ({UNMEASURED[group]}: likely fast)")
+        elif said := attention_assumed(hw.attention_basis, group):
+            out.append(f"{hw.name}'s flash attention at head dim {shown}: {said}")
+    return out
 
 
 #: FP8 recipes that scale blocks of a tensor (MXFP8's 1x32, DeepSeek's 128x128 / 1x128), costed as per-tensor FP8.

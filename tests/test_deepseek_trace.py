@@ -60,11 +60,11 @@ def test_the_trace_is_deepseeks_h800_step_at_its_stated_layout():
 
 
 def test_flash_attention_of_mla_matches_deepseeks_kernels():
+    """Held out: the H100 presets' MLA rate was fitted on cuDNN's benchmark on H200, not on this trace. At head dim
+    128's rate the backward (the kernel with its pre- and post-processing) came out 12 % fast."""
     ours = layer_ms()
-    assert ours["attention_forward"] == pytest.approx(MEASURED["attention_forward"], rel=0.10)
-    # backward: the kernel with its pre- and post-processing; cuDNN's MLA backward is this much below the
-    # head-dim-128 length law too (README: flash attention)
-    assert ours["attention_backward"] == pytest.approx(MEASURED["attention_backward"], rel=0.15)
+    assert ours["attention_forward"] == pytest.approx(MEASURED["attention_forward"], rel=0.05)
+    assert ours["attention_backward"] == pytest.approx(MEASURED["attention_backward"], rel=0.05)
 
 
 def test_fp8_casts_cost_what_deepseeks_quantisation_kernels_take():

@@ -79,10 +79,13 @@ def test_show_says_where_the_flash_attention_figures_come_from():
     flat = " ".join(measured.output.split())
     assert "flash attention (plateau share of the bf16 peak, forward/backward): cudnn 0.722/0.627" in flat
     assert "half of it at 407/607 keys per query" in flat
-    assert "; measured: cudnn by cuDNN 9.19 on H200" in flat and "ASSUMPTION" not in flat.split("flash attention")[1]
+    line = flat.split("flash attention")[1]  # its one assumption: MLA's heads, timed on H200 deterministic only
+    assert "; measured: cudnn by cuDNN 9.19 on H200" in line and "heads wider than 128 at 1/0.877" in line
+    assert line.count("ASSUMPTION") == 1 and "ASSUMPTION (heads wider than 128): MLA's rate" in line
     assert "; ASSUMPTION: GB200's measured cuDNN figures" in " ".join(carried.output.split())
     as_json = json.loads(runner.invoke(app, ["hardware", "show", "dgx-b200", "--json"], env=ENV).output)
     assert as_json["efficiency"]["attention_basis"].startswith("ASSUMPTION")
+    assert as_json["efficiency"]["attention_wide_heads"] == {"forward": 1.0, "backward": 0.9}
 
 
 def test_every_estimate_on_borrowed_attention_figures_says_so():
@@ -123,6 +126,12 @@ def test_an_estimate_with_narrow_heads_says_how_they_are_costed():
     assert a100.startswith("dgx-a100 has no flash-attention figures below head dim 128: heads of 64 are costed")
     b200 = [a for a in assumptions(load_cluster("dgx-b200"), work, {64.0}) if "flash attention" in a]
     assert len(b200) == 2 and "head dims under 128" not in b200[0]  # the kernel's clause and the heads' apart
+    (mla,) = heads("dgx-a100", {160.0})  # MLA's 192/128 heads: measured on H200 and GB200, not on A100
+    assert mla.startswith("dgx-a100 has no flash-attention figures above head dim 128: heads of 160 are costed at "
+                          "head dim 128's rate (cuDNN runs MLA's 192/128 heads at 0.88x of it backward on H200")
+    assert heads("dgx-h100", {160.0}) == [
+        "dgx-h100's flash attention at head dim 160: MLA's rate (192/128) measured by cuDNN 9.19 on H200, timed there "
+        "only with a deterministic backward (on GB200 the two agree within 0.1 % on the mean), for every wider head"]
 
 
 def test_an_fp8_estimate_says_when_it_costs_block_scaling_as_per_tensor():

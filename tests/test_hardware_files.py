@@ -82,6 +82,9 @@ MALFORMED = [
      "efficiency.attention_half_dims: expected [forward, backward] head dims >= 0, got [64]"),
     ("overlap = 0.8", "overlap = 0.8\nattention_half_keys = [-1, 2]",
      "efficiency.attention_half_keys: expected [forward, backward] key counts >= 0, got [-1, 2]"),
+    ("overlap = 0.8", "overlap = 0.8\nattention_wide_heads = [1.2, 0.9]",
+     "efficiency.attention_wide_heads: expected [forward, backward] rates over head dim 128's in (0, 1], "
+     "got [1.2, 0.9]"),
     ("overlap = 0.8", "overlap = 1.5", "efficiency.overlap: expected a number in (0, 1], got 1.5"),
     ("overlap = 0.8", 'overlap = 0.8\nheld_out = "good"', "efficiency.held_out: expected a table of category ="),
     ("overlap = 0.8", "overlap = 0.8\nheld_out = { moe_training = [0, 1.0, 2.0] }",
