@@ -11,7 +11,8 @@ from rich.markup import escape
 from cli import render
 from cli.errors import guarded
 from cost_models import Cluster, cluster_as_dict, load_cluster, preset_names
-from cost_models.accuracy import CATEGORIES, held_out_dicts, unchecked
+from cost_models.accuracy import CATEGORIES, held_out_dicts
+from planner.caveats import checked_sentence
 from planner.inference.deployments import serving_accuracy
 
 console = render.LiveConsole(highlight=False, soft_wrap=False)
@@ -104,9 +105,7 @@ def _print_cluster(c: Cluster) -> None:
     if c.calibration:  # whether the efficiency is this hardware's own fit or an assumption carried from another
         console.print(f"efficiency calibration: {c.calibration}", markup=False)
     for category in CATEGORIES:  # how far off the runs the fit left out came out, per kind of job
-        h = c.checked(category)
-        said = h.sentence(c.name, c.name in preset_names()) if h else unchecked(c.name, category)
-        console.print(f"checked: {said}", markup=False)
+        console.print(f"checked: {checked_sentence(c, category)[0]}", markup=False)
     console.print(f"checked (serving): {serving_accuracy(c)['sentence']}", markup=False)
     if c.attention_plateaus:
         kernels = ", ".join(f"{k} {f:g}/{b:g}" for k, f, b in c.attention_plateaus)

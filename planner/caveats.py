@@ -154,6 +154,21 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = ()) -> list
     return out
 
 
+def checked_sentence(hw: Any, category: str) -> tuple[str, str]:
+    """What checks `hw`'s estimates of a kind of job: its held-out runs of `category`, or that none does, and then,
+    where its figures are another preset's fit (`transferred_from`), what that fit's held-out runs say; with the
+    preset it cited ("" if none)."""
+    h = hw.checked(category)
+    if h is not None:
+        return h.sentence(hw.name, hw.name in preset_names()), ""
+    said = unchecked(hw.name, category)
+    source = load_cluster(hw.transferred_from).checked(category) if hw.transferred_from else None
+    if source is None:
+        return said, ""
+    return (f"{said} (its efficiency is {hw.transferred_from}'s fit, with "
+            f"{source.sentence(hw.transferred_from, shipped=True)})"), hw.transferred_from
+
+
 def accuracy(hw: Any, workload: Any, moe: bool, model: str | None = None) -> dict[str, Any] | None:
     """How far off a training estimate on `hw` may be: its held-out runs of the same kind of job (MoE training when
     `moe`, else dense), as its file records them (`cost_models.accuracy`), or that none checks it; and, for a zoo
@@ -166,15 +181,12 @@ def accuracy(hw: Any, workload: Any, moe: bool, model: str | None = None) -> dic
         return None
     category = "moe_training" if moe else "dense_training"
     h = hw.checked(category)
-    out: dict[str, Any] = ({"category": category, "runs": 0, "sentence": unchecked(hw.name, category)} if h is None
+    out: dict[str, Any] = ({"category": category, "runs": 0} if h is None
                            else {"category": category, "runs": h.runs, "mean_abs_error": h.mean,
-                                 "max_abs_error": h.max, "sentence": h.sentence(hw.name, hw.name in preset_names())})
-    if h is None and hw.transferred_from:  # its figures are another preset's fit: what that fit's runs say
-        source = load_cluster(hw.transferred_from).checked(category)
-        if source is not None:
-            out["transferred_from"] = hw.transferred_from
-            said = source.sentence(hw.transferred_from, shipped=True)
-            out["sentence"] += f" (its efficiency is {hw.transferred_from}'s fit, with {said})"
+                                 "max_abs_error": h.max})
+    out["sentence"], source = checked_sentence(hw, category)
+    if source:
+        out["transferred_from"] = source
     published = runs_of(model, hw.name) if model else []
     if published:
         out["published"] = [{k: r[k] for k in ("id", "devices", "group", "error")} for r in published]
@@ -182,6 +194,7 @@ def accuracy(hw: Any, workload: Any, moe: bool, model: str | None = None) -> dic
     return out
 
 
-__all__ = ["LONG_STEP_S", "accuracy", "assumptions", "attention_assumptions", "check_costed", "hardware_assumptions",
+__all__ = ["LONG_STEP_S", "accuracy", "assumptions", "attention_assumptions", "check_costed", "checked_sentence",
+           "hardware_assumptions",
            "head_dim_assumptions",
            "scale_warnings", "uncosted_note"]
