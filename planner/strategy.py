@@ -71,7 +71,8 @@ class Strategy:
     zero: int = 0
     schedule: Schedule = "1f1b"
     offload: tuple[tuple[str, float], ...] = field(default_factory=tuple)
-    stage_layers: tuple[int, ...] = ()  # layers per pipeline chunk (pp x vpp of them); () = as even as possible
+    stage_layers: tuple[int, ...] = ()  # layers per pipeline chunk (pp x vpp of them); () = as even as possible;
+    # 0 for the first or last: the embedding or the loss alone (Megatron's accounted split)
     full_recompute_layers: int = 0  # per chunk, the first k layers recompute fully, the rest use `recompute`
     layouts: str = "megatron"  # tensor-axis layout space: "megatron" (Megatron-LM's) or "searched" (free ILP)
     stage_tp: tuple[int, ...] = ()  # tensor degree of each pipeline stage when they differ; () = `tp` everywhere
@@ -105,9 +106,11 @@ class Strategy:
         if self.flushes > 1 and self.pp == 1:
             raise InvalidInput("--flushes (pipeline schedules per step) needs --pp greater than 1; without a "
                                "pipeline the micro-batches already accumulate")
-        if self.stage_layers and (len(self.stage_layers) != self.pp * self.vpp or min(self.stage_layers) < 1):
+        if self.stage_layers and (len(self.stage_layers) != self.pp * self.vpp or min(self.stage_layers) < 0
+                                  or min(self.stage_layers[1:-1], default=1) < 1 or max(self.stage_layers) < 1):
             raise InvalidInput(
-                f"stage_layers {list(self.stage_layers)} must give pp x vpp = {self.pp * self.vpp} positive layer counts"
+                f"stage_layers {list(self.stage_layers)} must give pp x vpp = {self.pp * self.vpp} layer counts, "
+                "positive but for the first and the last chunk, which may hold only the embedding or the loss (0)"
             )
         if self.full_recompute_layers < 0:
             raise InvalidInput(f"--full-recompute-layers must be >= 0, got {self.full_recompute_layers}")

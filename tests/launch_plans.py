@@ -28,6 +28,8 @@ PLANS = {
     "zero2": ("llama3-8b", TINY, dict(dp=8, zero=2)),
     "first_last": ("llama3-8b", TINY, dict(pp=4, dp=2, stage_layers=(1, 3, 3, 1))),
     "layout": ("llama3-8b", TINY, dict(pp=2, vpp=2, dp=4, stage_layers=(1, 3, 3, 1))),
+    # the embedding and the loss alone in the first and last chunk (Megatron-Bridge's accounted pipeline split)
+    "ends_alone": ("llama3-8b", TINY, dict(pp=2, vpp=2, dp=4, zero=1, stage_layers=(0, 4, 4, 0))),
     "cp": ("llama3-8b", TINY, dict(tp=2, cp=2, dp=2, sp=True)),
     "moe": ("mixtral-8x7b", MOE, dict(tp=2, ep=4, zero=1, sp=True)),
     "moe_etp1": ("mixtral-8x7b", MOE, dict(tp=2, ep=8, etp=1, zero=1, sp=True)),
@@ -37,6 +39,8 @@ PLANS = {
     "tt_3d": ("llama3-8b", TINY, dict(tp=2, pp=2, dp=2, sp=True, recompute="full", zero=1, stack="torchtitan")),
     "tt_interleaved": ("llama3-8b", TINY, dict(pp=2, vpp=2, dp=4, zero=3, recompute="selective", stack="torchtitan")),
     "tt_layout": ("llama3-8b", TINY, dict(pp=2, vpp=2, dp=4, zero=2, stage_layers=(1, 3, 3, 1), stack="torchtitan")),
+    "tt_ends_alone": ("llama3-8b", TINY, dict(pp=2, vpp=2, dp=4, zero=2, stage_layers=(0, 4, 4, 0),
+                                              stack="torchtitan")),
     "tt_gpipe": ("llama3-8b", TINY, dict(pp=2, dp=4, zero=1, schedule="gpipe", stack="torchtitan")),
     "tt_cp": ("llama3-8b", TINY, dict(tp=2, cp=2, dp=2, sp=True, zero=1, stack="torchtitan")),
     "tt_moe": ("mixtral-8x7b", MOE, dict(tp=2, ep=4, zero=1, sp=True, stack="torchtitan")),
@@ -61,12 +65,14 @@ PLANS = {
 }
 #: the plans each launch backend writes
 WRITES = {
-    "megatron": ["3d", "interleaved", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "offload",
-                 "fp8", "tt_3d", "tt_layout", "tt_cp", "tt_moe", "tt_fp8", "graphs_full", "graphs_layer"],
+    "megatron": ["3d", "interleaved", "fsdp", "zero2", "first_last", "layout", "ends_alone", "cp", "moe", "moe_etp1",
+                 "offload", "fp8", "tt_3d", "tt_layout", "tt_ends_alone", "tt_cp", "tt_moe", "tt_fp8", "graphs_full",
+                 "graphs_layer"],
     "mindformers": ["3d", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "tt_gpipe", "tt_layout",
                     "ds_tp", "ds_moe"],
     "deepspeed": ["zero2", "ds_offload3", "ds_offload1", "ds_tp", "ds_moe", "tt_offload"],
-    "torchtitan": ["tt_3d", "tt_interleaved", "tt_layout", "tt_gpipe", "tt_cp", "tt_moe", "tt_fp8", "tt_offload",
+    "torchtitan": ["tt_3d", "tt_interleaved", "tt_layout", "tt_ends_alone", "tt_gpipe", "tt_cp", "tt_moe", "tt_fp8",
+                   "tt_offload",
                    "tt_flushes", "3d", "zero2", "moe", "moe_etp1", "fp8"],
 }
 #: backend -> plan -> words of the one sentence it refuses the plan by
@@ -75,7 +81,8 @@ REFUSES = {
                     "tt_interleaved": "selective recompute (the torchtitan stack's: every other matmul",
                     "fp8": "FP8 GEMMs", "offload": "optimizer offload (50%)", "activations": "activations offload (40%)",
                     "widths": "pipeline stages of different tensor widths",
-                    "graphs_full": "CUDA graphs of full_iteration"},
+                    "graphs_full": "CUDA graphs of full_iteration",
+                    "ends_alone": "a pipeline chunk of no decoder layer"},
     "deepspeed": {"3d": "2 pipeline stages", "cp": "context parallelism 2", "moe": "sequence parallelism beside tensor",
                   "fsdp": "selective or per-layer recompute", "fp8": "FP8 GEMMs", "offload": "optimizer offload (50%)",
                   "activations": "activations offload (40%)"},

@@ -24,9 +24,11 @@ def even_split(n_layers: int, n_chunks: int) -> tuple[int, ...]:
 
 
 def assign_chunks(structure: Structure, n_chunks: int, sizes: tuple[int, ...] = ()) -> dict[str, int]:
-    """Block name -> pipeline chunk: layers in graph order by `sizes`; other blocks go with their neighbours."""
+    """Block name -> pipeline chunk: layers in graph order by `sizes`; other blocks go with the layer before them,
+    those before the first layer to the first chunk and those after the last to the last (which `sizes` may leave
+    without a layer, as Megatron-Core's account_for_embedding/loss_in_pipeline_split do)."""
     layers = [b for b in structure.blocks if b.is_layer]
-    if len(layers) < n_chunks:
+    if not sizes and len(layers) < n_chunks:
         raise InvalidInput(
             f"the model has {len(layers)} layers, too few for {n_chunks} pipeline chunks (pp x vpp); lower --pp or --vpp"
         )
@@ -45,7 +47,7 @@ def assign_chunks(structure: Structure, n_chunks: int, sizes: tuple[int, ...] = 
             continue
         start = min(b.nodes) if b.nodes else 0
         prev = [name for first, name in firsts if first <= start]
-        out[b.name] = out[prev[-1]] if prev else 0
+        out[b.name] = (n_chunks - 1 if prev[-1] == layers[-1].name else out[prev[-1]]) if prev else 0
     return out
 
 

@@ -11,9 +11,11 @@ PyPI matches:
   stage's tp x cp x dp ranks, as the declaration folds them), --sequence-parallel;
 - the pipeline: interleaved chunks by --num-layers-per-virtual-pipeline-stage
   when chunks are equal; unequal ones by --decoder-first/last-pipeline-num-layers
-  when only the first and last stage differ, else by
+  when only the first and last stage differ (and hold a layer), else by
   --pipeline-model-parallel-layout ("Et*20|t*20|...L", chunk c = the c-th
-  entry, on stage c mod pp, as Megatron flattens it);
+  entry, on stage c mod pp, as Megatron flattens it; "E|t|...|t|L" for a
+  first and last chunk of the embedding and the loss alone, the split
+  Megatron-Bridge's account_for_embedding/loss_in_pipeline_split make);
 - multi-token prediction (a zoo DeepSeek-V3 with mtp_layers): --mtp-num-layers,
   and with a pipeline the layout, whose last chunk holds them ('m');
 - recompute: full = --recompute-granularity full --recompute-method uniform
@@ -96,7 +98,7 @@ def _pipeline(t: launch.Training) -> list[tuple[str, Any]]:
     if t.equal_chunks:
         return [("--num-layers-per-virtual-pipeline-stage", chunks[0])] if s.vpp > 1 else []
     middle = chunks[1:-1]
-    if s.vpp == 1 and len(set(middle)) <= 1:
+    if s.vpp == 1 and len(set(middle)) <= 1 and min(chunks) > 0:  # a chunk of no decoder layer: only a layout
         return [("--decoder-first-pipeline-num-layers", chunks[0]), ("--decoder-last-pipeline-num-layers", chunks[-1])]
     return [("--pipeline-model-parallel-layout", _layout(chunks, 0))]
 

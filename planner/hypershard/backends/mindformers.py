@@ -54,6 +54,9 @@ def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem
                     "MindSpore ops by pattern)", "plan with --recompute full or none"))
     if t.dtype == "fp8":
         out.append(("FP8 GEMMs", "plan with --dtype bf16"))
+    if s.pp > 1 and min(t.chunks) < 1:
+        out.append(("a pipeline chunk of no decoder layer (the embedding or the loss alone), which MindFormers' "
+                    "per-stage offsets are not written for here", "plan with stage_layers of at least 1 each"))
     out += launch.offload_problems(t, {"activations": "whole"}, (("activations",), "--offload activations=1 "
                                                                    "(MindFormers swaps whole layers' activations)"))
     return out + launch.ends_problem(t, doc)
