@@ -62,6 +62,25 @@ def parse_stage_tp(text: str | None, pp: int | None, tp: int | None) -> tuple[in
     return widths
 
 
+def parse_stage_layers(text: str | None) -> tuple[int, ...]:
+    """`'0,1*126,0'` -> (0, 1, ..., 1, 0): decoder layers per pipeline chunk, N*K for K chunks of N."""
+    if text is None:
+        return ()
+    out: list[int] = []
+    try:
+        for part in text.replace(" ", "").split(","):
+            count, _, times = part.replace("×", "*").partition("*")
+            n, k = int(count), int(times) if times else 1
+            if n < 0 or k < 1:
+                raise ValueError(part)
+            out += [n] * k
+    except ValueError:
+        raise InvalidInput(f"--stage-layers {text!r}: give each pipeline chunk's decoder layers (pp x vpp chunks, "
+                           "chunk c on stage c mod pp), separated by commas, N*K for K chunks of N, like "
+                           "--stage-layers 0,1*126,0") from None
+    return tuple(out)
+
+
 _OptCluster = Annotated[Optional[str], typer.Option(
     "--cluster", help="A hardware preset (`hyperplan hardware list`) or a .toml file (with --plan: the file's).",
     show_default=False)]
@@ -90,6 +109,11 @@ def estimate_cmd(
     stage_tp: Annotated[Optional[str], typer.Option(
         "--stage-tp", metavar="TP,TP,...", help="A tensor-parallel degree per pipeline stage, when stages differ in "
         "width (e.g. 4,8: the first stage on 4 ranks per replica, the second on 8); sets --pp and --tp.",
+        rich_help_panel=_PAR, show_default=False)] = None,
+    stage_layers: Annotated[Optional[str], typer.Option(
+        "--stage-layers", metavar="N,N*K,...", help="Decoder layers per pipeline chunk (pp x vpp of them, chunk c on "
+        "stage c mod pp; N*K for K chunks of N), when not as even as possible; the first or last may be 0, the "
+        "embedding or the loss alone, as Megatron splits when it counts them as layers (e.g. 0,1*126,0).",
         rich_help_panel=_PAR, show_default=False)] = None,
     dp: Annotated[Optional[int], typer.Option("--dp", help="Data-parallel degree (default: what the devices leave).",
                                               rich_help_panel=_PAR)] = None,
@@ -151,7 +175,7 @@ def estimate_cmd(
     if full_recompute_layers is not None:
         bounds.whole("--full-recompute-layers", full_recompute_layers, "the layers fully recomputed per chunk",
                      least=0)
-    given = {"tp": tp, "pp": pp, "stage-tp": stage_tp, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp,
+    given = {"tp": tp, "pp": pp, "stage-tp": stage_tp, "stage-layers": stage_layers, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp,
              "micro-batch": micro_batch, "recompute": recompute, "full-recompute-layers": full_recompute_layers,
              "sp": sp, "zero": zero, "schedule": schedule, "flushes": flushes, "offload": offload}
     if plan is not None:
@@ -179,7 +203,8 @@ def estimate_cmd(
         with render.progress(f"estimating {model} on {cluster} ..."):
             result = estimate_model(
                 model, cluster=cluster, devices=devices, global_batch=global_batch, seq_len=seq_len,
-                dtype=dtype or "bf16", tp=_given(tp, 1), pp=_given(pp, 1), stage_tp=widths, dp=dp, cp=_given(cp, 1),
+                dtype=dtype or "bf16", tp=_given(tp, 1), pp=_given(pp, 1), stage_tp=widths,
+                stage_layers=parse_stage_layers(stage_layers), dp=dp, cp=_given(cp, 1),
                 ep=_given(ep, 1), vpp=_given(vpp, 1), micro_batch=_given(micro_batch, 1),
                 recompute=_given(recompute, "none"), full_recompute_layers=_given(full_recompute_layers, 0),
                 sp=bool(sp), zero=_given(zero, 0), schedule=_given(schedule, "1f1b"), flushes=_given(flushes, 1),

@@ -109,7 +109,8 @@ class Strategy:
         if self.stage_layers and (len(self.stage_layers) != self.pp * self.vpp or min(self.stage_layers) < 0
                                   or min(self.stage_layers[1:-1], default=1) < 1 or max(self.stage_layers) < 1):
             raise InvalidInput(
-                f"stage_layers {list(self.stage_layers)} must give pp x vpp = {self.pp * self.vpp} layer counts, "
+                f"stage_layers {_runs(self.stage_layers)} ({len(self.stage_layers)} chunks) must give pp x vpp = "
+                f"{self.pp * self.vpp} layer counts, "
                 "positive but for the first and the last chunk, which may hold only the embedding or the loss (0)"
             )
         if self.full_recompute_layers < 0:

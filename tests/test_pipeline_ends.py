@@ -63,3 +63,31 @@ def test_megatron_bridges_405b_layout_with_the_ends_alone_is_estimated_near_its_
     assert out[8].predicted_s == pytest.approx(measured, rel=0.15) and out[8].estimate.fits
     assert out[8].estimate.breakdown_s["pp_bubble"] == pytest.approx(out[4].estimate.breakdown_s["pp_bubble"] / 2,
                                                                       rel=0.05)
+
+
+def test_estimate_takes_stage_layers_and_refuses_bad_ones_in_one_sentence():
+    """`--stage-layers` on the command line, N*K for K chunks of N: the strategy's split, costed by what its stages
+    hold. Llama 3 8B cut to 4 layers: its output layer (128,256 x 4,096, 525 M weights) outweighs a decoder layer
+    (218 M), so the even split's last stage (a layer and the head) is the slowest, and the head alone in the last
+    chunk, the embedding alone in the first, runs faster (the reason Megatron counts them as layers)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    runner = CliRunner()
+    base = ["estimate", "llama3-8b", "--layers", "4", "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "8",
+            "--seq-len", "1024", "--pp", "4", "--zero", "1"]
+    r = runner.invoke(app, [*base, "--stage-layers", "0,2*2,0", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["strategy"]["stage_layers"] == [0, 2, 2, 0] and "layers/stage 0+2×2+0" in out["strategy"]["summary"]
+    even = json.loads(runner.invoke(app, [*base, "--json"]).output)
+    assert even["strategy"]["stage_layers"] == [] and out["step_time_s"] < even["step_time_s"]
+    for given, says in (("0,2,2", "(3 chunks) must give pp x vpp = 4 layer counts"),
+                        ("1,0,3,0", "positive but for the first and the last chunk"),
+                        ("0,3*2,0", "the 4 pipeline chunks' layer counts add up to 6, but the model has 4 layers"),
+                        ("0,2*x,0", "N*K for K chunks of N, like --stage-layers 0,1*126,0")):
+        bad = runner.invoke(app, [*base, "--stage-layers", given], terminal_width=300)
+        assert bad.exit_code == 2 and says in bad.output and "Traceback" not in bad.output, bad.output

@@ -34,7 +34,8 @@ def assign_chunks(structure: Structure, n_chunks: int, sizes: tuple[int, ...] = 
         )
     sizes = sizes or even_split(len(layers), n_chunks)
     if sum(sizes) != len(layers):
-        raise InvalidInput(f"stage layer counts {list(sizes)} add up to {sum(sizes)}, but the model has {len(layers)} layers")
+        raise InvalidInput(f"the {len(sizes)} pipeline chunks' layer counts add up to {sum(sizes)}, but the model has "
+                           f"{len(layers)} layers; give counts that add up to {len(layers)}")
     out: dict[str, int] = {}
     i = 0
     for c, size in enumerate(sizes):
