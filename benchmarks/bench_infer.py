@@ -29,7 +29,6 @@ from planner.inference.sweep import run_infer_sweep  # noqa: E402
 from planner.inference.validation import check_all  # noqa: E402
 
 
-
 def timed(what: str, fn):
     t0 = time.perf_counter()
     out = fn()

@@ -28,13 +28,13 @@ from planner.inference import deployments  # noqa: E402
 from planner.inference.validation import SHIPPED as DEPLOYMENTS, check_all  # noqa: E402
 
 
-
 def deployment_table() -> dict:
     """Every published serving deployment estimated, with the efficiency fit its cluster uses."""
     doc = json.loads(DEPLOYMENTS.read_text(encoding="utf-8"))
     inline = doc.get("clusters", {})
-    fits = {r["cluster"]: deployments.fit_of(r["cluster"], inline, load_cluster(r["cluster"]).transferred_from
-                                             if r["cluster"] in preset_names() else "") for r in doc["rows"]}
+    presets = set(preset_names())
+    fits = {name: deployments.fit_of(name, inline, load_cluster(name).transferred_from if name in presets else "")
+            for name in {r["cluster"] for r in doc["rows"]}}
     return deployments.errors_table(doc, check_all(DEPLOYMENTS), fits)
 
 

@@ -175,8 +175,8 @@ def estimate_cmd(
     if full_recompute_layers is not None:
         bounds.whole("--full-recompute-layers", full_recompute_layers, "the layers fully recomputed per chunk",
                      least=0)
-    given = {"tp": tp, "pp": pp, "stage-tp": stage_tp, "stage-layers": stage_layers, "dp": dp, "cp": cp, "ep": ep, "etp": etp, "vpp": vpp,
-             "micro-batch": micro_batch, "recompute": recompute, "full-recompute-layers": full_recompute_layers,
+    given = {"tp": tp, "pp": pp, "stage-tp": stage_tp, "stage-layers": stage_layers, "dp": dp, "cp": cp, "ep": ep,
+             "etp": etp, "vpp": vpp, "micro-batch": micro_batch, "recompute": recompute, "full-recompute-layers": full_recompute_layers,
              "sp": sp, "zero": zero, "schedule": schedule, "flushes": flushes, "offload": offload}
     if plan is not None:
         clash = [f"--{k}" for k, v in given.items() if v is not None]

@@ -112,11 +112,11 @@ def _print_cluster(c: Cluster) -> None:
         kf, kb = c.attention_half_keys
         law = bool(kf or kb)  # a length law: the figures are its plateaus
         half = f", half of it at {kf:g}/{kb:g} keys per query" if law else ""
-        df, db = c.attention_half_dims
-        wf, wb = c.attention_wide_heads
-        half += f", head dims under 128 slower (D {df:g}/{db:g})" if df or db else ""
-        half += f", heads wider than 128 at {wf:g}/{wb:g} of head dim 128's rate" if (wf, wb) != (1.0, 1.0) else ""
-        half += "" if df or db or (wf, wb) != (1.0, 1.0) else ", every head dim at head dim 128's rate (not measured)"
+        (df, db), (wf, wb) = c.attention_half_dims, c.attention_wide_heads
+        narrow, wide = bool(df or db), (wf, wb) != (1.0, 1.0)  # measured away from head dim 128, either side
+        half += f", head dims under 128 slower (D {df:g}/{db:g})" if narrow else ""
+        half += f", heads wider than 128 at {wf:g}/{wb:g} of head dim 128's rate" if wide else ""
+        half += "" if narrow or wide else ", every head dim at head dim 128's rate (not measured)"
         console.print(f"flash attention ({'plateau share' if law else 'share'} of the bf16 peak, forward/backward): "
                       f"{kernels}{half}"
                       + (f"; {c.attention_basis}" if c.attention_basis else ""), markup=False)
