@@ -53,6 +53,8 @@ WIDTH_SCENARIOS = {
 VPP_SCENARIOS = {
     "pp_vpp_fsdp": (dict(pp=2, vpp=2, zero=1), False, True),
     "pp_vpp_tp_sp": (dict(pp=2, vpp=2, tp=2, sp=True), True, True),
+    # the embedding alone in the first chunk, the final norm and head alone in the last (Megatron's accounted split)
+    "pp_vpp_ends_alone": (dict(pp=2, vpp=2, zero=1, stage_layers=(0, 2, 2, 0)), False, True),
 }
 
 

@@ -91,3 +91,77 @@ def test_estimate_takes_stage_layers_and_refuses_bad_ones_in_one_sentence():
                         ("0,2*x,0", "N*K for K chunks of N, like --stage-layers 0,1*126,0")):
         bad = runner.invoke(app, [*base, "--stage-layers", given], terminal_width=300)
         assert bad.exit_code == 2 and says in bad.output and "Traceback" not in bad.output, bad.output
+
+
+def test_the_search_cuts_a_stage_of_the_head_alone_and_its_bound_stays_below_such_cuts():
+    """A GPT of 6 layers (hidden 512) with a 400,000-word vocabulary on 4 H100s, PP4: the output layer (205 M
+    weights against a layer's 3 M) takes longer than two layers (4.17 ms against 3.61 ms a micro-batch), so the
+    head alone in the last stage and two layers in each other runs fastest. The branch and bound's pipeline bound
+    takes the embedding and the head apart from the first and last layer: folded into them (a stage never without a
+    layer) it is above that cut's step, and would prune it."""
+    from dataclasses import replace
+
+    from cost_models import load_cluster
+    from planner.api import _graph_for_costing, make_workload, plan_model
+    from planner.costing.estimate import estimate
+    from planner.costing.graph_facts import GraphFacts
+    from planner.costing.stage_costs import stage_costs
+    from planner.graph.blocks import discover_blocks
+    from planner.search.bounds import layer_times, least_widest_stage, pipeline_bound_s
+    from planner.search.stage_widths import edge_blocks
+
+    over = dict(layers=6, hidden=512, heads=8, vocab=400000)
+    graph = _graph_for_costing("gpt", 1024, None, over)
+    structure = discover_blocks(graph)
+    facts = GraphFacts(graph, structure)
+    hw = load_cluster("dgx-h100", devices=4)
+    work = make_workload("train", 8, 1024, "bf16", None)
+    one_per_stage = Strategy(pp=6, dp=1, micro_batch=1, layouts="searched")
+    rep = stage_costs(graph, structure, hw, replace(work, global_batch=1), one_per_stage, facts=facts)
+    times = layer_times(rep, work.execution, False, 1, True, edges=edge_blocks(structure))
+    assert times.head_s > 2 * max(times.per_layer_s) and 0 < times.stem_s < times.head_s
+    bound = pipeline_bound_s(times, 4, 8, 1)
+    folded = 7 * least_widest_stage(times.folded(), 4) + times.total_s
+
+    def step(cut):
+        return estimate(graph, structure, hw, work, Strategy(pp=4, dp=1, micro_batch=1, layouts="searched",
+                                                             stage_layers=cut), facts=facts).step_time_s
+
+    steps = {cut: step(cut) for cut in ((), (0, 3, 3, 0), (2, 2, 2, 0), (1, 2, 3, 0))}
+    assert min(steps, key=steps.get) == (2, 2, 2, 0) and steps[(2, 2, 2, 0)] < 0.7 * steps[()]
+    assert bound <= min(steps.values()) < folded
+    plan = plan_model("gpt", cluster="dgx-h100", devices=4, global_batch=8, seq_len=1024, overrides=over,
+                      constraints={"pp": 4, "tp": 1, "micro_batch": 1, "zero": 0, "recompute": "none"},
+                      offload=False, mpmd=False)
+    assert tuple(plan["strategy"]["stage_layers"]) == (2, 2, 2, 0) and plan["search"]["complete"]
+    assert plan["estimate"]["step_time_s"] == pytest.approx(steps[(2, 2, 2, 0)], rel=1e-9)
+    # MindFormers' format gives every stage a layer: `plan --backend mindformers` keeps one in every chunk
+    from planner.hypershard.backends import plan_limits
+
+    held = plan_model("gpt", cluster="dgx-h100", devices=4, global_batch=8, seq_len=1024, overrides=over,
+                      constraints={**plan["constraints"], **plan_limits("mindformers")}, mpmd=False)
+    assert min(held["strategy"]["stage_layers"] or [1]) >= 1 and held["constraints"]["ends_alone"] is False
+    assert held["estimate"]["step_time_s"] > plan["estimate"]["step_time_s"]
+
+
+def test_a_declaration_may_leave_only_its_first_and_last_chunk_without_layers():
+    """A HyperShard declaration of Llama 3 8B (4 layers) on PP2·VPP2 with the embedding alone in chunk 0 and the
+    head alone in chunk 3 validates; moving chunk 1's layers into chunk 2, leaving a middle chunk empty, does not."""
+    import copy
+
+    from planner.hypershard import declare
+    from planner.hypershard.validate import validate_document
+
+    doc = declare("llama3-8b", cluster="dgx-h100", devices=2, global_batch=8, seq_len=64, overrides={"layers": 4},
+                  pp=2, vpp=2, dp=1, stage_layers=(0, 2, 2, 0))
+    chunks = {ch["chunk"]: ch for st in doc["programs"][0]["stages"] for ch in st["chunks"]}
+    assert chunks[0]["layers"] == [] and chunks[0]["blocks"] and chunks[3]["layers"] == [] and chunks[3]["blocks"]
+    assert validate_document(doc, "ends").ok
+    hollow = copy.deepcopy(doc)
+    chunks = {ch["chunk"]: ch for st in hollow["programs"][0]["stages"] for ch in st["chunks"]}
+    chunks[2]["layers"] = chunks[1]["layers"] + chunks[2]["layers"]
+    chunks[1]["layers"] = []
+    report = validate_document(hollow, "hollow")
+    assert not report.ok
+    assert any("positive but for the first and the last chunk, which may hold only the embedding or the loss" in
+               c.detail for c in report.checks if not c.ok)

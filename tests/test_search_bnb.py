@@ -16,6 +16,7 @@ import pytest
 from cost_models import load_cluster
 from planner.api import _graph_for_costing, estimate_model, make_workload, plan_model
 from planner.costing.estimate import estimate
+from planner.costing.pipeline_cut import even_split
 from planner.costing.graph_facts import GraphFacts
 from planner.errors import Infeasible, InvalidInput
 from planner.graph.blocks import discover_blocks
@@ -28,8 +29,20 @@ DENSE_A = ("gpt", dict(layers=4, hidden=512, heads=8, vocab=8000))
 MOE = ("mixtral-8x7b", dict(layers=2, hidden=512, heads=8, kv_heads=2, vocab=8000))
 
 
+def _ends_alone(layers, pp):
+    """The cuts of `layers` into pp stages with the embedding alone first, the head alone last, or both, the layers
+    split evenly over the other stages (Megatron-Core's accounted split)."""
+    out = []
+    for first, last in ((1, 0), (0, 1), (1, 1)):
+        inner = pp - first - last
+        if 1 <= inner <= layers:
+            out.append((0,) * first + even_split(layers, inner) + (0,) * last)
+    return out
+
+
 def _every_strategy(model, over, cluster, devices, batch, seq):
-    """Every combination of the searched knobs (even cut, no offload) scored by `estimate`."""
+    """Every combination of the searched knobs (the even cut and, without interleaving, the cuts with either end
+    alone; no offload) scored by `estimate`."""
     graph = _graph_for_costing(model, seq, None, over)
     st = discover_blocks(graph)
     hw = load_cluster(cluster, devices=devices)
@@ -42,9 +55,10 @@ def _every_strategy(model, over, cluster, devices, batch, seq):
             m = batch // (dp * mb)
             for vpp in grid.vpp_degrees(shape.layers, pp, m, NONE):
                 zeros = (0, 1, 2, 3) if dp * cp > 1 else (0,)
-                for z, rc in itertools.product(zeros, ("none", "selective", "full")):
+                cuts = [()] + (_ends_alone(shape.layers, pp) if pp > 1 and vpp == 1 else [])
+                for z, rc, cut in itertools.product(zeros, ("none", "selective", "full"), cuts):
                     s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp,
-                                 micro_batch=mb, recompute=rc, zero=z, sp=tp > 1, layouts="searched")
+                                 micro_batch=mb, recompute=rc, zero=z, sp=tp > 1, layouts="searched", stage_layers=cut)
                     out.append((s, estimate(graph, st, hw, wl, s, facts=facts)))
     return out
 

@@ -73,6 +73,7 @@ class StageCosts:
     block_params: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # (dense, expert) per device
     param_layouts: Mapping[str, int] = field(default_factory=dict)  # parameter -> dim split over tp, or REPLICATED
     mtp_layers: int = 0  # of the layers, the last ones that are multi-token-prediction depths (`graph.mtp`)
+    block_parts: Mapping[str, Parts] = field(default_factory=dict)  # the seconds of `block_s`, by kind, per block
 
 
 def stage_costs(
@@ -301,7 +302,7 @@ def stage_costs(
     block_s = {name: p.total() for name, p in parts_of_block.items()}
     return StageCosts(tuple(stages), facts.model_flops_per_sample(),
                       layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block),
-                      dict(loss_block), block_params, param_layout, facts.mtp_layers())
+                      dict(loss_block), block_params, param_layout, facts.mtp_layers(), dict(parts_of_block))
 
 
 def _priced(facts: GraphFacts, skel, timer: NodeTimes, t: int, again: np.ndarray, training: bool, comm_time,
@@ -377,7 +378,7 @@ def _unequal_stage_costs(graph: Graph, structure: Structure, cluster: Cluster, w
     wide = by_width[widths[0]]
     return StageCosts(stages, wide.forward_flops_per_sample, wide.layouts,
                       max(c.solver_gap for c in by_width.values()), wide.block_s, wide.block_act_bytes,
-                      wide.block_loss_bytes, wide.block_params, wide.param_layouts, wide.mtp_layers)
+                      wide.block_loss_bytes, wide.block_params, wide.param_layouts, wide.mtp_layers, wide.block_parts)
 
 
 __all__ = ["DTYPE_WIDTH", "StageCost", "StageCosts", "assign_chunks", "even_split", "stage_costs", "stage_memory",

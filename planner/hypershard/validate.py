@@ -267,8 +267,10 @@ def _pipeline_problems(doc: Mapping[str, Any], structure: Structure, s: Strategy
             if ch["chunk"] % s.pp != st["stage"]:
                 out.append(f"chunk {ch['chunk']} is on stage {st['stage']}, but chunk c runs on stage c mod pp "
                            f"= {ch['chunk'] % s.pp}")
-            if not ch["layers"]:
-                out.append(f"chunk {ch['chunk']} has no layers; every chunk needs at least one")
+            end = ch["chunk"] in (0, len(want) - 1) and ch.get("blocks")  # the embedding or the loss alone
+            if not ch["layers"] and not end:
+                out.append(f"chunk {ch['chunk']} has no layers; every chunk needs at least one, but the first and "
+                           "the last, which may hold only blocks (the embedding, the final norm and head)")
     listed = [name for c in want for name in chunks[c]]
     layers = [b.name for b in structure.layers()]
     if listed != layers:

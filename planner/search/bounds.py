@@ -12,8 +12,9 @@ pipeline stage and no recompute) and keeps only what no choice left open can rem
   the expert exchange, under the 1F1B all-to-all overlap, all of it, `moe_pairing`): recompute, ZeRO-3's gathers, offload,
   the point-to-point sends, the data-parallel tail and the optimizer step only add to it;
 - per pipeline: a 1F1B step of stages with those times is (m - 1/v) max_i t_i + sum_i t_i / v
-  (`cost_models.schedule`); over every contiguous cut, the least max_i t_i is the bottleneck of the
-  linear partition (`least_widest_stage`), interleaved chunks are cut evenly as the search cuts them;
+  (`cost_models.schedule`); over every contiguous cut of the embedding, the layers and the head (a first
+  stage of the embedding alone, a last of the head alone, are cuts too), the least max_i t_i is the bottleneck
+  of the linear partition (`least_widest_stage`), interleaved chunks are cut evenly as the search cuts them;
 - above the pipeline (any pp and dp with pp x dp fixed), m max_i t_i >= m sum_i t_i / pp: the work of
   one step over the devices.
 
@@ -43,44 +44,63 @@ from planner.strategy import Strategy, Workload
 
 @dataclass(frozen=True, slots=True)
 class LayerTimes:
-    """Per layer (the first with the embedding, the last with the head), the seconds per micro-batch no
-    choice in the region removes; `count_ep` says whether the expert exchange is part of them."""
+    """Per layer, the seconds per micro-batch no choice in the region removes; the embedding's and the head's
+    (the blocks before the first layer and after the last) apart, since a pipeline chunk may hold either alone."""
 
     per_layer_s: tuple[float, ...]
     micro_batch: int
+    stem_s: float = 0.0
+    head_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return sum(self.per_layer_s)
+        return self.stem_s + sum(self.per_layer_s) + self.head_s
 
     @property
     def per_sample_s(self) -> float:
         return self.total_s / self.micro_batch
 
+    def folded(self) -> tuple[float, ...]:
+        """Per layer, the embedding's seconds with the first and the head's with the last (an even cut's chunks)."""
+        per = list(self.per_layer_s)
+        per[0] += self.stem_s
+        per[-1] += self.head_s
+        return tuple(per)
+
+
+def unavoidable_s(p: Parts, execution: Execution, sp: bool, count_ep: bool) -> float:
+    """What no choice in the region removes from a block's (or stage's) seconds `p`: its compute, its context ring
+    as exposed, its tensor collectives less what their overlap can hide and its expert exchange, hidden whole by
+    the 1F1B overlap (see the module docstring)."""
+    t = p.forward + p.backward + p.recompute + p.cp_fwd + p.cp_bwd + p.tp_fwd + p.tp_bwd
+    if execution.overlap_tp_comm and sp:
+        t -= p.tp_fwd_hidden + p.tp_bwd_hidden
+    return t + ((p.ep_fwd + p.ep_bwd) * (0.0 if execution.overlap_ep_comm else 1.0) if count_ep else 0.0)
+
 
 def layer_times(costs: StageCosts, execution: Execution, sp: bool, micro_batch: int, count_ep: bool,
-                own: Mapping[str, Parts] | None = None, exchange: Mapping[str, Parts] | None = None) -> LayerTimes:
-    """The unavoidable seconds of each stage of a costing with one layer per stage (see the module docstring).
+                own: Mapping[str, Parts] | None = None, exchange: Mapping[str, Parts] | None = None,
+                edges: tuple[Sequence[str], Sequence[str]] = ((), ())) -> LayerTimes:
+    """The unavoidable seconds of each stage of a costing with one layer per stage (see the module docstring), the
+    blocks `edges` (before the first layer, after the last: `stage_widths.edge_blocks`) apart from the layers.
 
     With `own`, the costing's own expert exchange (`exchange_parts` of its strategy) is taken out, the
     dispatcher's local regrouping with it, and `exchange` (another expert degree's, or none) counted instead."""
     out = []
     hide = 0.0 if execution.overlap_ep_comm else 1.0
     for st in costs.stages:
-        p = st.parts
-        t = p.forward + p.backward + p.recompute + p.cp_fwd + p.cp_bwd
-        # a collective hides at most behind its own GEMM (tp_*_hidden), the expert exchange at most its share
-        t += p.tp_fwd + p.tp_bwd
-        if execution.overlap_tp_comm and sp:
-            t -= p.tp_fwd_hidden + p.tp_bwd_hidden
-        if own is None:
-            t += (p.ep_fwd + p.ep_bwd) * hide if count_ep else 0.0
-        else:
+        t = unavoidable_s(st.parts, execution, sp, count_ep and own is None)
+        if own is not None:
             t -= sum(own[n].forward + own[n].backward for n in st.layers if n in own)
             for x in (exchange[n] for n in st.layers if n in (exchange or {})):
                 t += x.forward + x.backward + ((x.ep_fwd + x.ep_bwd) * hide if count_ep else 0.0)
         out.append(t)
-    return LayerTimes(tuple(out), micro_batch)
+    stem, head = (sum(unavoidable_s(costs.block_parts[n], execution, sp, count_ep) for n in names
+                      if n in costs.block_parts) for names in edges)
+    if out:
+        out[0] -= stem
+        out[-1] -= head
+    return LayerTimes(tuple(out), micro_batch, stem, head)
 
 
 def exchange_parts(facts, cluster, workload: Workload, strategy: Strategy) -> dict[str, Parts]:
@@ -104,14 +124,15 @@ def mesh_bound_s(per_sample_s: float, global_batch: int, ranks_per_replica: int,
 
 def pipeline_bound_s(lt: LayerTimes, pp: int, microbatches: int, vpp: int) -> float:
     """A 1F1B (interleaved when vpp > 1) step of pp stages of these layers, m micro-batches, at the best cut
-    (vpp 1: the exact linear partition) or the even cut of pp x vpp chunks."""
-    per = lt.per_layer_s
+    (vpp 1: the exact linear partition of the embedding, the layers and the head, so a first stage of the
+    embedding alone or a last of the head alone is among the cuts) or the even cut of pp x vpp chunks."""
     if pp == 1:
         return microbatches * lt.total_s
     if vpp == 1:
-        return (microbatches - 1) * least_widest_stage(per, pp) + lt.total_s
+        return (microbatches - 1) * least_widest_stage((lt.stem_s, *lt.per_layer_s, lt.head_s), pp) + lt.total_s
     from planner.costing.pipeline_cut import even_split
 
+    per = lt.folded()
     sizes = even_split(len(per), pp * vpp)
     widest = _max_stage(per, sizes, pp)
     return (microbatches - 1.0 / vpp) * widest + lt.total_s / vpp

@@ -34,6 +34,9 @@ class Constraints:
     zero: int | None = None
     stage_tp: tuple[int, ...] | None = None
     offload: tuple[tuple[str, float], ...] | None = None
+    #: False: a layer in every pipeline chunk (a backend whose format cannot put the embedding or the head alone
+    #: in the first or last chunk); None lets the search cut so (Megatron-Core's accounted split).
+    ends_alone: bool | None = None
     #: Limits on one kind of model, vacuous for others (a backend's: see PLAN_LIMITS in hypershard/backends).
     #: A model with routed experts: its tensor degree, expert tensor degree and context degree, and its expert
     #: degree wherever tp > 1 (torch runs a MoE block on each tensor rank's tokens with its experts whole, and
@@ -66,6 +69,8 @@ class Constraints:
                                    f"stage's degree, {max(self.stage_tp)}")
             if self.vpp not in (None, 1):
                 raise InvalidInput("stages with different device counts (--stage-tp) need --vpp 1")
+        if self.ends_alone is not None and not isinstance(self.ends_alone, bool):
+            raise InvalidInput(f"constraint ends_alone must be true or false, got {self.ends_alone!r}")
         for cls, frac in self.offload or ():
             if cls not in OFFLOAD_CLASSES:
                 raise InvalidInput(f"unknown offload class {cls!r}; use one of {', '.join(OFFLOAD_CLASSES)}")
@@ -122,7 +127,7 @@ class Constraints:
             return False
         if self.offload is not None and tuple(sorted(s.offload)) != tuple(sorted(self.offload)):
             return False
-        return True
+        return self.ends_alone is not False or not s.stage_layers or min(s.stage_layers[0], s.stage_layers[-1]) > 0
 
     def kind_limits(self, *, experts: bool, inout: bool) -> list[str]:
         """The model-kind limits given that hold a model of this kind (`experts`, `inout`: as allows_mesh)."""
@@ -134,7 +139,7 @@ class Constraints:
         cp 1 for a model with routed experts"); empty when nothing is fixed."""
         limits = self.kind_limits(experts=experts, inout=inout)
         fixed = ", ".join(f"--{k.replace('_', '-')} {_show(v)}" for k, v in self.given().items()
-                          if k not in _KIND_LIMITS)
+                          if k not in _KIND_LIMITS and k != "ends_alone")  # a cut, never what rules a mesh out
         held = []
         for prefix, why in (("moe_", "for a model with routed experts"),
                             ("inout_", "for a model with [in, out] linear weights")):

@@ -19,14 +19,17 @@ import numpy as np
 
 
 def balanced_split(layer_s: Sequence[float], n_chunks: int, first_extra_s: float = 0.0,
-                   last_extra_s: float = 0.0) -> tuple[int, ...]:
-    """Layers per chunk (each >= 1) minimising the largest chunk time; ties keep earlier chunks smaller.
+                   last_extra_s: float = 0.0, empty_ends: bool = False) -> tuple[int, ...]:
+    """Layers per chunk minimising the largest chunk time; ties keep earlier chunks smaller.
 
     `layer_s` is each layer's time in order; `first_extra_s` and
     `last_extra_s` are the non-layer work of the first and last chunk.
+    Every chunk holds a layer or more; with `empty_ends` the first and the
+    last may hold none, only the embedding or the head (Megatron-Core's
+    account_for_embedding/loss_in_pipeline_split).
     """
     n = len(layer_s)
-    if n_chunks < 1 or n < n_chunks:
+    if n_chunks < 1:
         raise ValueError(f"cannot cut {n} layers into {n_chunks} chunks")
     prefix = np.concatenate([[0.0], np.cumsum(np.asarray(layer_s, dtype=float))])
     inf = float("inf")
@@ -35,14 +38,17 @@ def balanced_split(layer_s: Sequence[float], n_chunks: int, first_extra_s: float
     cut = np.zeros((n_chunks + 1, n + 1), dtype=np.int64)
     best[0][0] = 0.0
     for c in range(1, n_chunks + 1):
-        extra_first = first_extra_s if c == 1 else 0.0
-        for i in range(c, n - (n_chunks - c) + 1):
-            j = np.arange(c - 1, i)  # previous cut positions
-            chunk = prefix[i] - prefix[j] + extra_first + (last_extra_s if c == n_chunks else 0.0)
-            cand = np.maximum(best[c - 1][j], chunk)
+        first, last = c == 1, c == n_chunks
+        least = 0 if empty_ends and (first or last) else 1  # the fewest layers chunk c may hold
+        extra = (first_extra_s if first else 0.0) + (last_extra_s if last else 0.0)
+        for i in range(n if last else least, n + 1):
+            j = np.arange(0, i - least + 1)  # previous cut positions
+            cand = np.maximum(best[c - 1][j], prefix[i] - prefix[j] + extra)
             k = int(np.argmin(cand + 1e-12 * (i - j)))  # prefer the later cut on ties (smaller chunk c)
             best[c][i] = cand[k]
             cut[c][i] = j[k]
+    if not np.isfinite(best[n_chunks][n]):
+        raise ValueError(f"cannot cut {n} layers into {n_chunks} chunks")
     sizes = []
     i = n
     for c in range(n_chunks, 0, -1):

@@ -32,6 +32,7 @@ from typing import Any
 from cost_models import Cluster
 
 from planner.costing.graph_facts import GraphFacts
+from planner.costing.pipeline_cut import even_split
 from planner.costing.stage_costs import DTYPE_WIDTH
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
@@ -300,15 +301,17 @@ class _Search:
                     self._score(variant)
 
     def _balanced(self, c: Candidate, bound_s: float) -> None:
-        """The cut that balances the stages' times, when it differs from the even one."""
+        """The cuts that balance the stages' times, with and without a first or last stage of the embedding or the
+        head alone, when they differ from the even one."""
         s = c.strategy
         if s.pp == 1 or s.vpp > 1 or s.stage_tp or self._closed(bound_s):
             return
-        split = balanced_cut(self.scorer, s)
-        from planner.costing.pipeline_cut import even_split
-
-        if split and split != even_split(self.layers, s.pp):
-            self._score(replace(s, stage_layers=split))
+        tried = {even_split(self.layers, s.pp)}
+        for empty_ends in (False, True)[:1 if self.c.ends_alone is False else 2]:  # then an end's block alone
+            split = balanced_cut(self.scorer, s, empty_ends)
+            if split and split not in tried:
+                tried.add(split)
+                self._score(replace(s, stage_layers=split))
 
     def _fewest_full_layers(self, s: Strategy, peak_bytes: float) -> None:
         """The fewest fully recomputed layers per chunk that make `s` fit (`peak_bytes`: its peak with none), by

@@ -17,6 +17,7 @@ from planner.costing.node_times import LOW_PRECISION_GEMMS
 from planner.errors import HyperplanError
 from planner.search.bounds import LayerTimes, exchange_parts, layer_times
 from planner.search.budget import Budget
+from planner.search.stage_widths import edge_blocks
 from planner.strategy import Strategy, Workload
 
 
@@ -69,7 +70,7 @@ class Representatives:
         costs = self.costings[key]
         if costs is None:
             return LayerTimes((0.0,), mb)
-        return layer_times(costs, self.workload.execution, tp > 1, mb, True)
+        return layer_times(costs, self.workload.execution, tp > 1, mb, True, edges=edge_blocks(self.scorer.structure))
 
     def exchange(self, tp: int, cp: int, mb: int, ep: int, etp: int) -> dict:
         """The expert exchange of one representative per MoE block (`bounds.exchange_parts`), once."""
@@ -94,7 +95,8 @@ class Representatives:
             least = {b: Parts(forward=min(x[b].forward for x in each), backward=min(x[b].backward for x in each))
                      for b in least}
         own = self.exchange(tp, cp, mb, ep, etp)
-        return layer_times(costs, self.workload.execution, tp > 1, mb, count_ep, own=own, exchange=least)
+        return layer_times(costs, self.workload.execution, tp > 1, mb, count_ep, own=own, exchange=least,
+                           edges=edge_blocks(self.scorer.structure))
 
     def ep_times(self, tp: int, cp: int, mb: int, ep: int, etp: int, widest: int) -> LayerTimes:
         """Per-layer unavoidable seconds of a region of one expert degree, costed once per micro-batch: the

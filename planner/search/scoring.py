@@ -180,8 +180,9 @@ def offload_variants(c: Candidate, hbm: float) -> list[Strategy]:
     return out
 
 
-def balanced_cut(scorer: Scorer, s: Strategy) -> tuple[int, ...] | None:
-    """Layers per stage that balance the stage times of `s` (embedding and head included)."""
+def balanced_cut(scorer: Scorer, s: Strategy, empty_ends: bool = False) -> tuple[int, ...] | None:
+    """Layers per stage that balance the stage times of `s` (embedding and head included); with `empty_ends`,
+    the first and the last stage may hold the embedding or the head alone."""
     from planner.search.pipeline import balanced_split
     from planner.search.stage_widths import edge_blocks
 
@@ -190,6 +191,7 @@ def balanced_cut(scorer: Scorer, s: Strategy) -> tuple[int, ...] | None:
     stem = sum(costs.block_s.get(name, 0.0) for name in first)
     head = sum(costs.block_s.get(name, 0.0) for name in last)
     try:
-        return balanced_split([costs.block_s.get(b.name, 0.0) for b in scorer.structure.layers()], s.pp, stem, head)
+        return balanced_split([costs.block_s.get(b.name, 0.0) for b in scorer.structure.layers()], s.pp, stem, head,
+                              empty_ends)
     except ValueError:
         return None

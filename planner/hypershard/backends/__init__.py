@@ -47,7 +47,7 @@ PLAN_LIMITS: dict[str, dict[str, Any]] = {
     # the launch formats take no fractions of memory classes off HBM (their exporters list the rest they refuse)
     "megatron": {"offload": ()},
     "torchtitan": {"offload": ()},
-    "mindformers": {"offload": ()},
+    "mindformers": {"offload": (), "ends_alone": False},  # its per-stage offsets give every stage a layer
     "deepspeed": {"pp": 1, "cp": 1, "offload": ()},  # ZeRO configs have no pipeline or context parallelism
 }
 
