@@ -48,6 +48,13 @@ BALANCED_SPLIT_NOTE = ("ASSUMPTION: costed with the layers split evenly over the
                        "account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split), one layer fewer in "
                        "the first and the last chunk: as run the estimate is faster (README: calibration, balanced "
                        "pipeline splits as run)")
+#: The ModelZoo's Qwen3-235B config counts the embedding and the loss as a layer each when it splits the pipeline
+#: (model_configs/benchmarking/Qwen3-235B-A22B.yaml, since it was added in b06a6d8, 2025-05-26)
+MZ_SPLIT_NOTE = ("ASSUMPTION: costed with the layers split evenly over the pipeline chunks; the ModelZoo's "
+                 "model_configs/benchmarking/Qwen3-235B-A22B.yaml (since b06a6d8, 2025-05-26, the day before the "
+                 "table) passes --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split, "
+                 "one layer fewer in the first and the last chunk (README: calibration, balanced pipeline splits as "
+                 "run)")
 DSV3_GROUPS = ("DeepSeek-V3's node-limited routing: experts in 8 groups, each token in at most 4 "
                "(its config's n_group and topk_group; Megatron's router applies them to forced-balance logits)")
 #: NeMo 24.07's launcher configs train with Apex's distributed_fused_adam, which NeMo sets to keep the 16 bits an

@@ -17,6 +17,7 @@ from benchmarks.calibration_spec_helpers import (
     ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, BALANCED_SPLIT_NOTE, DIST_OPT, DSV3_AS_SHIPPED,
     DSV3_GROUPS, DSV3_HYBRIDEP, DSV3_OPT, DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, GPT3_20B, GT, HYBRIDEP_NOTE,
     HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MOE_BAL, MOE_BAL_ASSUMED, MX, MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE,
+    MZ_SPLIT_NOTE,
     TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE,
     TT_EAGER, TT_EAGER_LOSS, TT_EAGER_LOSS_NOTE, TT_NOTE, a100, ascend,
     asynctp_variants, bridge, nemo, table, titan, ws,
@@ -114,7 +115,7 @@ SPECS |= table([
                      {"suffix": "-no-a2a-overlap", "step_s": 19.7, "what": "without the 1F1B all-to-all overlap",
                       "execution": {"overlap_ep_comm": False}}),
         "notes": [MOE_BAL, "selective recompute of norms and the MoE activation, as the run script sets", DIST_OPT,
-                  MZ_H100_NOTE]}),
+                  MZ_H100_NOTE, MZ_SPLIT_NOTE]}),
     ("mz-qwen3-235b-256xh100-bf16-ep8-fsdp", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
         "global_batch": 2048, "stack": MC, "execution": {"overlap_tp_comm": False, "moe_dispatcher": "deepep"},
@@ -131,12 +132,28 @@ SPECS |= table([
                   "the table's TP 2, DP 128 and GA 4, which agree with each other; the ModelZoo's launch line for "
                   "this layout, added the same day (examples/qwen3/run_235b.sh, 31c5686, 2025-05-27, 'Intra-node EP "
                   "+ FSDP solution'), says TP=1, which would make it DP 256 with 2 micro-batches"]}),
+    ("mz-qwen3-235b-256xh100-bf16-a2a-pp32", {
+        "row": "mz-qwen3-235b-256xh100-bf16-ep8-fsdp", "file": "h100", "hardware": "dgx-h100", "devices": 256,
+        "model": "qwen3-235b-a22b", "seq_len": 4096, "global_batch": 2048, "stack": MC,
+        "execution": MZ_H100 | {"moe_dispatcher": "alltoall", "recompute_modules": ["moe_act", "layernorm"]},
+        "strategy": {"tp": 2, "pp": 32, "vpp": 3, "dp": 4, "ep": 8, "etp": 1, "micro_batch": 1, "sp": True,
+                     "zero": 1, "recompute": "selective", "stage_layers": [0] + [1] * 94 + [0]},
+        "variants": ({"also": "same_table_A2A_TP2_EP8_PP32_VPP3_DP4_GA512",
+                      "what": "the same table's A2A row: TP2 EP8 PP32 VPP3 DP4, GA 512"},),
+        "notes": [MOE_BAL_ASSUMED, "Megatron's all-to-all dispatcher (the row's A2A), no 1F1B all-to-all overlap "
+                  "(the row's notes are empty)", "selective recompute of norms and the MoE activation (the row's "
+                  "'norm, act')", DIST_OPT,
+                  "the embedding alone in the first of the 96 chunks and the loss alone in the last, 94 layers one "
+                  "per chunk between: the ModelZoo's model_configs/benchmarking/Qwen3-235B-A22B.yaml sets "
+                  "--account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split",
+                  MZ_H100_NOTE]}),
     ("mz-qwen3-235b-256xh100-bf16-tp4-ep8-pp8", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
         "global_batch": 2048, "stack": MC, "execution": MZ_H100 | {"moe_dispatcher": "deepep"},
         "strategy": {"tp": 4, "pp": 8, "vpp": 4, "dp": 8, "ep": 8, "etp": 1, "micro_batch": 1, "sp": True,
                      "zero": 1, "recompute": "none"},
-        "notes": [MOE_BAL_ASSUMED, "no recompute (the row's recompute column is empty)", DIST_OPT, MZ_H100_NOTE]}),
+        "notes": [MOE_BAL_ASSUMED, "no recompute (the row's recompute column is empty)", DIST_OPT, MZ_H100_NOTE,
+                  MZ_SPLIT_NOTE]}),
     ("mz-qwen3-235b-256xh100-bf16-128k-cp8", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 131072,
         "global_batch": 256, "stack": MC, "execution": MZ_H100 | {"moe_dispatcher": "deepep",
@@ -148,7 +165,7 @@ SPECS |= table([
                   "selective recompute of layernorm and the MoE block, as the command line sets",
                   "expert tensor parallelism 1, as the ModelZoo's model_configs/benchmarking/Qwen3-235B-A22B.yaml "
                   "sets (--expert-tensor-parallel-size 1; Megatron's default would be the tensor degree, 4)",
-                  MZ_H100_NOTE]}),
+                  MZ_H100_NOTE, MZ_SPLIT_NOTE]}),
     # -- DGX H100, NeMo Automodel (PyTorch FSDP2 + Transformer Engine) ------------------------------------
     ("automodel-llama3-70b-64xh100-bf16-fsdp-cp2", {
         "file": "h100", "hardware": "dgx-h100", "devices": 64, "model": "llama3-70b", "seq_len": 8192,
@@ -311,7 +328,7 @@ SPECS |= table([
         "variants": ({"step_s": 25.83},),
         "notes": [MOE_BAL, "HybridEP dispatch (DISPATCHER=hybridep in the command) without all-to-all overlap",
                   "step time derived by the row from 750 TFLOP/s with the FLOPs per token of the H100 rows",
-                  MZ_GRADS_NOTE]}),
+                  MZ_GRADS_NOTE, MZ_SPLIT_NOTE]}),
 ])
 
 SPECS |= table([

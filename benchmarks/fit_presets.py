@@ -18,6 +18,7 @@ evaluation estimates every fitted run).
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -206,10 +207,10 @@ def main(argv: list[str] | None = None) -> int:
             for stack in tp_shares:
                 write_stack_field(stack, "tp_overlap_share", result.fit.values[f"tp_share:{stack}"], hw)
             transfer(hw, {k: v for k, v in result.fit.values.items() if ":" not in k})
-    if fitted and not args.dry_run:  # what estimates cite of each model's runs, with the presets as now fitted
-        from benchmarks import published_errors
-
-        return published_errors.main()
+    if fitted and not args.dry_run:  # what estimates cite of each model's runs, with the presets as now fitted:
+        # in a process of its own, which reads the presets and stacks as written (this one's runs hold the stacks
+        # they were read with, and the loaders cache what they read)
+        return subprocess.run([sys.executable, str(Path(__file__).with_name("published_errors.py"))]).returncode
     return 0
 
 

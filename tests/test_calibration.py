@@ -38,7 +38,9 @@ BOUNDS = {
     # backward at cuDNN's measured rate
     ("gb200-nvl72", "moe_training"): (0.05, 0.08),
     # above the target: guards against regressions, not the target (README: calibration)
-    ("dgx-h100", "moe_training"): (0.08, 0.16),  # DeepSeek-V3 on 1,024 GPUs with its 1F1B all-to-all overlap, -14.6 %
+    # DeepSeek-V3 on 1,024 GPUs with its 1F1B all-to-all overlap, -14.6 %; 8.2 % since the ModelZoo's all-to-all
+    # PP32 row (-12.5 %) ships, which moved Kimi-K2 (-7.0 %) into the fit (7.5 % before)
+    ("dgx-h100", "moe_training"): (0.09, 0.16),
 }
 
 

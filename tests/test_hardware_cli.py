@@ -66,10 +66,12 @@ def test_show_says_whether_the_efficiency_is_this_hardwares_fit_or_carried_from_
     own = runner.invoke(app, ["hardware", "show", "dgx-h100"], env=ENV)
     carried = runner.invoke(app, ["hardware", "show", "cloudmatrix384"], env=ENV)
     assert own.exit_code == 0 and carried.exit_code == 0
-    assert "efficiency calibration: fitted on 14 measured runs" in own.output
+    from cost_models import load_cluster
+
+    fitted = len(load_cluster("dgx-h100").fitted_on)  # every other published row, at most half (15 of 30)
+    assert fitted >= 10 and f"efficiency calibration: fitted on {fitted} measured runs" in own.output
     assert "efficiency calibration: transferred from the ascend-910b fit (an assumption" in carried.output
     # and what checks its estimates is what an estimate on it says: the 910B fit's held-out runs
-    from cost_models import load_cluster
 
     source = load_cluster("ascend-910b").checked("moe_training").sentence("ascend-910b", shipped=True)
     assert (f"checked: no held-out MoE training run on cloudmatrix384: how far off its estimates are is unchecked "
