@@ -21,6 +21,7 @@ from planner.hypershard import Request, declare_plan, declare_serving, write_doc
 from planner.hypershard.io import check_output, check_suffix, read_constraints
 from planner.hypershard.backends import LAUNCH, export, plan_limits
 from planner.search.constraints import merge as merge_constraints
+from planner.strategy import run_lengths
 
 console = render.LiveConsole(highlight=False, soft_wrap=False)
 
@@ -132,11 +133,13 @@ def plan_cmd(
 
     The space: every TP that divides the devices and each attention's query heads within the scale-up domain (KV
     heads replicated beyond theirs); every CP that cuts the sequence into 2 x CP equal chunks; every PP up to the
-    layers (unequal layer counts; the balanced cut), DP what is left; for MoE every EP dividing the experts and
-    the ranks MoE folding puts them on, ETP = TP or 1; every micro-batch that divides the batch per replica; every
-    VPP that divides the layers per stage; ZeRO 0-3; recompute none, selective, full or the first k layers of each
-    chunk full; offload fractions per memory class in 5 % steps; per-op tensor layouts (an integer program); and
-    stages of different tensor widths around the best pipelines. Branch and bound over it, with a lower bound on
+    layers (unequal layer counts; the balanced cut, the embedding or the head alone in an end stage allowed), DP
+    what is left; for MoE every EP dividing the experts and the ranks MoE folding puts them on, ETP = TP or 1;
+    every micro-batch that divides the batch per replica; every VPP that divides the layers per stage, or them
+    with the embedding and the loss counted as a layer each (Megatron's accounted split); ZeRO 0-3;
+    recompute none, selective, full or the first k layers of each chunk full; offload fractions per memory class
+    in 5 % steps; per-op tensor layouts (an integer program); and stages of different tensor widths around the best
+    pipelines. Branch and bound over it, with a lower bound on
     the step time of each region, proves the plan within 1 % of the best of the equal-width space ("optimal within
     X %"), unless --time-limit stops it first (then the plan is marked incomplete with the gap it reached).
     Constraints (--tp, --pp, ... --offload, or a plan file's constraints: section with --constraints FILE) fix
@@ -264,9 +267,11 @@ def print_plan(r: dict) -> None:
                       for a in axes if a["size"] > 1) or "one device"
     console.print(f"mesh: {mesh}" + (" (tp: the widest stage)" if s.get("stage_tp") else ""))
     if s["pp"] > 1:
-        cut = s["stage_layers"] or "even"
+        cut = tuple(s["stage_layers"] or ())
+        alone = [what for what, n in (("embedding alone first", cut[:1]), ("head alone last", cut[-1:])) if n == (0,)]
         console.print(f"pipeline: {s['pp']} stages{' x ' + str(s['vpp']) + ' chunks' if s['vpp'] > 1 else ''}, "
-                      f"layers per chunk {cut}, schedule {'interleaved 1F1B' if s['vpp'] > 1 else s['schedule']}")
+                      f"{'interleaved 1F1B' if s['vpp'] > 1 else s['schedule']}, layers per chunk "
+                      f"{run_lengths(cut) or 'even'}{' (' + ', '.join(alone) + ')' if alone else ''}")
     for a in r["mesh"]:
         if a["name"].startswith("stage"):  # stages of different widths: each its own block of ranks
             console.print(f"  {a['name']}: tp={a['tp']} ({'+'.join(a['levels']) or 'one device'}), "

@@ -109,7 +109,7 @@ class Strategy:
         if self.stage_layers and (len(self.stage_layers) != self.pp * self.vpp or min(self.stage_layers) < 0
                                   or min(self.stage_layers[1:-1], default=1) < 1 or max(self.stage_layers) < 1):
             raise InvalidInput(
-                f"stage_layers {_runs(self.stage_layers)} ({len(self.stage_layers)} chunks) must give pp x vpp = "
+                f"stage_layers {run_lengths(self.stage_layers)} ({len(self.stage_layers)} chunks) must give pp x vpp = "
                 f"{self.pp * self.vpp} layer counts, "
                 "positive but for the first and the last chunk, which may hold only the embedding or the loss (0)"
             )
@@ -187,7 +187,7 @@ class Strategy:
     def short(self) -> str:
         """E.g. 'TP8·PP12·DP4, ZeRO-1, selective recompute'; stages of different widths read 'TP4+8·PP2·DP4',
         and a run of equal stages is counted: 'TP1×2+2+1×28·PP31' (two stages at 1, one at 2, 28 at 1)."""
-        tp = _runs(self.stage_tp) if self.stage_tp else self.tp
+        tp = run_lengths(self.stage_tp) if self.stage_tp else self.tp
         axes = [f"{n}{v}" for n, v in (("TP", tp), ("CP", self.cp), ("PP", self.pp), ("DP", self.dp), ("EP", self.ep))
                 if v != 1]
         if self.etp and self.etp != self.tp:
@@ -207,7 +207,7 @@ class Strategy:
         if self.flushes > 1:
             parts.append(f"{self.flushes} pipeline flushes/step")
         if self.stage_layers and len(set(self.stage_layers)) > 1:
-            parts.append("layers/stage " + _runs(self.stage_layers))
+            parts.append("layers/stage " + run_lengths(self.stage_layers))
 
         for cls, frac in self.offload:
             if frac > 0:
@@ -215,7 +215,7 @@ class Strategy:
         return ", ".join(parts)
 
 
-def _runs(values: tuple[int, ...]) -> str:
+def run_lengths(values: tuple[int, ...]) -> str:
     """Per-stage values joined by '+', a run of equal ones counted: (1, 1, 2, 1, 1, 1) -> '1×2+2+1×3'."""
     out: list[str] = []
     for v, run in itertools.groupby(values):

@@ -165,3 +165,21 @@ def test_a_declaration_may_leave_only_its_first_and_last_chunk_without_layers():
     assert not report.ok
     assert any("positive but for the first and the last chunk, which may hold only the embedding or the loss" in
                c.detail for c in report.checks if not c.ok)
+
+
+def test_the_plan_around_the_405b_recipes_degrees_is_its_layout_with_the_ends_alone():
+    """Megatron-Bridge's Llama 3.1 405B MXFP8 recipe on 256 GB200s fixes TP4 and PP16 and interleaves 8 chunks a
+    stage, 128 chunks for 126 layers with the embedding and the loss counted as a layer each. Planned around the
+    same two degrees, the search's interleaved pipelines include that accounted split (126 layers divide into no
+    16 x v equal chunks, so before it only VPP1 was searched: 7+8x14+7, 57.4 s); it finds the recipe's layout, and
+    its bound stays below it."""
+    from planner.api import estimate_model, plan_model
+
+    job = dict(cluster="gb200-nvl72", devices=256, global_batch=1536, seq_len=8192, dtype="fp8")
+    plan = plan_model("llama3-405b", constraints={"tp": 4, "pp": 16}, offload=False, mpmd=False, **job)
+    s = plan["strategy"]
+    assert (s["tp"], s["pp"], s["vpp"], s["dp"]) == (4, 16, 8, 4)
+    assert tuple(s["stage_layers"]) == (0,) + (1,) * 126 + (0,)
+    before = estimate_model("llama3-405b", tp=4, pp=16, dp=4, sp=True, zero=1, micro_batch=1,
+                            stage_layers=(7,) + (8,) * 14 + (7,), **job)
+    assert plan["search"]["bound_s"] <= plan["estimate"]["step_time_s"] < 0.98 * before["step_time_s"]

@@ -41,8 +41,9 @@ def _ends_alone(layers, pp):
 
 
 def _every_strategy(model, over, cluster, devices, batch, seq):
-    """Every combination of the searched knobs (the even cut and, without interleaving, the cuts with either end
-    alone; no offload) scored by `estimate`."""
+    """Every combination of the searched knobs (the search's cut: even, or interleaved chunks of the layers with the
+    embedding and the loss counted as one each; without interleaving also the cuts with either end alone; no
+    offload) scored by `estimate`."""
     graph = _graph_for_costing(model, seq, None, over)
     st = discover_blocks(graph)
     hw = load_cluster(cluster, devices=devices)
@@ -55,7 +56,8 @@ def _every_strategy(model, over, cluster, devices, batch, seq):
             m = batch // (dp * mb)
             for vpp in grid.vpp_degrees(shape.layers, pp, m, NONE):
                 zeros = (0, 1, 2, 3) if dp * cp > 1 else (0,)
-                cuts = [()] + (_ends_alone(shape.layers, pp) if pp > 1 and vpp == 1 else [])
+                cuts = [grid.chunk_cut(shape.layers, pp, vpp)] + (_ends_alone(shape.layers, pp) if pp > 1 and vpp == 1
+                                                                   else [])
                 for z, rc, cut in itertools.product(zeros, ("none", "selective", "full"), cuts):
                     s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp,
                                  micro_batch=mb, recompute=rc, zero=z, sp=tp > 1, layouts="searched", stage_layers=cut)

@@ -23,6 +23,16 @@ def even_split(n_layers: int, n_chunks: int) -> tuple[int, ...]:
     return tuple(base + (1 if c >= n_chunks - extra else 0) for c in range(n_chunks))
 
 
+def accounted_split(n_layers: int, n_chunks: int) -> tuple[int, ...] | None:
+    """Layers per chunk when the embedding and the loss count as a layer each and the chunks share the n + 2 evenly
+    (Megatron-Core's account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split): the first and
+    the last chunk one layer fewer, none when each chunk holds one; None when n + 2 does not divide evenly."""
+    if n_chunks < 2 or (n_layers + 2) % n_chunks:
+        return None
+    k = (n_layers + 2) // n_chunks
+    return (k - 1,) + (k,) * (n_chunks - 2) + (k - 1,)
+
+
 def assign_chunks(structure: Structure, n_chunks: int, sizes: tuple[int, ...] = ()) -> dict[str, int]:
     """Block name -> pipeline chunk: layers in graph order by `sizes`; other blocks go with the layer before them,
     those before the first layer to the first chunk and those after the last to the last (which `sizes` may leave
@@ -71,4 +81,4 @@ def layer_policies(structure: Structure, chunk: Mapping[str, int], strategy: Str
     return out
 
 
-__all__ = ["assign_chunks", "even_split", "layer_policies"]
+__all__ = ["accounted_split", "assign_chunks", "even_split", "layer_policies"]

@@ -14,7 +14,8 @@ pipeline stage and no recompute) and keeps only what no choice left open can rem
 - per pipeline: a 1F1B step of stages with those times is (m - 1/v) max_i t_i + sum_i t_i / v
   (`cost_models.schedule`); over every contiguous cut of the embedding, the layers and the head (a first
   stage of the embedding alone, a last of the head alone, are cuts too), the least max_i t_i is the bottleneck
-  of the linear partition (`least_widest_stage`), interleaved chunks are cut evenly as the search cuts them;
+  of the linear partition (`least_widest_stage`), interleaved chunks are cut as the search cuts them (evenly, or
+  the layers, the embedding and the head evenly: `grid.chunk_cut`);
 - above the pipeline (any pp and dp with pp x dp fixed), m max_i t_i >= m sum_i t_i / pp: the work of
   one step over the devices.
 
@@ -132,9 +133,13 @@ def pipeline_bound_s(lt: LayerTimes, pp: int, microbatches: int, vpp: int) -> fl
         return (microbatches - 1) * least_widest_stage((lt.stem_s, *lt.per_layer_s, lt.head_s), pp) + lt.total_s
     from planner.costing.pipeline_cut import even_split
 
-    per = lt.folded()
-    sizes = even_split(len(per), pp * vpp)
-    widest = _max_stage(per, sizes, pp)
+    n = len(lt.per_layer_s)
+    if n % (pp * vpp) and (n + 2) % (pp * vpp) == 0:  # the accounted split: n + 2 units in equal chunks
+        units = (lt.stem_s, *lt.per_layer_s, lt.head_s)
+        widest = _max_stage(units, [(n + 2) // (pp * vpp)] * (pp * vpp), pp)
+    else:
+        per = lt.folded()
+        widest = _max_stage(per, even_split(n, pp * vpp), pp)
     return (microbatches - 1.0 / vpp) * widest + lt.total_s / vpp
 
 

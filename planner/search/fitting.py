@@ -52,10 +52,11 @@ class _Params:
 
 
 def stage_floors(graph, structure, facts, costs, strategy: Strategy, exact: bool) -> list[tuple[float, ...]]:
-    """Per stage of the even cut: (dense, expert) parameters per device at the least any layout keeps, the
-    activations of one micro-batch and of those the loss's (`costs.block_act_bytes`, `costs.block_loss_bytes`
-    when `exact`, else none) and the widest layer's gathered parameters (when `exact`)."""
-    chunk = assign_chunks(structure, strategy.pp * strategy.vpp, ())
+    """Per stage of the strategy's cut (the search's: even, or `grid.chunk_cut`'s accounted split): (dense, expert)
+    parameters per device at the least any layout keeps, the activations of one micro-batch and of those the loss's
+    (`costs.block_act_bytes`, `costs.block_loss_bytes` when `exact`, else none) and the widest layer's gathered
+    parameters (when `exact`)."""
+    chunk = assign_chunks(structure, strategy.pp * strategy.vpp, strategy.stage_layers)
     out = [[0.0, 0.0, 0.0, 0.0, 0.0] for _ in range(strategy.pp)]
     numels = facts.block_numels()
     for blk in structure.blocks:

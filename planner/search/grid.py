@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from cost_models import Cluster
 
+from planner.costing.pipeline_cut import accounted_split
 from planner.errors import HyperplanError, InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
@@ -133,13 +134,26 @@ def micro_batches(per_replica: int, c: Constraints) -> list[int]:
 
 
 def vpp_degrees(layers: int, pp: int, m: int, c: Constraints) -> list[int]:
-    """Interleaved chunks per stage: 1, and every v > 1 that divides the layers per stage when the layers
-    divide into pp stages and the micro-batches into whole rounds of pp."""
-    if pp == 1 or c.stage_tp:
-        out = [1]
-    else:
-        out = [1] + ([v for v in divisors(layers // pp) if v > 1] if layers % pp == 0 and m % pp == 0 else [])
-    return [v for v in out if c.vpp is None or v == c.vpp]
+    """Interleaved chunks per stage: 1, and every v > 1 when the micro-batches divide into whole rounds of pp and
+    the layers into pp x v equal chunks; with pp fixed by the constraints (a recipe's degree), also the layers with
+    the embedding and the loss counted as one each (Megatron-Core's accounted split, `chunk_cut`; unless the
+    constraints keep a layer in every chunk). Over every pp those tripled the search's nodes on some models
+    (README: search), so they are searched around a given pp only."""
+    if pp == 1 or c.stage_tp or m % pp:
+        return [v for v in [1] if c.vpp is None or v == c.vpp]
+    even = {v for v in divisors(layers // pp) if v > 1} if layers % pp == 0 else set()
+    ends = {v for v in divisors((layers + 2) // pp) if v > 1} if c.pp and (layers + 2) % pp == 0 else set()
+    if c.ends_alone is False:
+        ends = {v for v in ends if (layers + 2) // (pp * v) > 1}
+    return [v for v in [1, *sorted(even | ends)] if c.vpp is None or v == c.vpp]
+
+
+def chunk_cut(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
+    """The layers per chunk the search gives an interleaved pipeline (`Strategy.stage_layers`): () for the even cut,
+    or Megatron-Core's accounted split where the layers alone do not divide into pp x vpp chunks."""
+    if vpp == 1 or layers % (pp * vpp) == 0:
+        return ()
+    return accounted_split(layers, pp * vpp) or ()
 
 
 def no_mesh(cluster: Cluster, workload: Workload, c: Constraints, shape: ModelShape) -> HyperplanError:

@@ -220,7 +220,7 @@ class _Search:
         if self.base_offload:  # offload fixed by the user: the leaves keep it, and fitting bounds do not apply
             return bound
         s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
-                     recompute=rc, sp=tp > 1, layouts=self.layouts)
+                     recompute=rc, sp=tp > 1, layouts=self.layouts, stage_layers=grid.chunk_cut(self.layers, pp, vpp))
         return fitting_bound_s(self.graph, self.structure, self.scorer.facts,
                                self.reps.costings.get((tp, cp, mb, ep, etp, rc)), self.cluster, self.workload, s,
                                self._zeros(s), bound, self.allow_offload)
@@ -276,7 +276,7 @@ class _Search:
         sched = node.key[:-1]
         base = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
                         recompute=rc, sp=tp > 1, layouts=self.layouts, offload=self.base_offload,
-                        stage_tp=self.c.stage_tp or ())
+                        stage_tp=self.c.stage_tp or (), stage_layers=grid.chunk_cut(self.layers, pp, vpp))
         fitted = self.fitted.setdefault(sched, {})  # ZeRO level -> the least recompute at which it fits
         frugal: Candidate | None = None
         for z in self._zeros(base):
@@ -352,7 +352,7 @@ class _Search:
             seen.add(mesh)
             s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
                          recompute=b.recompute, zero=b.zero if dp * cp > 1 else 0, sp=tp > 1, layouts=self.layouts,
-                         offload=b.offload)
+                         offload=b.offload, stage_layers=grid.chunk_cut(self.layers, pp, vpp))
             self._score(s)
 
     def _stage_widths(self) -> None:
