@@ -132,14 +132,15 @@ def pipeline_bound_s(lt: LayerTimes, pp: int, microbatches: int, vpp: int) -> fl
     if vpp == 1:
         return (microbatches - 1) * least_widest_stage((lt.stem_s, *lt.per_layer_s, lt.head_s), pp) + lt.total_s
     from planner.costing.pipeline_cut import even_split
+    from planner.search.grid import chunk_cut
 
     n = len(lt.per_layer_s)
-    if n % (pp * vpp) and (n + 2) % (pp * vpp) == 0:  # the accounted split: n + 2 units in equal chunks
+    cut = chunk_cut(n, pp, vpp)
+    if cut:  # the accounted split: its chunks over the embedding, the layers and the head
         units = (lt.stem_s, *lt.per_layer_s, lt.head_s)
-        widest = _max_stage(units, [(n + 2) // (pp * vpp)] * (pp * vpp), pp)
+        widest = _max_stage(units, (cut[0] + 1, *cut[1:-1], cut[-1] + 1), pp)
     else:
-        per = lt.folded()
-        widest = _max_stage(per, even_split(n, pp * vpp), pp)
+        widest = _max_stage(lt.folded(), even_split(n, pp * vpp), pp)
     return (microbatches - 1.0 / vpp) * widest + lt.total_s / vpp
 
 
