@@ -124,6 +124,9 @@ class Execution:
     param_bytes: float = 2.0
     grad_bytes: float = 4.0
     optimizer_bytes: float = 12.0
+    main_grad_accumulation: bool = False  # each micro-batch's weight gradients are added into a main gradient kept
+    # over the step (grad_bytes wide, read and written by the weight-gradient GEMM: Megatron's main_grad buffers
+    # with gradient_accumulation_fusion, TE's fuse_wgrad_accumulation); else each is written once, 16-bit
     # recompute
     selective: Selective = "modules"  # what selective recompute means (see planner.costing.recompute)
     recompute_modules: tuple[str, ...] = ("core_attn",)  # with "modules": which (Megatron's --recompute-modules)
@@ -224,7 +227,8 @@ def parse_execution(text: str, *, source: str, default_name: str) -> Execution:
 _BOOLS = ("fuse_elementwise", "fused_launches", "fuse_sibling_gemms", "tp_layout_copies", "overlap_grad_reduce",
           "overlap_param_gather", "fsdp_prefetch", "fsdp_gathered_with_pp", "overlap_tp_comm", "overlap_cp_comm",
           "overlap_ep_comm", "overlap_pp_comm", "overlap_pp_comm_1f1b", "fp8_saves_inputs", "fp8_params",
-          "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation")
+          "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation",
+          "main_grad_accumulation")
 _NUMBERS = ("fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes",
             "optimizer_bytes", "runtime_reserve_gib", "kernel_efficiency", "tp_overlap_share",
             "moe_expert_load_cv", "moe_capacity_factor")
@@ -238,7 +242,7 @@ _SECTIONS = {
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "fp8_saves_inputs",
                   "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather"),
-    "states": ("param_bytes", "grad_bytes", "optimizer_bytes"),
+    "states": ("param_bytes", "grad_bytes", "optimizer_bytes", "main_grad_accumulation"),
     "recompute": ("selective", "recompute_modules"),
     "memory": ("allocator_reserve", "runtime_reserve_gib"),
     "moe": ("moe_dispatcher", "moe_routing", "moe_group_limit", "moe_probs_in_activation", "moe_expert_load_cv",

@@ -164,30 +164,39 @@ class NodeTimes:
         flops = work.flops[i] * share
         # a routed expert reads only its rank's experts: 1/(ep x etp) of the layer's expert weights
         weight_share = (1.0 / (self.ep * self.etp)) if facts.in_routed[i] else 1.0 / k
-        nbytes = (self.act[i] * self.bs / (self.cp * k) + work.param_bytes[i] * weight_share) * self.fscale
         matrix = bool(work.matrix[i])
         gemm = self.fp8 and bool(facts.fp8_gemm[i])
         dtype = self.gemm_dtype if gemm else self.dtype
         if len(group) > 1:  # one GEMM with its siblings (their input read once): its FLOPs' share of that GEMM
             act = sum(self.act[j] for j in group) - (len(group) - 1) * self._input_bytes(group[0])
-            whole = (act * self.bs / (self.cp * k) + sum(work.param_bytes[j] for j in group) * weight_share) \
-                * self.fscale
+            weights = sum(work.param_bytes[j] for j in group) * weight_share
             total = sum(work.flops[j] for j in group) * share
-            t = op_time_s(cluster, total, whole, "matmul", dtype) * (flops / total if total else 1.0 / len(group))
+            part = flops / total if total else 1.0 / len(group)
         else:
-            t = op_time_s(cluster, flops, nbytes, "matmul" if matrix else "elementwise", dtype)
+            act, weights, total, part = self.act[i], work.param_bytes[i] * weight_share, flops, 1.0
+        act *= self.bs / (self.cp * k)
+        t = op_time_s(cluster, total, (act + weights) * self.fscale, "matmul" if matrix else "elementwise", dtype)
+        if backward and matrix:  # the input gradient as the forward, and the weight gradient (`_wgrad_bytes`)
+            t += op_time_s(cluster, total, self._wgrad_bytes(act, weights), "matmul", dtype) if weights > 0 else t
+        t *= part
         if matrix and facts.in_routed[i] and group[0] == i:
-            t += self._expert_rounds(i) * cluster.kernel_overhead_s
+            t += self._expert_rounds(i) * cluster.kernel_overhead_s * (2.0 if backward else 1.0)
         if matrix:
             t /= self.execution.kernel_efficiency
-        if backward and matrix:
-            t *= 2.0
         if gemm:
             t += self._casts(i, k, share, backward, inputs=group[0] == i)
         if self.training and facts.loss_numel[i] > 0:
             t += loss_time_s(self.cluster, self.execution.loss_kernel, facts.loss_numel[i] * share, backward,
                              self.dtype)
         return t * facts.routed_load(i, self.execution, self.ep)  # the busiest expert-parallel rank sets the pace
+
+    def _wgrad_bytes(self, act: float, weights: float) -> float:
+        """HBM bytes of a weight-gradient GEMM whose forward read `act` activation and `weights` weight bytes (at
+        the graph's width): the input and the output gradient, as the forward's activations, and the weight
+        gradient: added into the step's main gradient, read and written at its width, where the stack accumulates
+        there every micro-batch (`Execution.main_grad_accumulation`), else written once at the activations'."""
+        per_element = 2.0 * self.execution.grad_bytes if self.execution.main_grad_accumulation else self.width
+        return act * self.fscale + weights / self.facts.work.float_bytes * per_element
 
     def _expert_rounds(self, i: int) -> int:
         """Kernel launches beyond the first of a routed GEMM whose stack runs one GEMM per local expert over
