@@ -32,7 +32,8 @@ backward's dispatch waits for the experts' whole backward.
 
 ASSUMPTIONS: layers of a chunk are alike (the stage's MoE layers averaged);
 a node's backward splits half into dgrad, half into wgrad (a GEMM's two
-gradients have equal FLOPs; the attention side's dgrad is larger, its core
+gradients have equal FLOPs, though a weight gradient that adds into a main
+gradient over few tokens takes longer: `NodeTimes`; the attention side's dgrad is larger, its core
 having no weights, but taking 70 % of it as dgrad moves none of the five
 paired calibration rows by 0.1 %); dispatch and combine each take half of
 an exchange;
