@@ -126,7 +126,8 @@ class Execution:
     optimizer_bytes: float = 12.0
     main_grad_accumulation: bool = False  # each micro-batch's weight gradients are added into a main gradient kept
     # over the step (grad_bytes wide, read and written by the weight-gradient GEMM: Megatron's main_grad buffers
-    # with gradient_accumulation_fusion, TE's fuse_wgrad_accumulation); else each is written once, 16-bit
+    # with gradient_accumulation_fusion, TE's fuse_wgrad_accumulation); else each is written once, as wide as
+    # the activations (`NodeTimes._wgrad_bytes`)
     # recompute
     selective: Selective = "modules"  # what selective recompute means (see planner.costing.recompute)
     recompute_modules: tuple[str, ...] = ("core_attn",)  # with "modules": which (Megatron's --recompute-modules)
