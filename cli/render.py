@@ -100,10 +100,20 @@ class Adaptive:
             return None
         if sum(lo) > room:
             return []
-        spare, slack = room - sum(lo), [h - m for h, m in zip(hi, lo)]
-        widths = [m + spare * s // sum(slack) for m, s in zip(lo, slack)]
-        for i in sorted(range(n), key=lambda i: -slack[i])[:room - sum(widths)]:  # what integer division left
-            widths[i] += 1
+        # water-filling: the spare goes in equal shares, a column taking no more than its natural width, so a
+        # short column (a label) is shown whole and the long ones share what is left
+        spare, widths = room - sum(lo), list(lo)
+        order = sorted(range(n), key=lambda i: (hi[i] - lo[i], i))
+        for k, i in enumerate(order):
+            give = min(hi[i] - lo[i], spare // (n - k))
+            widths[i] += give
+            spare -= give
+        for i in reversed(order):  # what integer division left, to the widest
+            if spare <= 0:
+                break
+            extra = min(spare, hi[i] - widths[i])
+            widths[i] += extra
+            spare -= extra
         return widths
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
