@@ -269,7 +269,8 @@ def print_estimate(r: dict) -> None:
                     "HBM kept by the allocator): ")
     else:
         peak = Text(f"{render.gib(mem['peak'])} of {render.gib(r['hbm_gib'])} HBM: ")
-    short = (r.get("short_of") or {}).get("why") or f"over by {render.gib(r['over_gib'])}"
+    short_of = r.get("short_of") or {}  # HBM short: the line already gives both figures, so say by how much
+    short = f"over by {render.gib(r['over_gib'])}" if short_of.get("tier", "HBM") == "HBM" else short_of["why"]
     peak.append("fits" if r["fits"] else f"does not fit: {short}",
                 style="" if r["fits"] else "bold red")
     m = r["microbatches"]

@@ -87,6 +87,10 @@ def test_a_strategy_that_does_not_fit_says_by_how_much():
     assert not r["fits"]
     assert r["over_gib"] == pytest.approx(r["memory_gib"]["peak"] - r["hbm_gib"])
     assert r["over_gib"] > 0
+    out = runner.invoke(app, ["estimate", "gpt3-175b", "--cluster", "dgx-a100", "--devices", "8", "--global-batch",
+                              "8", "--seq-len", "2048", "--tp", "8", "--layers", "24"], terminal_width=200)
+    line = next(x for x in out.output.splitlines() if x.startswith("peak memory"))
+    assert "HBM: does not fit: over by" in line and line.count("GiB") == 3  # peak, HBM, and the excess only
 
 
 def test_an_offload_the_host_cannot_hold_is_named_with_its_tier(tmp_path):

@@ -58,11 +58,11 @@ def test_a_short_label_stays_whole_beside_a_value_that_wraps():
     """`estimate`'s summary at 80 columns: the value column wraps, the two-word label beside it does not (the
     spare width goes first to what needs little of it; it had been shared in proportion and split the label)."""
     t = render.kv_table("", [("step time", "3.8 s (8 micro-batches)"),
-                             ("peak memory", "99.1 GiB of 80 GiB HBM: does not fit: 99.1 GiB of HBM per device, "
-                                             "80 GiB usable")])
+                             ("peak memory", "99.1 GiB of tensors, 78.4 GiB usable (2.0% of HBM kept by the "
+                                             "allocator): does not fit: over by 20.7 GiB")])
     lines = _text(t, 80).splitlines()
     assert lines[1].startswith("peak memory  99.1 GiB") and max(len(line) for line in lines) <= 80
-    assert lines[2].lstrip().startswith("80 GiB usable") and lines[2].startswith(" " * 13)
+    assert lines[2].startswith(" " * 13) and lines[2].rstrip().endswith("over by 20.7 GiB")
 
 
 @pytest.mark.parametrize("args", [["hardware", "show", "cloudmatrix384"], ["hardware", "list"], ["zoo", "list"]])
