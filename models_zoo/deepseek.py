@@ -95,7 +95,8 @@ class DeepseekConfig:
         check_dtype(self.dtype)
         require(
             0 <= self.dense_layers <= self.layers,
-            f"dense_layers={self.dense_layers} must be in 0..layers={self.layers}.",
+            f"dense_layers={self.dense_layers} must be in 0..layers={self.layers}; give at least "
+            f"{self.dense_layers} layers, or set dense_layers (--set dense_layers=N) to at most {self.layers}.",
         )
         require(self.q_lora_rank >= 0, f"q_lora_rank must be >= 0, got {self.q_lora_rank}.")
         require(self.shared_experts >= 0, f"shared_experts must be >= 0, got {self.shared_experts}.")

@@ -88,7 +88,9 @@ class MultimodalConfig:
                 0 <= j < self.vision.layers,
                 f"deepstack layer {j} is outside the {self.vision.layers} vision layers.",
             )
-        require(len(self.deepstack) <= self.text.layers, "more deepstack features than LLM layers to add them to.")
+        require(len(self.deepstack) <= self.text.layers,
+                f"{len(self.deepstack)} deepstack features but {self.text.layers} LLM layers to add them to; give "
+                f"at least {len(self.deepstack)} layers.")
 
     @property
     def cls_dropped(self) -> bool:
