@@ -89,8 +89,10 @@ def pytest_runtest_makereport(item, call):
     _skipped[item.nodeid] = reason
     if _strict():
         rep.outcome = "failed"
-        why = (f"the test is marked {', '.join(marks)}" if marks else "a module it imports is missing"
-               if _missing_module(reason) else "every test of the suite is meant to run")
+        if marks:
+            why = f"the test is marked {', '.join(marks)}"
+        else:
+            why = "a module it imports is missing" if _missing_module(reason) else "every test is meant to run"
         rep.longrepr = f"skipped under CI, but {why} and CI installs what it needs: {reason}"
 
 

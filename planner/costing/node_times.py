@@ -176,8 +176,10 @@ class NodeTimes:
             act, weights, total, part = self.act[i], work.param_bytes[i] * weight_share, flops, 1.0
         act *= self.bs / (self.cp * k)
         t = op_time_s(cluster, total, (act + weights) * self.fscale, "matmul" if matrix else "elementwise", dtype)
-        if backward and matrix:  # the input gradient as the forward, and the weight gradient (`_wgrad_bytes`)
-            t += op_time_s(cluster, total, self._wgrad_bytes(act, weights), "matmul", dtype) if weights > 0 else t
+        if backward and matrix and weights > 0:  # the input gradient as the forward, the weight's at its bytes
+            t += op_time_s(cluster, total, self._wgrad_bytes(act, weights), "matmul", dtype)
+        elif backward and matrix:  # a product of two activations: a gradient for each, each as the forward
+            t *= 2.0
         t *= part
         if matrix and facts.in_routed[i] and group[0] == i:
             t += self._expert_rounds(i) * cluster.kernel_overhead_s * (2.0 if backward else 1.0)
