@@ -8,7 +8,6 @@ the bound of a region of one expert degree (the widest expert group's compute an
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import replace
 from typing import Any
@@ -18,7 +17,6 @@ from planner.costing.node_times import LOW_PRECISION_GEMMS
 from planner.errors import HyperplanError
 from planner.search.bounds import LayerTimes, exchange_parts, layer_times
 from planner.search.budget import Budget
-from planner.search.stage_widths import edge_blocks
 from planner.strategy import Strategy, Workload
 
 
@@ -34,11 +32,6 @@ class Representatives:
         self.scorer, self.workload, self.layers, self.layouts, self.budget = scorer, workload, layers, layouts, budget
         self.costings: dict[tuple, Any] = {}  # (tp, cp, mb, ep, etp, recompute) -> StageCosts (None: not costable)
         self.exchanges: dict[tuple, Any] = {}  # (tp, cp, mb, ep, etp) -> its expert exchange per MoE block
-
-    @functools.cached_property
-    def edges(self) -> tuple[list[str], list[str]]:
-        """The blocks before the first layer and after the last (the embedding's, the head's), found once."""
-        return edge_blocks(self.scorer.structure)
 
     def representative(self, tp: int, cp: int, mb: int, ep: int, etp: int,
                        recompute: str = "none") -> tuple[Strategy, Workload]:
@@ -76,7 +69,7 @@ class Representatives:
         costs = self.costings[key]
         if costs is None:
             return LayerTimes((0.0,), mb)
-        return layer_times(costs, self.workload.execution, tp > 1, mb, True, edges=self.edges)
+        return layer_times(costs, self.workload.execution, tp > 1, mb, True, edges=self.scorer.edges)
 
     def exchange(self, tp: int, cp: int, mb: int, ep: int, etp: int) -> dict:
         """The expert exchange of one representative per MoE block (`bounds.exchange_parts`), once."""
@@ -102,7 +95,7 @@ class Representatives:
                      for b in least}
         own = self.exchange(tp, cp, mb, ep, etp)
         return layer_times(costs, self.workload.execution, tp > 1, mb, count_ep, own=own, exchange=least,
-                           edges=self.edges)
+                           edges=self.scorer.edges)
 
     def ep_times(self, tp: int, cp: int, mb: int, ep: int, etp: int, widest: int) -> LayerTimes:
         """Per-layer unavoidable seconds of a region of one expert degree, costed once per micro-batch: the

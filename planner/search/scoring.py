@@ -7,6 +7,7 @@ strategies that move just enough of a memory class off HBM to fit.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
@@ -82,6 +83,13 @@ class Scorer:
         self.memo: dict[Strategy, Candidate] = {}
         # the last costing and the strategy it was made for, less its ZeRO level and offload (`with_states`)
         self._last: tuple[Strategy, StageCosts] | None = None
+
+    @functools.cached_property
+    def edges(self) -> tuple[list[str], list[str]]:
+        """The blocks before the first layer and after the last (the embedding's, the head's), found once."""
+        from planner.search.stage_widths import edge_blocks
+
+        return edge_blocks(self.structure)
 
     def score(self, s: Strategy) -> Candidate:
         if s in self.memo:
@@ -184,10 +192,9 @@ def balanced_cut(scorer: Scorer, s: Strategy, empty_ends: bool = False) -> tuple
     """Layers per stage that balance the stage times of `s` (embedding and head included); with `empty_ends`,
     the first and the last stage may hold the embedding or the head alone."""
     from planner.search.pipeline import balanced_split
-    from planner.search.stage_widths import edge_blocks
 
     costs = scorer.costs(s)
-    first, last = edge_blocks(scorer.structure)
+    first, last = scorer.edges
     stem = sum(costs.block_s.get(name, 0.0) for name in first)
     head = sum(costs.block_s.get(name, 0.0) for name in last)
     try:
