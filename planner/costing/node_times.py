@@ -57,13 +57,18 @@ def activation_dtype(workload: Workload) -> str:
     return workload.dtype
 
 
-#: Bytes an Adam step reads and writes per parameter: bf16 param r/w, fp32 grad read, fp32 master, m and v r/w.
-ADAM_BYTES_PER_PARAM = 2 + 2 + 4 + 8 + 8 + 8
+def adam_bytes_per_param(execution: Execution) -> float:
+    """HBM bytes an Adam step reads and writes per parameter under the stack's state widths: the model weight
+    read and written (`param_bytes` each way), the gradient read (`grad_bytes`), and the optimizer states (fp32
+    master weights and the two moments, `optimizer_bytes` together) read and written. Megatron's defaults
+    (2, 4, 12) move 32 bytes; a precision-aware optimizer with bf16 moments (8 bytes of state) 24."""
+    return 2.0 * execution.param_bytes + execution.grad_bytes + 2.0 * execution.optimizer_bytes
 
 
 def optimizer_step_s(cluster: Cluster, workload: Workload, params: float) -> float:
     """Seconds of one Adam step over `params` parameters on one device (some 10 FLOPs per parameter)."""
-    return op_time_s(cluster, 10.0 * params, ADAM_BYTES_PER_PARAM * params, "elementwise", activation_dtype(workload))
+    nbytes = adam_bytes_per_param(workload.execution) * params
+    return op_time_s(cluster, 10.0 * params, nbytes, "elementwise", activation_dtype(workload))
 
 
 def weight_cast_shares(strategy: Strategy, workload: Workload, execution: Execution) -> tuple[float, float]:
@@ -248,5 +253,5 @@ def cast_bytes_per_element(execution, device) -> float:
     return execution.fp8_cast_bytes - (execution.fp8_transpose_bytes if device.fp8_any_layout else 0.0)
 
 
-__all__ = ["ADAM_BYTES_PER_PARAM", "DTYPE_WIDTH", "NodeTimes", "activation_dtype", "cast_bytes_per_element",
+__all__ = ["adam_bytes_per_param", "DTYPE_WIDTH", "NodeTimes", "activation_dtype", "cast_bytes_per_element",
            "optimizer_step_s"]

@@ -36,9 +36,9 @@ from cost_models.offload import offload_tier, transfer_s
 from cost_models.overlap import exposed_s, shared_window_exposed
 from cost_models.schedule import pipeline_time
 
-from planner.costing.execution import stays_gathered
+from planner.costing.execution import Execution, stays_gathered
 from planner.costing.moe_pairing import MoELayerTimes, delays_wgrad, paired_s, unpaired_why
-from planner.costing.node_times import ADAM_BYTES_PER_PARAM, activation_dtype, optimizer_step_s
+from planner.costing.node_times import activation_dtype, adam_bytes_per_param, optimizer_step_s
 from planner.costing.stage_costs import DTYPE_WIDTH, StageCost, StageCosts
 from planner.errors import InvalidInput
 from planner.strategy import Strategy, Workload
@@ -184,7 +184,7 @@ def step_breakdown(
             strategy.edp if strategy.zero >= 1 else 1)
         frac_opt = strategy.offload_fraction("optimizer")
         step_opt = optimizer_step_s(cluster, workload, local * (1 - frac_opt))
-        per_class = {} if tier is None else offload_by_class(s, strategy, tier, m, local, width)
+        per_class = {} if tier is None else offload_by_class(s, strategy, tier, m, local, width, ex)
         offload = sum(v["exposed_s"] for v in per_class.values())
         if exposed + step_opt + offload > tail:
             tail, dp_exposed, opt, off = exposed + step_opt + offload, exposed, step_opt, offload
@@ -219,13 +219,14 @@ def _dp_tail_s(cluster: Cluster, strategy: Strategy, s: StageCost, x: StageStep,
 HOST_GRAD_BYTES = 4.0
 
 
-def host_update_bytes(width: float) -> float:
+def host_update_bytes(width: float, execution: Execution) -> float:
     """Link traffic per parameter of an optimizer step that runs on the host, each step: its fp32 gradient
-    down, the updated `width`-byte weight back, and the update's own state traffic (`ADAM_BYTES_PER_PARAM`)."""
-    return HOST_GRAD_BYTES + width + ADAM_BYTES_PER_PARAM
+    down, the updated `width`-byte weight back, and the update's own state traffic (`adam_bytes_per_param`)."""
+    return HOST_GRAD_BYTES + width + adam_bytes_per_param(execution)
 
 
-def offload_by_class(s, strategy: Strategy, tier, m: int, local_params: float, width: float) -> dict[str, dict]:
+def offload_by_class(s, strategy: Strategy, tier, m: int, local_params: float, width: float,
+                     ex: Execution) -> dict[str, dict]:
     """Per memory class: bytes moved off HBM, bytes moved over the tier's link per step, and the exposed time.
 
     Optimizer states on the host: gradients go down and updated parameters
@@ -241,7 +242,7 @@ def offload_by_class(s, strategy: Strategy, tier, m: int, local_params: float, w
     out: dict[str, dict] = {}
     f_opt = strategy.offload_fraction("optimizer")
     if f_opt:
-        moved = f_opt * local_params * host_update_bytes(width)
+        moved = f_opt * local_params * host_update_bytes(width, ex)
         out["optimizer"] = {"traffic_bytes": moved, "exposed_s": transfer_s(moved, tier)}
     f_g = strategy.offload_fraction("grads")
     if f_g:

@@ -151,7 +151,7 @@ def fitting_bound_s(graph, structure, facts, costs, cluster: Cluster, workload: 
             local = dense / (dp_shard if z >= 1 else 1) + expert / (strategy.edp if z >= 1 else 1)
             classes = [(mem["activations"], 2.0 * m / h, True),
                        (mem["params"], 2.0 * m * width * (least_shard if z >= 3 else 1) / st.param_bytes, True),
-                       (mem["optimizer"], host_update_bytes(width) / st.optimizer_bytes if local else 0.0, False),
+                       (mem["optimizer"], host_update_bytes(width, ex) / st.optimizer_bytes if local else 0.0, False),
                        (mem["grads"], HOST_GRAD_BYTES * (least_shard if z >= 2 else 1) / st.grad_bytes, False)]
             x, y = least_offload_s(excess, classes, link, floor_s)
             step = max(step, max(floor_s, x) + y)
