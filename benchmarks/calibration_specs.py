@@ -17,10 +17,9 @@ from benchmarks.calibration_spec_helpers import (
     ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, BALANCED_SPLIT_NOTE, DIST_OPT, DSV3_AS_SHIPPED,
     DSV3_GROUPS, DSV3_HYBRIDEP, DSV3_OPT, DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, GPT3_20B, GT, HYBRIDEP_NOTE,
     HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MOE_BAL, MOE_BAL_ASSUMED, MX, MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE,
-    MZ_SPLIT_NOTE,
-    TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE,
+    MZ_SPLIT_NOTE, TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE,
     TT_EAGER, TT_EAGER_LOSS, TT_EAGER_LOSS_NOTE, TT_NOTE, a100, ascend,
-    asynctp_variants, bridge, nemo, table, titan, ws,
+    asynctp_variants, bridge, mz_long_context, nemo, table, titan, ws,
 )
 
 SPECS: dict[str, dict] = table([
@@ -154,18 +153,7 @@ SPECS |= table([
                      "zero": 1, "recompute": "none"},
         "notes": [MOE_BAL_ASSUMED, "no recompute (the row's recompute column is empty)", DIST_OPT, MZ_H100_NOTE,
                   MZ_SPLIT_NOTE]}),
-    ("mz-qwen3-235b-256xh100-bf16-128k-cp8", {
-        "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 131072,
-        "global_batch": 256, "stack": MC, "execution": MZ_H100 | {"moe_dispatcher": "deepep",
-                                                                  "recompute_modules": ["layernorm", "moe"]},
-        "strategy": {"tp": 4, "cp": 8, "pp": 8, "vpp": 4, "dp": 1, "ep": 8, "etp": 1, "micro_batch": 1, "sp": True,
-                     "zero": 1, "recompute": "selective"},
-        "variants": ({"step_s": 247.6, "what": "forced balance"},),
-        "notes": [MOE_BAL, "step time derived by the row from 389 TFLOP/s with Megatron's causal FLOP formula",
-                  "selective recompute of layernorm and the MoE block, as the command line sets",
-                  "expert tensor parallelism 1, as the ModelZoo's model_configs/benchmarking/Qwen3-235B-A22B.yaml "
-                  "sets (--expert-tensor-parallel-size 1; Megatron's default would be the tensor degree, 4)",
-                  MZ_H100_NOTE, MZ_SPLIT_NOTE]}),
+    mz_long_context(131072, 247.6, 389),
     # -- DGX H100, NeMo Automodel (PyTorch FSDP2 + Transformer Engine) ------------------------------------
     ("automodel-llama3-70b-64xh100-bf16-fsdp-cp2", {
         "file": "h100", "hardware": "dgx-h100", "devices": 64, "model": "llama3-70b", "seq_len": 8192,
@@ -197,6 +185,8 @@ SPECS |= table([
         "global_batch": 512, "stack": "automodel", "execution": AUTOMODEL_MOE,
         "strategy": {"dp": 8, "ep": 8, "micro_batch": 4, "zero": 3, "recompute": "full"},
         "notes": [AUTOMODEL_NOTE, MOE_BAL, FAKE_GATE, AUTOMODEL_MOE_GRADS]}),
+    # the long-context table's other lengths, shipped after the 128K row (at the end, so earlier rows keep their split)
+    mz_long_context(16384, 11.37, 295), mz_long_context(32768, 27.44, 335), mz_long_context(65536, 76.92, 368),
 ])
 
 SPECS |= table([
@@ -329,6 +319,15 @@ SPECS |= table([
         "notes": [MOE_BAL, "HybridEP dispatch (DISPATCHER=hybridep in the command) without all-to-all overlap",
                   "step time derived by the row from 750 TFLOP/s with the FLOPs per token of the H100 rows",
                   MZ_GRADS_NOTE, MZ_SPLIT_NOTE]}),
+    bridge("mb2604-gpt-oss-120b-64xgb200-bf16", "gpt-oss-120b", "gb200-nvl72", 64, 4096, 1280,
+           {"dp": 64, "ep": 64, "etp": 1, "micro_batch": 4, "recompute": "selective"}, dtype="bf16", file="gb200",
+           execution={"recompute_modules": ["layernorm", "moe_act"], "moe_dispatcher": "deepep",
+                      "overlap_ep_comm": True},
+           notes=[MOE_BAL, "selective recompute of layernorm and the MoE activation, HybridEP (flex) dispatch with "
+                  "the expert all-to-all overlapped, no CUDA graphs, as the 26.04 table's Megatron-Bridge v0.4.0 "
+                  "sets (scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py "
+                  "GPT_OSS_120B_PRETRAIN_CONFIG_GB200_BF16_V2: moe_flex_dispatcher_backend='hybridep', "
+                  "moe_a2a_overlap=True)"]),
 ])
 
 SPECS |= table([

@@ -37,10 +37,11 @@ FIT_ON = (16384, 65536)
 def measured_pairs() -> dict[int, tuple[float, float]]:
     """Per sequence length, (forced-balance, dropless) TFLOP/s per GPU as the ModelZoo table prints them."""
     rows = json.loads((ROOT / "tests" / "data" / "more_runs.json").read_text(encoding="utf-8"))["runs"]
-    m = next(r for r in rows if r["id"] == ROW)["measured"]
-    out = {131072: (float(m["tflops_per_gpu"]["forced_balance"]), float(m["tflops_per_gpu"]["dropless"]))}
-    for key, (forced, dropless) in m["also_other_seq"].items():
-        out[int(key.split("_")[0])] = (float(forced), float(dropless))
+    out = {}
+    for r in rows:  # the table's four lengths, one row each (the 128k row and its 16k-64k siblings)
+        m = r["measured"].get("tflops_per_gpu") if r["id"].startswith("mz-qwen3-235b-256xh100-bf16-") else None
+        if isinstance(m, dict):  # forced-balance and dropless figures: the long-context table's rows
+            out[int(r["seq"])] = (float(m["forced_balance"]), float(m["dropless"]))
     return dict(sorted(out.items()))
 
 
