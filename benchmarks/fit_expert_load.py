@@ -6,8 +6,9 @@ The Megatron MoE ModelZoo ran Qwen3-235B-A22B on 256 H100s at four sequence
 lengths (TP4, CP = seq / 16k, PP8 VPP4, EP8, DeepEP, BF16, global batch 256),
 each twice: with the router forced to balance and with its own (dropless)
 routing, and printed TFLOP/s per GPU for both (best_practice/qwen3/readme.md
-at e865051, copied into tests/data/more_runs.json, row
-mz-qwen3-235b-256xh100-bf16-128k-cp8). Their ratio is what the learned
+at e865051, copied into tests/data/more_runs.json, rows
+mz-qwen3-235b-256xh100-bf16-{16k-cp1,32k-cp2,64k-cp4,128k-cp8}, each a shipped
+calibration run). Their ratio is what the learned
 router's imbalance costs: 1.245 at 16k down to 1.090 at 128k, as attention
 takes over the step. One number, the coefficient of variation of an expert's
 load (`Execution.moe_expert_load_cv`, `cost_models.expert_load`), is fitted
@@ -30,26 +31,28 @@ sys.path.insert(0, str(ROOT))
 from planner.calibration import read_runs  # noqa: E402
 from planner.calibration.predict import Predictor  # noqa: E402
 
-ROW = "mz-qwen3-235b-256xh100-bf16-128k-cp8"
+PREFIX = "mz-qwen3-235b-256xh100-bf16-"  # the ModelZoo Qwen3-235B H100 rows; the long-context ones print two figures
 FIT_ON = (16384, 65536)
+
+
+def long_context_rows() -> dict[int, dict]:
+    """The long-context table's published rows by sequence length: those printing forced-balance and dropless
+    TFLOP/s per GPU."""
+    rows = json.loads((ROOT / "tests" / "data" / "more_runs.json").read_text(encoding="utf-8"))["runs"]
+    return dict(sorted((int(r["seq"]), r) for r in rows
+                       if r["id"].startswith(PREFIX) and isinstance(r["measured"].get("tflops_per_gpu"), dict)))
 
 
 def measured_pairs() -> dict[int, tuple[float, float]]:
     """Per sequence length, (forced-balance, dropless) TFLOP/s per GPU as the ModelZoo table prints them."""
-    rows = json.loads((ROOT / "tests" / "data" / "more_runs.json").read_text(encoding="utf-8"))["runs"]
-    out = {}
-    for r in rows:  # the table's four lengths, one row each (the 128k row and its 16k-64k siblings)
-        m = r["measured"].get("tflops_per_gpu") if r["id"].startswith("mz-qwen3-235b-256xh100-bf16-") else None
-        if isinstance(m, dict):  # forced-balance and dropless figures: the long-context table's rows
-            out[int(r["seq"])] = (float(m["forced_balance"]), float(m["dropless"]))
-    return dict(sorted(out.items()))
+    return {seq: (float(r["measured"]["tflops_per_gpu"]["forced_balance"]),
+                  float(r["measured"]["tflops_per_gpu"]["dropless"])) for seq, r in long_context_rows().items()}
 
 
-def variant(run, seq: int):
-    """The shipped 128k run at `seq` tokens: CP = seq / 16k, DP = 8 / CP, the rest as the table's command."""
-    cp = seq // 16384
-    strategy = dict(run.strategy) | {"cp": cp, "dp": 8 // cp}
-    return dataclasses.replace(run, id=f"{ROW}@{seq}", seq_len=seq, strategy=strategy)
+def shipped_runs() -> dict:
+    """Per sequence length, the calibration run that reads that row (its forced-balance step)."""
+    runs = {r.id: r for r in read_runs()}
+    return {seq: runs[row["id"]] for seq, row in long_context_rows().items()}
 
 
 def step_s(predictor: Predictor, run, routing: str, cv: float = 0.0) -> float:
@@ -79,9 +82,8 @@ def fit_cv(predictor: Predictor, runs: dict, pairs: dict, seqs=FIT_ON) -> float:
 
 def main() -> int:
     t0 = time.perf_counter()
-    base = next(r for r in read_runs() if r.id == ROW)
     pairs = measured_pairs()
-    runs = {seq: variant(base, seq) for seq in pairs}
+    runs = shipped_runs()
     predictor = Predictor()
     cv = fit_cv(predictor, runs, pairs)
     print(f"expert-load coefficient of variation fitted on {', '.join(f'{s // 1024}k' for s in FIT_ON)}: {cv:g}")

@@ -18,7 +18,6 @@ from benchmarks import fit_expert_load as fit
 from cost_models import load_cluster
 from cost_models.expert_load import expected_max_normal, load_imbalance
 from planner.api import estimate_model
-from planner.calibration import read_runs
 from planner.calibration.predict import Predictor
 from planner.costing.block_costs import Parts
 from planner.costing.exchange import add_expert_exchange
@@ -84,9 +83,7 @@ def test_the_exchange_waits_for_the_busiest_rank():
 
 @pytest.fixture(scope="module")
 def long_context():
-    base = next(r for r in read_runs() if r.id == fit.ROW)
-    pairs = fit.measured_pairs()
-    return Predictor(), {seq: fit.variant(base, seq) for seq in pairs}, pairs
+    return Predictor(), fit.shipped_runs(), fit.measured_pairs()
 
 
 @pytest.mark.calibration

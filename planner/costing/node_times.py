@@ -59,9 +59,10 @@ def activation_dtype(workload: Workload) -> str:
 
 def adam_bytes_per_param(execution: Execution) -> float:
     """HBM bytes an Adam step reads and writes per parameter under the stack's state widths: the model weight
-    read and written (`param_bytes` each way), the gradient read (`grad_bytes`), and the optimizer states (fp32
-    master weights and the two moments, `optimizer_bytes` together) read and written. Megatron's defaults
-    (2, 4, 12) move 32 bytes; a precision-aware optimizer with bf16 moments (8 bytes of state) 24."""
+    read and written (`param_bytes` each way), the gradient read (`grad_bytes`), and the optimizer states read and
+    written (`optimizer_bytes`: the two moments, with fp32 master weights where the stack keeps them apart from
+    the model's 16-bit weights). Megatron-LM's defaults (2, 4, 12) move 32 bytes; its precision-aware optimizer
+    with bf16 moments (8 bytes of state) 24."""
     return 2.0 * execution.param_bytes + execution.grad_bytes + 2.0 * execution.optimizer_bytes
 
 
@@ -253,5 +254,5 @@ def cast_bytes_per_element(execution, device) -> float:
     return execution.fp8_cast_bytes - (execution.fp8_transpose_bytes if device.fp8_any_layout else 0.0)
 
 
-__all__ = ["adam_bytes_per_param", "DTYPE_WIDTH", "NodeTimes", "activation_dtype", "cast_bytes_per_element",
+__all__ = ["DTYPE_WIDTH", "NodeTimes", "activation_dtype", "adam_bytes_per_param", "cast_bytes_per_element",
            "optimizer_step_s"]
