@@ -53,6 +53,20 @@ def test_every_shipped_run_is_predicted(result):
     assert len(result.predictions) == len(read_runs()) >= 70
 
 
+def test_the_readme_table_is_todays(result):
+    """The README's calibration table (per hardware and category: runs, fitted, held-out mean and max, worst run)
+    is what `benchmarks/bench_calibration.py` prints from today's model and presets: a refit or a new run that is
+    not carried into the README fails here."""
+    from benchmarks.bench_calibration import table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    head = table(result)[0]
+    assert head in readme, "the README has no calibration table"
+    start = readme.index(head)
+    shown = readme[start:readme.index("\n\n", start)].splitlines()
+    assert shown == table(result)
+
+
 def test_every_published_run_is_predicted_to_fit(result):
     """They ran: a plan that says they cannot is wrong about memory."""
     over = [(p.run.id, round(p.predicted_memory_gib, 1)) for p in result.predictions if not p.estimate.fits]
