@@ -120,6 +120,21 @@ def head_dim_assumptions(hw: Any, head_dims: Iterable[float]) -> list[str]:
     return out
 
 
+#: The shipped run that checks the 1F1B all-to-all overlap on the scale it was built for (held out).
+OVERLAP_WITNESS = "mb2509-deepseek-v3-1024xh100-fp8"
+
+
+def _witness() -> str:
+    """What the overlap's witness run says of it today (`planner/calibration/published_errors.json`)."""
+    from planner.calibration.published import error_of
+
+    err = error_of(OVERLAP_WITNESS)
+    if err is None:
+        return ""
+    return (f": DeepSeek-V3 on 1,024 H100s ({OVERLAP_WITNESS}, held out) comes out {abs(100 * err):.0f} % "
+            f"{'fast' if err < 0 else 'slow'} with it")
+
+
 #: FP8 recipes that scale blocks of a tensor (MXFP8's 1x32, DeepSeek's 128x128 / 1x128), costed as per-tensor FP8.
 SCALED_BLOCKS = ("mxfp8", "blockwise")
 
@@ -136,8 +151,7 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = ()) -> list
         out.append("the 1F1B all-to-all overlap pairs two micro-batches' MoE layers as Megatron-Core's schedule does, "
                    "taking them as alike, each backward as half data and half weight gradient, the host's waits as "
                    "none and the dispatcher's SMs as free (DeepEP holds 20 of an H100's 132, which NVIDIA's "
-                   "Megatron-Core MoE report puts at about 20 % of GEMM efficiency on DeepSeek-V3): DeepSeek-V3 on "
-                   "1,024 H100s, held out, comes out 16 % fast with it")
+                   "Megatron-Core MoE report puts at about 20 % of GEMM efficiency on DeepSeek-V3)" + _witness())
     if workload.dtype == "fp8" and ex.fp8_recipe in SCALED_BLOCKS:
         out.append(f"{ex.fp8_recipe} GEMMs are costed as per-tensor FP8 ones, at the fp8 plateau, their casts at the "
                    f"stack's {ex.fp8_cast_bytes:g} bytes an element: Megatron-Bridge's Llama 3.1 405B on 256 GB200s runs "

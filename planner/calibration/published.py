@@ -47,6 +47,11 @@ def runs_of(model: str, hardware: str) -> list[dict[str, Any]]:
     return mine[:CITED]
 
 
+def error_of(run_id: str) -> float | None:
+    """The step-time error of shipped run `run_id` as last computed (None if it is not shipped)."""
+    return next((r["error"] for r in _runs() if r["id"] == run_id), None)
+
+
 def cited(model: str, hardware: str, runs: list[dict[str, Any]]) -> str:
     """One sentence naming `runs` (from `runs_of`) and their errors."""
     said = ", ".join(f"{r['id']} {100 * r['error']:+.1f} % ({'held out' if r['group'] == 'held-out' else 'fitted'})"
@@ -54,4 +59,4 @@ def cited(model: str, hardware: str, runs: list[dict[str, Any]]) -> str:
     return f"{model}'s published runs on {hardware}: {said}"
 
 
-__all__ = ["CITED", "ERRORS", "cited", "errors_table", "runs_of"]
+__all__ = ["CITED", "ERRORS", "cited", "error_of", "errors_table", "runs_of"]
