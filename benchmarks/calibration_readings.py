@@ -57,6 +57,8 @@ def measured(row: dict, variant: dict) -> dict:
     if "step_s" in variant:
         return {"step_s": variant["step_s"]}
     m, d = row.get("measured", {}), row.get("derived", {})
+    if "derived" in variant:  # one of the step times the row derives (the key names which)
+        return {"step_s": d[variant["derived"]]}
     if "also" in variant:  # another layout the same table measured, kept beside the row (its key names the layout)
         return {"step_s": m["also"][variant["also"]]["step_s"]}
     if isinstance(m.get("step_s"), (int, float)):

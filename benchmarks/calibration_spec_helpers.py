@@ -99,10 +99,10 @@ MS = "mindspeed"
 MS_NOTE = "MindSpeed-LLM's example script at the same commit: flash attention, fused RMSNorm/SwiGLU/RoPE"
 
 
-def mz_long_context(seq: int, step_s: float, tflops: int) -> tuple[str, dict]:
+def mz_long_context(seq: int, tflops: int) -> tuple[str, dict]:
     """A row of the ModelZoo's Qwen3-235B long-context table on 256 H100s: TP4, PP8 (VPP 4), EP8, the context-parallel
-    degree following the length (16K tokens a rank), GBS 256; its step derived from the table's forced-balance
-    TFLOP/s with Megatron's causal FLOP formula (the row's `derived`)."""
+    degree following the length (16K tokens a rank), GBS 256; its step the one the row derives from the table's
+    forced-balance TFLOP/s with Megatron's causal FLOP formula (`derived.step_s_forced_balance`)."""
     cp = seq // 16384
     return (f"mz-qwen3-235b-256xh100-bf16-{seq // 1024}k-cp{cp}", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": seq,
@@ -110,7 +110,7 @@ def mz_long_context(seq: int, step_s: float, tflops: int) -> tuple[str, dict]:
                                                                   "recompute_modules": ["layernorm", "moe"]},
         "strategy": {"tp": 4, "cp": cp, "pp": 8, "vpp": 4, "dp": 8 // cp, "ep": 8, "etp": 1, "micro_batch": 1,
                      "sp": True, "zero": 1, "recompute": "selective"},
-        "variants": ({"step_s": step_s, "what": "forced balance"},),
+        "variants": ({"derived": "step_s_forced_balance", "what": "forced balance"},),
         "notes": [MOE_BAL, f"step time derived by the row from {tflops} TFLOP/s with Megatron's causal FLOP formula",
                   "selective recompute of layernorm and the MoE block, as the command line sets",
                   "expert tensor parallelism 1, as the ModelZoo's model_configs/benchmarking/Qwen3-235B-A22B.yaml "

@@ -153,7 +153,7 @@ SPECS |= table([
                      "zero": 1, "recompute": "none"},
         "notes": [MOE_BAL_ASSUMED, "no recompute (the row's recompute column is empty)", DIST_OPT, MZ_H100_NOTE,
                   MZ_SPLIT_NOTE]}),
-    mz_long_context(131072, 247.6, 389),
+    mz_long_context(131072, 389),
     # -- DGX H100, NeMo Automodel (PyTorch FSDP2 + Transformer Engine) ------------------------------------
     ("automodel-llama3-70b-64xh100-bf16-fsdp-cp2", {
         "file": "h100", "hardware": "dgx-h100", "devices": 64, "model": "llama3-70b", "seq_len": 8192,
@@ -186,7 +186,7 @@ SPECS |= table([
         "strategy": {"dp": 8, "ep": 8, "micro_batch": 4, "zero": 3, "recompute": "full"},
         "notes": [AUTOMODEL_NOTE, MOE_BAL, FAKE_GATE, AUTOMODEL_MOE_GRADS]}),
     # the long-context table's other lengths, shipped after the 128K row (at the end, so earlier rows keep their split)
-    mz_long_context(16384, 11.37, 295), mz_long_context(32768, 27.44, 335), mz_long_context(65536, 76.92, 368),
+    mz_long_context(16384, 295), mz_long_context(32768, 335), mz_long_context(65536, 368),
 ])
 
 SPECS |= table([
