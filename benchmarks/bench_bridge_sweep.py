@@ -1,0 +1,163 @@
+"""The estimate against every Megatron-Bridge pre-training row on DGX H100, DGX B200 and GB200 (NeMo 25.11-26.04.01).
+
+    python benchmarks/bench_bridge_sweep.py            # per hardware and kind of job: rows, mean and max |error|
+    python benchmarks/bench_bridge_sweep.py --rows     # and every row
+
+The rows and the workload preset each ran are tests/data/bridge_sweep.json (benchmarks/extract_bridge_sweep.py
+reads them from Megatron-Bridge's performance summaries and its release tags). Each row is costed as its preset
+sets it, read here and nowhere else:
+
+- precision: BF16; FP8 by per-tensor current scaling (the tables' FP8 and FP8-CS); MXFP8 (FP8-MX);
+- layout: TP, PP, CP, VP, EP (ETP 1 where the preset says so), the micro and global batch; Megatron-FSDP as ZeRO-3,
+  otherwise the distributed optimizer (ZeRO-1, the recipes' default); sequence parallel with TP;
+- the preset's recompute modules (selective) or none; its CPU offload of N layers as that share of the
+  activations; its CUDA graphs (a scope list, or the full iteration);
+- MoE: the flex dispatcher (DeepEP or HybridEP) where the preset names a backend and the release's function does
+  not force the all-to-all dispatcher, else the all-to-all one; the 1F1B all-to-all overlap where the preset sets it;
+- TP communication overlapped unless the release's function builds CommOverlapConfig(tp_comm_overlap=False);
+- DeepSeek-V3: the recipes' precision-aware optimizer (8 bytes of state) and node-limited routing (4 of 8 groups);
+- ASSUMPTION: routing forced balanced and dropless (the summaries' footnote), the layers split evenly over the
+  pipeline chunks (where the chunks are two more than the layers, the recipe's embedding and loss a chunk each:
+  account_for_embedding_in_pipeline_split), no multi-token prediction, and what a preset does not set is the
+  stack's default.
+
+None of these rows is fitted, except the few the calibration set ships (marked: their presets' fits saw them).
+A row whose layout matches no preset of its release (run with command-line overrides) is left out and counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from planner.calibration import read_runs  # noqa: E402
+from planner.calibration.predict import predict_all, summarise  # noqa: E402
+from planner.calibration.runs import parse_run  # noqa: E402
+
+DATA = ROOT / "tests" / "data" / "bridge_sweep.json"
+MOE = {"deepseek-v3", "gpt-oss-120b", "qwen3-30b-a3b", "qwen3-235b-a22b"}
+LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "llama3-405b": 126}
+GRAPH_SCOPES = {"attn", "mlp", "moe", "moe_router", "moe_preprocess"}
+
+
+def run_of(row: dict, index: int) -> dict | None:
+    """A sweep row as a calibration run (the format `hyperplan calibrate` reads), or None without a preset."""
+    p = row.get("preset_fields")
+    if p is None:
+        return None
+    code = row.get("code", {})
+    tp, pp, cp = p.get("tensor_model_parallel_size", 1), p.get("pipeline_model_parallel_size", 1), \
+        p.get("context_parallel_size", 1)
+    gpus = p["num_gpus"]
+    strategy = {"micro_batch": p["micro_batch_size"], "dp": gpus // (tp * pp * cp), "sp": tp > 1,
+                "zero": 3 if p.get("use_megatron_fsdp") else 1}
+    for key, field in (("tp", tp), ("pp", pp), ("cp", cp), ("vpp", p.get("virtual_pipeline_model_parallel_size")),
+                       ("ep", p.get("expert_model_parallel_size", 1)), ("etp", p.get("expert_tensor_parallel_size"))):
+        if field and field > 1 or (key == "etp" and field == 1 and p.get("expert_model_parallel_size", 1) > 1):
+            strategy[key] = field
+    chunks = pp * (p.get("virtual_pipeline_model_parallel_size") or 1)
+    if row["model"] in LAYERS and chunks == LAYERS[row["model"]] + 2:  # the embedding and the loss a chunk each
+        strategy["stage_layers"] = [0] + [1] * LAYERS[row["model"]] + [0]
+    modules = p.get("recompute_modules")
+    strategy["recompute"] = "selective" if modules else "none"
+    if p.get("cpu_offloading_num_layers") and row["model"] in LAYERS:
+        strategy["offload"] = {"activations": round(p["cpu_offloading_num_layers"] / LAYERS[row["model"]], 4)}
+    ex: dict = {}
+    if modules:
+        ex["recompute_modules"] = list(modules)
+    if row["precision"] == "FP8_MX":
+        ex["fp8_recipe"] = "mxfp8"
+    elif row["precision"] == "FP8_CS":
+        ex["fp8_recipe"] = "current"
+    if p.get("cuda_graph_impl"):
+        scope = p.get("cuda_graph_scope")
+        scopes = ["full_iteration"] if scope in (None, "full_iteration", []) else list(scope)
+        if not set(scopes) <= GRAPH_SCOPES | {"full_iteration"}:
+            return None
+        ex["cuda_graphs"] = scopes
+    if code.get("tp_comm_overlap") is False:
+        ex["overlap_tp_comm"] = False
+    if row["model"] in MOE:
+        flex = p.get("moe_flex_dispatcher_backend") and code.get("moe_token_dispatcher_type") != "alltoall"
+        ex["moe_dispatcher"] = "deepep" if flex else "alltoall"
+        if p.get("moe_a2a_overlap"):
+            ex["overlap_ep_comm"] = True
+    if row["model"] == "deepseek-v3":
+        ex |= {"optimizer_bytes": 8.0, "moe_group_limit": 4}
+    return {"id": f"{row['release']}-{row['hardware']}-{row['model']}-{row['precision'].lower()}-{index}",
+            "source": f"tests/data/bridge_sweep.json#rows[{index}] ({row['preset']})",
+            "category": "moe_training" if row["model"] in MOE else "dense_training", "hardware": row["hardware"],
+            "devices": gpus, "model": row["model"], "seq_len": int(float(row["row"]["Sequence Length"])),
+            "global_batch": p["global_batch_size"], "dtype": "bf16" if row["precision"] == "BF16" else "fp8",
+            "stack": "megatron-core", "execution": ex, "strategy": strategy,
+            "measured": {"tokens_per_s_per_device": row["tokens_per_s_per_gpu"]}}
+
+
+def shipped_keys() -> set[tuple]:
+    """(hardware, model, devices, global batch, tokens/s) of the shipped calibration runs: the rows they are."""
+    out = set()
+    for r in read_runs():
+        tps = r.raw.get("measured", {}).get("tokens_per_s_per_device")
+        if tps:
+            out.add((r.hardware, r.model, r.devices, r.global_batch, float(tps)))
+    return out
+
+
+def sweep() -> tuple[list, int, list[str], int]:
+    """Every sweep row estimated: (predictions each with whether the calibration set ships its row, rows without a
+    preset, rows not estimable with the reason, rows read)."""
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    runs, unread = [], 0
+    for i, row in enumerate(data["rows"]):
+        spec = run_of(row, i)
+        if spec is None:
+            unread += 1
+        else:
+            runs.append(parse_run(spec, where=f"bridge_sweep.json rows[{i}]"))
+    preds, skipped = predict_all(runs)
+    shipped = shipped_keys()
+    out = [(p, (p.run.hardware, p.run.model, p.run.devices, p.run.global_batch,
+                float(p.run.raw["measured"]["tokens_per_s_per_device"])) in shipped) for p in preds]
+    return out, unread, skipped, len(data["rows"])
+
+
+def table(items: list) -> list[str]:
+    """The README's sweep table: per hardware and kind of job, rows, shipped rows, mean and max |error|, worst."""
+    groups = defaultdict(list)
+    for p, was in items:
+        groups[(p.run.hardware, p.run.category)].append((p, was))
+    lines = ["| hardware | category | rows | of them shipped | mean abs error | max abs error | worst row |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    for (hw, cat), group in sorted(groups.items()):
+        s = summarise(p for p, _ in group)
+        worst = max((p for p, _ in group), key=lambda p: abs(p.error))
+        lines.append(f"| {hw} | {cat} | {len(group)} | {sum(w for _, w in group)} | {100 * s.mean:.1f}% | "
+                     f"{100 * s.max:.1f}% | {worst.run.id} ({100 * worst.error:+.1f}%) |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", action="store_true", help="print every row's measured and predicted step")
+    args = ap.parse_args()
+    items, unread, skipped, read = sweep()
+    print(f"Megatron-Bridge rows (NeMo 25.11-26.04.01) on DGX H100, DGX B200, GB200: {read} read, "
+          f"{unread} without a matching preset, {len(skipped)} not estimable, {len(items)} estimated\n")
+    print("\n".join(table(items)))
+    if args.rows:
+        print()
+        for p, was in sorted(items, key=lambda t: (t[0].run.hardware, t[0].run.category, t[0].run.id)):
+            print(f"{p.run.id:52} mb {p.micro_batch}  measured {p.measured_s:7.2f} s  predicted "
+                  f"{p.predicted_s:7.2f} s  {100 * p.error:+6.1f}%{'  (shipped)' if was else ''}")
+    for s in skipped:
+        print("not estimable:", s)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""Read every Megatron-Bridge pre-training row on DGX H100, DGX B200 and GB200 with the configuration that ran it.
+
+    python benchmarks/extract_bridge_sweep.py /path/to/Megatron-Bridge.git [-o tests/data/bridge_sweep.json]
+
+The Megatron-Bridge performance summaries (docs/performance-summary-archive.md) list, per NeMo release, each
+model's throughput per GPU with its layout. The release's scripts/performance/configs/*/*workload_base_configs.py
+hold the presets those rows ran (`{MODEL}_PRETRAIN_CONFIG_{GPU}_{PRECISION}_{VERSION}`, before v0.3.0
+`{MODEL}_{GPU}_{PRECISION}_BASE_CONFIG`): the layout, CUDA graphs, the MoE dispatcher backend and all-to-all overlap,
+recompute and offload. This script parses them (ast; nothing is imported or run), picks for each row the preset
+whose GPUs, layout, global and micro batch are the row's, and reads from the release's *_llm_pretrain.py the two
+settings the presets leave to code: the token dispatcher a function forces and its TP communication overlap.
+Releases 25.11 to 26.04.01 (tags v0.2.0 to v0.4.1, whose dates follow each container's; 26.06 and later moved the
+presets into Python functions, src/megatron/bridge/perf_recipes, which this does not read). Models the zoo has.
+`benchmarks/bench_bridge_sweep.py` estimates every row read here; none of them is fitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHIVE = "docs/performance-summary-archive.md"
+#: NeMo container release -> the Megatron-Bridge tag it ships (tag dates: v0.2.0 2025-11-26, v0.3.0 2026-02-26,
+#: v0.3.1 2026-03-20, v0.4.0 2026-04-16, v0.4.1 2026-05-06; the shipped 26.04 rows' notes cite v0.4.0's presets)
+TAGS = {"25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0.3.1", "26.04": "v0.4.0", "26.04.01": "v0.4.1"}
+SYSTEMS = {"DGX-H100": ("dgx-h100", "H100"), "DGX-B200": ("dgx-b200", "B200"), "DGX-GB200": ("gb200-nvl72", "GB200")}
+#: The tables' model names -> (zoo model, preset name prefix)
+MODELS = {"LLAMA3_8B": ("llama3-8b", "LLAMA3_8B"), "LLAMA3_70B": ("llama3-70b", "LLAMA3_70B"),
+          "LLAMA3.1_405B": ("llama3-405b", "LLAMA31_405B"), "DeepSeekV3": ("deepseek-v3", "DEEPSEEK_V3"),
+          "DeepSeekV3 (w/ MTP)": ("deepseek-v3", "DEEPSEEK_V3"), "DeepSeekV3 (w/o MTP)": ("deepseek-v3", "DEEPSEEK_V3"),
+          "GPT OSS 120B": ("gpt-oss-120b", "GPT_OSS_120B"),
+          "Qwen3_30B_a3B": ("qwen3-30b-a3b", "QWEN3_30B_A3B"), "Qwen3_235B_a22B": ("qwen3-235b-a22b", "QWEN3_235B_A22B")}
+PRECISIONS = {"BF16": "BF16", "FP8": "FP8_CS", "FP8-CS": "FP8_CS", "MXFP8": "FP8_MX", "FP8-MX": "FP8_MX"}
+NAME = re.compile(r"^(?P<model>[A-Z0-9_]+?)_(?:PRETRAIN_CONFIG_)?(?P<gpu>GB300|GB200|B300|B200|H100)_"
+                  r"(?P<prec>BF16|FP8_CS|FP8_MX|NVFP4)_(?P<ver>V\d+|BASE_CONFIG)$")
+#: The row's columns a preset must agree with to be the one that ran it
+LAYOUT = {"#-GPUs": "num_gpus", "TP": "tensor_model_parallel_size", "PP": "pipeline_model_parallel_size",
+          "CP": "context_parallel_size", "VP": "virtual_pipeline_model_parallel_size",
+          "EP": "expert_model_parallel_size", "GBS": "global_batch_size", "MBS": "micro_batch_size"}
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", f"--git-dir={repo}", *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def number(cell: str) -> float | None:
+    """A table cell's figure: the first number (a cell may add another precision's in parentheses)."""
+    m = re.match(r"\s*([0-9][0-9,.]*)", cell)
+    return float(m.group(1).replace(",", "")) if m else None
+
+
+def table_rows(text: str) -> list[dict]:
+    """Every pre-training row of the archive, with its release, model and line number."""
+    rows, release, section, model, header = [], None, None, None, None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if m := re.match(r"^## (\S+) NeMo Container", line):
+            release = m.group(1)
+        elif m := re.match(r"^### (.*)", line):
+            section = m.group(1).strip()
+        elif m := re.match(r"^#### (Model|System): (.*)", line):
+            model, header = (m.group(1), m.group(2).strip()), None
+        elif line.startswith("|") and "#-GPUs" in line:
+            header = [c.strip() for c in line.strip().strip("|").split("|")]
+        elif line.startswith("|") and header and not line.startswith("|--"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) != len(header) or section != "Pre-Training Performance":
+                continue
+            row = dict(zip(header, cells))
+            row[model[0]] = model[1].removeprefix("System: ")
+            rows.append(row | {"release": release, "line": lineno})
+    return rows
+
+
+def literal(node: ast.AST):
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return None
+
+
+def presets(repo: Path, tag: str) -> dict[str, dict]:
+    """Every workload preset of a tag, each as the fields it sets over WorkloadBaseConfig's defaults."""
+    utils = ast.parse(git(repo, "show", f"{tag}:scripts/performance/utils/utils.py"))
+    base = {}
+    for node in ast.walk(utils):
+        if isinstance(node, ast.ClassDef) and node.name == "WorkloadBaseConfig":
+            base = {s.target.id: literal(s.value) for s in node.body
+                    if isinstance(s, ast.AnnAssign) and s.value is not None}
+    files = [f for f in git(repo, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs").split()
+             if f.endswith("workload_base_configs.py")]
+    out: dict[str, dict] = {}
+    for f in files:
+        for node in ast.parse(git(repo, "show", f"{tag}:{f}")).body:
+            if not (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)):
+                continue
+            name, v = node.targets[0].id, node.value
+            if isinstance(v, ast.Name) and v.id in out:
+                out[name] = out[v.id]
+            elif isinstance(v, ast.Call) and isinstance(v.func, ast.Name):
+                kw = {k.arg: literal(k.value) for k in v.keywords}
+                if v.func.id == "WorkloadBaseConfig":
+                    out[name] = base | kw | {"_file": f}
+                elif v.func.id == "replace" and isinstance(v.args[0], ast.Name) and v.args[0].id in out:
+                    out[name] = out[v.args[0].id] | kw | {"_file": f}
+    return out
+
+
+def code_settings(repo: Path, tag: str, model_prefix: str, gpu: str) -> dict:
+    """What a release's *_llm_pretrain.py function for the model and GPU forces beyond the preset: the token
+    dispatcher (an explicit moe_token_dispatcher_type) and TP communication overlap (CommOverlapConfig)."""
+    files = [f for f in git(repo, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs").split()
+             if f.endswith("_llm_pretrain.py")]
+    want = f"{model_prefix.lower()}_pretrain_config_{gpu.lower()}"
+    for f in files:
+        tree = ast.parse(source := git(repo, "show", f"{tag}:{f}"))
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == want:
+                body = ast.get_source_segment(source, node) or ""
+                out: dict = {"_function": f"{f}:{node.name}"}
+                if m := re.search(r'moe_token_dispatcher_type\s*=\s*"(\w+)"', body):
+                    out["moe_token_dispatcher_type"] = m.group(1)
+                if m := re.search(r"CommOverlapConfig\(\s*tp_comm_overlap\s*=\s*(True|False)", body):
+                    out["tp_comm_overlap"] = m.group(1) == "True"
+                return out
+    return {}
+
+
+def matches(row: dict, preset: dict) -> bool:
+    for col, field in LAYOUT.items():
+        want = number(row.get(col, "")) if row.get(col, "n/a") != "n/a" else None
+        have = preset.get(field)
+        if col == "VP":
+            have = None if have in (None, 1) else have
+            want = None if want in (None, 1) else want
+        elif col in ("TP", "PP", "CP", "EP", "MBS"):
+            have, want = have or 1, want or 1
+        if want != have:
+            return False
+    fsdp = (number(row.get("FSDP", "0")) or 0) > 0
+    return fsdp == bool(preset.get("use_megatron_fsdp"))
+
+
+def sweep(repo: Path, commit: str) -> list[dict]:
+    out = []
+    for row in table_rows(git(repo, "show", f"{commit}:{ARCHIVE}")):
+        tag = TAGS.get(row["release"])
+        name = row.get("Model")
+        system = SYSTEMS.get(row.get("System", ""))
+        precision = PRECISIONS.get(row.get("Precision", "").split("(")[0].strip())
+        if not (tag and name in MODELS and system and precision):
+            continue
+        zoo, prefix = MODELS[name]
+        found = {k: v for k, v in presets(repo, tag).items()
+                 if (m := NAME.match(k)) and m["model"] == prefix and m["gpu"] == system[1] and m["prec"] == precision}
+        chosen = sorted(k for k, v in found.items() if matches(row, v))
+        entry = {"release": row["release"], "tag": tag, "line": row["line"], "table_model": name, "model": zoo,
+                 "hardware": system[0], "precision": precision, "tokens_per_s_per_gpu": number(row["Tokens / sec / GPU"]),
+                 "row": {k: v for k, v in row.items() if k not in ("release", "line")}}
+        if chosen:
+            distinct = {json.dumps({k: v for k, v in found[c].items() if k != "_file"}, sort_keys=True) for c in chosen}
+            entry["preset"] = chosen[0]
+            entry["preset_fields"] = {k: v for k, v in found[chosen[0]].items()
+                                      if v is not None and v is not False and k != "peft"}
+            if len(distinct) > 1:
+                entry["ambiguous"] = chosen
+            entry["code"] = code_settings(repo, tag, prefix, system[1])
+        out.append(entry)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("repo", type=Path, help="a Megatron-Bridge git directory (bare or .git)")
+    ap.add_argument("--commit", default="HEAD", help="the commit whose archive to read (default HEAD)")
+    ap.add_argument("-o", "--output", type=Path, default=ROOT / "tests" / "data" / "bridge_sweep.json")
+    args = ap.parse_args()
+    commit = git(args.repo, "rev-parse", args.commit).strip()
+    rows = sweep(args.repo, commit)
+    doc = {"about": "Megatron-Bridge pre-training rows on DGX H100, DGX B200 and GB200 (NeMo 25.11-26.04.01) with "
+                    "the workload preset each ran, read by benchmarks/extract_bridge_sweep.py",
+           "source": {"repo": "NVIDIA-NeMo/Megatron-Bridge", "commit": commit, "archive": ARCHIVE, "tags": TAGS},
+           "rows": rows}
+    args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(f"{len(rows)} rows, {sum('preset' in r for r in rows)} with their preset -> {args.output}")
+
+
+if __name__ == "__main__":
+    main()

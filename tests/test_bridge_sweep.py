@@ -1,0 +1,88 @@
+"""The Megatron-Bridge sweep (tests/data/bridge_sweep.json, benchmarks/bench_bridge_sweep.py): every row is read as
+the preset its release ran, and that reading agrees with the table and with the calibration set's own readings."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks.bench_bridge_sweep import DATA, run_of, sweep, table
+from planner.calibration import read_runs
+from planner.calibration.runs import parse_run
+
+ROWS = json.loads(DATA.read_text(encoding="utf-8"))["rows"]
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def cell(row: dict, column: str) -> int:
+    text = row["row"].get(column, "n/a")
+    m = re.match(r"\s*([0-9][0-9,]*)", text)
+    return int(m.group(1).replace(",", "")) if m else 1
+
+
+def test_every_preset_runs_the_layout_its_row_states():
+    """The extraction picks a release's preset by the row's GPUs, parallel sizes and batches: a wrong pick (or a
+    table that changed under the same commit) shows up as a disagreement here."""
+    matched = [r for r in ROWS if "preset" in r]
+    assert len(matched) >= 60, "most sweep rows name the preset they ran"
+    for r in matched:
+        p = r["preset_fields"]
+        got = (p["num_gpus"], p.get("tensor_model_parallel_size", 1), p.get("pipeline_model_parallel_size", 1),
+               p.get("context_parallel_size", 1), p.get("expert_model_parallel_size", 1), p["global_batch_size"],
+               p["micro_batch_size"])
+        want = tuple(cell(r, c) for c in ("#-GPUs", "TP", "PP", "CP", "EP", "GBS", "MBS"))
+        assert got == want, f"{r['release']} {r['hardware']} {r['model']}: preset {r['preset']} runs {got}, row {want}"
+
+
+def test_the_sweep_reads_the_shipped_rows_as_the_calibration_set_does():
+    """Ten sweep rows are calibration runs read by hand (benchmarks/calibration_specs.py); the sweep reads them from
+    the presets mechanically. The two readings must give the same layout and execution."""
+    shipped = {(r.hardware, r.model, r.devices, r.global_batch,
+                float(r.raw["measured"].get("tokens_per_s_per_device", 0))): r for r in read_runs()}
+    fields = ("moe_dispatcher", "overlap_ep_comm", "cuda_graphs", "recompute_modules", "fp8_recipe",
+              "overlap_tp_comm", "optimizer_bytes", "moe_group_limit")
+    compared = 0
+    for i, row in enumerate(ROWS):
+        spec = run_of(row, i)
+        if spec is None:
+            continue
+        key = (spec["hardware"], spec["model"], spec["devices"], spec["global_batch"],
+               float(spec["measured"]["tokens_per_s_per_device"]))
+        if key not in shipped:
+            continue
+        mine, theirs = parse_run(spec, where="sweep"), shipped[key]
+        for f in fields:
+            assert getattr(mine.execution, f) == getattr(theirs.execution, f), (theirs.id, f)
+        assert dict(mine.strategy) == dict(theirs.strategy), theirs.id
+        compared += 1
+    assert compared >= 8
+
+
+@pytest.mark.parametrize("release, micro_batch, dispatcher, graphs", [
+    # Megatron-Bridge v0.3.0 scripts/performance/configs/qwen/qwen3_workload_base_configs.py: the B200 Qwen3-30B-A3B
+    # preset sets no micro-batch (1) and no dispatcher backend, TE graphs of the router and its preprocessing
+    ("26.02", 1, "alltoall", ("moe_router", "moe_preprocess")),
+    # v0.3.1: micro-batch 4, HybridEP, and the attention graphed too
+    ("26.02.01", 4, "deepep", ("attn", "moe_router", "moe_preprocess")),
+])
+def test_qwen3_30b_on_b200_reads_each_release_preset(release, micro_batch, dispatcher, graphs):
+    [(i, row)] = [(i, r) for i, r in enumerate(ROWS) if r["release"] == release and r["hardware"] == "dgx-b200"
+                  and r["model"] == "qwen3-30b-a3b"]
+    run = parse_run(run_of(row, i), where="sweep")
+    assert run.strategy["micro_batch"] == micro_batch
+    assert run.execution.moe_dispatcher == dispatcher
+    assert tuple(run.execution.cuda_graphs) == graphs
+    assert run.execution.fp8_recipe == "mxfp8"
+
+
+def test_readme_shows_the_sweep_as_it_is():
+    """The README's sweep table is what benchmarks/bench_bridge_sweep.py prints from today's presets."""
+    items, _, skipped, _ = sweep()
+    assert not skipped, skipped
+    lines = table(items)
+    readme = README.read_text(encoding="utf-8")
+    assert lines[0] in readme, "the README has no Megatron-Bridge sweep table"
+    assert "\n".join(lines) in readme, "the README's sweep table is stale: run benchmarks/bench_bridge_sweep.py"
