@@ -1,4 +1,4 @@
-"""The estimate against every Megatron-Bridge pre-training row on DGX H100, DGX B200 and GB200 (NeMo 25.11-26.04.01).
+"""The estimate against every Megatron-Bridge pre-training row on DGX H100, DGX B200 and GB200 (NeMo 25.11-26.06.01).
 
     python benchmarks/bench_bridge_sweep.py            # per hardware and kind of job: rows, mean and max |error|
     python benchmarks/bench_bridge_sweep.py --rows     # and every row
@@ -16,6 +16,8 @@ sets it, read here and nowhere else:
   not force the all-to-all dispatcher, else the all-to-all one; the 1F1B all-to-all overlap where the preset sets it;
 - TP communication overlapped unless the release's function builds CommOverlapConfig(tp_comm_overlap=False);
 - DeepSeek-V3: the recipes' precision-aware optimizer (8 bytes of state) and node-limited routing (4 of 8 groups);
+- not costed where a preset sets them (26.06 on): the CuTe DSL fused grouped MLP (the activation inside the expert
+  GEMMs) and FP8 attention; the estimate runs them unfused and in BF16;
 - ASSUMPTION: routing forced balanced and dropless (the summaries' footnote), the layers split evenly over the
   pipeline chunks (where the chunks are two more than the layers, the recipe's embedding and loss a chunk each:
   account_for_embedding_in_pipeline_split), no multi-token prediction, and what a preset does not set is the
@@ -90,13 +92,15 @@ def run_of(row: dict, index: int) -> dict | None:
             ex["overlap_ep_comm"] = True
     if row["model"] == "deepseek-v3":
         ex |= {"optimizer_bytes": 8.0, "moe_group_limit": 4}
+    notes = [f"not costed: {k}" for k in ("cutedsl_fused_grouped_mlp", "fp8_dot_product_attention") if p.get(k)]
+    notes += [f"the table's footnote: {text}" for text in row.get("footnotes", {}).values()]
     return {"id": f"{row['release']}-{row['hardware']}-{row['model']}-{row['precision'].lower()}-{index}",
             "source": f"tests/data/bridge_sweep.json#rows[{index}] ({row['preset']})",
             "category": "moe_training" if row["model"] in MOE else "dense_training", "hardware": row["hardware"],
             "devices": gpus, "model": row["model"], "seq_len": int(float(row["row"]["Sequence Length"])),
             "global_batch": p["global_batch_size"], "dtype": "bf16" if row["precision"] == "BF16" else "fp8",
             "stack": "megatron-core", "execution": ex, "strategy": strategy,
-            "measured": {"tokens_per_s_per_device": row["tokens_per_s_per_gpu"]}}
+            "measured": {"tokens_per_s_per_device": row["tokens_per_s_per_gpu"]}, "notes": notes}
 
 
 def shipped_keys() -> set[tuple]:
@@ -147,14 +151,15 @@ def main() -> None:
     ap.add_argument("--rows", action="store_true", help="print every row's measured and predicted step")
     args = ap.parse_args()
     items, unread, skipped, read = sweep()
-    print(f"Megatron-Bridge rows (NeMo 25.11-26.04.01) on DGX H100, DGX B200, GB200: {read} read, "
+    print(f"Megatron-Bridge rows (NeMo 25.11-26.06.01) on DGX H100, DGX B200, GB200: {read} read, "
           f"{unread} without a matching preset, {len(skipped)} not estimable, {len(items)} estimated\n")
     print("\n".join(table(items)))
     if args.rows:
         print()
         for p, was in sorted(items, key=lambda t: (t[0].run.hardware, t[0].run.category, t[0].run.id)):
             print(f"{p.run.id:52} mb {p.micro_batch}  measured {p.measured_s:7.2f} s  predicted "
-                  f"{p.predicted_s:7.2f} s  {100 * p.error:+6.1f}%{'  (shipped)' if was else ''}")
+                  f"{p.predicted_s:7.2f} s  {100 * p.error:+6.1f}%{'  (shipped)' if was else ''}"
+                  + "".join(f"\n    {n}" for n in p.run.notes))
     for s in skipped:
         print("not estimable:", s)
 

@@ -9,8 +9,8 @@ hold the presets those rows ran (`{MODEL}_PRETRAIN_CONFIG_{GPU}_{PRECISION}_{VER
 recompute and offload. This script parses them (ast; nothing is imported or run), picks for each row the preset
 whose GPUs, layout, global and micro batch are the row's, and reads from the release's *_llm_pretrain.py the two
 settings the presets leave to code: the token dispatcher a function forces and its TP communication overlap.
-Releases 25.11 to 26.04.01 (tags v0.2.0 to v0.4.1, whose dates follow each container's; 26.06 and later moved the
-presets into Python functions, src/megatron/bridge/perf_recipes, which this does not read). Models the zoo has.
+Releases 25.11 to 26.06.01 (tags v0.2.0 to v0.5.1, whose dates follow each container's; 26.08 moved the presets
+into Python functions, src/megatron/bridge/perf_recipes, which this does not read). Models the zoo has.
 `benchmarks/bench_bridge_sweep.py` estimates every row read here; none of them is fitted.
 """
 
@@ -26,8 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE = "docs/performance-summary-archive.md"
 #: NeMo container release -> the Megatron-Bridge tag it ships (tag dates: v0.2.0 2025-11-26, v0.3.0 2026-02-26,
-#: v0.3.1 2026-03-20, v0.4.0 2026-04-16, v0.4.1 2026-05-06; the shipped 26.04 rows' notes cite v0.4.0's presets)
-TAGS = {"25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0.3.1", "26.04": "v0.4.0", "26.04.01": "v0.4.1"}
+#: v0.3.1 2026-03-20, v0.4.0 2026-04-16, v0.4.1 2026-05-06, v0.5.0 2026-06-16, v0.5.1 2026-07-20; the shipped 26.04
+#: rows' notes cite v0.4.0's presets)
+TAGS = {"25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0.3.1", "26.04": "v0.4.0", "26.04.01": "v0.4.1",
+        "26.06": "v0.5.0", "26.06.01": "v0.5.1"}
 SYSTEMS = {"DGX-H100": ("dgx-h100", "H100"), "DGX-B200": ("dgx-b200", "B200"), "DGX-GB200": ("gb200-nvl72", "GB200")}
 #: The tables' model names -> (zoo model, preset name prefix)
 MODELS = {"LLAMA3_8B": ("llama3-8b", "LLAMA3_8B"), "LLAMA3_70B": ("llama3-70b", "LLAMA3_70B"),
@@ -146,9 +148,16 @@ def matches(row: dict, preset: dict) -> bool:
     return fsdp == bool(preset.get("use_megatron_fsdp"))
 
 
+def footnotes(text: str) -> dict[str, str]:
+    """The archive's footnotes: marker -> text."""
+    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\[\^([^\]]+)\]:\s*(.*)$", text, re.M)}
+
+
 def sweep(repo: Path, commit: str) -> list[dict]:
     out = []
-    for row in table_rows(git(repo, "show", f"{commit}:{ARCHIVE}")):
+    text = git(repo, "show", f"{commit}:{ARCHIVE}")
+    notes = footnotes(text)
+    for row in table_rows(text):
         tag = TAGS.get(row["release"])
         name = row.get("Model")
         system = SYSTEMS.get(row.get("System", ""))
@@ -162,6 +171,9 @@ def sweep(repo: Path, commit: str) -> list[dict]:
         entry = {"release": row["release"], "tag": tag, "line": row["line"], "table_model": name, "model": zoo,
                  "hardware": system[0], "precision": precision, "tokens_per_s_per_gpu": number(row["Tokens / sec / GPU"]),
                  "row": {k: v for k, v in row.items() if k not in ("release", "line")}}
+        marks = sorted({m for c in row.values() if isinstance(c, str) for m in re.findall(r"\[\^([^\]]+)\]", c)})
+        if marks:
+            entry["footnotes"] = {m: notes.get(m, "") for m in marks}
         if chosen:
             distinct = {json.dumps({k: v for k, v in found[c].items() if k != "_file"}, sort_keys=True) for c in chosen}
             entry["preset"] = chosen[0]
@@ -182,7 +194,7 @@ def main() -> None:
     args = ap.parse_args()
     commit = git(args.repo, "rev-parse", args.commit).strip()
     rows = sweep(args.repo, commit)
-    doc = {"about": "Megatron-Bridge pre-training rows on DGX H100, DGX B200 and GB200 (NeMo 25.11-26.04.01) with "
+    doc = {"about": "Megatron-Bridge pre-training rows on DGX H100, DGX B200 and GB200 (NeMo 25.11-26.06.01) with "
                     "the workload preset each ran, read by benchmarks/extract_bridge_sweep.py",
            "source": {"repo": "NVIDIA-NeMo/Megatron-Bridge", "commit": commit, "archive": ARCHIVE, "tags": TAGS},
            "rows": rows}
