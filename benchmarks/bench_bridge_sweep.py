@@ -2,6 +2,7 @@
 
     python benchmarks/bench_bridge_sweep.py            # per hardware and kind of job: rows, mean and max |error|
     python benchmarks/bench_bridge_sweep.py --rows     # and every row
+    python benchmarks/bench_bridge_sweep.py --write    # and write planner/calibration/bridge_sweep_errors.json
 
 The rows and the workload preset each ran are tests/data/bridge_sweep.json (benchmarks/extract_bridge_sweep.py
 reads them from Megatron-Bridge's performance summaries and its release tags). Each row is costed as its preset
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner.calibration import read_runs  # noqa: E402
+from planner.calibration.bridge_sweep import ERRORS, errors_table  # noqa: E402
 from planner.calibration.predict import predict_all, summarise  # noqa: E402
 from planner.calibration.runs import parse_run  # noqa: E402
 
@@ -149,8 +151,12 @@ def table(items: list) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", action="store_true", help="print every row's measured and predicted step")
+    ap.add_argument("--write", action="store_true", help=f"write the rows' errors estimates cite to {ERRORS.name}")
     args = ap.parse_args()
     items, unread, skipped, read = sweep()
+    if args.write:
+        ERRORS.write_text(json.dumps(errors_table(items), indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {ERRORS}")
     print(f"Megatron-Bridge rows (NeMo 25.11-26.06.01) on DGX H100, DGX B200, GB200: {read} read, "
           f"{unread} without a matching preset, {len(skipped)} not estimable, {len(items)} estimated\n")
     print("\n".join(table(items)))

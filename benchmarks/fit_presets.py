@@ -10,7 +10,8 @@ row in file order, never more than half of its runs; the rest are held out.
 Each preset's [efficiency] then lists its fitted runs under `fitted_on` and the
 held-out runs' errors per category under `held_out` (what every estimate on the
 preset repeats), and `hyperplan calibrate` reports the two groups apart; then
-benchmarks/published_errors.py rewrites the per-run errors estimates cite.
+benchmarks/published_errors.py rewrites the per-run errors estimates cite (and benchmarks/bench_bridge_sweep.py
+--write those of the Megatron-Bridge sweep's rows).
 Prints the fitted values and the fit and held-out errors; takes minutes (every
 evaluation estimates every fitted run).
 """
@@ -210,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     if fitted and not args.dry_run:  # what estimates cite of each model's runs, with the presets as now fitted:
         # in a process of its own, which reads the presets and stacks as written (this one's runs hold the stacks
         # they were read with, and the loaders cache what they read)
-        return subprocess.run([sys.executable, str(Path(__file__).with_name("published_errors.py"))]).returncode
+        here = Path(__file__)
+        return (subprocess.run([sys.executable, str(here.with_name("published_errors.py"))]).returncode
+                or subprocess.run([sys.executable, str(here.with_name("bench_bridge_sweep.py")), "--write"]).returncode)
     return 0
 
 

@@ -284,6 +284,8 @@ def print_estimate(r: dict) -> None:
         head.append(("checked", r["accuracy"]["sentence"]))
         if r["accuracy"].get("published_sentence"):  # and this very model's published runs on it
             head.append(("published", r["accuracy"]["published_sentence"]))
+        if r["accuracy"].get("bridge_sweep_sentence"):  # and every Megatron-Bridge table row of it there
+            head.append(("tables", r["accuracy"]["bridge_sweep_sentence"]))
     console.print(render.kv_table("", head))
     for note in r.get("assumptions", ()):
         console.print(f"assumption: {note}", markup=False)

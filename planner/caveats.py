@@ -191,6 +191,7 @@ def accuracy(hw: Any, workload: Any, moe: bool, model: str | None = None) -> dic
     `model` as shipped (None: not one, or changed by overrides), its own published runs on `hw`
     (`planner.calibration.published`). None for a serving step (what checks it is the published serving
     deployments: `planner.inference.deployments`)."""
+    from planner.calibration import bridge_sweep
     from planner.calibration.published import cited, runs_of
 
     if workload.mode != "train":
@@ -207,6 +208,10 @@ def accuracy(hw: Any, workload: Any, moe: bool, model: str | None = None) -> dic
     if published:
         out["published"] = [{k: r[k] for k in ("id", "devices", "group", "error")} for r in published]
         out["published_sentence"] = cited(model, hw.name, published)
+    swept = bridge_sweep.rows_of(model, hw.name) if model else []
+    if swept:
+        out["bridge_sweep"] = [{k: r[k] for k in ("id", "micro_batch", "cuda_graphs", "error")} for r in swept]
+        out["bridge_sweep_sentence"] = bridge_sweep.cited(model, hw.name, swept)
     return out
 
 

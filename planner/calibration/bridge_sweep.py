@@ -1,0 +1,68 @@
+"""The Megatron-Bridge sweep's step-time errors as last computed: what an estimate of the same model on the same
+hardware cites beside the shipped runs.
+
+`python benchmarks/bench_bridge_sweep.py --write` estimates every Megatron-Bridge pre-training row on DGX H100,
+DGX B200 and GB200 (NeMo 25.11-26.06.01) with the preset it ran, and writes each row's model, hardware, release,
+micro-batch, CUDA graphs and error into `bridge_sweep_errors.json` beside this module; tests/test_bridge_sweep.py
+recomputes them. Only a few of those rows are shipped calibration runs: the rest were never fitted, so an estimate
+of Qwen3-30B-A3B on DGX B200 can say how far off every published Megatron-Bridge run of it there came out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+ERRORS = Path(__file__).parent / "bridge_sweep_errors.json"
+
+
+def graphs_of(execution: Any) -> str:
+    """How much of a step a row's stack replays from CUDA graphs: "full iteration", the scopes, or "none"."""
+    scopes = tuple(execution.cuda_graphs)
+    return "full iteration" if "full_iteration" in scopes else (", ".join(scopes) or "none")
+
+
+def errors_table(items: Iterable[tuple[Any, bool]]) -> dict[str, Any]:
+    """What `ERRORS` holds for the sweep's (prediction, shipped) pairs, in their order."""
+    return {"about": "step-time error (predicted / measured - 1) of every Megatron-Bridge pre-training row the sweep "
+                     "reads (tests/data/bridge_sweep.json); written by benchmarks/bench_bridge_sweep.py --write, read "
+                     "by estimates of the same model on the same hardware (planner/calibration/bridge_sweep.py)",
+            "rows": [{"id": p.run.id, "model": p.run.model, "hardware": p.cluster, "release": p.run.id.split("-")[0],
+                      "micro_batch": p.micro_batch, "cuda_graphs": graphs_of(p.run.execution), "shipped": shipped,
+                      "error": round(p.error, 4)} for p, shipped in items]}
+
+
+@lru_cache(maxsize=1)
+def _rows() -> tuple[dict[str, Any], ...]:
+    if not ERRORS.is_file():
+        return ()
+    return tuple(json.loads(ERRORS.read_text(encoding="utf-8"))["rows"])
+
+
+def rows_of(model: str, hardware: str) -> list[dict[str, Any]]:
+    """Every sweep row of zoo model `model` on preset `hardware`, in the file's order."""
+    return [r for r in _rows() if r["model"] == model and r["hardware"] == hardware]
+
+
+def cited(model: str, hardware: str, rows: list[dict[str, Any]]) -> str:
+    """One sentence on `rows` (from `rows_of`): how many, their range of errors and mean |error|, and the same for
+    the rows that replayed the full iteration from CUDA graphs where some did and some did not."""
+    def span(group: list[dict[str, Any]]) -> str:
+        errors = [r["error"] for r in group]
+        mean = sum(abs(e) for e in errors) / len(errors)
+        return (f"{len(group)} row{'' if len(group) == 1 else 's'}, {100 * min(errors):+.1f} % to "
+                f"{100 * max(errors):+.1f} % (mean |error| {100 * mean:.1f} %)")
+    said = span(rows)
+    full = [r for r in rows if r["cuda_graphs"] == "full iteration"]
+    if full and len(full) < len(rows):
+        said += f"; of them with the full iteration in CUDA graphs {span(full)}"
+    fitted = sum(r["shipped"] for r in rows)
+    return (f"{model} in Megatron-Bridge's published tables on {hardware} (NeMo 25.11-26.06.01, each with its "
+            f"release's preset; {fitted} of them shipped calibration runs): {said}; a negative error: the estimate "
+            "was the faster")
+
+
+__all__ = ["ERRORS", "cited", "errors_table", "graphs_of", "rows_of"]
