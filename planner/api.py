@@ -199,7 +199,7 @@ def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, st
         "workload": {"mode": workload.mode, "global_batch": workload.global_batch, "seq_len": workload.seq_len,
                      "dtype": workload.dtype, "stack": workload.execution.origin or workload.execution.name,
                      "allocator_reserve": workload.execution.allocator_reserve},
-        "assumptions": assumptions(hw, workload, {r.head_dim for r in attention_regions(graph)})
+        "assumptions": assumptions(hw, workload, {r.head_dim for r in attention_regions(graph)}, moe)
         + ([uncosted_note(graph)] if graph.uncosted()["ops"] else []),
     }
 

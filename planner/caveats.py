@@ -139,11 +139,20 @@ def _witness() -> str:
 SCALED_BLOCKS = ("mxfp8", "blockwise")
 
 
-def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = ()) -> list[str]:
+def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bool = False) -> list[str]:
     """What the figures rest on that no measurement of this hardware and stack has checked (`head_dims`: the
-    model's attention head dims)."""
+    model's attention head dims; `moe`: it routes tokens to experts)."""
     out = hardware_assumptions(hw, workload.dtype)
     ex = workload.execution
+    if workload.mode == "train" and moe and "full_iteration" not in ex.cuda_graphs:
+        from planner.calibration.bridge_sweep import eager_moe
+
+        evidence = eager_moe()
+        out.append("an eager MoE layer's host issue is costed per graph op, as a dense layer's: Megatron-Core, for "
+                   "one, issues more (the dispatcher's preprocessing, its wait for the token counts, a GEMM per local expert), "
+                   "which the estimate under-counts where a layer's kernels are short, narrow experts at small "
+                   "micro-batches above all (README: every Megatron-Bridge row)"
+                   + (f"; {evidence}" if evidence else ""))
     if ex.attention == "flash" and hw.attention_plateaus:
         out += attention_assumptions(hw, ex.attention_kernel, fallback=workload.mode == "train")
         out += head_dim_assumptions(hw, head_dims)

@@ -30,7 +30,8 @@ def errors_table(items: Iterable[tuple[Any, bool]]) -> dict[str, Any]:
     return {"about": "step-time error (predicted / measured - 1) of every Megatron-Bridge pre-training row the sweep "
                      "reads (tests/data/bridge_sweep.json); written by benchmarks/bench_bridge_sweep.py --write, read "
                      "by estimates of the same model on the same hardware (planner/calibration/bridge_sweep.py)",
-            "rows": [{"id": p.run.id, "model": p.run.model, "hardware": p.cluster, "release": p.run.id.split("-")[0],
+            "rows": [{"id": p.run.id, "model": p.run.model, "category": p.run.category, "hardware": p.cluster,
+                      "release": p.run.id.split("-")[0],
                       "micro_batch": p.micro_batch, "cuda_graphs": graphs_of(p.run.execution), "shipped": shipped,
                       "error": round(p.error, 4)} for p, shipped in items]}
 
@@ -59,10 +60,28 @@ def cited(model: str, hardware: str, rows: list[dict[str, Any]]) -> str:
     full = [r for r in rows if r["cuda_graphs"] == "full iteration"]
     if full and len(full) < len(rows):
         said += f"; of them with the full iteration in CUDA graphs {span(full)}"
-    fitted = sum(r["shipped"] for r in rows)
+    shipped = sum(r["shipped"] for r in rows)
     return (f"{model} in Megatron-Bridge's published tables on {hardware} (NeMo 25.11-26.06.01, each with its "
-            f"release's preset; {fitted} of them shipped calibration runs): {said}; a negative error: the estimate "
+            f"release's preset; {shipped} of them shipped calibration runs): {said}; a negative error: the estimate "
             "was the faster")
 
 
-__all__ = ["ERRORS", "cited", "errors_table", "graphs_of", "rows_of"]
+#: The rows that show an eager MoE layer's host cost: the same model on the same GPUs with the router's graphs only
+#: (26.02-26.04.01) and with the whole iteration in CUDA graphs (26.06, 26.06.01)
+WITNESS = ("qwen3-30b-a3b", "gb200-nvl72")
+
+
+def eager_moe() -> str:
+    """How the witness model's sweep rows came out with and without the whole iteration in CUDA graphs: the
+    evidence for an eager MoE layer's host cost, which the estimate under-counts ("" without both kinds)."""
+    rows = rows_of(*WITNESS)
+    eager = [r["error"] for r in rows if r["cuda_graphs"] != "full iteration"]
+    full = [r["error"] for r in rows if r["cuda_graphs"] == "full iteration"]
+    if not (eager and full):
+        return ""
+    return (f"{WITNESS[0]}'s Megatron-Bridge rows on {WITNESS[1]} came out {100 * min(eager):+.1f} % to "
+            f"{100 * max(eager):+.1f} % eager ({len(eager)} rows) and {100 * min(full):+.1f} % to "
+            f"{100 * max(full):+.1f} % with the whole iteration in CUDA graphs ({len(full)})")
+
+
+__all__ = ["ERRORS", "WITNESS", "cited", "eager_moe", "errors_table", "graphs_of", "rows_of"]
