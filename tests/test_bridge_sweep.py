@@ -100,7 +100,9 @@ def test_readme_shows_the_sweep_as_it_is(swept):
 def test_the_errors_estimates_cite_are_the_rows_errors_today(swept):
     """planner/calibration/bridge_sweep_errors.json (what an estimate cites) is what the sweep gives now:
     benchmarks/bench_bridge_sweep.py --write rewrites it after a change of the cost model or a refit."""
-    assert json.loads(ERRORS.read_text(encoding="utf-8")) == json.loads(json.dumps(errors_table(swept)))
+    stored = json.loads(ERRORS.read_text(encoding="utf-8"))
+    assert stored == json.loads(json.dumps(errors_table(swept))), \
+        "bridge_sweep_errors.json is stale: run python benchmarks/bench_bridge_sweep.py --write"
 
 
 def test_an_estimate_cites_the_models_bridge_rows_on_its_hardware():
