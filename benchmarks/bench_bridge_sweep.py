@@ -25,7 +25,8 @@ sets it, read here and nowhere else:
   stack's default.
 
 None of these rows is fitted, except the few the calibration set ships (marked: their presets' fits saw them).
-A row whose layout matches no preset of its release (run with command-line overrides) is left out and counted.
+A row whose layout matches no preset of its release's tag (run with command-line overrides, or a preset added after
+the tag) is left out and counted.
 """
 
 from __future__ import annotations
