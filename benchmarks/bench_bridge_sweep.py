@@ -1,4 +1,4 @@
-"""The estimate against every Megatron-Bridge pre-training row on DGX H100, DGX B200 and GB200 (NeMo 25.11-26.06.01).
+"""The estimate against every Megatron-Bridge pre-training row on DGX H100, DGX B200, GB200 and GB300 (NeMo 25.11-26.06.01).
 
     python benchmarks/bench_bridge_sweep.py            # per hardware and kind of job: rows, mean and max |error|
     python benchmarks/bench_bridge_sweep.py --rows     # and every row
@@ -97,7 +97,7 @@ def run_of(row: dict, index: int) -> dict | None:
         ex |= {"optimizer_bytes": 8.0, "moe_group_limit": 4}
     notes = [f"not costed: {k}" for k in ("cutedsl_fused_grouped_mlp", "fp8_dot_product_attention") if p.get(k)]
     notes += [f"the table's footnote: {text}" for text in row.get("footnotes", {}).values()]
-    return {"id": f"{row['release']}-{row['hardware']}-{row['model']}-{row['precision'].lower()}-{index}",
+    return {"id": f"{row['release']}-{row['hardware']}-{row['model']}-{row['precision'].lower()}-{gpus}gpu",
             "source": f"tests/data/bridge_sweep.json#rows[{index}] ({row['preset']})",
             "category": "moe_training" if row["model"] in MOE else "dense_training", "hardware": row["hardware"],
             "devices": gpus, "model": row["model"], "seq_len": int(float(row["row"]["Sequence Length"])),
@@ -158,7 +158,7 @@ def main() -> None:
     if args.write:
         ERRORS.write_text(json.dumps(errors_table(items), indent=1) + "\n", encoding="utf-8")
         print(f"wrote {ERRORS}")
-    print(f"Megatron-Bridge rows (NeMo 25.11-26.06.01) on DGX H100, DGX B200, GB200: {read} read, "
+    print(f"Megatron-Bridge rows (NeMo 25.11-26.06.01) on DGX H100, DGX B200, GB200, GB300: {read} read, "
           f"{unread} without a matching preset, {len(skipped)} not estimable, {len(items)} estimated\n")
     print("\n".join(table(items)))
     if args.rows:

@@ -37,6 +37,8 @@ ABOUT = {
     "h200": "H200 (WhiteFiber): torchtitan via Trainy.",
     "b200": "DGX B200: Megatron-Bridge performance summaries.",
     "gb200": "GB200 NVL72: Megatron-Bridge performance summaries and the Megatron MoE ModelZoo.",
+    "gb300": "GB300 NVL72: Megatron-Bridge performance summaries, every row read with the workload preset of its "
+             "release (tests/data/bridge_sweep.json, benchmarks/bench_bridge_sweep.py).",
     "ascend-910b": "Ascend 910B (Atlas 900 A2 PODc): MindSpeed-LLM performance tables and example scripts.",
 }
 
@@ -112,14 +114,25 @@ def reading(rid: str, row: dict, spec: dict, variant: dict) -> dict:
     return out
 
 
+#: Shipped files read from the Megatron-Bridge sweep instead of SPECS: file name -> the hardware whose rows it takes
+#: (each row as the preset of its release sets it, `bench_bridge_sweep.run_of`, in the sweep file's order)
+SWEPT = {"gb300": "gb300-nvl72"}
+
+
 def readings() -> dict[str, list[dict]]:
-    """Shipped file name -> its runs, in SPECS order."""
+    """Shipped file name -> its runs, in SPECS order (and the sweep's, for the `SWEPT` files)."""
+    from benchmarks.bench_bridge_sweep import DATA as SWEEP, run_of
+
     raw = raw_rows()
     files: dict[str, list[dict]] = {}
     for rid, spec in SPECS.items():
         row = raw[spec.get("row", rid)]
         for variant in spec.get("variants", ({},)):
             files.setdefault(spec["file"], []).append(reading(rid, row, spec, variant))
+    swept = json.loads(SWEEP.read_text(encoding="utf-8"))["rows"]
+    for name, hardware in SWEPT.items():
+        files[name] = [run for i, row in enumerate(swept) if row["hardware"] == hardware
+                       and (run := run_of(row, i)) is not None]
     return files
 
 

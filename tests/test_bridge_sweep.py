@@ -43,7 +43,8 @@ def test_the_sweep_reads_the_shipped_rows_as_the_calibration_set_does():
     """Sixteen sweep rows are calibration runs read by hand (benchmarks/calibration_specs.py); the sweep reads them from
     the presets mechanically. The two readings must give the same layout and execution."""
     shipped = {(r.hardware, r.model, r.devices, r.global_batch,
-                float(r.raw["measured"].get("tokens_per_s_per_device", 0))): r for r in read_runs()}
+                float(r.raw["measured"].get("tokens_per_s_per_device", 0))): r for r in read_runs()
+               if not r.source.startswith("tests/data/bridge_sweep.json")}  # GB300's runs are the sweep's own
     fields = ("moe_dispatcher", "overlap_ep_comm", "cuda_graphs", "recompute_modules", "fp8_recipe",
               "overlap_tp_comm", "optimizer_bytes", "moe_group_limit")
     compared = 0
