@@ -32,7 +32,7 @@ from cost_models.compute import attention_time_s  # noqa: E402
 from planner.costing.attention import kept_fraction  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "cudnn_sdpa.json"
-PRESET = {"H200": "dgx-h200", "GB200": "gb200-nvl72"}
+PRESET = {"H200": "dgx-h200", "GB200": "gb200-nvl72", "GB300": "gb300-nvl72"}
 PHASES = {"fwd": ("forward", 0), "bwd": ("backward", 1)}
 
 

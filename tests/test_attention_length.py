@@ -1,7 +1,7 @@
 """Flash attention's efficiency against the length a query row covers, checked on cuDNN's published benchmarks.
 
-tests/data/cudnn_sdpa.json holds NVIDIA's cuDNN SDPA training benchmarks (BF16) on H200 (cuDNN 9.19) and GB200
-(cuDNN 9.22). The dgx-h200 and gb200-nvl72 presets' cudnn figures were fitted on the causal head-dim-128 rows at
+tests/data/cudnn_sdpa.json holds NVIDIA's cuDNN SDPA training benchmarks (BF16) on H200 (cuDNN 9.19), GB200 and GB300
+(cuDNN 9.22). The dgx-h200, gb200-nvl72 and gb300-nvl72 presets' cudnn figures were fitted on the causal head-dim-128 rows at
 2K-32K tokens; not on the non-causal rows of the same shape. The head-dim law's D (`head_dim_factor`) was fitted
 on H200's sliding-window rows (head dim 64, a 1,024-token window; benchmarks/fit_attention_head_dim.py); GB200's
 (head dim 64, a 128-token window) are held out, its D an assumption (twice Hopper's). Each row's time is
@@ -81,6 +81,19 @@ def test_gb200_head_dim_64_held_out_comes_within_20_percent(row):
         assert row["time_ms"] / predicted_ms(row, flat) > 2.0
 
 
+@pytest.mark.parametrize("row", [r for r in _rows("top_left", True) if r["gpu"] == "GB300"],
+                         ids=lambda r: f"w{r['window']}-{r['seq']}-{r['phase']}")
+def test_gb300_head_dim_64_held_out_as_measured(row):
+    """Not fitted (GB300 takes GB200's D, an assumption its preset states): backward within 10 %, forward 34-59 %
+    fast (the 128-token window's forward, far below the long causal rows the law was fitted on; GB200's comes out
+    13-19 % fast), so the preset's figure for it is optimistic and says so."""
+    ratio = row["time_ms"] / predicted_ms(row)  # > 1: predicted faster than measured
+    if row["phase"] == "bwd":
+        assert 0.9 <= ratio <= 1.1, ratio
+    else:
+        assert 1.4 <= ratio <= 2.5, ratio
+
+
 def test_head_dim_law_slows_narrow_heads_and_measures_wide_ones():
     """Head dim 64 at (64 / (64 + D)) / (128 / (128 + D)) of head dim 128's rate, by hand: 0.750 forward and 0.837
     backward on Hopper (D 64, 31); head dim 128 at the measured rate; wider heads (MLA's 192/128, mean 160) at the
@@ -100,7 +113,7 @@ def test_mla_heads_run_backward_slower_than_head_dim_128_as_measured(gpu):
     """cuDNN's MLA-shaped rows (DeepSeek-V3: 128 heads, query-key 192, values 128): at head dim 128's rate their
     backward at 4K-16K tokens comes out 3-17 % fast on both GPUs; at the preset's fitted wide-head rate every row,
     forward and backward, 2K-32K, within 12 %. The forward runs at head dim 128's rate (the fit finds it at or
-    above it, and no higher rate is credited)."""
+    above it on H200 and GB200, and no higher rate is credited; 0.979 of it on GB300)."""
     cluster = load_cluster(PRESET[gpu])
     at_128 = dataclasses.replace(cluster, attention_wide_heads=(1.0, 1.0))
     for phase in ("fwd", "bwd"):
@@ -108,7 +121,7 @@ def test_mla_heads_run_backward_slower_than_head_dim_128_as_measured(gpu):
             assert predicted_ms(row, cluster) == pytest.approx(row["time_ms"], rel=0.12), row
             if phase == "bwd" and 4096 <= row["seq"] <= 16384:
                 assert 0.82 <= predicted_ms(row, at_128) / row["time_ms"] <= 0.97, row
-    assert cluster.attention_wide_heads[0] == 1.0
+    assert cluster.attention_wide_heads[0] >= 0.97  # at head dim 128's rate on H200 and GB200, 2 % under on GB300
 
 
 def test_mla_rate_agrees_across_gpus_and_determinism():
@@ -131,7 +144,8 @@ def test_the_presets_carry_the_fitted_head_dim_law():
     fitted = (script.fit("fwd"), script.fit("bwd"))
     for name in ("dgx-h200", "dgx-h100", "h100-grand-teton"):
         assert load_cluster(name).attention_half_dims == pytest.approx(fitted, abs=2.0), name
-    for gpu, names in (("H200", ("dgx-h200", "dgx-h100", "h100-grand-teton")), ("GB200", ("gb200-nvl72", "dgx-b200"))):
+    for gpu, names in (("H200", ("dgx-h200", "dgx-h100", "h100-grand-teton")), ("GB200", ("gb200-nvl72", "dgx-b200")),
+                       ("GB300", ("gb300-nvl72",))):
         wide = (script.fit_wide(gpu, "fwd"), script.fit_wide(gpu, "bwd"))
         for name in names:
             assert load_cluster(name).attention_wide_heads == pytest.approx(wide, abs=0.005), name
