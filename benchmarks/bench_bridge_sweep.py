@@ -1,4 +1,4 @@
-"""The estimate against every Megatron-Bridge pre-training row on DGX H100, DGX B200, GB200 and GB300 (NeMo 25.11-26.06.01).
+"""The estimate against every Megatron-Bridge pre-training row on DGX H100, B200, GB200 and GB300 (NeMo 25.11-26.06.01).
 
     python benchmarks/bench_bridge_sweep.py            # per hardware and kind of job: rows, mean and max |error|
     python benchmarks/bench_bridge_sweep.py --rows     # and every row

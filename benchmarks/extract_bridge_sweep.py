@@ -1,4 +1,4 @@
-"""Read every Megatron-Bridge pre-training row on DGX H100, DGX B200, GB200 and GB300 with the configuration that ran it.
+"""Read every Megatron-Bridge pre-training row on DGX H100, B200, GB200 and GB300 with the configuration that ran it.
 
     python benchmarks/extract_bridge_sweep.py /path/to/Megatron-Bridge.git [-o tests/data/bridge_sweep.json]
 
@@ -37,7 +37,8 @@ MODELS = {"LLAMA3_8B": ("llama3-8b", "LLAMA3_8B"), "LLAMA3_70B": ("llama3-70b", 
           "LLAMA3.1_405B": ("llama3-405b", "LLAMA31_405B"), "DeepSeekV3": ("deepseek-v3", "DEEPSEEK_V3"),
           "DeepSeekV3 (w/ MTP)": ("deepseek-v3", "DEEPSEEK_V3"), "DeepSeekV3 (w/o MTP)": ("deepseek-v3", "DEEPSEEK_V3"),
           "GPT OSS 120B": ("gpt-oss-120b", "GPT_OSS_120B"),
-          "Qwen3_30B_a3B": ("qwen3-30b-a3b", "QWEN3_30B_A3B"), "Qwen3_235B_a22B": ("qwen3-235b-a22b", "QWEN3_235B_A22B")}
+          "Qwen3_30B_a3B": ("qwen3-30b-a3b", "QWEN3_30B_A3B"),
+          "Qwen3_235B_a22B": ("qwen3-235b-a22b", "QWEN3_235B_A22B")}
 PRECISIONS = {"BF16": "BF16", "FP8": "FP8_CS", "FP8-CS": "FP8_CS", "MXFP8": "FP8_MX", "FP8-MX": "FP8_MX"}
 NAME = re.compile(r"^(?P<model>[A-Z0-9_]+?)_(?:PRETRAIN_CONFIG_)?(?P<gpu>GB300|GB200|B300|B200|H100)_"
                   r"(?P<prec>BF16|FP8_CS|FP8_MX|NVFP4)_(?P<ver>V\d+|BASE_CONFIG)$")
@@ -170,7 +171,8 @@ def sweep(repo: Path, commit: str) -> list[dict]:
                  if (m := NAME.match(k)) and m["model"] == prefix and m["gpu"] == system[1] and m["prec"] == precision}
         chosen = sorted(k for k, v in found.items() if matches(row, v))
         entry = {"release": row["release"], "tag": tag, "line": row["line"], "table_model": name, "model": zoo,
-                 "hardware": system[0], "precision": precision, "tokens_per_s_per_gpu": number(row["Tokens / sec / GPU"]),
+                 "hardware": system[0], "precision": precision,
+                 "tokens_per_s_per_gpu": number(row["Tokens / sec / GPU"]),
                  "row": {k: v for k, v in row.items() if k not in ("release", "line")}}
         marks = sorted({m for c in row.values() if isinstance(c, str) for m in re.findall(r"\[\^([^\]]+)\]", c)})
         if marks:
@@ -195,7 +197,7 @@ def main() -> None:
     args = ap.parse_args()
     commit = git(args.repo, "rev-parse", args.commit).strip()
     rows = sweep(args.repo, commit)
-    doc = {"about": "Megatron-Bridge pre-training rows on DGX H100, DGX B200, GB200 and GB300 (NeMo 25.11-26.06.01) with "
+    doc = {"about": "Megatron-Bridge pre-training rows on DGX H100, B200, GB200 and GB300 (NeMo 25.11-26.06.01) with "
                     "the workload preset each ran, read by benchmarks/extract_bridge_sweep.py",
            "source": {"repo": "NVIDIA-NeMo/Megatron-Bridge", "commit": commit, "archive": ARCHIVE, "tags": TAGS},
            "rows": rows}

@@ -101,8 +101,8 @@ def ties_for(hardware: str, fitted: dict[str, str]) -> tuple[dict, str]:
 #: 0.51, and held at 0.791 their mean error moves 1.7 % -> 2.0 %).
 SHARED_FROM = {"h100-grand-teton": ("dgx-h100", ("overlap",)),
                # the per-kernel host issue cost of an eager Megatron-Core step, a property of the stack on a server
-               # CPU (DGX B200's Xeon 8570, GB200's and GB300's Grace), not of the GPU: their runs are too few to fit it, and
-               # their CUDA-graph runs (Execution.cuda_graphs) issue no kernels from the host
+               # CPU (DGX B200's Xeon 8570, GB200's and GB300's Grace), not of the GPU: their runs are too few to fit
+               # it, and their CUDA-graph runs (Execution.cuda_graphs) issue no kernels from the host
                "dgx-b200": ("dgx-h100", ("host_overhead_us",)),
                "gb200-nvl72": ("dgx-h100", ("host_overhead_us",)),
                "gb300-nvl72": ("dgx-h100", ("host_overhead_us",))}

@@ -149,9 +149,9 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
 
         evidence = eager_moe()
         out.append("an eager MoE layer's host issue is costed per graph op, as a dense layer's: Megatron-Core, for "
-                   "one, issues more (the dispatcher's preprocessing, its wait for the token counts, a GEMM per local expert), "
-                   "which the estimate under-counts where a layer's kernels are short, narrow experts at small "
-                   "micro-batches above all (README: every Megatron-Bridge row)"
+                   "one, issues more (the dispatcher's preprocessing, its wait for the token counts, a GEMM per "
+                   "local expert), which the estimate under-counts where a layer's kernels are short, narrow experts "
+                   "at small micro-batches above all (README: every Megatron-Bridge row)"
                    + (f"; {evidence}" if evidence else ""))
     if ex.attention == "flash" and hw.attention_plateaus:
         out += attention_assumptions(hw, ex.attention_kernel, fallback=workload.mode == "train")

@@ -1,8 +1,8 @@
 """Flash attention's efficiency against the length a query row covers, checked on cuDNN's published benchmarks.
 
-tests/data/cudnn_sdpa.json holds NVIDIA's cuDNN SDPA training benchmarks (BF16) on H200 (cuDNN 9.19), GB200 and GB300
-(cuDNN 9.22). The dgx-h200, gb200-nvl72 and gb300-nvl72 presets' cudnn figures were fitted on the causal head-dim-128 rows at
-2K-32K tokens; not on the non-causal rows of the same shape. The head-dim law's D (`head_dim_factor`) was fitted
+tests/data/cudnn_sdpa.json holds NVIDIA's cuDNN SDPA training benchmarks (BF16) on H200 (cuDNN 9.19), GB200 and
+GB300 (cuDNN 9.22). The dgx-h200, gb200-nvl72 and gb300-nvl72 presets' cudnn figures were fitted on the causal
+head-dim-128 rows at 2K-32K tokens; not on the non-causal rows of the same shape. The head-dim law's D (`head_dim_factor`) was fitted
 on H200's sliding-window rows (head dim 64, a 1,024-token window; benchmarks/fit_attention_head_dim.py); GB200's
 (head dim 64, a 128-token window) are held out, its D an assumption (twice Hopper's). Each row's time is
 predicted as the cost model charges it: the FLOPs of the tiles it computes (the benchmark counts unmasked pairs)
