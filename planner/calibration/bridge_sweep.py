@@ -10,11 +10,11 @@ of Qwen3-30B-A3B on DGX B200 can say how far off every published Megatron-Bridge
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from planner.calibration.published import stored_rows
 
 ERRORS = Path(__file__).parent / "bridge_sweep_errors.json"
 
@@ -36,11 +36,8 @@ def errors_table(items: Iterable[tuple[Any, bool]]) -> dict[str, Any]:
                       "error": round(p.error, 4)} for p, shipped in items]}
 
 
-@lru_cache(maxsize=1)
 def _rows() -> tuple[dict[str, Any], ...]:
-    if not ERRORS.is_file():
-        return ()
-    return tuple(json.loads(ERRORS.read_text(encoding="utf-8"))["rows"])
+    return stored_rows(ERRORS, "rows")
 
 
 def rows_of(model: str, hardware: str) -> list[dict[str, Any]]:

@@ -32,11 +32,16 @@ def errors_table(predictions: Iterable[Any]) -> dict[str, Any]:
                       "error": round(p.error, 4)} for p in predictions]}
 
 
-@lru_cache(maxsize=1)
-def _runs() -> tuple[dict[str, Any], ...]:
-    if not ERRORS.is_file():
+@lru_cache(maxsize=None)
+def stored_rows(path: Path, key: str) -> tuple[dict[str, Any], ...]:
+    """The list under `key` of a JSON file of errors as last computed (read once; none if the file is missing)."""
+    if not path.is_file():
         return ()
-    return tuple(json.loads(ERRORS.read_text(encoding="utf-8"))["runs"])
+    return tuple(json.loads(path.read_text(encoding="utf-8"))[key])
+
+
+def _runs() -> tuple[dict[str, Any], ...]:
+    return stored_rows(ERRORS, "runs")
 
 
 def runs_of(model: str, hardware: str) -> list[dict[str, Any]]:
@@ -59,4 +64,4 @@ def cited(model: str, hardware: str, runs: list[dict[str, Any]]) -> str:
     return f"{model}'s published runs on {hardware}: {said}"
 
 
-__all__ = ["CITED", "ERRORS", "cited", "error_of", "errors_table", "runs_of"]
+__all__ = ["CITED", "ERRORS", "cited", "error_of", "errors_table", "runs_of", "stored_rows"]
