@@ -106,14 +106,16 @@ def run_of(row: dict, index: int) -> dict | None:
             "measured": {"tokens_per_s_per_device": row["tokens_per_s_per_gpu"]}, "notes": notes}
 
 
+def row_key(run) -> tuple | None:
+    """(hardware, model, devices, global batch, tokens/s) of a run measured in tokens/s: the published row it reads
+    (None for a run measured otherwise)."""
+    tps = run.raw.get("measured", {}).get("tokens_per_s_per_device")
+    return (run.hardware, run.model, run.devices, run.global_batch, float(tps)) if tps else None
+
+
 def shipped_keys() -> set[tuple]:
-    """(hardware, model, devices, global batch, tokens/s) of the shipped calibration runs: the rows they are."""
-    out = set()
-    for r in read_runs():
-        tps = r.raw.get("measured", {}).get("tokens_per_s_per_device")
-        if tps:
-            out.add((r.hardware, r.model, r.devices, r.global_batch, float(tps)))
-    return out
+    """The rows the shipped calibration runs read (`row_key`)."""
+    return {key for r in read_runs() if (key := row_key(r)) is not None}
 
 
 def sweep() -> tuple[list, int, list[str], int]:
@@ -129,8 +131,7 @@ def sweep() -> tuple[list, int, list[str], int]:
             runs.append(parse_run(spec, where=f"bridge_sweep.json rows[{i}]"))
     preds, skipped = predict_all(runs)
     shipped = shipped_keys()
-    out = [(p, (p.run.hardware, p.run.model, p.run.devices, p.run.global_batch,
-                float(p.run.raw["measured"]["tokens_per_s_per_device"])) in shipped) for p in preds]
+    out = [(p, row_key(p.run) in shipped) for p in preds]
     return out, unread, skipped, len(data["rows"])
 
 

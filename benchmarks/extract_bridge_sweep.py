@@ -21,6 +21,7 @@ import ast
 import json
 import re
 import subprocess
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,6 +89,7 @@ def literal(node: ast.AST):
         return None
 
 
+@lru_cache(maxsize=None)
 def presets(repo: Path, tag: str) -> dict[str, dict]:
     """Every workload preset of a tag, each as the fields it sets over WorkloadBaseConfig's defaults."""
     utils = ast.parse(git(repo, "show", f"{tag}:scripts/performance/utils/utils.py"))
@@ -115,24 +117,33 @@ def presets(repo: Path, tag: str) -> dict[str, dict]:
     return out
 
 
+@lru_cache(maxsize=None)
+def pretrain_functions(repo: Path, tag: str) -> dict[str, tuple[str, str]]:
+    """Every top-level function of a tag's *_llm_pretrain.py files: name -> (file, source), the first file's where
+    two define one."""
+    out: dict[str, tuple[str, str]] = {}
+    for f in git(repo, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs").split():
+        if f.endswith("_llm_pretrain.py"):
+            tree = ast.parse(source := git(repo, "show", f"{tag}:{f}"))
+            for node in tree.body:
+                if isinstance(node, ast.FunctionDef) and node.name not in out:
+                    out[node.name] = (f, ast.get_source_segment(source, node) or "")
+    return out
+
+
 def code_settings(repo: Path, tag: str, model_prefix: str, gpu: str) -> dict:
     """What a release's *_llm_pretrain.py function for the model and GPU forces beyond the preset: the token
     dispatcher (an explicit moe_token_dispatcher_type) and TP communication overlap (CommOverlapConfig)."""
-    files = [f for f in git(repo, "ls-tree", "-r", "--name-only", tag, "scripts/performance/configs").split()
-             if f.endswith("_llm_pretrain.py")]
     want = f"{model_prefix.lower()}_pretrain_config_{gpu.lower()}"
-    for f in files:
-        tree = ast.parse(source := git(repo, "show", f"{tag}:{f}"))
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name == want:
-                body = ast.get_source_segment(source, node) or ""
-                out: dict = {"_function": f"{f}:{node.name}"}
-                if m := re.search(r'moe_token_dispatcher_type\s*=\s*"(\w+)"', body):
-                    out["moe_token_dispatcher_type"] = m.group(1)
-                if m := re.search(r"CommOverlapConfig\(\s*tp_comm_overlap\s*=\s*(True|False)", body):
-                    out["tp_comm_overlap"] = m.group(1) == "True"
-                return out
-    return {}
+    if want not in (functions := pretrain_functions(repo, tag)):
+        return {}
+    f, body = functions[want]
+    out: dict = {"_function": f"{f}:{want}"}
+    if m := re.search(r'moe_token_dispatcher_type\s*=\s*"(\w+)"', body):
+        out["moe_token_dispatcher_type"] = m.group(1)
+    if m := re.search(r"CommOverlapConfig\(\s*tp_comm_overlap\s*=\s*(True|False)", body):
+        out["tp_comm_overlap"] = m.group(1) == "True"
+    return out
 
 
 def matches(row: dict, preset: dict) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_bridge_sweep import DATA, run_of, sweep, table
+from benchmarks.bench_bridge_sweep import DATA, row_key, run_of, sweep, table
 from planner.calibration import read_runs
 from planner.calibration.bridge_sweep import ERRORS, errors_table, rows_of
 from planner.calibration.runs import parse_run
@@ -42,8 +42,7 @@ def test_every_preset_runs_the_layout_its_row_states():
 def test_the_sweep_reads_the_shipped_rows_as_the_calibration_set_does():
     """Sixteen sweep rows are calibration runs read by hand (benchmarks/calibration_specs.py); the sweep reads them from
     the presets mechanically. The two readings must give the same layout and execution."""
-    shipped = {(r.hardware, r.model, r.devices, r.global_batch,
-                float(r.raw["measured"].get("tokens_per_s_per_device", 0))): r for r in read_runs()
+    shipped = {row_key(r): r for r in read_runs()
                if not r.source.startswith("tests/data/bridge_sweep.json")}  # GB300's runs are the sweep's own
     fields = ("moe_dispatcher", "overlap_ep_comm", "cuda_graphs", "recompute_modules", "fp8_recipe",
               "overlap_tp_comm", "optimizer_bytes", "moe_group_limit")
@@ -52,11 +51,10 @@ def test_the_sweep_reads_the_shipped_rows_as_the_calibration_set_does():
         spec = run_of(row, i)
         if spec is None:
             continue
-        key = (spec["hardware"], spec["model"], spec["devices"], spec["global_batch"],
-               float(spec["measured"]["tokens_per_s_per_device"]))
-        if key not in shipped:
+        mine = parse_run(spec, where="sweep")
+        if row_key(mine) not in shipped:
             continue
-        mine, theirs = parse_run(spec, where="sweep"), shipped[key]
+        theirs = shipped[row_key(mine)]
         for f in fields:
             assert getattr(mine.execution, f) == getattr(theirs.execution, f), (theirs.id, f)
         mb = mine.strategy["micro_batch"]
