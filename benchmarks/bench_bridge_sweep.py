@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -48,6 +49,9 @@ from planner.calibration.runs import parse_run  # noqa: E402
 DATA = ROOT / "tests" / "data" / "bridge_sweep.json"
 MOE = {"deepseek-v3", "gpt-oss-120b", "qwen3-30b-a3b", "qwen3-235b-a22b"}
 LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "llama3-405b": 126}
+#: A footnote in which the publisher says a bug slowed the row (26.06.01's GPT-OSS rows: "Performance regression in
+#: GPT-OSS 120B pre-training is a known issue ... resolved with the next container release"): neither fitted nor scored
+REGRESSION = re.compile(r"\bperformance regression\b", re.IGNORECASE)
 GRAPH_SCOPES = {"attn", "mlp", "moe", "moe_router", "moe_preprocess"}
 
 
@@ -97,13 +101,15 @@ def run_of(row: dict, index: int) -> dict | None:
         ex |= {"optimizer_bytes": 8.0, "moe_group_limit": 4}
     notes = [f"not costed: {k}" for k in ("cutedsl_fused_grouped_mlp", "fp8_dot_product_attention") if p.get(k)]
     notes += [f"the table's footnote: {text}" for text in row.get("footnotes", {}).values()]
+    regression = next((text for text in row.get("footnotes", {}).values() if REGRESSION.search(text)), "")
     return {"id": f"{row['release']}-{row['hardware']}-{row['model']}-{row['precision'].lower()}-{gpus}gpu",
             "source": f"tests/data/bridge_sweep.json#rows[{index}] ({row['preset']})",
             "category": "moe_training" if row["model"] in MOE else "dense_training", "hardware": row["hardware"],
             "devices": gpus, "model": row["model"], "seq_len": int(float(row["row"]["Sequence Length"])),
             "global_batch": p["global_batch_size"], "dtype": "bf16" if row["precision"] == "BF16" else "fp8",
             "stack": "megatron-core", "execution": ex, "strategy": strategy,
-            "measured": {"tokens_per_s_per_device": row["tokens_per_s_per_gpu"]}, "notes": notes}
+            "measured": {"tokens_per_s_per_device": row["tokens_per_s_per_gpu"]}, "notes": notes} \
+        | ({"known_regression": regression} if regression else {})
 
 
 def row_key(run) -> tuple | None:
@@ -135,10 +141,25 @@ def sweep() -> tuple[list, int, list[str], int]:
     return out, unread, skipped, len(data["rows"])
 
 
+def scored(items: list) -> list:
+    """The (prediction, shipped) pairs whose rows measure the stack: not one its publisher says a bug slowed."""
+    return [(p, was) for p, was in items if not p.run.known_regression]
+
+
+def unscored(items: list) -> str:
+    """The sentence under the table on the rows left out of it (their publisher says a bug slowed them)."""
+    flagged = [p for p, _ in items if p.run.known_regression]
+    if not flagged:
+        return ""
+    return (f"Not scored, {len(flagged)} row{'' if len(flagged) == 1 else 's'} the publisher says a bug slowed "
+            f"(\"{flagged[0].run.known_regression}\"): "
+            + "; ".join(f"{p.run.id} ({100 * p.error:+.1f}%)" for p in flagged) + ".")
+
+
 def table(items: list) -> list[str]:
     """The README's sweep table: per hardware and kind of job, rows, shipped rows, mean and max |error|, worst."""
     groups = defaultdict(list)
-    for p, was in items:
+    for p, was in scored(items):
         groups[(p.run.hardware, p.run.category)].append((p, was))
     lines = ["| hardware | category | rows | of them shipped | mean abs error | max abs error | worst row |",
              "|---|---|---:|---:|---:|---:|---|"]
@@ -157,16 +178,18 @@ def main() -> None:
     args = ap.parse_args()
     items, unread, skipped, read = sweep()
     if args.write:
-        ERRORS.write_text(json.dumps(errors_table(items), indent=1) + "\n", encoding="utf-8")
+        ERRORS.write_text(json.dumps(errors_table(scored(items)), indent=1) + "\n", encoding="utf-8")
         print(f"wrote {ERRORS}")
     print(f"Megatron-Bridge rows (NeMo 25.11-26.06.01) on DGX H100, DGX B200, GB200, GB300: {read} read, "
           f"{unread} without a matching preset, {len(skipped)} not estimable, {len(items)} estimated\n")
     print("\n".join(table(items)))
+    if said := unscored(items):
+        print(f"\n{said}")
     if args.rows:
         print()
         for p, was in sorted(items, key=lambda t: (t[0].run.hardware, t[0].run.category, t[0].run.id)):
             print(f"{p.run.id:52} mb {p.micro_batch}  measured {p.measured_s:7.2f} s  predicted "
-                  f"{p.predicted_s:7.2f} s  {100 * p.error:+6.1f}%{'  (shipped)' if was else ''}"
+                  f"{p.predicted_s:7.2f} s  {100 * p.error:+6.1f}%{'  (shipped)' if was else ''}{'  (not scored)' if p.run.known_regression else ''}"
                   + "".join(f"\n    {n}" for n in p.run.notes))
     for s in skipped:
         print("not estimable:", s)

@@ -30,8 +30,8 @@ def table(result) -> list[str]:
     lines = ["| hardware | category | runs | fitted on | held-out mean | held-out max | worst held-out run |",
              "|---|---|---:|---:|---:|---:|---|"]
     for (hw, cat), preds in sorted(groups.items()):
-        held = [p for p in preds if not p.fitted]
-        fitted = len(preds) - len(held)
+        held = [p for p in preds if p.group == "held-out"]
+        fitted = sum(p.fitted for p in preds)
         if held:
             s = summarise(held)
             worst = max(held, key=lambda p: abs(p.error))
@@ -42,6 +42,16 @@ def table(result) -> list[str]:
     return lines
 
 
+def unscored(result) -> str:
+    """The sentence under the table on runs neither fitted nor held out: their publisher says a bug slowed them."""
+    flagged = [p for p in result.predictions if p.group == "regression"]
+    if not flagged:
+        return ""
+    said = "; ".join(f"{p.run.id} ({100 * p.error:+.1f}%)" for p in flagged)
+    return (f"Not scored, {len(flagged)} run{'' if len(flagged) == 1 else 's'} its publisher says a bug slowed "
+            f"(\"{flagged[0].run.known_regression}\"): {said}.")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--runs", action="store_true", help="also print every run")
@@ -49,10 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     result = calibrate()
     print("\n".join(table(result)))
+    if said := unscored(result):
+        print(f"\n{said}")
     if opts.runs:
         print()
         for p in result.predictions:
-            print(f"{p.run.id:52s} {p.cluster:17s} {'fit ' if p.fitted else 'held'} "
+            print(f"{p.run.id:52s} {p.cluster:17s} {p.group:10s} "
                   f"{p.measured_s:9.3f} s  {p.predicted_s:9.3f} s  {100 * p.error:+6.1f}%")
     for s in result.memory_summary():
         print(f"peak memory (reserved), {s['stack']}, {s['group']}: {s['rows']} runs, mean {100 * s['mean_abs_error']:.1f}%"

@@ -19,8 +19,9 @@ console = render.LiveConsole(highlight=False, soft_wrap=False)
 HELP = """Predicted against measured step time of training runs, per run and per hardware.
 
 With no FILE, the runs hyperplan ships (published runs of Megatron-LM, NeMo, Megatron-Bridge, torchtitan,
-NeMo Automodel and MindSpeed-LLM on A100, H100, H200, B200, GB200 and Ascend 910B). A run is "fit" when its
-hardware file's efficiency was fitted on it, "held-out" otherwise: only held-out runs say how right the model is.
+NeMo Automodel and MindSpeed-LLM on A100, H100, H200, B200, GB200, GB300 and Ascend 910B). A run is "fit" when
+its hardware file's efficiency was fitted on it, "held-out" otherwise: only held-out runs say how right the model is.
+A run whose publisher says a bug slowed it (its known_regression field) is "regression": neither fitted nor scored.
 
 Bring your own cluster's measurements in the same JSON format (see `planner/calibration/runs.py`) and fit a
 hardware file to them: hyperplan calibrate my_runs.json --fit run-a,run-b -o my-cluster.toml
@@ -104,7 +105,7 @@ def _print(result, output: Optional[Path], plot: Optional[Path]) -> None:
     rows = []
     for p in result.predictions:
         measured, predicted = p.tokens_per_s_per_device
-        rows.append((p.run.id, p.cluster, "fit" if p.fitted else "held-out", render.seconds(p.measured_s),
+        rows.append((p.run.id, p.cluster, p.group, render.seconds(p.measured_s),
                      render.seconds(p.predicted_s), f"{100 * p.error:+.1f}%"))
     console.print(render.table("runs: step time measured and predicted",
                                ("run", "hardware", "group", "measured", "predicted", "error"), rows,

@@ -16,7 +16,7 @@ import pytest
 
 from cost_models import load_cluster
 from planner.api import calibrate
-from planner.calibration import read_runs
+from planner.calibration import alternate_split, read_runs
 from planner.calibration.predict import Predictor, summarise
 from planner.calibration.published import ERRORS
 from planner.calibration.reserve_fit import fit_reserves, tensor_gib
@@ -41,9 +41,9 @@ BOUNDS = {
     # 16K one fitted raised the BF16 plateau 0.580 -> 0.605); 8.0 % over 9 rows (8.6 % over 7 before)
     ("dgx-h100", "moe_training"): (0.09, 0.17),
     ("gb300-nvl72", "dense_training"): (0.05, 0.15),  # the target (4.5 %, max 10.0 %)
-    # above the target: GPT-OSS's six rows -21 % to -51 % (the worst under cuDNN's grouped-GEMM regression the
-    # table's footnote names) as on GB200; Qwen3-235B's six 0.1-1.9 % (README: GB300 NVL72)
-    ("gb300-nvl72", "moe_training"): (0.17, 0.53),
+    # above the target: GPT-OSS's five scored rows -21 % to -27 % as on GB200 (the sixth, -51 %, is the regression
+    # its table's footnote names, not scored); Qwen3-235B's six 0.1-1.9 % (README: GB300 NVL72)
+    ("gb300-nvl72", "moe_training"): (0.12, 0.27),
 }
 
 
@@ -61,7 +61,7 @@ def test_the_readme_table_is_todays(result):
     """The README's calibration table (per hardware and category: runs, fitted, held-out mean and max, worst run)
     is what `benchmarks/bench_calibration.py` prints from today's model and presets: a refit or a new run that is
     not carried into the README fails here."""
-    from benchmarks.bench_calibration import table
+    from benchmarks.bench_calibration import table, unscored
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     head = table(result)[0]
@@ -69,6 +69,7 @@ def test_the_readme_table_is_todays(result):
     start = readme.index(head)
     shown = readme[start:readme.index("\n\n", start)].splitlines()
     assert shown == table(result)
+    assert unscored(result) in readme, "the README does not name the runs left unscored"
 
 
 def test_every_published_run_is_predicted_to_fit(result):
@@ -79,7 +80,8 @@ def test_every_published_run_is_predicted_to_fit(result):
 
 @pytest.mark.parametrize("hardware, category", sorted(BOUNDS))
 def test_held_out_runs_are_within_their_bounds(result, hardware, category):
-    held = [p for p in result.predictions if p.cluster == hardware and p.run.category == category and not p.fitted]
+    held = [p for p in result.predictions
+            if p.cluster == hardware and p.run.category == category and p.group == "held-out"]
     assert len(held) >= 2
     s = summarise(held)
     mean_bound, max_bound = BOUNDS[(hardware, category)]
@@ -92,7 +94,7 @@ def test_each_preset_states_the_held_out_errors_it_has(result, hardware):
     """What every estimate on a preset repeats (`Cluster.checked`) is what its held-out runs give today: a change of
     the cost model without a refit (benchmarks/fit_presets.py writes them) fails here."""
     cluster = load_cluster(hardware)
-    held = [p for p in result.predictions if p.cluster == hardware and not p.fitted]
+    held = [p for p in result.predictions if p.cluster == hardware and p.group == "held-out"]
     for category in sorted({p.run.category for p in held} | {h.category for h in cluster.held_out}):
         mine = [p for p in held if p.run.category == category]
         stated = cluster.checked(category)
@@ -103,14 +105,16 @@ def test_each_preset_states_the_held_out_errors_it_has(result, hardware):
 
 def test_the_errors_estimates_cite_are_the_runs_errors_today(result):
     """An estimate of a zoo model on a preset cites that model's runs there (planner/calibration/published.py):
-    what it cites is what the runs give now (benchmarks/published_errors.py writes them after a refit)."""
+    what it cites is what the runs give now (benchmarks/published_errors.py writes them after a refit), but for a run
+    its publisher says a bug slowed."""
     cited = {r["id"]: r for r in json.loads(ERRORS.read_text(encoding="utf-8"))["runs"]}
-    assert set(cited) == {p.run.id for p in result.predictions}
-    for p in result.predictions:
+    scored = [p for p in result.predictions if p.group != "regression"]
+    assert set(cited) == {p.run.id for p in scored} and len(scored) < len(result.predictions)
+    for p in scored:
         r = cited[p.run.id]
         assert (r["model"], r["hardware"], r["devices"], r["as_shipped"]) == (p.run.model, p.cluster, p.run.devices,
                                                                               not p.run.overrides)
-        assert r["group"] == ("fit" if p.fitted else "held-out") and r["error"] == pytest.approx(p.error, abs=1e-4)
+        assert r["group"] == p.group and r["error"] == pytest.approx(p.error, abs=1e-4)
 
 
 def test_the_a100_runs_stay_within_5_percent(result):
@@ -128,7 +132,7 @@ def test_held_out_memory_agrees_with_the_reserved_peaks_published(result):
     assert len(with_memory) >= 12
     for p in with_memory:
         assert tensor_gib(p) <= p.run.memory_gib, p.run.id
-    held = [p for p in with_memory if not p.fitted]
+    held = [p for p in with_memory if p.group == "held-out"]
     errors = [abs(p.memory_error) for p in held]
     assert len(held) >= 6
     assert sum(errors) / len(errors) <= 0.07 and max(errors) <= 0.20
@@ -162,6 +166,7 @@ _ROW = {"id": "a", "hardware": "dgx-a100", "devices": 8, "model": "gpt", "overri
     ({"stack": "nemo-9000"}, "unknown stack 'nemo-9000'"),
     ({"execution": {"overlap_tp_comm": 3}}, "execution.overlap_tp_comm: expected true or false"),
     ({"colour": "red"}, "unknown field 'colour'"),
+    ({"known_regression": True}, "known_regression must be the publisher's sentence"),
     ({"measured": {"step_s": 0.05, "memory_gib": 60}}, "unknown field 'memory_gib'.*the row's own memory_gib field"),
 ])
 def test_bad_rows_are_refused_with_one_sentence(tmp_path, change, words):
@@ -178,6 +183,18 @@ def test_a_users_runs_are_predicted_on_their_hardware(tmp_path):
     got = calibrate([_write(tmp_path, [_ROW])])
     (p,) = got.predictions
     assert p.cluster == "dgx-a100" and p.micro_batch == 2 and p.predicted_s > 0 and not p.fitted
+
+
+def test_a_run_its_publisher_says_a_bug_slowed_is_neither_fitted_nor_held_out(tmp_path):
+    """Four runs, the first and third alike but for the flag: the flagged one keeps its place in the order (so the
+    rule still fits on the even positions it would have) but is never fitted on, and the summary reports it apart."""
+    rows = [_ROW | {"id": f"r{i}", "global_batch": 16 * (i + 1)} for i in range(4)]
+    rows[0] |= {"known_regression": "a known issue, fixed in the next release"}
+    runs = load_runs(_write(tmp_path, rows))
+    assert [r.id for r in alternate_split(runs)["dgx-a100"]] == ["r2"]
+    got = calibrate([_write(tmp_path, rows)])
+    assert [p.group for p in got.predictions] == ["regression", "held-out", "held-out", "held-out"]
+    assert {s["group"]: s["rows"] for s in got.summary()} == {"held-out": 3, "regression": 1}
 
 
 def test_the_largest_fitting_micro_batch_is_chosen_once(tmp_path):

@@ -47,7 +47,8 @@ def published_row(run: Run) -> str:
 def alternate_split(runs: Sequence[Run]) -> dict[str, list[Run]]:
     """Per hardware, the runs to fit: every other published row in file order (all variants of a row go
     together), never more than half of that hardware's runs (a hardware with one published row: the first half
-    of its runs). A rule that does not look at the errors."""
+    of its runs). A row its publisher says a bug slowed (`Run.known_regression`) keeps its place in the order but
+    is never fitted on. A rule that does not look at the errors."""
     by_hw: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         by_hw[r.hardware].append(r)
@@ -58,9 +59,10 @@ def alternate_split(runs: Sequence[Run]) -> dict[str, list[Run]]:
             groups.setdefault(published_row(r), []).append(r)
         fit: list[Run] = []
         if len(groups) == 1:  # one published row measured several ways: fit on the first half of its runs
-            fit = rows[:len(rows) // 2]
+            fit = [r for r in rows[:len(rows) // 2] if not r.known_regression]
         for k, members in enumerate(groups.values() if len(groups) > 1 else ()):
-            if k % 2 == 0 and len(fit) + len(members) <= len(rows) / 2:
+            clean = not any(r.known_regression for r in members)
+            if k % 2 == 0 and clean and len(fit) + len(members) <= len(rows) / 2:
                 fit += members
         out[hw] = fit
     return out

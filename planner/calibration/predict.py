@@ -2,7 +2,8 @@
 
 A run is fitted when its hardware file lists it under `fitted_on`: the
 efficiency parameters were chosen to match it. Every other row is held
-out, and only held-out rows measure how right the model is.
+out, and only held-out rows measure how right the model is; a row its
+publisher says a bug slowed (`Run.known_regression`) is neither.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ class Prediction:
     measured_s: float
     predicted_s: float
     estimate: Estimate
+
+    @property
+    def group(self) -> str:
+        """"fit", "held-out", or "regression" (a measurement its publisher says a bug slowed: neither)."""
+        return "regression" if self.run.known_regression else ("fit" if self.fitted else "held-out")
 
     @property
     def error(self) -> float:

@@ -23,13 +23,14 @@ CITED = 3
 
 
 def errors_table(predictions: Iterable[Any]) -> dict[str, Any]:
-    """What `ERRORS` holds for `predictions` (`planner.calibration.predict.Prediction`s), in their order."""
+    """What `ERRORS` holds for `predictions` (`planner.calibration.predict.Prediction`s), in their order, but for a
+    run its publisher says a bug slowed (cited by no estimate)."""
     return {"about": "step-time error (predicted / measured - 1) of each shipped run, as `hyperplan calibrate` "
                      "computes it; written by benchmarks/published_errors.py, read by estimates of the same model "
                      "on the same hardware (planner/calibration/published.py)",
             "runs": [{"id": p.run.id, "model": p.run.model, "as_shipped": not p.run.overrides, "hardware": p.cluster,
-                      "devices": p.run.devices, "group": "fit" if p.fitted else "held-out",
-                      "error": round(p.error, 4)} for p in predictions]}
+                      "devices": p.run.devices, "group": p.group,
+                      "error": round(p.error, 4)} for p in predictions if p.group != "regression"]}
 
 
 @lru_cache(maxsize=None)

@@ -30,7 +30,7 @@ class CalibrationResult:
         """Mean and max |error| per hardware, group (fit, held-out) and category."""
         groups: dict[tuple[str, str, str], list[Prediction]] = defaultdict(list)
         for p in self.predictions:
-            groups[(p.cluster, "fit" if p.fitted else "held-out", p.run.category)].append(p)
+            groups[(p.cluster, p.group, p.run.category)].append(p)
         out = []
         for (hw, group, category), preds in sorted(groups.items()):
             s = summarise(preds)
@@ -45,7 +45,7 @@ class CalibrationResult:
         groups: dict[tuple[str, str], list[Prediction]] = defaultdict(list)
         for p in self.predictions:
             if p.run.memory_gib is not None:
-                groups[(p.run.execution.name, "fit" if p.fitted else "held-out")].append(p)
+                groups[(p.run.execution.name, p.group)].append(p)
         out = []
         for (stack, group), preds in sorted(groups.items()):
             errors = [abs(p.memory_error) for p in preds]
@@ -64,7 +64,7 @@ class CalibrationResult:
             measured, predicted = p.tokens_per_s_per_device
             runs.append({
                 "id": p.run.id, "hardware": p.cluster, "devices": p.run.devices, "model": p.run.model,
-                "category": p.run.category, "group": "fit" if p.fitted else "held-out", "source": p.run.source,
+                "category": p.run.category, "group": p.group, "source": p.run.source,
                 "micro_batch": p.micro_batch, "measured_step_s": p.measured_s, "predicted_step_s": p.predicted_s,
                 "error": p.error, "measured_tokens_per_s_per_device": measured,
                 "predicted_tokens_per_s_per_device": predicted, "fits": p.estimate.fits,

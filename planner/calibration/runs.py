@@ -13,13 +13,20 @@ A runs file is JSON: ``{"about": "...", "runs": [ROW, ...]}``, each ROW::
      "strategy": {"tp": 4, "pp": 4, "cp": 2, "vpp": 5, "micro_batch": 1, "sp": true, "zero": 1},
      "measured": {"step_s": 10.75} | {"tokens_per_s_per_device": 1524},
      "memory_gib": 71.9,                    # measured peak per device (optional)
-     "category": "dense_training", "notes": ["what was assumed, and why"]}
+     "category": "dense_training", "notes": ["what was assumed, and why"],
+     "known_regression": "the publisher's sentence"}  # optional, see below
 
 `strategy` takes the keys of `planner.strategy.Strategy` (dp defaults to
 what the devices leave); `micro_batch` may be "largest fitting" (the
 largest of 8, 4, 2, 1 that divides the batch and fits, for sources that do
 not say). Every field is checked; a bad row is refused with one sentence
 naming it.
+
+`known_regression` marks a measurement its publisher says a bug slowed
+(Megatron-Bridge's 26.06.01 GPT-OSS rows: "Performance regression ... is a
+known issue ... resolved with the next container release"): such a run
+keeps its place in the file but is neither fitted on nor counted among the
+held-out runs; `hyperplan calibrate` reports it apart, as "regression".
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from planner.strategy import RECOMPUTE_POLICIES, Strategy
 STRATEGY_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "recompute", "full_recompute_layers",
                  "sp", "zero", "schedule", "stage_layers", "offload", "flushes")
 ROW_KEYS = ("id", "source", "hardware", "devices", "model", "overrides", "seq_len", "global_batch", "dtype", "stack",
-            "execution", "strategy", "measured", "memory_gib", "category", "notes")
+            "execution", "strategy", "measured", "memory_gib", "category", "notes", "known_regression")
 LARGEST_FITTING = "largest fitting"
 MICRO_BATCHES = (8, 4, 2, 1)
 
@@ -61,6 +68,7 @@ class Run:
     memory_gib: float | None = None
     category: str = "training"
     notes: tuple[str, ...] = ()
+    known_regression: str = ""  # the publisher's sentence that a bug slowed this measurement (see the docstring)
     origin: str = ""  # the file it was read from
     order: int = 0  # its place in that file
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
@@ -154,11 +162,14 @@ def parse_run(row: Any, *, where: str, origin: str = "", order: int = 0) -> Run:
     notes = row.get("notes", [])
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise InvalidInput(f"{where}: notes must be a list of strings")
+    regression = row.get("known_regression", "")
+    if not isinstance(regression, str):
+        raise InvalidInput(f"{where}: known_regression must be the publisher's sentence (a string)")
     return Run(id=rid, source=str(row.get("source", "")), hardware=_text(row, "hardware", where), devices=devices,
                model=_text(row, "model", where), overrides=dict(overrides), seq_len=seq, global_batch=batch,
                dtype=str(row.get("dtype", "bf16")), execution=execution, strategy=dict(strategy),
                measured_step_s=step, memory_gib=memory, category=str(row.get("category", "training")),
-               notes=tuple(notes), origin=origin, order=order, raw=row)
+               notes=tuple(notes), known_regression=regression, origin=origin, order=order, raw=row)
 
 
 def _text(row: Mapping, key: str, where: str) -> str:
