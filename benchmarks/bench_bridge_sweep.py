@@ -19,10 +19,11 @@ sets it, read here and nowhere else:
 - DeepSeek-V3: the recipes' precision-aware optimizer (8 bytes of state) and node-limited routing (4 of 8 groups);
 - not costed where a preset sets them (26.06 on): the CuTe DSL fused grouped MLP (the activation inside the expert
   GEMMs) and FP8 attention; the estimate runs them unfused and in BF16;
-- ASSUMPTION: routing forced balanced and dropless (the summaries' footnote), the layers split evenly over the
-  pipeline chunks (where the chunks are two more than the layers, the recipe's embedding and loss a chunk each:
-  account_for_embedding_in_pipeline_split), no multi-token prediction, and what a preset does not set is the
-  stack's default.
+- the pipeline split: Llama 3.1 405B's and Qwen3-235B's recipes count the embedding and the loss as a layer each
+  (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split), so their first and last chunks
+  hold a layer fewer; the other models' layers split evenly;
+- ASSUMPTION: routing forced balanced and dropless (the summaries' footnote), no multi-token prediction, and what a
+  preset does not set is the stack's default.
 
 None of these rows is fitted, except the few the calibration set ships (marked: their presets' fits saw them).
 A row whose layout matches no preset of its release's tag (run with command-line overrides, or a preset added after
@@ -45,6 +46,7 @@ from planner.calibration import read_runs  # noqa: E402
 from planner.calibration.bridge_sweep import ERRORS, errors_table  # noqa: E402
 from planner.calibration.predict import predict_all, summarise  # noqa: E402
 from planner.calibration.runs import parse_run  # noqa: E402
+from planner.costing.pipeline_cut import accounted_split  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "bridge_sweep.json"
 MOE = {"deepseek-v3", "gpt-oss-120b", "qwen3-30b-a3b", "qwen3-235b-a22b"}
@@ -52,6 +54,11 @@ LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "llama3-405b": 126}
 #: A footnote in which the publisher says a bug slowed the row (26.06.01's GPT-OSS rows: "Performance regression in
 #: GPT-OSS 120B pre-training is a known issue ... resolved with the next container release"): neither fitted nor scored
 REGRESSION = re.compile(r"\bperformance regression\b", re.IGNORECASE)
+#: Models whose Megatron-Bridge recipe counts the embedding and the loss as a layer each when it splits the pipeline
+#: (account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split, in every tag v0.2.0-v0.5.1:
+#: llama31_405b_pretrain_config in src/megatron/bridge/recipes/llama/llama3.py, qwen3_235b_a22b_pretrain_config in
+#: recipes/qwen/qwen3_moe.py; the 8B and 70B recipes set neither), with their layer counts
+ACCOUNTED = {"llama3-405b": 126, "qwen3-235b-a22b": 94}
 GRAPH_SCOPES = {"attn", "mlp", "moe", "moe_router", "moe_preprocess"}
 
 
@@ -71,8 +78,8 @@ def run_of(row: dict, index: int) -> dict | None:
         if field and field > 1 or (key == "etp" and field == 1 and p.get("expert_model_parallel_size", 1) > 1):
             strategy[key] = field
     chunks = pp * (p.get("virtual_pipeline_model_parallel_size") or 1)
-    if row["model"] in LAYERS and chunks == LAYERS[row["model"]] + 2:  # the embedding and the loss a chunk each
-        strategy["stage_layers"] = [0] + [1] * LAYERS[row["model"]] + [0]
+    if row["model"] in ACCOUNTED and (split := accounted_split(ACCOUNTED[row["model"]], chunks)):
+        strategy["stage_layers"] = list(split)
     modules = p.get("recompute_modules")
     strategy["recompute"] = "selective" if modules else "none"
     if p.get("cpu_offloading_num_layers") and row["model"] in LAYERS:

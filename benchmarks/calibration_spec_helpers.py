@@ -5,6 +5,8 @@ Megatron-Bridge, torchtitan, MindSpeed-LLM), each filling in what that source's 
 
 from __future__ import annotations
 
+from planner.costing.pipeline_cut import accounted_split
+
 MC = "megatron-core"
 MC24 = "megatron-core-2024"
 NEMO_FP8 = "FP8: Transformer Engine delayed scaling, NeMo 24.07's default recipe"
@@ -38,23 +40,24 @@ DSV3_OPT_NOTE = ("precision-aware optimizer: fp32 master weights, bf16 Adam mome
 DSV3_AS_SHIPPED = ("ASSUMPTION: costed without the run's multi-token-prediction layer and with the layers split "
                    "evenly over the pipeline chunks; as run (overrides mtp_layers 1, the recipe's pipeline layout as "
                    "stage_layers) the estimate is faster still (README: calibration, DeepSeek-V3 as run)")
-#: Megatron-Bridge's Llama-3.1-405B and Qwen3-235B recipes split the pipeline counting the embedding and the loss
-#: as a layer each (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split:
-#: recipes/llama/llama3.py llama31_405b_pretrain_config since v0.2.0, recipes/qwen/h100/qwen3_moe.py
-#: qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config; the perf recipes build on them). The rows are costed with the
-#: even split (README: balanced pipeline splits as run)
-BALANCED_SPLIT_NOTE = ("ASSUMPTION: costed with the layers split evenly over the pipeline chunks (the output layer on a "
-                       "full chunk); the recipe counts the embedding and the loss as a layer each (Megatron-Bridge: "
-                       "account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split), one layer fewer in "
-                       "the first and the last chunk: as run the estimate is faster (README: calibration, balanced "
-                       "pipeline splits as run)")
-#: The ModelZoo's Qwen3-235B config counts the embedding and the loss as a layer each when it splits the pipeline
-#: (model_configs/benchmarking/Qwen3-235B-A22B.yaml, since it was added in b06a6d8, 2025-05-26)
-MZ_SPLIT_NOTE = ("ASSUMPTION: costed with the layers split evenly over the pipeline chunks; the ModelZoo's "
-                 "model_configs/benchmarking/Qwen3-235B-A22B.yaml (since b06a6d8, 2025-05-26, the day before the "
-                 "table) passes --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split, "
-                 "one layer fewer in the first and the last chunk (README: calibration, balanced pipeline splits as "
-                 "run)")
+#: Models whose recipes split the pipeline counting the embedding and the loss as a layer each, with their layers:
+#: Megatron-Bridge's (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split in
+#: recipes/llama/llama3.py llama31_405b_pretrain_config and recipes/qwen/qwen3_moe.py qwen3_235b_a22b_pretrain_config,
+#: every tag v0.2.0-v0.5.1; the perf recipes build on them) and the ModelZoo's Qwen3-235B
+#: (model_configs/benchmarking/Qwen3-235B-A22B.yaml passes both flags, since it was added in b06a6d8, 2025-05-26)
+ACCOUNTED_LAYERS = {"llama3-405b": 126, "qwen3-235b-a22b": 94}
+ACCOUNTED_NOTE = ("the recipe's pipeline split (stage_layers): the embedding and the loss count as a layer each "
+                  "(account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split), one layer fewer in "
+                  "the first and the last chunk")
+
+
+def as_run_split(strategy: dict, model: str) -> dict:
+    """`strategy` with the accounted split of `model`'s layers over its pp x vpp chunks (`ACCOUNTED_LAYERS`)."""
+    split = accounted_split(ACCOUNTED_LAYERS[model], strategy.get("pp", 1) * strategy.get("vpp", 1))
+    assert split, f"{model}: {ACCOUNTED_LAYERS[model]} layers + 2 do not divide over the chunks of {strategy}"
+    return strategy | {"stage_layers": list(split)}
+
+
 DSV3_GROUPS = ("DeepSeek-V3's node-limited routing: experts in 8 groups, each token in at most 4 "
                "(its config's n_group and topk_group; Megatron's router applies them to forced-balance logits)")
 #: NeMo 24.07's launcher configs train with Apex's distributed_fused_adam, which NeMo sets to keep the 16 bits an
@@ -108,14 +111,14 @@ def mz_long_context(seq: int, tflops: int) -> tuple[str, dict]:
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": seq,
         "global_batch": 256, "stack": MC, "execution": MZ_H100 | {"moe_dispatcher": "deepep",
                                                                   "recompute_modules": ["layernorm", "moe"]},
-        "strategy": {"tp": 4, "cp": cp, "pp": 8, "vpp": 4, "dp": 8 // cp, "ep": 8, "etp": 1, "micro_batch": 1,
-                     "sp": True, "zero": 1, "recompute": "selective"},
+        "strategy": as_run_split({"tp": 4, "cp": cp, "pp": 8, "vpp": 4, "dp": 8 // cp, "ep": 8, "etp": 1,
+                                  "micro_batch": 1, "sp": True, "zero": 1, "recompute": "selective"}, "qwen3-235b-a22b"),
         "variants": ({"derived": "step_s_forced_balance", "what": "forced balance"},),
         "notes": [MOE_BAL, f"step time derived by the row from {tflops} TFLOP/s with Megatron's causal FLOP formula",
                   "selective recompute of layernorm and the MoE block, as the command line sets",
                   "expert tensor parallelism 1, as the ModelZoo's model_configs/benchmarking/Qwen3-235B-A22B.yaml "
                   "sets (--expert-tensor-parallel-size 1; Megatron's default would be the tensor degree, 4)",
-                  MZ_H100_NOTE, MZ_SPLIT_NOTE]})
+                  MZ_H100_NOTE, ACCOUNTED_NOTE]})
 
 
 def a100(rid, h, layers, heads, gpus, batch, tp, pp, dp, recompute, vpp=1, mb=None, sp=False, notes=()):
@@ -176,6 +179,8 @@ def bridge(rid, model, hw, gpus, seq, batch, strategy, dtype="fp8", execution=No
            corrects=None):
     strategy = {"micro_batch": 1, "zero": 1, "recompute": "none"} | strategy
     strategy.setdefault("sp", strategy.get("tp", 1) > 1)
+    if model in ACCOUNTED_LAYERS and strategy.get("pp", 1) > 1:
+        strategy, notes = as_run_split(strategy, model), [*notes, ACCOUNTED_NOTE]
     ex = (CS if dtype == "fp8" else {}) | (execution or {})
     base = [CS_NOTE] if dtype == "fp8" and "fp8_recipe" not in (execution or {}) else []
     base += [DIST_OPT + " (Megatron-Bridge recipes)"] if strategy["zero"] == 1 else []

@@ -14,10 +14,10 @@ goes after its hardware's last.
 from __future__ import annotations
 
 from benchmarks.calibration_spec_helpers import (
-    ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, BALANCED_SPLIT_NOTE, DIST_OPT, DSV3_AS_SHIPPED,
+    ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT, DSV3_AS_SHIPPED,
     DSV3_GROUPS, DSV3_HYBRIDEP, DSV3_OPT, DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, GPT3_20B, GT, HYBRIDEP_NOTE,
     HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MOE_BAL, MOE_BAL_ASSUMED, MX, MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE,
-    MZ_SPLIT_NOTE, TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE,
+    ACCOUNTED_NOTE, TT, TT_COMPILED_LOSS, as_run_split, TT_COMPILED_LOSS_NOTE,
     TT_EAGER, TT_EAGER_LOSS, TT_EAGER_LOSS_NOTE, TT_NOTE, a100, ascend,
     asynctp_variants, bridge, mz_long_context, nemo, table, titan, ws,
 )
@@ -63,7 +63,7 @@ SPECS |= table([
 SPECS |= table([
     # -- DGX H100, Megatron-Bridge (NeMo 25.09-26.06) -------------------------------------------------
     bridge("mb2606-llama31-405b-1024xh100-fp8", "llama3-405b", "dgx-h100", 1024, 8192, 1536,
-           {"tp": 8, "pp": 8, "cp": 2, "vpp": 8, "dp": 8}, notes=[BALANCED_SPLIT_NOTE]),
+           {"tp": 8, "pp": 8, "cp": 2, "vpp": 8, "dp": 8}),
     bridge("mb2604-llama3-70b-64xh100-fp8", "llama3-70b", "dgx-h100", 64, 8192, 256,
            {"tp": 4, "pp": 8, "vpp": 5, "dp": 2},
            notes=["2 layers per virtual stage: v0.4.0's recipe sets no pipeline layout (recipes/llama/llama3.py)"]),
@@ -82,8 +82,7 @@ SPECS |= table([
            {"tp": 2, "pp": 8, "vpp": 4, "dp": 16, "ep": 32, "etp": 1},
            execution={"overlap_ep_comm": True, "overlap_tp_comm": False},
            notes=[MOE_BAL, "expert all-to-all overlapped and TP communication not (overlap_moe_expert_parallel_comm "
-                  "True, tp_comm_overlap False in the recipe: perf_recipes/qwen/h100/qwen3_moe.py)",
-                  BALANCED_SPLIT_NOTE]),
+                  "True, tp_comm_overlap False in the recipe: perf_recipes/qwen/h100/qwen3_moe.py)"]),
     bridge("mb2604-gpt-oss-120b-64xh100-bf16", "gpt-oss-120b", "dgx-h100", 64, 4096, 1280,
            {"pp": 4, "dp": 16, "ep": 8, "etp": 1, "recompute": "selective"}, dtype="bf16",
            execution={"recompute_modules": ["layernorm", "moe_act"]},
@@ -108,13 +107,13 @@ SPECS |= table([
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
         "global_batch": 2048, "stack": MC, "execution": MZ_H100 | {"moe_dispatcher": "deepep", "overlap_ep_comm": True,
                                                                    "recompute_modules": ["moe_act", "layernorm"]},
-        "strategy": {"tp": 2, "pp": 8, "vpp": 4, "dp": 16, "ep": 32, "etp": 1, "micro_batch": 1, "sp": True,
-                     "zero": 1, "recompute": "selective"},
+        "strategy": as_run_split({"tp": 2, "pp": 8, "vpp": 4, "dp": 16, "ep": 32, "etp": 1, "micro_batch": 1,
+                                  "sp": True, "zero": 1, "recompute": "selective"}, "qwen3-235b-a22b"),
         "variants": ({"what": "1F1B all-to-all overlap"},
                      {"suffix": "-no-a2a-overlap", "step_s": 19.7, "what": "without the 1F1B all-to-all overlap",
                       "execution": {"overlap_ep_comm": False}}),
         "notes": [MOE_BAL, "selective recompute of norms and the MoE activation, as the run script sets", DIST_OPT,
-                  MZ_H100_NOTE, MZ_SPLIT_NOTE]}),
+                  MZ_H100_NOTE, ACCOUNTED_NOTE]}),
     ("mz-qwen3-235b-256xh100-bf16-ep8-fsdp", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
         "global_batch": 2048, "stack": MC, "execution": {"overlap_tp_comm": False, "moe_dispatcher": "deepep"},
@@ -149,10 +148,10 @@ SPECS |= table([
     ("mz-qwen3-235b-256xh100-bf16-tp4-ep8-pp8", {
         "file": "h100", "hardware": "dgx-h100", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
         "global_batch": 2048, "stack": MC, "execution": MZ_H100 | {"moe_dispatcher": "deepep"},
-        "strategy": {"tp": 4, "pp": 8, "vpp": 4, "dp": 8, "ep": 8, "etp": 1, "micro_batch": 1, "sp": True,
-                     "zero": 1, "recompute": "none"},
+        "strategy": as_run_split({"tp": 4, "pp": 8, "vpp": 4, "dp": 8, "ep": 8, "etp": 1, "micro_batch": 1,
+                                  "sp": True, "zero": 1, "recompute": "none"}, "qwen3-235b-a22b"),
         "notes": [MOE_BAL_ASSUMED, "no recompute (the row's recompute column is empty)", DIST_OPT, MZ_H100_NOTE,
-                  MZ_SPLIT_NOTE]}),
+                  ACCOUNTED_NOTE]}),
     mz_long_context(131072, 389),
     # -- DGX H100, NeMo Automodel (PyTorch FSDP2 + Transformer Engine) ------------------------------------
     ("automodel-llama3-70b-64xh100-bf16-fsdp-cp2", {
@@ -269,8 +268,7 @@ SPECS |= table([
                                "configs/deepseek/deepseek_workload_base_configs.py B200_V1/V2, deepseek_llm_pretrain.py)",
                                DSV3_AS_SHIPPED]),
     bridge("mb2511-llama31-405b-128xb200-fp8cs", "llama3-405b", "dgx-b200", 128, 8192, 64,
-           {"tp": 4, "pp": 8, "cp": 2, "vpp": 8, "dp": 2}, file="b200",
-           notes=[BALANCED_SPLIT_NOTE]),
+           {"tp": 4, "pp": 8, "cp": 2, "vpp": 8, "dp": 2}, file="b200",),
     bridge("mb2511-llama3-8b-8xb200-fp8cs", "llama3-8b", "dgx-b200", 8, 8192, 128,
            {"dp": 8, "micro_batch": 2}, file="b200"),
     bridge("mb2604-gpt-oss-120b-64xb200-bf16", "gpt-oss-120b", "dgx-b200", 64, 4096, 1280,
@@ -283,8 +281,7 @@ SPECS |= table([
                   "config moe_flex_dispatcher_backend='hybridep' (all-to-all only from 14b537eac, 2026-05-05)"]),
     # -- GB200 NVL72, Megatron-Bridge and the MoE ModelZoo -----------------------------------------------------
     bridge("mb2606-llama31-405b-256xgb200-fp8", "llama3-405b", "gb200-nvl72", 256, 8192, 1536,
-           {"tp": 4, "pp": 16, "vpp": 4, "dp": 4}, file="gb200",
-           notes=[BALANCED_SPLIT_NOTE]),
+           {"tp": 4, "pp": 16, "vpp": 4, "dp": 4}, file="gb200",),
     bridge("mb2604-llama3-70b-64xgb200-fp8-fsdp", "llama3-70b", "gb200-nvl72", 64, 8192, 256,
            {"dp": 64, "micro_batch": 2, "zero": 3, "offload": {"activations": 0.5}}, file="gb200",
            notes=["Megatron-FSDP as ZeRO-3", "the recipe's CPU activation offload of 40 of 80 layers as half of "
@@ -307,18 +304,19 @@ SPECS |= table([
                                 DSV3_OPT_NOTE, DSV3_AS_SHIPPED]),
     bridge("mb2606-qwen3-235b-a22b-256xgb200-mxfp8", "qwen3-235b-a22b", "gb200-nvl72", 256, 4096, 8192,
            {"pp": 8, "vpp": 3, "dp": 32, "ep": 32}, execution=MX | HYBRIDEP_OVERLAP, file="gb200",
-           notes=[MOE_BAL, HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)", BALANCED_SPLIT_NOTE]),
+           notes=[MOE_BAL, HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
     bridge("mb2606-qwen3-30b-a3b-8xgb200-mxfp8", "qwen3-30b-a3b", "gb200-nvl72", 8, 4096, 512,
            {"dp": 8, "ep": 8, "micro_batch": 4}, execution=MX | HYBRIDEP_OVERLAP, file="gb200",
            notes=[MOE_BAL, HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
     ("mz-qwen3-235b-256xgb200-bf16-pp8-ep8", {
         "file": "gb200", "hardware": "gb200-nvl72", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
         "global_batch": 8192, "stack": MC, "execution": MZ_GRADS | {"moe_dispatcher": "deepep"},
-        "strategy": {"pp": 8, "dp": 32, "ep": 8, "micro_batch": 1, "zero": 1, "recompute": "none"},
+        "strategy": as_run_split({"pp": 8, "dp": 32, "ep": 8, "micro_batch": 1, "zero": 1, "recompute": "none"},
+                                 "qwen3-235b-a22b"),
         "variants": ({"step_s": 25.83},),
         "notes": [MOE_BAL, "HybridEP dispatch (DISPATCHER=hybridep in the command) without all-to-all overlap",
                   "step time derived by the row from 750 TFLOP/s with the FLOPs per token of the H100 rows",
-                  MZ_GRADS_NOTE, MZ_SPLIT_NOTE]}),
+                  MZ_GRADS_NOTE, ACCOUNTED_NOTE]}),
     bridge("mb2604-gpt-oss-120b-64xgb200-bf16", "gpt-oss-120b", "gb200-nvl72", 64, 4096, 1280,
            {"dp": 64, "ep": 64, "etp": 1, "micro_batch": 4, "recompute": "selective"}, dtype="bf16", file="gb200",
            execution={"recompute_modules": ["layernorm", "moe_act"], "moe_dispatcher": "deepep",

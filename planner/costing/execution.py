@@ -141,7 +141,7 @@ class Execution:
     # routing, Megatron's forced balancing), k consecutive experts (NeMo Automodel's FakeBalancedGate), or
     # by a learned router that is only pulled towards balance (an auxiliary loss or bias): expert loads spread
     # and the busiest expert-parallel rank sets the pace (`cost_models.expert_load`)
-    moe_expert_load_cv: float = 1.58  # with "learned": per-expert load coefficient of variation; fitted on the
+    moe_expert_load_cv: float = 1.46  # with "learned": per-expert load coefficient of variation; fitted on the
     # Megatron MoE ModelZoo's forced-balance against dropless Qwen3-235B runs on 256 H100s, 16k and 64k tokens
     # (benchmarks/fit_expert_load.py); another model, router or training stage is an assumption
     moe_capacity_factor: float = 0.0  # tokens beyond this multiple of an expert's mean load dropped (0: dropless)
