@@ -196,7 +196,8 @@ def main() -> None:
         print()
         for p, was in sorted(items, key=lambda t: (t[0].run.hardware, t[0].run.category, t[0].run.id)):
             print(f"{p.run.id:52} mb {p.micro_batch}  measured {p.measured_s:7.2f} s  predicted "
-                  f"{p.predicted_s:7.2f} s  {100 * p.error:+6.1f}%{'  (shipped)' if was else ''}{'  (not scored)' if p.run.known_regression else ''}"
+                  f"{p.predicted_s:7.2f} s  {100 * p.error:+6.1f}%{'  (shipped)' if was else ''}"
+                  f"{'  (not scored)' if p.run.known_regression else ''}"
                   + "".join(f"\n    {n}" for n in p.run.notes))
     for s in skipped:
         print("not estimable:", s)

@@ -54,7 +54,8 @@ ACCOUNTED_NOTE = ("the recipe's pipeline split (stage_layers): the embedding and
 def as_run_split(strategy: dict, model: str) -> dict:
     """`strategy` with the accounted split of `model`'s layers over its pp x vpp chunks (`ACCOUNTED_LAYERS`)."""
     split = accounted_split(ACCOUNTED_LAYERS[model], strategy.get("pp", 1) * strategy.get("vpp", 1))
-    assert split, f"{model}: {ACCOUNTED_LAYERS[model]} layers + 2 do not divide over the chunks of {strategy}"
+    if split is None:
+        raise ValueError(f"{model}: {ACCOUNTED_LAYERS[model]} layers + 2 do not divide over the chunks of {strategy}")
     return strategy | {"stage_layers": list(split)}
 
 
@@ -112,7 +113,8 @@ def mz_long_context(seq: int, tflops: int) -> tuple[str, dict]:
         "global_batch": 256, "stack": MC, "execution": MZ_H100 | {"moe_dispatcher": "deepep",
                                                                   "recompute_modules": ["layernorm", "moe"]},
         "strategy": as_run_split({"tp": 4, "cp": cp, "pp": 8, "vpp": 4, "dp": 8 // cp, "ep": 8, "etp": 1,
-                                  "micro_batch": 1, "sp": True, "zero": 1, "recompute": "selective"}, "qwen3-235b-a22b"),
+                                  "micro_batch": 1, "sp": True, "zero": 1, "recompute": "selective"},
+                                 "qwen3-235b-a22b"),
         "variants": ({"derived": "step_s_forced_balance", "what": "forced balance"},),
         "notes": [MOE_BAL, f"step time derived by the row from {tflops} TFLOP/s with Megatron's causal FLOP formula",
                   "selective recompute of layernorm and the MoE block, as the command line sets",

@@ -14,11 +14,11 @@ goes after its hardware's last.
 from __future__ import annotations
 
 from benchmarks.calibration_spec_helpers import (
-    ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT, DSV3_AS_SHIPPED,
+    ACCOUNTED_NOTE, ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT, DSV3_AS_SHIPPED,
     DSV3_GROUPS, DSV3_HYBRIDEP, DSV3_OPT, DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, GPT3_20B, GT, HYBRIDEP_NOTE,
     HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MOE_BAL, MOE_BAL_ASSUMED, MX, MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE,
-    ACCOUNTED_NOTE, TT, TT_COMPILED_LOSS, as_run_split, TT_COMPILED_LOSS_NOTE,
-    TT_EAGER, TT_EAGER_LOSS, TT_EAGER_LOSS_NOTE, TT_NOTE, a100, ascend,
+    TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE, TT_EAGER, TT_EAGER_LOSS, TT_EAGER_LOSS_NOTE, TT_NOTE, a100,
+    as_run_split, ascend,
     asynctp_variants, bridge, mz_long_context, nemo, table, titan, ws,
 )
 
@@ -268,7 +268,7 @@ SPECS |= table([
                                "configs/deepseek/deepseek_workload_base_configs.py B200_V1/V2, deepseek_llm_pretrain.py)",
                                DSV3_AS_SHIPPED]),
     bridge("mb2511-llama31-405b-128xb200-fp8cs", "llama3-405b", "dgx-b200", 128, 8192, 64,
-           {"tp": 4, "pp": 8, "cp": 2, "vpp": 8, "dp": 2}, file="b200",),
+           {"tp": 4, "pp": 8, "cp": 2, "vpp": 8, "dp": 2}, file="b200"),
     bridge("mb2511-llama3-8b-8xb200-fp8cs", "llama3-8b", "dgx-b200", 8, 8192, 128,
            {"dp": 8, "micro_batch": 2}, file="b200"),
     bridge("mb2604-gpt-oss-120b-64xb200-bf16", "gpt-oss-120b", "dgx-b200", 64, 4096, 1280,
@@ -281,7 +281,7 @@ SPECS |= table([
                   "config moe_flex_dispatcher_backend='hybridep' (all-to-all only from 14b537eac, 2026-05-05)"]),
     # -- GB200 NVL72, Megatron-Bridge and the MoE ModelZoo -----------------------------------------------------
     bridge("mb2606-llama31-405b-256xgb200-fp8", "llama3-405b", "gb200-nvl72", 256, 8192, 1536,
-           {"tp": 4, "pp": 16, "vpp": 4, "dp": 4}, file="gb200",),
+           {"tp": 4, "pp": 16, "vpp": 4, "dp": 4}, file="gb200"),
     bridge("mb2604-llama3-70b-64xgb200-fp8-fsdp", "llama3-70b", "gb200-nvl72", 64, 8192, 256,
            {"dp": 64, "micro_batch": 2, "zero": 3, "offload": {"activations": 0.5}}, file="gb200",
            notes=["Megatron-FSDP as ZeRO-3", "the recipe's CPU activation offload of 40 of 80 layers as half of "
