@@ -82,6 +82,10 @@ class Execution:
     expert_gemm_streams: int = 0  # routed experts' GEMMs: one grouped kernel (0), or one GEMM per local expert
     # issued round-robin over this many streams (Transformer Engine's GroupedLinear on cuBLAS: 4), so each
     # round of that many GEMMs pays the per-kernel overhead once
+    expert_bias_bytes: float = 0.0  # HBM bytes per element of adding a routed expert's output bias beside the
+    # grouped GEMM, forward (and `expert_bias_grad_bytes` backward), where the stack does not fuse it into the GEMM;
+    # 0: the bias add is costed as any elementwise op of the graph (`NodeTimes`, `GraphFacts.expert_out_bias`)
+    expert_bias_grad_bytes: float = 0.0
     tp_layout_copies: bool = False  # sequence-parallel collectives gather and scatter a dimension after the batch
     # ([batch, seq, hidden], torch DTensor's Shard(1)), so NCCL's dim-0 buffers are copied once more in HBM: each
     # reduce-scatter's input, and each all-gather's output when a micro-batch holds several sequences
@@ -232,14 +236,15 @@ _BOOLS = ("fuse_elementwise", "fused_launches", "fuse_sibling_gemms", "tp_layout
           "main_grad_accumulation")
 _NUMBERS = ("fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes",
             "optimizer_bytes", "runtime_reserve_gib", "kernel_efficiency", "tp_overlap_share",
-            "moe_expert_load_cv", "moe_capacity_factor")
+            "moe_expert_load_cv", "moe_capacity_factor", "expert_bias_bytes", "expert_bias_grad_bytes")
 _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS,
             "loss_kernel": LOSS_KERNELS}
 
 
 _SECTIONS = {
     "kernels": ("attention", "attention_kernel", "fuse_elementwise", "fused_launches", "fuse_sibling_gemms",
-                "tp_layout_copies", "kernel_efficiency", "expert_gemm_streams", "loss_kernel", "cuda_graphs"),
+                "tp_layout_copies", "kernel_efficiency", "expert_gemm_streams", "expert_bias_bytes",
+                "expert_bias_grad_bytes", "loss_kernel", "cuda_graphs"),
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "fp8_saves_inputs",
                   "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather"),
@@ -284,7 +289,8 @@ def _value(t: Table, key: str) -> Any:
         return value
     if key in _NUMBERS:
         return t.number(key, allow_zero=key in ("fp8_transpose_bytes", "fp8_weight_bytes", "runtime_reserve_gib",
-                                                "grad_bytes", "moe_expert_load_cv", "moe_capacity_factor"))
+                                                "grad_bytes", "moe_expert_load_cv", "moe_capacity_factor",
+                                                "expert_bias_bytes", "expert_bias_grad_bytes"))
     if key in _CHOICES:
         return t.choice(key, _CHOICES[key])
     if key in ("moe_group_limit", "expert_gemm_streams"):

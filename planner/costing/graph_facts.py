@@ -137,6 +137,18 @@ class GraphFacts:
         self.routed_experts = np.zeros(len(graph.nodes), dtype=np.int64)
         for b, nodes in self.routed.items():
             self.routed_experts[sorted(nodes)] = self.moe[b].experts
+        #: per node on routed tokens, whether it adds the experts' output bias: the last add in the layer of a
+        #: weight of its experts holding a token's width per expert (E x hidden; gpt-oss's down_proj_bias; an up
+        #: projection as wide comes before it)
+        self.expert_out_bias = np.zeros(len(graph.nodes), dtype=bool)
+        for b, nodes in self.routed.items():
+            f = self.moe[b]
+            widths = {p for p in f.params if graph.tensors[p].numel == f.experts * f.hidden
+                      and (graph.tensors[p].shape or (0,))[-1] == f.hidden}
+            adds = [i for i in nodes if graph.nodes[i].op_type == "Add" and any(
+                self.index.weight_of.get(x, frozenset()) & widths for x in graph.nodes[i].inputs if x)]
+            if adds:
+                self.expert_out_bias[max(adds)] = True
         self.weight_matmul = np.array([is_weight_matmul(graph, self.index, i) for i in range(len(graph.nodes))],
                                       dtype=bool)
         self.router_params = router_params = frozenset(p for f in self.moe.values() for p in f.router_params)

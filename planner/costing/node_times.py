@@ -137,8 +137,11 @@ class NodeTimes:
     def _launches(self, i: int) -> float:
         """Kernels the host issues for node i per pass: none for a sibling GEMM after its group's first (one GEMM
         for all), for a memory-bound op that runs inside its readers' fused kernel (`GraphFacts.absorbed`), or for
-        an op the stack replays from a CUDA graph (`GraphFacts.captured`)."""
-        if (self.absorbed is not None and self.absorbed[i]) or (self.captured is not None and self.captured[i]):
+        an op the stack replays from a CUDA graph (`GraphFacts.captured`). The experts' output bias, where the
+        stack adds it in a loop of its own (`Execution.expert_bias_bytes`), is no fused chain's."""
+        if self.captured is not None and self.captured[i]:
+            return 0.0
+        if self.absorbed is not None and self.absorbed[i] and not self._bias_loop(i):
             return 0.0
         return 1.0 if self._group(i)[0] == i else 0.0
 
@@ -166,6 +169,8 @@ class NodeTimes:
         if facts.weight_view[i] or work.host[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]) \
                 or (self.flash and facts.mask_built[i]):
             return 0.0
+        if self._bias_loop(i):
+            return self._expert_bias(i, share, backward)
         group = self._group(i)
         flops = work.flops[i] * share
         # a routed expert reads only its rank's experts: 1/(ep x etp) of the layer's expert weights
@@ -197,6 +202,21 @@ class NodeTimes:
             t += loss_time_s(self.cluster, self.execution.loss_kernel, facts.loss_numel[i] * share, backward,
                              self.dtype)
         return t * facts.routed_load(i, self.execution, self.ep)  # the busiest expert-parallel rank sets the pace
+
+    def _bias_loop(self, i: int) -> bool:
+        return bool(self.facts.expert_out_bias[i]) and self.execution.expert_bias_bytes > 0
+
+    def _expert_bias(self, i: int, share: float, backward: bool) -> float:
+        """The experts' output bias added beside their GEMM (`Execution.expert_bias_bytes`): Megatron-Core's
+        TEGroupedMLP._apply_bias (megatron/core/transformer/moe/experts.py at core_v0.16.1) takes each local
+        expert's rows and adds its bias times the token's routing probability through fp32, then concatenates and
+        casts back: the stack's bytes per element of the routed rows, on the busiest rank. ASSUMPTION: the loop's
+        launches (two an expert forward) queue behind the GEMMs before it, so only the op's own issue is charged."""
+        graph = self.facts.graph
+        elements = sum(graph.tensors[o].numel for o in graph.nodes[i].outputs if o in graph.tensors) * share
+        per = self.execution.expert_bias_grad_bytes if backward else self.execution.expert_bias_bytes
+        t = op_time_s(self.cluster, 0.0, per * elements, "elementwise", self.dtype)
+        return t * self.facts.routed_load(i, self.execution, self.ep)
 
     def _wgrad_bytes(self, act: float, weights: float) -> float:
         """HBM bytes of a weight-gradient GEMM whose forward read `act` activation and `weights` weight bytes (at
