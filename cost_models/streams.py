@@ -31,10 +31,13 @@ class Task:
     after: tuple[int, ...] = ()
 
 
-def run_streams(tasks: Sequence[Task], efficiency: float = 1.0) -> list[float]:
-    """End time of each task, issued in the order given (each stream runs its own tasks in that order)."""
-    if not 0.0 <= efficiency <= 1.0:
-        raise ValueError(f"overlap efficiency must lie in [0, 1], got {efficiency}")
+def run_streams(tasks: Sequence[Task], efficiency: float = 1.0, compute_pace: float = 1.0) -> list[float]:
+    """End time of each task, issued in the order given (each stream runs its own tasks in that order); beside
+    each other a transfer advances at `efficiency` of its pace and a compute task at `compute_pace` of its own
+    (the share of the compute units the transfer's kernels leave it)."""
+    if not 0.0 <= efficiency <= 1.0 or not 0.0 < compute_pace <= 1.0:
+        raise ValueError(f"overlap efficiency must lie in [0, 1] and compute pace in (0, 1], got {efficiency} and "
+                         f"{compute_pace}")
     for i, t in enumerate(tasks):
         if t.seconds < 0 or t.stream not in (COMPUTE, COMM) or any(not 0 <= j < i for j in t.after):
             raise ValueError(f"task {i}: needs seconds >= 0, a known stream and waits on earlier tasks only")
@@ -50,17 +53,18 @@ def run_streams(tasks: Sequence[Task], efficiency: float = 1.0) -> list[float]:
         if comp is None and comm is None:
             raise ValueError("the tasks wait on each other in a cycle")
         rate = efficiency if comp is not None else 1.0  # the transfer's pace beside compute, or alone
+        pace = compute_pace if comm is not None else 1.0  # the compute's pace beside a transfer, or alone
         if comm is not None and left[comm] <= 0.0:  # an empty transfer ends at once, whatever its pace
             step = 0.0
         elif comm is None:
             step = left[comp]
-        elif comp is None or rate > 0 and left[comm] / rate < left[comp]:
+        elif comp is None or rate > 0 and left[comm] / rate < left[comp] / pace:
             step = left[comm] / rate
         else:  # the compute ends first (or efficiency 0: the transfer waits for it)
-            step = left[comp]
+            step = left[comp] / pace
         now += step
         if comp is not None:
-            left[comp] -= step
+            left[comp] -= step * pace
             if left[comp] <= 1e-15 * max(1.0, tasks[comp].seconds):
                 end[comp], left[comp] = now, 0.0
                 head[COMPUTE] += 1

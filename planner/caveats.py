@@ -157,10 +157,13 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
         out += attention_assumptions(hw, ex.attention_kernel, fallback=workload.mode == "train")
         out += head_dim_assumptions(hw, head_dims)
     if workload.mode == "train" and ex.overlap_ep_comm:
+        sms = (f"the exchange's kernels as holding {100 * ex.ep_comm_sm_share:.0f} % of the SMs beside it (DeepEP's "
+               "20 of an H100's 132; HybridEP's and NCCL's share taken as the same)" if ex.ep_comm_sm_share > 0 else
+               "the dispatcher's SMs as free (DeepEP holds 20 of an H100's 132, which NVIDIA's Megatron-Core MoE "
+               "report puts at about 20 % of GEMM efficiency on DeepSeek-V3)")
         out.append("the 1F1B all-to-all overlap pairs two micro-batches' MoE layers as Megatron-Core's schedule does, "
                    "taking them as alike, each backward as half data and half weight gradient, the host's waits as "
-                   "none and the dispatcher's SMs as free (DeepEP holds 20 of an H100's 132, which NVIDIA's "
-                   "Megatron-Core MoE report puts at about 20 % of GEMM efficiency on DeepSeek-V3)" + _witness())
+                   f"none and {sms}" + _witness())
     if workload.dtype == "fp8" and ex.fp8_recipe in SCALED_BLOCKS:
         out.append(f"{ex.fp8_recipe} GEMMs are costed as per-tensor FP8 ones, at the fp8 plateau, their casts at the "
                    f"stack's {ex.fp8_cast_bytes:g} bytes an element: Megatron-Bridge's Llama 3.1 405B on 256 GB200s runs "

@@ -30,20 +30,20 @@ pytestmark = pytest.mark.calibration
 #: 5% and 15%; where a hardware is above it the README says so and why).
 BOUNDS = {
     ("dgx-a100", "dense_training"): (0.05, 0.05),
-    ("dgx-h100", "dense_training"): (0.05, 0.11),  # the target (4.4 %, max 9.2 %)
+    ("dgx-h100", "dense_training"): (0.05, 0.11),  # the target (4.4 %, max 9.5 %)
     ("ascend-910b", "dense_training"): (0.05, 0.15),  # the target
     ("h100-grand-teton", "dense_training"): (0.05, 0.15),  # the target (the 8B FP8 async-TP row at -13.3 %)
-    # above the target since GPT-OSS ships (-31.1 % with the experts' output bias, README); its other held-out rows
-    # -3.6 % to +3.0 %, the target, since the runs' CUDA graphs are costed and MLA's backward at cuDNN's measured rate
-    ("gb200-nvl72", "moe_training"): (0.10, 0.32),
+    # above the target since GPT-OSS ships (-30.5 % with the experts' output bias, README); its other held-out rows
+    # -3.8 % to +5.4 %, the target, since the runs' CUDA graphs are costed and MLA's backward at cuDNN's measured rate
+    ("gb200-nvl72", "moe_training"): (0.11, 0.32),
     # above the target: guards against regressions, not the target (README: calibration)
-    # Qwen3-235B and DeepSeek-V3 with the 1F1B all-to-all overlap, -17.4 % and -14.6 % since the pipeline splits
-    # run as their recipes set them and the experts' output bias raised the fitted overlap (README); 8.3 % over 9 rows
-    ("dgx-h100", "moe_training"): (0.09, 0.18),
+    # Qwen3-235B and the ModelZoo's PP32 row, -14.8 % and -13.7 %, since the pipeline splits run as their recipes set
+    # them and the experts' output bias raised the fitted plateaus (README); 7.6 % over 9 rows
+    ("dgx-h100", "moe_training"): (0.08, 0.15),
     ("gb300-nvl72", "dense_training"): (0.05, 0.15),  # the target (3.4 %, max 7.2 %)
-    # above the target: GPT-OSS's five scored rows -16.5 % to -6.3 % (the sixth is the regression its table's
-    # footnote names, not scored); Qwen3-235B's six -2.3 % to -0.8 % (README: GB300 NVL72)
-    ("gb300-nvl72", "moe_training"): (0.08, 0.17),
+    # above the target: GPT-OSS's five scored rows -16.9 % to -5.3 % (the sixth is the regression its table's
+    # footnote names, not scored); Qwen3-235B's six -2.5 % to +1.6 % (README: GB300 NVL72)
+    ("gb300-nvl72", "moe_training"): (0.08, 0.18),
 }
 
 

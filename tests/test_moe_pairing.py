@@ -29,6 +29,17 @@ def test_a_transfer_beside_compute_hides_as_the_overlap_law_says():
     assert run_streams([Task(COMPUTE, 5.0), Task(COMM, 0.0)], 0.0) == pytest.approx([5.0, 0.0])
 
 
+def test_a_transfer_holding_sms_slows_the_compute_beside_it_and_runs_at_its_own_pace():
+    """10 s of compute beside a 4 s transfer whose kernels hold a fifth of the SMs: the transfer ends at 4 s, by
+    when the compute has done 3.2 s of its work; the other 6.8 s run alone, so it ends at 10.8 s."""
+    assert run_streams([Task(COMPUTE, 10.0), Task(COMM, 4.0)], 1.0, 0.8) == pytest.approx([10.8, 4.0])
+    # the pairing with a share: the same small exchanges, each layer's compute 6 s, now slowed while they run
+    layer = MoELayerTimes(**LAYER, exchange_fwd=2.0, exchange_bwd=2.0)
+    assert paired_s(layer, 1, 1, 0.5, sm_share=0.2) > paired_s(layer, 1, 1, 1.0) == pytest.approx(6.0)
+    with pytest.raises(ValueError):
+        run_streams([Task(COMPUTE, 1.0)], 1.0, 0.0)
+
+
 def test_streams_refuse_what_cannot_run():
     with pytest.raises(ValueError):
         run_streams([Task(COMPUTE, 1.0, (1,)), Task(COMM, 1.0)])  # waits on a later task
@@ -143,7 +154,8 @@ def _step(parts, **strategy):
     from planner.strategy import Strategy
 
     cluster = replace(load_cluster("dgx-h100", devices=8), dp_overlap_efficiency=1.0)
-    execution = replace(load_execution("megatron-core"), overlap_ep_comm=True)
+    # the exchange at the overlap efficiency (1 here), its SMs free: the hand timelines above
+    execution = replace(load_execution("megatron-core"), overlap_ep_comm=True, ep_comm_sm_share=0.0)
     cost = StageCost(0, ("layer",), parts, 0.0, 0.0, 0.0, 0.0, {}, 0.0, 1.0)
     return stage_step(cost, cluster, SimpleNamespace(execution=execution), Strategy(**strategy), 2.0)
 

@@ -102,6 +102,8 @@ class Execution:
     overlap_cp_comm: bool = True  # ring attention's K/V exchange during the attention kernel
     overlap_ep_comm: bool = False  # expert all-to-all beside another micro-batch's layer (Megatron-Core's 1F1B
     # all-to-all overlap with delayed wgrad: `moe_pairing`)
+    ep_comm_sm_share: float = 0.0  # in that pairing, the share of the SMs the exchange's kernels hold: beside them
+    # the compute runs at the rest and the exchange at full rate; 0: the exchange at the fitted overlap efficiency
     overlap_pp_comm: bool = False  # pipeline sends and receives during compute
     overlap_pp_comm_1f1b: bool = True  # ... in the non-interleaved schedule too (Megatron-Core overlaps them
     # only between virtual stages: schedules.py refuses overlap_p2p_comm without interleaving)
@@ -145,7 +147,7 @@ class Execution:
     # routing, Megatron's forced balancing), k consecutive experts (NeMo Automodel's FakeBalancedGate), or
     # by a learned router that is only pulled towards balance (an auxiliary loss or bias): expert loads spread
     # and the busiest expert-parallel rank sets the pace (`cost_models.expert_load`)
-    moe_expert_load_cv: float = 1.46  # with "learned": per-expert load coefficient of variation; fitted on the
+    moe_expert_load_cv: float = 1.47  # with "learned": per-expert load coefficient of variation; fitted on the
     # Megatron MoE ModelZoo's forced-balance against dropless Qwen3-235B runs on 256 H100s, 16k and 64k tokens
     # (benchmarks/fit_expert_load.py); another model, router or training stage is an assumption
     moe_capacity_factor: float = 0.0  # tokens beyond this multiple of an expert's mean load dropped (0: dropless)
@@ -236,7 +238,8 @@ _BOOLS = ("fuse_elementwise", "fused_launches", "fuse_sibling_gemms", "tp_layout
           "main_grad_accumulation")
 _NUMBERS = ("fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes",
             "optimizer_bytes", "runtime_reserve_gib", "kernel_efficiency", "tp_overlap_share",
-            "moe_expert_load_cv", "moe_capacity_factor", "expert_bias_bytes", "expert_bias_grad_bytes")
+            "moe_expert_load_cv", "moe_capacity_factor", "expert_bias_bytes", "expert_bias_grad_bytes",
+            "ep_comm_sm_share")
 _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS,
             "loss_kernel": LOSS_KERNELS}
 
@@ -245,7 +248,8 @@ _SECTIONS = {
     "kernels": ("attention", "attention_kernel", "fuse_elementwise", "fused_launches", "fuse_sibling_gemms",
                 "tp_layout_copies", "kernel_efficiency", "expert_gemm_streams", "expert_bias_bytes",
                 "expert_bias_grad_bytes", "loss_kernel", "cuda_graphs"),
-    "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",),
+    "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",
+                                                                                  "ep_comm_sm_share"),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "fp8_saves_inputs",
                   "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather"),
     "states": ("param_bytes", "grad_bytes", "optimizer_bytes", "main_grad_accumulation"),
@@ -281,6 +285,11 @@ def _value(t: Table, key: str) -> Any:
     """One checked field of a stack file's section."""
     if key in _BOOLS:
         return t.boolean(key)
+    if key == "ep_comm_sm_share":
+        value = t.number(key, allow_zero=True)
+        if value >= 1.0:
+            raise t.error(key, f"expected a share of the SMs below 1, got {value:g}")
+        return value
     if key in ("kernel_efficiency", "tp_overlap_share"):
         value = t.number(key)
         most = 1.5 if key == "kernel_efficiency" else 1.0
@@ -290,7 +299,8 @@ def _value(t: Table, key: str) -> Any:
     if key in _NUMBERS:
         return t.number(key, allow_zero=key in ("fp8_transpose_bytes", "fp8_weight_bytes", "runtime_reserve_gib",
                                                 "grad_bytes", "moe_expert_load_cv", "moe_capacity_factor",
-                                                "expert_bias_bytes", "expert_bias_grad_bytes"))
+                                                "expert_bias_bytes", "expert_bias_grad_bytes",
+            "ep_comm_sm_share"))
     if key in _CHOICES:
         return t.choice(key, _CHOICES[key])
     if key in ("moe_group_limit", "expert_gemm_streams"):

@@ -105,29 +105,37 @@ def delays_wgrad(strategy) -> bool:
     return not (strategy.zero >= 2 and strategy.dp * strategy.cp > 1)
 
 
-def paired_s(layer: MoELayerTimes, layers: float, chunks: int, efficiency: float, delayed: bool = True) -> float:
+def paired_s(layer: MoELayerTimes, layers: float, chunks: int, efficiency: float, delayed: bool = True,
+             sm_share: float = 0.0) -> float:
     """Seconds of `layers` MoE layers of a stage (in `chunks` virtual chunks) running one micro-batch's forward
-    beside another's backward (see the module docstring), with the weight gradients `delayed` or not."""
+    beside another's backward (see the module docstring), with the weight gradients `delayed` or not. With
+    `sm_share` (`Execution.ep_comm_sm_share`) the exchange's kernels hold that share of the SMs: beside them the
+    compute runs at the rest of its pace and the exchange at its own, in place of the fitted `efficiency`."""
     if layers <= 0:
         return 0.0
+    if sm_share > 0.0:
+        efficiency, pace = 1.0, 1.0 - sm_share
+    else:
+        pace = 1.0
     per_chunk = layers / max(1, chunks)
     if per_chunk < 1.0:  # chunks hold a layer or none: each pair stands alone
-        return layers * _layer_ends(layer, 1, efficiency, delayed)[0]
+        return layers * _layer_ends(layer, 1, efficiency, delayed, pace)[0]
     n = min(_SIMULATED, int(per_chunk))
-    ends = _layer_ends(layer, n, efficiency, delayed)
+    ends = _layer_ends(layer, n, efficiency, delayed, pace)
     total = ends[-1]
     if per_chunk > n:  # the last simulated layer's increment, repeated
         total += (per_chunk - n) * (ends[-1] - (ends[-2] if n > 1 else 0.0))
     return chunks * total
 
 
-def _chain_s(layer: MoELayerTimes, n: int, efficiency: float, delayed: bool = True) -> float:
+def _chain_s(layer: MoELayerTimes, n: int, efficiency: float, delayed: bool = True, pace: float = 1.0) -> float:
     """End of `n` paired layers of one chunk on the two streams."""
-    return _layer_ends(layer, n, efficiency, delayed)[-1] if n > 0 else 0.0
+    return _layer_ends(layer, n, efficiency, delayed, pace)[-1] if n > 0 else 0.0
 
 
 @lru_cache(maxsize=4096)
-def _layer_ends(layer: MoELayerTimes, n: int, efficiency: float, delayed: bool) -> tuple[float, ...]:
+def _layer_ends(layer: MoELayerTimes, n: int, efficiency: float, delayed: bool,
+                pace: float = 1.0) -> tuple[float, ...]:
     """When each of `n` paired layers of one chunk has ended on both streams."""
     tasks: list[Task] = []
 
@@ -153,7 +161,7 @@ def _layer_ends(layer: MoELayerTimes, n: int, efficiency: float, delayed: bool) 
         bwd_out = add(COMPUTE, layer.pre_bwd * (1 - late), dispatch_b)
         add(COMPUTE, layer.pre_bwd * late)  # its wgrad, delayed behind the dgrad
         spans.append((first, len(tasks)))
-    ends = run_streams(tasks, efficiency)
+    ends = run_streams(tasks, efficiency, pace)
     out, reached = [], 0.0
     for first, stop in spans:
         reached = max(reached, *ends[first:stop])
