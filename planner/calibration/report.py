@@ -69,7 +69,8 @@ class CalibrationResult:
                 "error": p.error, "measured_tokens_per_s_per_device": measured,
                 "predicted_tokens_per_s_per_device": predicted, "fits": p.estimate.fits,
                 "measured_memory_gib": p.run.memory_gib, "predicted_memory_gib": p.predicted_memory_gib,
-                "breakdown_s": dict(sorted(p.estimate.breakdown_s.items())), "notes": list(p.run.notes)})
+                "breakdown_s": dict(sorted(p.estimate.breakdown_s.items())), "notes": list(p.run.notes),
+                "known_regression": p.run.known_regression or None})
         out = {"runs": runs, "summary": self.summary(), "memory_summary": self.memory_summary(), "skipped": self.skipped,
                "hardware": dict(sorted(self.notes.items()))}
         if self.fit is not None:
