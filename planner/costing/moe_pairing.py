@@ -21,7 +21,10 @@ behind it), its pre-dispatch for the dispatch, and the next (lower) layer's
 combine for this pre-dispatch's dgrad. So an exchange hides only behind
 the compute the schedule puts beside it, and the layers' dependencies
 leave the rest on the critical path (`cost_models.streams` runs the two
-streams). Warm-up forwards and cool-down backwards run unpaired.
+streams). The exchange's kernels hold SMs of their own (DeepEP 20 of an
+H100's 132, `Execution.ep_comm_sm_share`): beside them the compute runs at
+the rest of its pace, the exchange at its own. Warm-up forwards and
+cool-down backwards run unpaired.
 
 Megatron-Core pairs only where its config allows the overlap
 (transformer_config.py): expert parallelism, no pipeline or an interleaved
