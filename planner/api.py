@@ -17,6 +17,8 @@ from planner.caveats import accuracy, assumptions, check_costed, scale_warnings,
 from planner.costing.attention import attention_regions
 from planner.errors import InvalidInput
 from planner.graph.ir import Graph
+from planner.graph.moe import moe_blocks, token_wide_params
+from planner.graph.walk import index_graph
 from planner.model_source import build_weightless, content_file, display_name, kind_of, takes, unknown_message
 from planner.units import nbytes
 
@@ -190,6 +192,8 @@ def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, st
     """What an estimate rests on and how far off it may be; `as_shipped`: the model is a zoo name without overrides
     (its own published runs are then cited)."""
     moe = any(t.kind == "moe" for t in structure.types)
+    biased = moe and workload.execution.expert_bias_bytes > 0 and any(
+        token_wide_params(graph, f) for f in moe_blocks(graph, index_graph(graph), structure).values())
     return {
         "accuracy": accuracy(hw, workload, moe, display_name(model) if as_shipped else None),
         "uncosted": graph.uncosted(),
@@ -199,7 +203,7 @@ def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, st
         "workload": {"mode": workload.mode, "global_batch": workload.global_batch, "seq_len": workload.seq_len,
                      "dtype": workload.dtype, "stack": workload.execution.origin or workload.execution.name,
                      "allocator_reserve": workload.execution.allocator_reserve},
-        "assumptions": assumptions(hw, workload, {r.head_dim for r in attention_regions(graph)}, moe)
+        "assumptions": assumptions(hw, workload, {r.head_dim for r in attention_regions(graph)}, moe, biased)
         + ([uncosted_note(graph)] if graph.uncosted()["ops"] else []),
     }
 

@@ -139,11 +139,17 @@ def _witness() -> str:
 SCALED_BLOCKS = ("mxfp8", "blockwise")
 
 
-def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bool = False) -> list[str]:
+def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bool = False,
+                expert_bias: bool = False) -> list[str]:
     """What the figures rest on that no measurement of this hardware and stack has checked (`head_dims`: the
-    model's attention head dims; `moe`: it routes tokens to experts)."""
+    model's attention head dims; `moe`: it routes tokens to experts; `expert_bias`: its experts carry an output
+    bias the stack adds beside their GEMM)."""
     out = hardware_assumptions(hw, workload.dtype)
     ex = workload.execution
+    if workload.mode == "train" and expert_bias:
+        out.append(f"the experts' output bias is costed at the {ex.name} stack's {ex.expert_bias_bytes:g} bytes an "
+                   f"element of the routed rows forward, {ex.expert_bias_grad_bytes:g} backward (Megatron-Core adds it "
+                   "expert by expert through fp32), the loop's per-expert launches not charged")
     if workload.mode == "train" and moe and "full_iteration" not in ex.cuda_graphs:
         from planner.calibration.bridge_sweep import eager_moe
 

@@ -72,3 +72,17 @@ def test_a_stack_file_gives_the_bytes_and_refuses_negative_ones():
     assert load_execution("torchtitan").expert_bias_bytes == 0.0  # a stack that says nothing fuses it
     with pytest.raises(InvalidInput, match="expert_bias_bytes"):
         with_changes(load_execution("megatron-core"), {"expert_bias_bytes": -1}, "test")
+
+
+def test_an_estimate_of_gpt_oss_on_megatron_core_states_the_bias_assumption():
+    """A training estimate of a model whose experts carry an output bias says how it is costed and what is not
+    charged; a model without one, or a stack that fuses the bias, says nothing of it."""
+    from planner.api import estimate_model
+
+    kw = dict(cluster="dgx-h100", devices=8, global_batch=16, seq_len=SEQ, ep=4)
+    said = [n for n in estimate_model("gpt-oss-120b", overrides=SMALL, **kw)["assumptions"] if "output bias" in n]
+    assert len(said) == 1 and "28 bytes" in said[0] and "launches not charged" in said[0]
+    fused = estimate_model("gpt-oss-120b", overrides=SMALL, stack="torchtitan", **kw)["assumptions"]
+    plain = estimate_model("qwen3-30b-a3b", overrides={k: v for k, v in SMALL.items() if k != "sliding_window"},
+                           **kw)["assumptions"]
+    assert not [n for n in fused + plain if "output bias" in n]

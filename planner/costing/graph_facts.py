@@ -20,7 +20,7 @@ from planner.costing.fusion import absorbed_nodes, folded_permutes, fused_act_by
 from planner.costing.graph_capture import captured_nodes
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
-from planner.graph.moe import MoeFacts, moe_blocks, routed_region
+from planner.graph.moe import MoeFacts, moe_blocks, routed_region, token_wide_params
 from planner.graph.mtp import mtp_depths
 from planner.graph.walk import index_graph, is_weight_matmul
 from planner.costing.node_work import node_work
@@ -142,9 +142,7 @@ class GraphFacts:
         #: projection as wide comes before it)
         self.expert_out_bias = np.zeros(len(graph.nodes), dtype=bool)
         for b, nodes in self.routed.items():
-            f = self.moe[b]
-            widths = {p for p in f.params if graph.tensors[p].numel == f.experts * f.hidden
-                      and (graph.tensors[p].shape or (0,))[-1] == f.hidden}
+            widths = token_wide_params(graph, self.moe[b])
             adds = [i for i in nodes if graph.nodes[i].op_type == "Add" and any(
                 self.index.weight_of.get(x, frozenset()) & widths for x in graph.nodes[i].inputs if x)]
             if adds:

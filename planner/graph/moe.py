@@ -53,6 +53,13 @@ def expert_params(graph: Graph, structure: Structure, index: GraphIndex | None =
     return frozenset(p for f in moe_blocks(graph, index, structure).values() for p in f.params)
 
 
+def token_wide_params(graph: Graph, moe: MoeFacts) -> frozenset[str]:
+    """The experts' weights holding one token's width per expert (E x hidden): an output bias (gpt-oss's
+    down_proj_bias), or an up projection's bias as wide."""
+    return frozenset(p for p in moe.params if graph.tensors[p].numel == moe.experts * moe.hidden
+                     and (graph.tensors[p].shape or (0,))[-1] == moe.hidden)
+
+
 def moe_facts(graph: Graph, index: GraphIndex, nodes: frozenset[int]) -> MoeFacts | None:
     """The routed experts among `nodes`, or None for a dense layer. Of several TopKs over router scores the one
     over the most: group-limited routing (DeepSeek-V3's n_group, topk_group) first picks groups by a TopK over
