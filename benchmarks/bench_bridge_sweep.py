@@ -42,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_calibration import unscored as unscored_runs  # noqa: E402
 from planner.calibration import read_runs  # noqa: E402
 from planner.calibration.bridge_sweep import ERRORS, errors_table  # noqa: E402
 from planner.calibration.predict import predict_all, summarise  # noqa: E402
@@ -150,17 +151,12 @@ def sweep() -> tuple[list, int, list[str], int]:
 
 def scored(items: list) -> list:
     """The (prediction, shipped) pairs whose rows measure the stack: not one its publisher says a bug slowed."""
-    return [(p, was) for p, was in items if not p.run.known_regression]
+    return [(p, was) for p, was in items if p.group != "regression"]
 
 
 def unscored(items: list) -> str:
-    """The sentence under the table on the rows left out of it (their publisher says a bug slowed them)."""
-    flagged = [p for p, _ in items if p.run.known_regression]
-    if not flagged:
-        return ""
-    return (f"Not scored, {len(flagged)} row{'' if len(flagged) == 1 else 's'} the publisher says a bug slowed "
-            f"(\"{flagged[0].run.known_regression}\"): "
-            + "; ".join(f"{p.run.id} ({100 * p.error:+.1f}%)" for p in flagged) + ".")
+    """The sentence under the table on the rows left out of it (`bench_calibration.unscored`)."""
+    return unscored_runs((p for p, _ in items), "row")
 
 
 def table(items: list) -> list[str]:
@@ -197,7 +193,7 @@ def main() -> None:
         for p, was in sorted(items, key=lambda t: (t[0].run.hardware, t[0].run.category, t[0].run.id)):
             print(f"{p.run.id:52} mb {p.micro_batch}  measured {p.measured_s:7.2f} s  predicted "
                   f"{p.predicted_s:7.2f} s  {100 * p.error:+6.1f}%{'  (shipped)' if was else ''}"
-                  f"{'  (not scored)' if p.run.known_regression else ''}"
+                  f"{'  (not scored)' if p.group == 'regression' else ''}"
                   + "".join(f"\n    {n}" for n in p.run.notes))
     for s in skipped:
         print("not estimable:", s)

@@ -42,13 +42,14 @@ def table(result) -> list[str]:
     return lines
 
 
-def unscored(result) -> str:
-    """The sentence under the table on runs neither fitted nor held out: their publisher says a bug slowed them."""
-    flagged = [p for p in result.predictions if p.group == "regression"]
+def unscored(predictions, noun: str = "run") -> str:
+    """The sentence under a table on the `predictions` neither fitted nor held out (their publisher says a bug
+    slowed them), each a `noun`; "" without one."""
+    flagged = [p for p in predictions if p.group == "regression"]
     if not flagged:
         return ""
     said = "; ".join(f"{p.run.id} ({100 * p.error:+.1f}%)" for p in flagged)
-    return (f"Not scored, {len(flagged)} run{'' if len(flagged) == 1 else 's'} its publisher says a bug slowed "
+    return (f"Not scored, {len(flagged)} {noun}{'' if len(flagged) == 1 else 's'} its publisher says a bug slowed "
             f"(\"{flagged[0].run.known_regression}\"): {said}.")
 
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     result = calibrate()
     print("\n".join(table(result)))
-    if said := unscored(result):
+    if said := unscored(result.predictions):
         print(f"\n{said}")
     if opts.runs:
         print()

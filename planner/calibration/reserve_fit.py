@@ -62,7 +62,7 @@ def fit_reserves(predictions: Sequence[Prediction]) -> list[ReserveFit]:
                                f"predicted to hold: a reserve of {reserve:.0%} would be no allocator's slack but a "
                                "model that misses memory; check the runs' layouts and stack")
         out.append(ReserveFit(stack, reserve, tuple(p.run.id for p in fitted),
-                              tuple(p.run.id for p in preds if not p.fitted)))
+                              tuple(p.run.id for p in preds if p.group == "held-out")))
     return out
 
 

@@ -299,8 +299,7 @@ def _value(t: Table, key: str) -> Any:
     if key in _NUMBERS:
         return t.number(key, allow_zero=key in ("fp8_transpose_bytes", "fp8_weight_bytes", "runtime_reserve_gib",
                                                 "grad_bytes", "moe_expert_load_cv", "moe_capacity_factor",
-                                                "expert_bias_bytes", "expert_bias_grad_bytes",
-            "ep_comm_sm_share"))
+                                                "expert_bias_bytes", "expert_bias_grad_bytes"))
     if key in _CHOICES:
         return t.choice(key, _CHOICES[key])
     if key in ("moe_group_limit", "expert_gemm_streams"):
