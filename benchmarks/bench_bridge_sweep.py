@@ -1,4 +1,5 @@
-"""The estimate against every Megatron-Bridge pre-training row on DGX H100, B200, GB200 and GB300 (NeMo 25.11-26.06.01).
+"""The estimate against every Megatron-Bridge pre-training row on DGX H100, B200, B300, GB200 and GB300
+(NeMo 25.11-26.06.01).
 
     python benchmarks/bench_bridge_sweep.py            # per hardware and kind of job: rows, mean and max |error|
     python benchmarks/bench_bridge_sweep.py --rows     # and every row
@@ -183,7 +184,7 @@ def main() -> None:
     if args.write:
         ERRORS.write_text(json.dumps(errors_table(scored(items)), indent=1) + "\n", encoding="utf-8")
         print(f"wrote {ERRORS}")
-    print(f"Megatron-Bridge rows (NeMo 25.11-26.06.01) on DGX H100, DGX B200, GB200, GB300: {read} read, "
+    print(f"Megatron-Bridge rows (NeMo 25.11-26.06.01) on DGX H100, B200, B300, GB200, GB300: {read} read, "
           f"{unread} without a matching preset, {len(skipped)} not estimable, {len(items)} estimated\n")
     print("\n".join(table(items)))
     if said := unscored(items):

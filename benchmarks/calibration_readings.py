@@ -37,6 +37,8 @@ ABOUT = {
     "h100-96gb": "Meta Grand Teton H100 (96 GB HBM2e, 500 W): torchtitan's published benchmarks.",
     "h200": "H200 (WhiteFiber): torchtitan via Trainy.",
     "b200": "DGX B200: Megatron-Bridge performance summaries.",
+    "b300": "DGX B300: Megatron-Bridge performance summaries, every row read with the workload preset of its release "
+            "(tests/data/bridge_sweep.json, benchmarks/bench_bridge_sweep.py).",
     "gb200": "GB200 NVL72: Megatron-Bridge performance summaries and the Megatron MoE ModelZoo.",
     "gb300": "GB300 NVL72: Megatron-Bridge performance summaries, every row read with the workload preset of its "
              "release (tests/data/bridge_sweep.json, benchmarks/bench_bridge_sweep.py).",
@@ -117,7 +119,7 @@ def reading(rid: str, row: dict, spec: dict, variant: dict) -> dict:
 
 #: Shipped files read from the Megatron-Bridge sweep instead of SPECS: file name -> the hardware whose rows it takes
 #: (each row as the preset of its release sets it, `bench_bridge_sweep.run_of`, in the sweep file's order)
-SWEPT = {"gb300": "gb300-nvl72"}
+SWEPT = {"gb300": "gb300-nvl72", "b300": "dgx-b300"}
 
 
 def readings() -> dict[str, list[dict]]:

@@ -32,7 +32,7 @@ ARCHIVE = "docs/performance-summary-archive.md"
 TAGS = {"25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0.3.1", "26.04": "v0.4.0", "26.04.01": "v0.4.1",
         "26.06": "v0.5.0", "26.06.01": "v0.5.1"}
 SYSTEMS = {"DGX-H100": ("dgx-h100", "H100"), "DGX-B200": ("dgx-b200", "B200"), "DGX-GB200": ("gb200-nvl72", "GB200"),
-           "DGX-GB300": ("gb300-nvl72", "GB300")}
+           "DGX-GB300": ("gb300-nvl72", "GB300"), "DGX-B300": ("dgx-b300", "B300")}
 #: The tables' model names -> (zoo model, preset name prefix)
 MODELS = {"LLAMA3_8B": ("llama3-8b", "LLAMA3_8B"), "LLAMA3_70B": ("llama3-70b", "LLAMA3_70B"),
           "LLAMA3.1_405B": ("llama3-405b", "LLAMA31_405B"), "DeepSeekV3": ("deepseek-v3", "DEEPSEEK_V3"),
@@ -208,7 +208,7 @@ def main() -> None:
     args = ap.parse_args()
     commit = git(args.repo, "rev-parse", args.commit).strip()
     rows = sweep(args.repo, commit)
-    doc = {"about": "Megatron-Bridge pre-training rows on DGX H100, B200, GB200 and GB300 (NeMo 25.11-26.06.01) with "
+    doc = {"about": "Megatron-Bridge pre-training rows on DGX H100, B200, B300, GB200 and GB300 (NeMo 25.11-26.06.01) with "
                     "the workload preset each ran, read by benchmarks/extract_bridge_sweep.py",
            "source": {"repo": "NVIDIA-NeMo/Megatron-Bridge", "commit": commit, "archive": ARCHIVE, "tags": TAGS},
            "rows": rows}

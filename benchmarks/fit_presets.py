@@ -77,7 +77,7 @@ def transfer(source: str, values: dict[str, float]) -> None:
 #: a 16-bit run pins the bf16 plateau itself, and no tie is written: GB200's split fits DeepSeek-V3's BF16 run).
 #: The Blackwell presets' runs are Megatron-Core's, so DGX H100's fit of the same stacks one generation before,
 #: far from the A100 fit (2021's Megatron-LM).
-TIED_TO = {"dgx-b200": "dgx-h100", "gb200-nvl72": "dgx-h100", "gb300-nvl72": "dgx-h100"}
+TIED_TO = {"dgx-b200": "dgx-h100", "dgx-b300": "dgx-h100", "gb200-nvl72": "dgx-h100", "gb300-nvl72": "dgx-h100"}
 
 
 def ties_for(hardware: str, fitted: dict[str, str]) -> tuple[dict, str]:
@@ -101,11 +101,13 @@ def ties_for(hardware: str, fitted: dict[str, str]) -> tuple[dict, str]:
 #: 0.51, and held at 0.791 their mean error moves 1.7 % -> 2.0 %).
 SHARED_FROM = {"h100-grand-teton": ("dgx-h100", ("overlap",)),
                # the per-kernel host issue cost of an eager Megatron-Core step, a property of the stack on a server
-               # CPU (DGX B200's Xeon 8570, GB200's and GB300's Grace), not of the GPU: their runs are too few to fit
-               # it, and their CUDA-graph runs (Execution.cuda_graphs) issue no kernels from the host
+               # CPU (DGX B200's Xeon 8570, DGX B300's Xeon 6776P, GB200's and GB300's Grace), not of the GPU: their
+               # runs are too few to fit it, and their CUDA-graph runs (Execution.cuda_graphs) issue no kernels from
+               # the host
                "dgx-b200": ("dgx-h100", ("host_overhead_us",)),
                "gb200-nvl72": ("dgx-h100", ("host_overhead_us",)),
-               "gb300-nvl72": ("dgx-h100", ("host_overhead_us",))}
+               "gb300-nvl72": ("dgx-h100", ("host_overhead_us",)),
+               "dgx-b300": ("dgx-h100", ("host_overhead_us",))}
 
 
 def shared_values(hardware: str, fitted: dict[str, str]) -> tuple[dict[str, float], str]:

@@ -140,12 +140,13 @@ def test_mla_rate_agrees_across_gpus_and_determinism():
 
 def test_the_presets_carry_the_fitted_head_dim_law():
     """dgx-h200's D is what the fit script finds on the rows, to 2 head dims, and the other GH100 presets carry it;
-    the same for the wide-head rate (to 0.005), H200's on the GH100 presets and GB200's on the Blackwell ones."""
+    the same for the wide-head rate (to 0.005), H200's on the GH100 presets, GB200's on the Blackwell ones and GB300's
+    on the Blackwell Ultra ones."""
     fitted = (script.fit("fwd"), script.fit("bwd"))
     for name in ("dgx-h200", "dgx-h100", "h100-grand-teton"):
         assert load_cluster(name).attention_half_dims == pytest.approx(fitted, abs=2.0), name
     for gpu, names in (("H200", ("dgx-h200", "dgx-h100", "h100-grand-teton")), ("GB200", ("gb200-nvl72", "dgx-b200")),
-                       ("GB300", ("gb300-nvl72",))):
+                       ("GB300", ("gb300-nvl72", "dgx-b300"))):
         wide = (script.fit_wide(gpu, "fwd"), script.fit_wide(gpu, "bwd"))
         for name in names:
             assert load_cluster(name).attention_wide_heads == pytest.approx(wide, abs=0.005), name

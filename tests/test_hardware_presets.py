@@ -15,7 +15,7 @@ GIB = 2**30
 
 def test_the_presets_are_bundled():
     assert preset_names() == ["ascend-910b", "cloudmatrix384", "cloudmatrix384-die", "dgx-a100", "dgx-b200",
-                              "dgx-h100", "dgx-h200", "gb200-nvl72", "gb300-nvl72", "h100-grand-teton"]
+                              "dgx-b300", "dgx-h100", "dgx-h200", "gb200-nvl72", "gb300-nvl72", "h100-grand-teton"]
 
 
 @pytest.mark.parametrize("name", preset_names())

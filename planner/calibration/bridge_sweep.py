@@ -2,8 +2,9 @@
 hardware cites beside the shipped runs.
 
 `python benchmarks/bench_bridge_sweep.py --write` estimates every Megatron-Bridge pre-training row on DGX H100,
-DGX B200, GB200 and GB300 (NeMo 25.11-26.06.01) with the preset it ran (but a row its publisher says a bug slowed), and writes each row's model, hardware, release,
-micro-batch, CUDA graphs and error into `bridge_sweep_errors.json` beside this module; tests/test_bridge_sweep.py
+B200 and B300, GB200 and GB300 (NeMo 25.11-26.06.01) with the preset it ran (but a row its publisher says a bug
+slowed), and writes each row's model, hardware, release, micro-batch, CUDA graphs and error into
+`bridge_sweep_errors.json` beside this module; tests/test_bridge_sweep.py
 recomputes them. Only a few of those rows are shipped calibration runs: the rest were never fitted, so an estimate
 of Qwen3-30B-A3B on DGX B200 can say how far off every published Megatron-Bridge run of it there came out.
 """
