@@ -22,6 +22,7 @@ import argparse
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,19 +96,27 @@ def ties_for(hardware: str, fitted: dict[str, str]) -> tuple[dict, str]:
             f"matmul_plateau = {ratio:g} x fp8_matmul_plateau, {ref}'s fitted ratio (no 16-bit fit run)")
 
 
-#: Device values a preset takes from another preset's fit of the same chip instead of fitting them (an assumption
-#: its file states): Grand Teton's GPUs are H100 SXMs run with NCCL, as DGX H100's, whose 14 fit runs (gradient,
-#: parameter, TP and expert overlaps) pin the overlap efficiency; Grand Teton's 10 barely do (fitted free it came to
-#: 0.51, and held at 0.791 their mean error moves 1.7 % -> 2.0 %).
-SHARED_FROM = {"h100-grand-teton": ("dgx-h100", ("overlap",)),
-               # the per-kernel host issue cost of an eager Megatron-Core step, a property of the stack on a server
-               # CPU (DGX B200's Xeon 8570, DGX B300's Xeon 6776P, GB200's and GB300's Grace), not of the GPU: their
-               # runs are too few to fit it, and their CUDA-graph runs (Execution.cuda_graphs) issue no kernels from
-               # the host
-               "dgx-b200": ("dgx-h100", ("host_overhead_us",)),
-               "gb200-nvl72": ("dgx-h100", ("host_overhead_us",)),
-               "gb300-nvl72": ("dgx-h100", ("host_overhead_us",)),
-               "dgx-b300": ("dgx-h100", ("host_overhead_us",))}
+#: Device values a preset takes from another preset's fit of the same chip or server instead of fitting them (an
+#: assumption its file states, with the reason here): hardware -> (reference, keys, why).
+_HOST = "the same Megatron-Core issuing kernels from a server CPU, which these runs are too few to pin"
+SHARED_FROM = {
+    # Grand Teton's GPUs are H100 SXMs run with NCCL, as DGX H100's, whose 14 fit runs (gradient, parameter, TP and
+    # expert overlaps) pin the overlap efficiency; Grand Teton's 10 barely do (fitted free it came to 0.51, and held
+    # at 0.791 their mean error moves 1.7 % -> 2.0 %)
+    "h100-grand-teton": ("dgx-h100", ("overlap",), "the same H100 and NCCL, which these runs barely pin"),
+    # the per-kernel host issue cost of an eager Megatron-Core step, a property of the stack on a server CPU (DGX
+    # B200's Xeon 8570, GB200's and GB300's Grace), not of the GPU: their runs are too few to fit it, and their
+    # CUDA-graph runs (Execution.cuda_graphs) issue no kernels from the host
+    "dgx-b200": ("dgx-h100", ("host_overhead_us",), _HOST),
+    "gb200-nvl72": ("dgx-h100", ("host_overhead_us",), _HOST),
+    "gb300-nvl72": ("dgx-h100", ("host_overhead_us",), _HOST),
+    # DGX B300's runs are all MoE on eager stacks, which pin a GEMM plateau (measured against DGX B200 at the same
+    # layouts and releases they run 4-16 % faster) but not what DGX B200's dense and MoE runs fit beside it: fitted
+    # free on them its overlap went to the 1.0 bound and its kernel overhead to 4.35 us, and its plateaus below
+    # B200's (0.544 FP8), so the planner found dense layouts slower on it than on a B200
+    "dgx-b300": ("dgx-b200", ("host_overhead_us", "kernel_overhead_us", "overlap"),
+                 "the same Blackwell server (x86 hosts, NVLink 5, NCCL), which these runs, all MoE, do not pin"),
+}
 
 
 def shared_values(hardware: str, fitted: dict[str, str]) -> tuple[dict[str, float], str]:
@@ -115,14 +124,19 @@ def shared_values(hardware: str, fitted: dict[str, str]) -> tuple[dict[str, floa
     reference as this run fitted it when it did, else as installed."""
     if hardware not in SHARED_FROM:
         return {}, ""
-    ref, keys = SHARED_FROM[hardware]
+    ref, keys, why = SHARED_FROM[hardware]
     text = fitted.get(ref) or (PRESET_DIR / f"{ref}.toml").read_text(encoding="utf-8")
     c = load_text(text, source=f"{ref}.toml", default_name=ref)
     values = {k: round(preset_values(c)[k], 3) for k in keys}
-    why = {"overlap": "the same H100 and NCCL, which these runs barely pin",
-           "host_overhead_us": "the same Megatron-Core issuing kernels from a server CPU, which these runs are too "
-                               "few to pin"}
-    return values, "ASSUMPTION: " + ", ".join(f"{k} = {v:g} from {ref}'s fit, {why[k]}" for k, v in values.items())
+    unpinned = set(tomllib.loads(text).get("efficiency", {}).get("not_fitted", ())) & set(keys)
+    said = ", ".join(f"{k} = {v:g}" + (" (not fitted there)" if k in unpinned else "") for k, v in values.items())
+    return values, f"ASSUMPTION: {said} from {ref}'s fit, {why}"
+
+
+def reference_depth(hardware: str) -> int:
+    """How many fits a preset's values pass through (`TIED_TO`, `SHARED_FROM`): references are fitted first."""
+    refs = {TIED_TO.get(hardware), SHARED_FROM.get(hardware, (None,))[0]} - {None}
+    return max((1 + reference_depth(r) for r in refs), default=0)
 
 
 def start_text(hardware: str, shared: dict[str, float] | None = None) -> str:
@@ -170,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs = read_runs()
     split = alternate_split(runs)
-    refs = set(TIED_TO.values()) | {ref for ref, _ in SHARED_FROM.values()}
-    chosen = sorted(args.hardware or split, key=lambda h: (h not in refs, h))  # references first
+    chosen = sorted(args.hardware or split, key=lambda h: (reference_depth(h), h))  # references first
     fitted: dict[str, str] = {}  # hardware -> its fitted file text, this run's
     for hw in chosen:
         if hw not in preset_names():
