@@ -208,8 +208,8 @@ def main() -> None:
     args = ap.parse_args()
     commit = git(args.repo, "rev-parse", args.commit).strip()
     rows = sweep(args.repo, commit)
-    doc = {"about": "Megatron-Bridge pre-training rows on DGX H100, B200, B300, GB200 and GB300 (NeMo 25.11-26.06.01) with "
-                    "the workload preset each ran, read by benchmarks/extract_bridge_sweep.py",
+    doc = {"about": "Megatron-Bridge pre-training rows on DGX H100, B200, B300, GB200 and GB300 (NeMo 25.11-26.06.01) "
+                    "with the workload preset each ran, read by benchmarks/extract_bridge_sweep.py",
            "source": {"repo": "NVIDIA-NeMo/Megatron-Bridge", "commit": commit, "archive": ARCHIVE, "tags": TAGS},
            "rows": rows}
     args.output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

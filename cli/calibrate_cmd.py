@@ -19,7 +19,7 @@ console = render.LiveConsole(highlight=False, soft_wrap=False)
 HELP = """Predicted against measured step time of training runs, per run and per hardware.
 
 With no FILE, the runs hyperplan ships (published runs of Megatron-LM, NeMo, Megatron-Bridge, torchtitan,
-NeMo Automodel and MindSpeed-LLM on A100, H100, H200, B200, GB200, GB300 and Ascend 910B). A run is "fit" when
+NeMo Automodel and MindSpeed-LLM on A100, H100, H200, B200, B300, GB200, GB300 and Ascend 910B). A run is "fit" when
 its hardware file's efficiency was fitted on it, "held-out" otherwise: only held-out runs say how right the model is.
 A run whose publisher says a bug slowed it (its known_regression field) is "regression": neither fitted nor scored.
 
