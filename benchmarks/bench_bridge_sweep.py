@@ -160,6 +160,32 @@ def unscored(items: list) -> str:
     return unscored_runs((p for p, _ in items), "row")
 
 
+def release_spread(rows: list[dict]) -> str:
+    """How much a row moves from one release to the next with its preset unchanged (the same fields as extracted
+    and the same settings its release's code forces; a row its publisher says a bug slowed left out): what no model
+    of the preset can follow, the floor under the tables' errors. One sentence."""
+    releases = sorted({r["release"] for r in rows}, key=lambda v: tuple(int(x) for x in v.split(".")))
+    runs = defaultdict(list)
+    for r in rows:
+        if "preset_fields" in r and not any(REGRESSION.search(t) for t in r.get("footnotes", {}).values()):
+            fields = {k: v for k, v in r["preset_fields"].items() if k != "_file"}
+            key = (r["hardware"], r["model"], r["precision"], json.dumps([fields, r.get("code", {})], sort_keys=True))
+            runs[key].append(r)
+    changes = []
+    for same in runs.values():
+        same.sort(key=lambda r: releases.index(r["release"]))
+        for a, b in zip(same, same[1:]):
+            changes.append((b["tokens_per_s_per_gpu"] / a["tokens_per_s_per_gpu"] - 1.0, a, b))
+    if not changes:
+        return ""
+    sizes = sorted(abs(c) for c, _, _ in changes)
+    worst, a, b = max(changes, key=lambda t: abs(t[0]))
+    median = (sizes[(len(sizes) - 1) // 2] + sizes[len(sizes) // 2]) / 2
+    return (f"Release to release with the preset unchanged, {len(changes)} pairs of rows: tokens/s per GPU moved "
+            f"{100 * median:.1f} % (median), {100 * sum(sizes) / len(sizes):.1f} % (mean), at most "
+            f"{100 * worst:+.1f} % ({b['model']} on {b['hardware']}, {a['release']} -> {b['release']}).")
+
+
 def table(items: list) -> list[str]:
     """The README's sweep table: per hardware and kind of job, rows, shipped rows, mean and max |error|, worst."""
     groups = defaultdict(list)
@@ -189,6 +215,7 @@ def main() -> None:
     print("\n".join(table(items)))
     if said := unscored(items):
         print(f"\n{said}")
+    print(f"\n{release_spread(json.loads(DATA.read_text(encoding='utf-8'))['rows'])}")
     if args.rows:
         print()
         for p, was in sorted(items, key=lambda t: (t[0].run.hardware, t[0].run.category, t[0].run.id)):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_bridge_sweep import DATA, row_key, run_of, scored, sweep, table, unscored
+from benchmarks.bench_bridge_sweep import DATA, release_spread, row_key, run_of, scored, sweep, table, unscored
 from planner.calibration import alternate_split, read_runs
 from planner.calibration.bridge_sweep import ERRORS, errors_table, rows_of
 from planner.calibration.runs import parse_run
@@ -95,6 +95,16 @@ def test_readme_shows_the_sweep_as_it_is(swept):
     assert lines[0] in readme, "the README has no Megatron-Bridge sweep table"
     assert "\n".join(lines) in readme, "the README's sweep table is stale: run benchmarks/bench_bridge_sweep.py"
     assert unscored(swept) in readme, "the README does not say which rows the sweep leaves unscored"
+    assert release_spread(ROWS) in readme, "the README's release-to-release spread is stale"
+
+
+def test_the_release_spread_pairs_rows_whose_preset_did_not_change():
+    """The archive lists Qwen3-235B on 256 DGX B300s at 2,691 tokens/s per GPU in 26.02 (micro-batch 1, VPP4), 4,865
+    in 26.04 and 5,936 in 26.04.01 (both micro-batch 2 with QWEN3_235B_A22B_PRETRAIN_CONFIG_B300_FP8_MX_V2): the two
+    with one preset move +22.0 %, the largest such move; 26.02's row, another preset, is not paired (+80.8 %)."""
+    said = release_spread(ROWS)
+    assert "at most +22.0 % (qwen3-235b-a22b on dgx-b300, 26.04 -> 26.04.01)" in said
+    assert round(100 * (5936 / 4865 - 1), 1) == 22.0 and round(100 * (4865 / 2691 - 1), 1) == 80.8
 
 
 def test_a_row_the_publisher_says_a_bug_slowed_is_not_scored(swept):
