@@ -98,6 +98,20 @@ def test_readme_shows_the_sweep_as_it_is(swept):
     assert release_spread(ROWS) in readme, "the README's release-to-release spread is stale"
 
 
+def test_readme_shows_the_hardware_pairs_as_they_are(swept):
+    """The README's hardware-to-hardware table is what benchmarks/bench_hardware_pairs.py prints; and its pairs are
+    the archive's: GPT-OSS 120B in BF16 on 64 GPUs (EP8, micro-batch 4, 26.04) ran 13,045 tokens/s per GPU on DGX
+    B200 and 15,114 on DGX B300, a 1.159x speedup measured."""
+    from benchmarks.bench_hardware_pairs import pairs, speedups, table as pair_table
+
+    found = pairs(p for p, _ in scored(swept))
+    assert "\n".join(pair_table(found)) in README.read_text(encoding="utf-8"), "the README's hardware pairs are stale"
+    gpt = [(a, b) for a, b in found if a.run.id == "26.04-dgx-b200-gpt-oss-120b-bf16-64gpu"]
+    assert [b.run.hardware for _, b in gpt] == ["dgx-b300"]
+    assert speedups(*gpt[0])[0] == pytest.approx(15114 / 13045, rel=1e-9)
+    assert all(a.run.hardware < b.run.hardware and a.run.model == b.run.model for a, b in found)
+
+
 def test_the_release_spread_pairs_rows_whose_preset_did_not_change():
     """The archive lists Qwen3-235B on 256 DGX B300s at 2,691 tokens/s per GPU in 26.02 (micro-batch 1, VPP4), 4,865
     in 26.04 and 5,936 in 26.04.01 (both micro-batch 2 with QWEN3_235B_A22B_PRETRAIN_CONFIG_B300_FP8_MX_V2): the two
