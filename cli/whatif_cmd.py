@@ -90,6 +90,10 @@ def whatif_cmd(
 
     Adding a point to a sweep plans only that point. Points where nothing fits are listed with the reason.
 
+    Each cluster's `checked` line says how far its estimates were from its held-out published runs; over two
+    presets on which one release of Megatron-Bridge ran the same job, another says how far the estimated speedup
+    between them was from the published one.
+
     Example: hyperplan whatif llama3-70b --cluster cloudmatrix384 --devices 64..384+64 --global-batch 256 --seq-len 4096
 
     Example: hyperplan whatif deepseek-v3 --mode infer --cluster cloudmatrix384 --devices 64..384+64 --prompt-len 4096
@@ -289,10 +293,13 @@ def print_infer_sweep(doc: dict) -> None:
 
 
 def _print_checked(doc: dict) -> None:
-    """One `checked` line per cluster of a sweep that says how far off its estimates may be."""
+    """One `checked` line per cluster of a sweep that says how far off its estimates may be, and one per pair of
+    clusters that published runs compare."""
     for c in doc["clusters"]:
         if c.get("checked"):
             console.print(f"checked: {c['checked']}", markup=False)
+    for pair in doc.get("pairs", ()):
+        console.print(f"checked: {pair['checked']}", markup=False)
 
 
 def print_misses(doc: dict) -> None:

@@ -16,9 +16,11 @@ import os
 import re
 import signal
 from dataclasses import dataclass
+from itertools import combinations
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from planner.calibration.hardware_pairs import checked as hardware_checked
 from planner.errors import HyperplanError, Infeasible, InvalidInput, SolverTimeout
 from planner.model_source import display_name
 from planner.whatif_cache import read_point, write_point, identity, cache_dir, cacheable, point_key
@@ -337,8 +339,12 @@ def _summarise(model: Any, clusters: Sequence[str], points: list[dict[str, Any]]
         header.append({"name": name, "baseline_devices": ok[0]["devices"] if ok else None,
                        "price_per_device_hour": price, "checked": next((c for c in checked if c), None)})
     workload = {k: base[k] for k in ("mode", "global_batch", "seq_len", "dtype")}
+    # between two clusters, how far the estimated speedup was from the published one where a release ran one job
+    # on both (planner.calibration.hardware_pairs)
+    pairs = [{"from": a, "to": b, "checked": said} for a, b in combinations(clusters, 2)
+             if (said := hardware_checked(a, b))]
     return {"model": {"name": display_name(model), "params": params,
                       "overrides": base["overrides"]},
             "workload": workload, "time_limit_s": base["time_limit_s"], "memory_gib": base["memory_gib"],
-            "clusters": header, "points": points}
+            "clusters": header, "pairs": pairs, "points": points}
 

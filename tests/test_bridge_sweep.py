@@ -98,14 +98,19 @@ def test_readme_shows_the_sweep_as_it_is(swept):
     assert release_spread(ROWS) in readme, "the README's release-to-release spread is stale"
 
 
-def test_readme_shows_the_hardware_pairs_as_they_are(swept):
-    """The README's hardware-to-hardware table is what benchmarks/bench_hardware_pairs.py prints; and its pairs are
+def test_readme_and_what_ifs_show_the_hardware_pairs_as_they_are(swept):
+    """The README's hardware-to-hardware table, and what what-if sweeps cite, are what
+    benchmarks/bench_hardware_pairs.py computes from today's presets; and its pairs are
     the archive's: GPT-OSS 120B in BF16 on 64 GPUs (EP8, micro-batch 4, 26.04) ran 13,045 tokens/s per GPU on DGX
     B200 and 15,114 on DGX B300, a 1.159x speedup measured."""
-    from benchmarks.bench_hardware_pairs import pairs, speedups, table as pair_table
+    from benchmarks.bench_hardware_pairs import table as pair_table
+    from planner.calibration.hardware_pairs import PAIRS, pairs, pairs_table, speedups
 
     found = pairs(p for p, _ in scored(swept))
-    assert "\n".join(pair_table(found)) in README.read_text(encoding="utf-8"), "the README's hardware pairs are stale"
+    summary = pairs_table(found)
+    assert json.loads(PAIRS.read_text(encoding="utf-8")) == summary, \
+        "planner/calibration/hardware_pairs.json is stale: run benchmarks/bench_hardware_pairs.py --write"
+    assert "\n".join(pair_table(summary)) in README.read_text(encoding="utf-8"), "the README's hardware pairs are stale"
     gpt = [(a, b) for a, b in found if a.run.id == "26.04-dgx-b200-gpt-oss-120b-bf16-64gpu"]
     assert [b.run.hardware for _, b in gpt] == ["dgx-b300"]
     assert speedups(*gpt[0])[0] == pytest.approx(15114 / 13045, rel=1e-9)

@@ -27,7 +27,7 @@ _NUM = {"type": "number", "minimum": 0}
 _MAYBE = {"type": ["number", "null"]}
 SCHEMA = {
     "type": "object",
-    "required": ["model", "workload", "time_limit_s", "memory_gib", "clusters", "points"],
+    "required": ["model", "workload", "time_limit_s", "memory_gib", "clusters", "pairs", "points"],
     "additionalProperties": False,
     "properties": {
         "model": {"type": "object", "required": ["name", "params", "overrides"],
@@ -43,6 +43,9 @@ SCHEMA = {
             "additionalProperties": False,
             "properties": {"name": {"type": "string"}, "baseline_devices": {"type": ["integer", "null"]},
                            "price_per_device_hour": _MAYBE, "checked": {"type": ["string", "null"]}}}},
+        "pairs": {"type": "array", "items": {
+            "type": "object", "required": ["from", "to", "checked"], "additionalProperties": False,
+            "properties": {"from": {"type": "string"}, "to": {"type": "string"}, "checked": {"type": "string"}}}},
         "points": {"type": "array", "items": {
             "type": "object",
             "required": ["cluster", "devices", "status", "reason", "plan", *NUMBERS, "scaling_efficiency",
@@ -138,6 +141,19 @@ def test_points_in_order_with_derived_figures(sweep):
             assert p["marginal_efficiency"] == pytest.approx(gain / base, rel=1e-12)
         assert p["cost_per_mtoken"] is None  # no price given: none invented
     assert doc["model"]["params"] == 22938880
+
+
+def test_a_sweep_over_two_presets_cites_their_published_pairs(sweep, cache_root):
+    """Megatron-Bridge ran six jobs on both DGX B200 and DGX B300 (planner/calibration/hardware_pairs.json): a sweep
+    over the two says how far the estimated speedup between them came from the measured one; a sweep over one
+    cluster, or over two no release ran a job on, says nothing of the kind."""
+    doc = run_sweep(MODEL, devices=(8,), cache=cache_root / "whatif", workers=1,
+                    **{**SWEEP, "clusters": ("dgx-b200", "dgx-b300", "dgx-h200")}).doc
+    jsonschema.validate(doc, SCHEMA)
+    assert [(p["from"], p["to"]) for p in doc["pairs"]] == [("dgx-b200", "dgx-b300")]
+    said = doc["pairs"][0]["checked"]
+    assert "6 published pairs" in said and "1.11x measured" in said and "max 46.1 %" in said
+    assert sweep.doc["pairs"] == []
 
 
 def test_weak_scaling_never_lowers_throughput(cache_root):
