@@ -3,7 +3,8 @@
 
     python benchmarks/bench_bridge_sweep.py            # per hardware and kind of job: rows, mean and max |error|
     python benchmarks/bench_bridge_sweep.py --rows     # and every row
-    python benchmarks/bench_bridge_sweep.py --write    # and write planner/calibration/bridge_sweep_errors.json
+    python benchmarks/bench_bridge_sweep.py --write    # and write planner/calibration/bridge_sweep_errors.json and
+                                                       # hardware_pairs.json (benchmarks/bench_hardware_pairs.py)
 
 The rows and the workload preset each ran are tests/data/bridge_sweep.json (benchmarks/extract_bridge_sweep.py
 reads them from Megatron-Bridge's performance summaries and its release tags). Each row is costed as its preset
@@ -46,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_calibration import unscored as unscored_runs  # noqa: E402
 from planner.calibration import read_runs  # noqa: E402
 from planner.calibration.bridge_sweep import ERRORS, errors_table  # noqa: E402
+from planner.calibration.hardware_pairs import PAIRS, pairs, pairs_table  # noqa: E402
 from planner.calibration.predict import predict_all, summarise  # noqa: E402
 from planner.calibration.runs import parse_run  # noqa: E402
 from planner.costing.pipeline_cut import accounted_split  # noqa: E402
@@ -204,12 +206,15 @@ def table(items: list) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", action="store_true", help="print every row's measured and predicted step")
-    ap.add_argument("--write", action="store_true", help=f"write the rows' errors estimates cite to {ERRORS.name}")
+    ap.add_argument("--write", action="store_true", help=f"write the rows' errors estimates cite to {ERRORS.name} "
+                    f"and the speedups between presets what-if sweeps cite to {PAIRS.name}")
     args = ap.parse_args()
     items, unread, skipped, read = sweep()
-    if args.write:
+    if args.write:  # and, from the same estimates, the speedups between presets what-if sweeps cite
         ERRORS.write_text(json.dumps(errors_table(scored(items)), indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {ERRORS}")
+        PAIRS.write_text(json.dumps(pairs_table(pairs(p for p, _ in scored(items))), indent=1) + "\n",
+                         encoding="utf-8")
+        print(f"wrote {ERRORS} and {PAIRS}")
     print(f"Megatron-Bridge rows (NeMo 25.11-26.06.01) on DGX H100, B200, B300, GB200, GB300: {read} read, "
           f"{unread} without a matching preset, {len(skipped)} not estimable, {len(items)} estimated\n")
     print("\n".join(table(items)))

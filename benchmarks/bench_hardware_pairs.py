@@ -2,7 +2,8 @@
 
     python benchmarks/bench_hardware_pairs.py          # per pair of hardware: pairs, measured and estimated speedup
     python benchmarks/bench_hardware_pairs.py --rows   # and every pair of rows
-    python benchmarks/bench_hardware_pairs.py --write  # and write planner/calibration/hardware_pairs.json
+
+(`benchmarks/bench_bridge_sweep.py --write` writes planner/calibration/hardware_pairs.json from the same estimates.)
 
 A what-if across clusters (`hyperplan whatif` over two presets, or planning one job on both) answers "how much
 faster is it there"; the Megatron-Bridge performance summaries answer it too, where one release ran one model at
@@ -16,14 +17,13 @@ of these rows (the sweep marks them); the ratio, not either row, is what is chec
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_bridge_sweep import scored, sweep  # noqa: E402
-from planner.calibration.hardware_pairs import PAIRS, pairs, pairs_table, speedups  # noqa: E402
+from planner.calibration.hardware_pairs import pairs, pairs_table, speedups  # noqa: E402
 
 
 def table(summary: dict) -> list[str]:
@@ -39,15 +39,10 @@ def table(summary: dict) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", action="store_true", help="print every pair of rows")
-    ap.add_argument("--write", action="store_true", help=f"write the summary what-if sweeps cite to {PAIRS.name}")
     args = ap.parse_args()
     items, _, _, _ = sweep()
     found = pairs(p for p, _ in scored(items))
-    summary = pairs_table(found)
-    if args.write:
-        PAIRS.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {PAIRS}")
-    print("\n".join(table(summary)))
+    print("\n".join(table(pairs_table(found))))
     if args.rows:
         print()
         for a, b in found:

@@ -11,8 +11,7 @@ Each preset's [efficiency] then lists its fitted runs under `fitted_on` and the
 held-out runs' errors per category under `held_out` (what every estimate on the
 preset repeats), and `hyperplan calibrate` reports the two groups apart; then
 benchmarks/published_errors.py rewrites the per-run errors estimates cite (and benchmarks/bench_bridge_sweep.py
---write those of the Megatron-Bridge sweep's rows, benchmarks/bench_hardware_pairs.py --write the speedups between
-presets what-if sweeps cite).
+--write those of the Megatron-Bridge sweep's rows and the speedups between presets what-if sweeps cite).
 Prints the fitted values and the fit and held-out errors; takes minutes (every
 evaluation estimates every fitted run).
 """
@@ -230,8 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         # they were read with, and the loaders cache what they read)
         here = Path(__file__)
         return (subprocess.run([sys.executable, str(here.with_name("published_errors.py"))]).returncode
-                or subprocess.run([sys.executable, str(here.with_name("bench_bridge_sweep.py")), "--write"]).returncode
-                or subprocess.run([sys.executable, str(here.with_name("bench_hardware_pairs.py")), "--write"]).returncode)
+                or subprocess.run([sys.executable, str(here.with_name("bench_bridge_sweep.py")), "--write"]).returncode)
     return 0
 
 

@@ -109,7 +109,7 @@ def test_readme_and_what_ifs_show_the_hardware_pairs_as_they_are(swept):
     found = pairs(p for p, _ in scored(swept))
     summary = pairs_table(found)
     assert json.loads(PAIRS.read_text(encoding="utf-8")) == summary, \
-        "planner/calibration/hardware_pairs.json is stale: run benchmarks/bench_hardware_pairs.py --write"
+        "planner/calibration/hardware_pairs.json is stale: run benchmarks/bench_bridge_sweep.py --write"
     assert "\n".join(pair_table(summary)) in README.read_text(encoding="utf-8"), "the README's hardware pairs are stale"
     gpt = [(a, b) for a, b in found if a.run.id == "26.04-dgx-b200-gpt-oss-120b-bf16-64gpu"]
     assert [b.run.hardware for _, b in gpt] == ["dgx-b300"]

@@ -2,21 +2,21 @@
 
 Megatron-Bridge's performance summaries sometimes list one release running one model at one precision and layout
 on two systems (tests/data/bridge_sweep.json). The ratio of the two rows' step times is what a what-if across the
-two clusters should give; `benchmarks/bench_hardware_pairs.py --write` estimates both rows of every such pair and
+two clusters should give; `benchmarks/bench_bridge_sweep.py --write` estimates both rows of every such pair and
 writes, per pair of hardware, how far the estimated ratio was from the measured one into `hardware_pairs.json`
 beside this module, which a what-if sweep over those clusters cites (tests/test_bridge_sweep.py recomputes it).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable
-from functools import lru_cache
 from itertools import combinations
 from pathlib import Path
 from typing import Any
+
+from planner.calibration.published import stored_rows
 
 PAIRS = Path(__file__).with_name("hardware_pairs.json")
 
@@ -59,20 +59,15 @@ def pairs_table(found: Iterable[tuple[Any, Any]]) -> dict[str, Any]:
                     "mean_abs_error": round(sum(abs(x) for x, _ in errors) / len(errors), 4),
                     "max_abs_error": round(abs(worst[0]), 4), "worst": worst[1]})
     return {"about": "estimated against measured speedup between two hardware where a Megatron-Bridge release ran "
-                     "one job on both (tests/data/bridge_sweep.json); written by benchmarks/bench_hardware_pairs.py "
+                     "one job on both (tests/data/bridge_sweep.json); written by benchmarks/bench_bridge_sweep.py "
                      "--write, cited by what-if sweeps over both (planner/calibration/hardware_pairs.py)",
             "pairs": out}
-
-
-@lru_cache(maxsize=1)
-def _stored() -> tuple[dict[str, Any], ...]:
-    return tuple(json.loads(PAIRS.read_text(encoding="utf-8"))["pairs"]) if PAIRS.exists() else ()
 
 
 def checked(a: str, b: str) -> str | None:
     """One sentence on how far the estimated speedup between presets `a` and `b` was from the published one on
     the same jobs, or None where no release ran a job on both."""
-    e = next((e for e in _stored() if {e["from"], e["to"]} == {a, b}), None)
+    e = next((e for e in stored_rows(PAIRS, "pairs") if {e["from"], e["to"]} == {a, b}), None)
     if e is None or a == b:
         return None
     return (f"speedup {e['from']} -> {e['to']} on {e['pairs']} published pair{'s' if e['pairs'] > 1 else ''} of runs "

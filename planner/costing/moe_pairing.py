@@ -131,9 +131,9 @@ def paired_s(layer: MoELayerTimes, layers: float, chunks: int, efficiency: float
     return chunks * total
 
 
-def _chain_s(layer: MoELayerTimes, n: int, efficiency: float, delayed: bool = True, pace: float = 1.0) -> float:
+def _chain_s(layer: MoELayerTimes, n: int, efficiency: float, delayed: bool = True) -> float:
     """End of `n` paired layers of one chunk on the two streams."""
-    return _layer_ends(layer, n, efficiency, delayed, pace)[-1] if n > 0 else 0.0
+    return _layer_ends(layer, n, efficiency, delayed)[-1] if n > 0 else 0.0
 
 
 @lru_cache(maxsize=4096)
