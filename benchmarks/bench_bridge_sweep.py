@@ -1,5 +1,5 @@
 """The estimate against every Megatron-Bridge pre-training row on DGX H100, B200, B300, GB200 and GB300
-(NeMo 25.11-26.06.01).
+(NeMo 25.11-26.08).
 
     python benchmarks/bench_bridge_sweep.py            # per hardware and kind of job: rows, mean and max |error|
     python benchmarks/bench_bridge_sweep.py --rows     # and every row
@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_calibration import unscored as unscored_runs  # noqa: E402
+from benchmarks.calibration_readings import LATER_RELEASES  # noqa: E402
 from planner.calibration import read_runs  # noqa: E402
 from planner.calibration.bridge_sweep import ERRORS, errors_table  # noqa: E402
 from planner.calibration.hardware_pairs import PAIRS, pairs, pairs_table  # noqa: E402
@@ -53,6 +54,7 @@ from planner.calibration.runs import parse_run  # noqa: E402
 from planner.costing.pipeline_cut import accounted_split  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "bridge_sweep.json"
+SOURCE = "tests/data/bridge_sweep.json"  # how a run read from it names its source (`run_of`)
 MOE = {"deepseek-v3", "gpt-oss-120b", "qwen3-30b-a3b", "qwen3-235b-a22b"}
 LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "llama3-405b": 126}
 #: A footnote in which the publisher says a bug slowed the row (26.06.01's GPT-OSS rows: "Performance regression in
@@ -114,7 +116,7 @@ def run_of(row: dict, index: int) -> dict | None:
     notes += [f"the table's footnote: {text}" for text in row.get("footnotes", {}).values()]
     regression = next((text for text in row.get("footnotes", {}).values() if REGRESSION.search(text)), "")
     return {"id": f"{row['release']}-{row['hardware']}-{row['model']}-{row['precision'].lower()}-{gpus}gpu",
-            "source": f"tests/data/bridge_sweep.json#rows[{index}] ({row['preset']})",
+            "source": f"{SOURCE}#rows[{index}] ({row['preset']})",
             "category": "moe_training" if row["model"] in MOE else "dense_training", "hardware": row["hardware"],
             "devices": gpus, "model": row["model"], "seq_len": int(float(row["row"]["Sequence Length"])),
             "global_batch": p["global_batch_size"], "dtype": "bf16" if row["precision"] == "BF16" else "fp8",
@@ -130,9 +132,10 @@ def row_key(run) -> tuple | None:
     return (run.hardware, run.model, run.devices, run.global_batch, float(tps)) if tps else None
 
 
-def shipped_keys() -> set[tuple]:
-    """The rows the shipped calibration runs read (`row_key`)."""
-    return {key for r in read_runs() if (key := row_key(r)) is not None}
+def shipped_keys() -> set:
+    """The rows the shipped calibration runs read: a run read from this sweep by its id, one read by hand by its
+    `row_key` (two releases may publish the same figure for one preset: the id tells them apart)."""
+    return {r.id if r.source.startswith(SOURCE) else row_key(r) for r in read_runs()} - {None}
 
 
 def sweep() -> tuple[list, int, list[str], int]:
@@ -148,7 +151,7 @@ def sweep() -> tuple[list, int, list[str], int]:
             runs.append(parse_run(spec, where=f"bridge_sweep.json rows[{i}]"))
     preds, skipped = predict_all(runs)
     shipped = shipped_keys()
-    out = [(p, row_key(p.run) in shipped) for p in preds]
+    out = [(p, p.run.id in shipped or row_key(p.run) in shipped) for p in preds]
     return out, unread, skipped, len(data["rows"])
 
 
@@ -188,6 +191,19 @@ def release_spread(rows: list[dict]) -> str:
             f"{100 * worst:+.1f} % ({b['model']} on {b['hardware']}, {a['release']} -> {b['release']}).")
 
 
+def later(items: list) -> str:
+    """The sentence on the scored rows of releases published after every preset was fitted
+    (`calibration_readings.LATER_RELEASES`): the blindest check the sweep has ("" without any)."""
+    group = [p for p, _ in scored(items) if p.run.id.split("-", 1)[0] in LATER_RELEASES]
+    if not group:
+        return ""
+    s = summarise(group)
+    rows = "; ".join(f"{p.run.model} on {p.run.hardware} {100 * p.error:+.1f} %"
+                     for p in sorted(group, key=lambda p: (p.run.model, p.run.hardware)))
+    return (f"Published after every preset was fitted (NeMo {', '.join(sorted(LATER_RELEASES))}), {s.rows} rows: "
+            f"mean |error| {100 * s.mean:.1f} %, max {100 * s.max:.1f} % ({rows}).")
+
+
 def table(items: list) -> list[str]:
     """The README's sweep table: per hardware and kind of job, rows, shipped rows, mean and max |error|, worst."""
     groups = defaultdict(list)
@@ -215,12 +231,14 @@ def main() -> None:
         PAIRS.write_text(json.dumps(pairs_table(pairs(p for p, _ in scored(items))), indent=1) + "\n",
                          encoding="utf-8")
         print(f"wrote {ERRORS} and {PAIRS}")
-    print(f"Megatron-Bridge rows (NeMo 25.11-26.06.01) on DGX H100, B200, B300, GB200, GB300: {read} read, "
+    print(f"Megatron-Bridge rows (NeMo 25.11-26.08) on DGX H100, B200, B300, GB200, GB300: {read} read, "
           f"{unread} without a matching preset, {len(skipped)} not estimable, {len(items)} estimated\n")
     print("\n".join(table(items)))
     if said := unscored(items):
         print(f"\n{said}")
     print(f"\n{release_spread(json.loads(DATA.read_text(encoding='utf-8'))['rows'])}")
+    if said := later(items):
+        print(f"\n{said}")
     if args.rows:
         print()
         for p, was in sorted(items, key=lambda t: (t[0].run.hardware, t[0].run.category, t[0].run.id)):

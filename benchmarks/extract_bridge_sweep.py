@@ -9,8 +9,9 @@ hold the presets those rows ran (`{MODEL}_PRETRAIN_CONFIG_{GPU}_{PRECISION}_{VER
 recompute and offload. This script parses them (ast; nothing is imported or run), picks for each row the preset
 whose GPUs, layout, global and micro batch are the row's, and reads from the release's *_llm_pretrain.py the two
 settings the presets leave to code: the token dispatcher a function forces and its TP communication overlap.
-Releases 25.11 to 26.06.01 (tags v0.2.0 to v0.5.1, whose dates follow each container's; 26.08 moved the presets
-into Python functions, src/megatron/bridge/perf_recipes, which this does not read). Models the zoo has.
+Releases 25.11 to 26.06.01 (tags v0.2.0 to v0.5.1, whose dates follow each container's) from the archive; 26.08
+(v0.6.0) from docs/performance-summary.md, whose presets are Python functions (src/megatron/bridge/perf_recipes,
+read by benchmarks/bridge_perf_recipes.py). Models the zoo has.
 `benchmarks/bench_bridge_sweep.py` estimates every row read here; none of them is fitted.
 """
 
@@ -21,16 +22,23 @@ import ast
 import json
 import re
 import subprocess
+import sys
 from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import bridge_perf_recipes as recipes  # noqa: E402
+
 ARCHIVE = "docs/performance-summary-archive.md"
+#: the current release's table (the archive holds the earlier ones)
+SUMMARY = "docs/performance-summary.md"
 #: NeMo container release -> the Megatron-Bridge tag it ships (tag dates: v0.2.0 2025-11-26, v0.3.0 2026-02-26,
-#: v0.3.1 2026-03-20, v0.4.0 2026-04-16, v0.4.1 2026-05-06, v0.5.0 2026-06-16, v0.5.1 2026-07-20; the shipped 26.04
-#: rows' notes cite v0.4.0's presets)
+#: v0.3.1 2026-03-20, v0.4.0 2026-04-16, v0.4.1 2026-05-06, v0.5.0 2026-06-16, v0.5.1 2026-07-20, v0.6.0 2026-08-19;
+#: the shipped 26.04 rows' notes cite v0.4.0's presets)
 TAGS = {"25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0.3.1", "26.04": "v0.4.0", "26.04.01": "v0.4.1",
-        "26.06": "v0.5.0", "26.06.01": "v0.5.1"}
+        "26.06": "v0.5.0", "26.06.01": "v0.5.1", "26.08": "v0.6.0"}
 SYSTEMS = {"DGX-H100": ("dgx-h100", "H100"), "DGX-B200": ("dgx-b200", "B200"), "DGX-GB200": ("gb200-nvl72", "GB200"),
            "DGX-GB300": ("gb300-nvl72", "GB300"), "DGX-B300": ("dgx-b300", "B300")}
 #: The tables' model names -> (zoo model, preset name prefix)
@@ -166,10 +174,38 @@ def footnotes(text: str) -> dict[str, str]:
     return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\[\^([^\]]+)\]:\s*(.*)$", text, re.M)}
 
 
+def function_presets(repo: Path, tag: str, prefix: str, gpu: str, precision: str) -> dict[str, dict]:
+    """A v0.6.0-on tag's preset functions of a model, GPU and precision, each as the fields the older presets
+    record and what its code forces (`_code`)."""
+    show = lambda path: git(repo, "show", f"{tag}:{path}")  # noqa: E731
+    files = git(repo, "ls-tree", "-r", "--name-only", tag, recipes.ROOT_DIR).split()
+    out = {}
+    for name, (f, gpus, _) in recipes.recipe_functions(show, files, prefix.lower(), gpu.lower(),
+                                                       recipes.PRECISION[precision]).items():
+        settings = recipes.preset_settings(show, f, name)
+        out[name] = recipes.preset_fields(settings, gpus, f) | {"_code": recipes.code_of(settings, f, name)}
+    return out
+
+
+def candidates(repo: Path, tag: str, prefix: str, gpu: str, precision: str) -> dict[str, dict]:
+    """The presets of a tag that could have run a model on a GPU at a precision: name -> fields."""
+    if git(repo, "ls-tree", "--name-only", tag, "scripts/performance/configs").strip():
+        return {k: v for k, v in presets(repo, tag).items()
+                if (m := NAME.match(k)) and m["model"] == prefix and m["gpu"] == gpu and m["prec"] == precision}
+    return function_presets(repo, tag, prefix, gpu, precision)
+
+
 def sweep(repo: Path, commit: str) -> list[dict]:
     out = []
-    text = git(repo, "show", f"{commit}:{ARCHIVE}")
-    notes = footnotes(text)
+    for doc in (ARCHIVE, SUMMARY):
+        text = git(repo, "show", f"{commit}:{doc}")
+        out += doc_rows(repo, text, doc)
+    return out
+
+
+def doc_rows(repo: Path, text: str, doc: str) -> list[dict]:
+    """The zoo models' pre-training rows of one performance summary, each with the preset that ran it."""
+    out, notes = [], footnotes(text)
     for row in table_rows(text):
         tag = TAGS.get(row["release"])
         name = row.get("Model")
@@ -178,24 +214,29 @@ def sweep(repo: Path, commit: str) -> list[dict]:
         if not (tag and name in MODELS and system and precision):
             continue
         zoo, prefix = MODELS[name]
-        found = {k: v for k, v in presets(repo, tag).items()
-                 if (m := NAME.match(k)) and m["model"] == prefix and m["gpu"] == system[1] and m["prec"] == precision}
+        found = candidates(repo, tag, prefix, system[1], precision)
         chosen = sorted(k for k, v in found.items() if matches(row, v))
         entry = {"release": row["release"], "tag": tag, "line": row["line"], "table_model": name, "model": zoo,
                  "hardware": system[0], "precision": precision,
                  "tokens_per_s_per_gpu": number(row["Tokens / sec / GPU"]),
                  "row": {k: v for k, v in row.items() if k not in ("release", "line")}}
+        if doc != ARCHIVE:
+            entry["doc"] = doc
         marks = sorted({m for c in row.values() if isinstance(c, str) for m in re.findall(r"\[\^([^\]]+)\]", c)})
         if marks:
             entry["footnotes"] = {m: notes.get(m, "") for m in marks}
         if chosen:
-            distinct = {json.dumps({k: v for k, v in found[c].items() if k != "_file"}, sort_keys=True) for c in chosen}
+            if "_code" in found[chosen[0]]:  # a function preset's plain name before its variants (`_large_scale`)
+                chosen.sort(key=len)
+            fields = {k: v for k, v in found[chosen[0]].items() if k != "_code"}
+            distinct = {json.dumps({k: v for k, v in found[c].items() if k not in ("_file", "_code")}, sort_keys=True)
+                        for c in chosen}
             entry["preset"] = chosen[0]
-            entry["preset_fields"] = {k: v for k, v in found[chosen[0]].items()
+            entry["preset_fields"] = {k: v for k, v in fields.items()
                                       if v is not None and v is not False and k != "peft"}
             if len(distinct) > 1:
                 entry["ambiguous"] = chosen
-            entry["code"] = code_settings(repo, tag, prefix, system[1])
+            entry["code"] = found[chosen[0]].get("_code") or code_settings(repo, tag, prefix, system[1])
         out.append(entry)
     return out
 
@@ -208,7 +249,7 @@ def main() -> None:
     args = ap.parse_args()
     commit = git(args.repo, "rev-parse", args.commit).strip()
     rows = sweep(args.repo, commit)
-    doc = {"about": "Megatron-Bridge pre-training rows on DGX H100, B200, B300, GB200 and GB300 (NeMo 25.11-26.06.01) "
+    doc = {"about": "Megatron-Bridge pre-training rows on DGX H100, B200, B300, GB200 and GB300 (NeMo 25.11-26.08) "
                     "with the workload preset each ran, read by benchmarks/extract_bridge_sweep.py",
            "source": {"repo": "NVIDIA-NeMo/Megatron-Bridge", "commit": commit, "archive": ARCHIVE, "tags": TAGS},
            "rows": rows}

@@ -2,7 +2,7 @@
 hardware cites beside the shipped runs.
 
 `python benchmarks/bench_bridge_sweep.py --write` estimates every Megatron-Bridge pre-training row on DGX H100,
-B200 and B300, GB200 and GB300 (NeMo 25.11-26.06.01) with the preset it ran (but a row its publisher says a bug
+B200 and B300, GB200 and GB300 (NeMo 25.11-26.08) with the preset it ran (but a row its publisher says a bug
 slowed), and writes each row's model, hardware, release, micro-batch, CUDA graphs and error into
 `bridge_sweep_errors.json` beside this module; tests/test_bridge_sweep.py
 recomputes them. Only a few of those rows are shipped calibration runs: the rest were never fitted, so an estimate
@@ -59,13 +59,13 @@ def cited(model: str, hardware: str, rows: list[dict[str, Any]]) -> str:
     if full and len(full) < len(rows):
         said += f"; of them with the full iteration in CUDA graphs {span(full)}"
     shipped = sum(r["shipped"] for r in rows)
-    return (f"{model} in Megatron-Bridge's published tables on {hardware} (NeMo 25.11-26.06.01, each with its "
+    return (f"{model} in Megatron-Bridge's published tables on {hardware} (NeMo 25.11-26.08, each with its "
             f"release's preset; {shipped} of them shipped calibration runs): {said}; a negative error: the estimate "
             "was the faster")
 
 
 #: The rows that show an eager MoE layer's host cost: the same model on the same GPUs with the router's graphs only
-#: (26.02-26.04.01) and with the whole iteration in CUDA graphs (26.06, 26.06.01)
+#: (26.02-26.04.01) and with the whole iteration in CUDA graphs (26.06 on)
 WITNESS = ("qwen3-30b-a3b", "gb200-nvl72")
 
 
