@@ -18,7 +18,8 @@ sets it, read here and nowhere else:
 - MoE: the flex dispatcher (DeepEP or HybridEP) where the preset names a backend and the release's function does
   not force the all-to-all dispatcher, else the all-to-all one; the 1F1B all-to-all overlap where the preset sets it;
 - TP communication overlapped unless the release's function builds CommOverlapConfig(tp_comm_overlap=False);
-- DeepSeek-V3: the recipes' precision-aware optimizer (8 bytes of state) and node-limited routing (4 of 8 groups);
+- DeepSeek-V3: the recipes' precision-aware optimizer (8 bytes of state) and group-limited routing (4 of 8 groups of
+  32 experts, wherever they sit);
 - not costed where a preset sets them (26.06 on): the CuTe DSL fused grouped MLP (the activation inside the expert
   GEMMs) and FP8 attention; the estimate runs them unfused and in BF16;
 - the pipeline split: Llama 3.1 405B's and Qwen3-235B's recipes count the embedding and the loss as a layer each
@@ -111,7 +112,7 @@ def run_of(row: dict, index: int) -> dict | None:
         if p.get("moe_a2a_overlap"):
             ex["overlap_ep_comm"] = True
     if row["model"] == "deepseek-v3":
-        ex |= {"optimizer_bytes": 8.0, "moe_group_limit": 4}
+        ex |= {"optimizer_bytes": 8.0, "moe_group_limit": 4, "moe_groups": 8}
     notes = [f"not costed: {k}" for k in ("cutedsl_fused_grouped_mlp", "fp8_dot_product_attention") if p.get(k)]
     notes += [f"the table's footnote: {text}" for text in row.get("footnotes", {}).values()]
     regression = next((text for text in row.get("footnotes", {}).values() if REGRESSION.search(text)), "")

@@ -10,7 +10,9 @@ one-layer zoo model on dgx-h100 under the megatron-core stack: the estimate's se
 block's `mlp` scope (router, permutation, shared and routed experts, combine) plus its expert exchange; the
 flex dispatchers (DeepEP, HybridEP) are costed as the hierarchical `deepep` dispatcher, and FP8 rows by the
 stack's per-tensor current scaling (the measured rows use blockwise scaling). No row here was fitted: it checks
-the kernel-level figures the step-time fit rests on. Takes a few seconds.
+the kernel-level figures the step-time fit rests on. The DeepSeek proxy routes each token to at most 4 of its 8
+expert groups (one a rank here), which the flex dispatchers' one copy per destination rank gains from and the
+all-to-all dispatcher's copy per (token, expert) pair does not. Takes a few seconds.
 """
 
 from __future__ import annotations
@@ -42,15 +44,19 @@ PROXIES = {
 DISPATCHERS = {"alltoall": "alltoall", "flex/deepep": "deepep", "flex/hybridep": "deepep"}
 
 
-def predict(model: str, overrides: dict, dispatcher: str, dtype: str, setup: dict) -> tuple[float, float]:
-    """(forward, backward) seconds of the MoE part of the layer at the measured setup."""
+def predict(model: str, overrides: dict, dispatcher: str, dtype: str, setup: dict,
+            proxy: dict | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of the MoE part of the layer at the measured setup (and the proxy's routing:
+    group-limited where it has router groups, the DeepSeek proxy's 4 of 8)."""
     tokens, ep = setup["tokens_per_gpu"], setup["ep"]
     graph = load_graph(model, batch=1, seq_len=tokens, overrides=overrides)
     structure = discover_blocks(graph)
     facts = GraphFacts(graph, structure)
     cluster = load_cluster("dgx-h100", devices=ep)
     base = load_execution("megatron-core")
-    execution = dataclasses.replace(base, moe_dispatcher=dispatcher)
+    proxy = proxy or {}
+    execution = dataclasses.replace(base, moe_dispatcher=dispatcher, moe_groups=proxy.get("router_groups", 0),
+                                    moe_group_limit=proxy.get("router_group_topk", 0))
     workload = Workload(global_batch=ep, seq_len=tokens, dtype=dtype, execution=execution)
     strategy = Strategy(dp=ep, ep=ep, micro_batch=1)
     costs = stage_costs(graph, structure, cluster, workload, strategy, facts=facts)
@@ -71,7 +77,8 @@ def main() -> int:
     for row in doc["rows"]:
         model, over = PROXIES[row["proxy"]]
         dtype = "bf16" if row["precision"] == "bf16" else "fp8"
-        fwd, bwd = predict(model, over, DISPATCHERS[row["dispatcher"]], dtype, doc["setup"])
+        fwd, bwd = predict(model, over, DISPATCHERS[row["dispatcher"]], dtype, doc["setup"],
+                           doc["proxies"][row["proxy"]])
         ef, eb = fwd * 1e3 / row["forward_ms"] - 1, bwd * 1e3 / row["backward_ms"] - 1
         errs += [abs(ef), abs(eb)]
         print(f"{row['id'].removeprefix('mlm-moe-perf-'):<36}{row['forward_ms']:>9.2f}{fwd * 1e3:>9.2f}{ef:>+8.0%}"

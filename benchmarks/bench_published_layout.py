@@ -43,6 +43,7 @@ recompute_modules = ["mla_up_proj", "mlp"]
 [moe]
 moe_dispatcher = "deepep"
 moe_group_limit = 4
+moe_groups = 8
 """
 JOB = dict(cluster="dgx-h100", devices=1024, global_batch=8192, seq_len=4096, dtype="fp8")
 PUBLISHED = dict(tp=2, pp=8, vpp=4, ep=64, etp=1, sp=True, micro_batch=1, zero=1, recompute="selective")

@@ -51,12 +51,12 @@ class _Reader:
             return
         self.seen.add(path)
         tree = ast.parse(self.show(path))
+        for node in tree.body:  # a module's own definitions before what it imports, as Python resolves its names
+            if isinstance(node, ast.FunctionDef):
+                self.functions.setdefault(node.name, node)
         for node in tree.body:
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE + "."):
                 self.load(f"{ROOT_DIR}/{node.module.removeprefix(PACKAGE + '.').replace('.', '/')}.py")
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef):
-                self.functions.setdefault(node.name, node)
 
     def run(self, fn: ast.FunctionDef, env: dict, out: dict) -> None:
         for stmt in fn.body:

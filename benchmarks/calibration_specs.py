@@ -90,6 +90,7 @@ SPECS |= table([
     bridge("mb2509-deepseek-v3-1024xh100-fp8", "deepseek-v3", "dgx-h100", 1024, 4096, 8192,
            {"tp": 2, "pp": 8, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
            execution=DSV3_OPT | {"overlap_grad_reduce": False, "moe_dispatcher": "deepep", "moe_group_limit": 4,
+                                 "moe_groups": 8,
                                  "recompute_modules": ["mla_up_proj", "mlp"], "overlap_ep_comm": True,
                                  "overlap_tp_comm": False},
            notes=[MOE_BAL, DSV3_GROUPS, DSV3_OPT_NOTE,
@@ -260,7 +261,7 @@ SPECS |= table([
     # -- DGX B200, Megatron-Bridge ----------------------------------------------------------------------------
     bridge("mb2604-deepseek-v3-256xb200-mxfp8", "deepseek-v3", "dgx-b200", 256, 4096, 4096,
            {"pp": 16, "dp": 16, "ep": 8, "etp": 1, "recompute": "selective"},
-           execution=MX | DSV3_OPT | {"moe_group_limit": 4, "moe_dispatcher": "deepep",
+           execution=MX | DSV3_OPT | {"moe_group_limit": 4, "moe_groups": 8, "moe_dispatcher": "deepep",
                                       "recompute_modules": ["mla_up_proj"]},
            file="b200", notes=[MOE_BAL, DSV3_GROUPS, "MXFP8 (block scales computed in the cast: 3 bytes per element)",
                                DSV3_OPT_NOTE, "HybridEP without all-to-all overlap and selective recompute of MLA's "
@@ -292,13 +293,15 @@ SPECS |= table([
                   "as the recipe sets (perf_recipes/llama/gb200/llama3.py llama3_70b_pretrain_64gpu_gb200_fp8mx_config)"]),
     bridge("mb2606-deepseek-v3-256xgb200-mxfp8", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
            {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
-           execution=MX | HYBRIDEP_OVERLAP | DSV3_OPT | {"recompute_modules": ["mla_up_proj"], "moe_group_limit": 4},
+           execution=MX | HYBRIDEP_OVERLAP | DSV3_OPT | {"recompute_modules": ["mla_up_proj"], "moe_group_limit": 4,
+                                                        "moe_groups": 8},
            file="gb200", notes=[MOE_BAL, DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
                                 "sets", HYBRIDEP_NOTE + " (perf_recipes/deepseek/common.py)", DSV3_OPT_NOTE,
                                 DSV3_AS_SHIPPED]),
     bridge("mb2511-deepseek-v3-256xgb200-bf16", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
            {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"}, dtype="bf16",
-           execution=DSV3_OPT | {"moe_group_limit": 4, "recompute_modules": ["mla_up_proj"], "moe_dispatcher": "deepep"},
+           execution=DSV3_OPT | {"moe_group_limit": 4, "moe_groups": 8, "recompute_modules": ["mla_up_proj"],
+                                 "moe_dispatcher": "deepep"},
            file="gb200", notes=[MOE_BAL, DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
                                 "sets (Megatron-Bridge perf_recipes/deepseek/gb200/deepseek_v3.py)", DSV3_HYBRIDEP,
                                 DSV3_OPT_NOTE, DSV3_AS_SHIPPED]),

@@ -35,7 +35,7 @@ def expected_touched(n_tokens: float, top_k: int, experts: int) -> float:
     return experts * (1.0 - miss**n_tokens)
 
 
-def expected_groups(top_k: int, groups: int) -> float:
+def expected_groups(top_k: int, groups: float) -> float:
     """Expected distinct groups (of `groups` equal groups of experts) one token's `top_k` picks land in."""
     if groups <= 1:
         return 1.0
@@ -48,6 +48,24 @@ def limited_groups(top_k: int, groups: int, limit: int) -> float:
     if limit <= 0 or limit >= groups:
         return expected_groups(top_k, groups)
     return expected_groups(top_k, limit)
+
+
+def limited_members(top_k: int, members: float, groups: int, limit: int) -> float:
+    """Expected distinct members (of `members` equal members holding the experts in order: EP ranks, or nodes)
+    one token's `top_k` picks reach when routing first picks `limit` of `groups` equal groups of consecutive
+    experts and then its experts among theirs (DeepSeek-V3 section 2.1.2, group-limited routing: n_group = 8,
+    topk_group = 4; Megatron-Core's moe_router_num_groups and moe_router_group_topk). A group spans
+    members / groups members when there are at least as many members, and the picks spread over the chosen
+    groups' members; else each member holds groups / members whole groups and a token reaches the members of
+    its chosen groups (each chosen group taking at least one of the picks)."""
+    if groups <= 1 or limit <= 0 or limit >= groups or members <= 1:
+        return expected_groups(top_k, int(members)) if members >= 1 else 1.0
+    if members >= groups:
+        return expected_groups(top_k, limit * members / groups)
+    per = groups / members  # groups a member holds
+    chosen = min(limit, top_k)
+    missed = math.comb(groups - round(per), chosen) / math.comb(groups, chosen)  # a member none of them is on
+    return members * (1.0 - missed)
 
 
 def contiguous_groups(top_k: int, experts: int, ep: int, group_ranks: int) -> float:

@@ -16,6 +16,7 @@ import pytest
 
 from cost_models import load_cluster, place_group
 from cost_models.collectives import all_gather_s, reduce_scatter_s
+from cost_models.expert_dispatch import limited_members
 from planner.api import load_graph
 from planner.costing.block_costs import Parts
 from planner.costing.exchange import add_expert_exchange
@@ -58,6 +59,30 @@ def test_flex_dispatch_sends_a_token_once_per_node_and_forwards_its_expert_tenso
     flex = _exchange("deepep", etp=2)
     assert flex.ep_fwd == pytest.approx(2 * one_way, rel=1e-9)  # dispatch and combine, no expert-tensor gather
     assert flex.ep_bwd == pytest.approx(flex.ep_fwd, rel=1e-9)
+
+
+def test_group_limited_routing_reaches_the_ranks_of_the_groups_it_picks():
+    """DeepSeek-V3's routing (8 groups of consecutive experts, at most 4 a token): over 8 ranks (a group a rank)
+    a token's 8 experts reach at most 4 ranks, 4 x (1 - (3/4)^8) on average (uniform picks reach 8 x (1 -
+    (7/8)^8) = 5.25); over 4 nodes of 2 groups each, a node none of the 4 picked groups is on has
+    C(6, 4) / C(8, 4) = 15/70 odds; over 64 ranks (8 a group) the picks spread over the 32 ranks of 4 groups."""
+    assert limited_members(8, 8, 8, 4) == pytest.approx(4 * (1 - 0.75**8))
+    assert limited_members(8, 4, 8, 4) == pytest.approx(4 * (1 - 15 / 70))
+    assert limited_members(8, 64, 8, 4) == pytest.approx(32 * (1 - (31 / 32) ** 8))
+    assert limited_members(8, 8, 8, 8) == pytest.approx(8 * (1 - (7 / 8) ** 8))  # no limit: uniform picks
+
+
+def test_a_group_limited_token_crosses_nvlink_once_per_rank_of_its_groups():
+    cluster = load_cluster("dgx-h100", devices=8)
+    (nvlink,) = place_group(cluster, 8)
+    facts = SimpleNamespace(moe={"l": MoeFacts(experts=256, top_k=8, params=frozenset(), router_params=frozenset(),
+                                               expert_nodes=frozenset(), tokens=TOKENS, hidden=HIDDEN)})
+    ex = dataclasses.replace(load_execution("megatron-core"), moe_dispatcher="deepep", moe_group_limit=4,
+                             moe_groups=8)
+    parts = {"l": Parts()}
+    add_expert_exchange(facts, cluster, Strategy(dp=8, ep=8), ex, 2.0, 1.0, {"l": "none"}, parts)
+    copies = 4 * (1 - 0.75**8) * 7 / 8  # distinct ranks of the 4 groups' 4, the own rank's copy left out
+    assert parts["l"].ep_fwd == pytest.approx(2 * _crossing(nvlink, TOKENS * copies * HIDDEN * 2), rel=1e-9)
 
 
 def test_the_all_to_all_dispatcher_gathers_over_the_expert_tensor_group_on_top_of_its_exchange():

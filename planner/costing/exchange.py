@@ -37,7 +37,8 @@ from __future__ import annotations
 from cost_models import Cluster, place_group
 from cost_models.collectives import all_gather_s, reduce_scatter_s
 from cost_models.compute import copy_s
-from cost_models.expert_dispatch import contiguous_groups, exchange_s, expected_groups, limited_groups
+from cost_models.expert_dispatch import (contiguous_groups, exchange_s, expected_groups, limited_groups,
+                                         limited_members)
 
 from planner.costing.block_costs import Parts
 from planner.costing.execution import Execution
@@ -168,9 +169,13 @@ def destinations(top_k: int, experts: int, ep: int, spans, execution: Execution,
         per_rank = max(1.0, experts / ep)
         ranks = (top_k + per_rank - 1.0) / per_rank
         return (contiguous_groups(top_k, experts, ep, max(1, ep // g)) if g > 1 else None), ranks * etp
+    limit, groups = execution.moe_group_limit, execution.moe_groups
+    if limit and groups:  # the limit counts groups of experts, laid out in order over the ranks and the nodes
+        return (limited_members(top_k, g, groups, limit) if g > 1 else None), \
+            limited_members(top_k, ep, groups, limit) * etp
     ranks = expected_groups(top_k, ep) * etp if etp > 1 else None
-    if execution.moe_group_limit and g > 1:
-        return limited_groups(top_k, g, execution.moe_group_limit), ranks
+    if limit and g > 1:  # the limit counts nodes
+        return limited_groups(top_k, g, limit), ranks
     return None, ranks
 
 
