@@ -143,15 +143,16 @@ def preset_fields(settings: dict, gpus: int, file: str) -> dict:
     """A function's settings as the older presets' fields, with what its release's code forced (`code`)."""
     fields = {"num_gpus": gpus} | {name: settings[path] for path, name in FIELDS.items()
                                    if settings.get(path) is not None}
-    if settings.get("model.cuda_graph_impl") == "local" and settings.get("model.cuda_graph_modules") == "full_iteration":
+    get = settings.get
+    if get("model.cuda_graph_impl") == "local" and get("model.cuda_graph_modules") == "full_iteration":
         fields["cuda_graph_impl"], fields["cuda_graph_scope"] = "full_iteration", []
-    if settings.get("model.recompute_granularity") == "selective" and settings.get("model.recompute_modules") is not None:
+    if get("model.recompute_granularity") == "selective" and get("model.recompute_modules") is not None:
         fields["recompute_modules"] = settings["model.recompute_modules"]
-    if settings.get("model.cpu_offloading") and settings.get("model.cpu_offloading_num_layers"):
+    if get("model.cpu_offloading") and get("model.cpu_offloading_num_layers"):
         fields["cpu_offloading_num_layers"] = settings["model.cpu_offloading_num_layers"]
-    if settings.get("ddp.use_megatron_fsdp") or settings.get("dist.use_megatron_fsdp"):
+    if get("ddp.use_megatron_fsdp") or get("dist.use_megatron_fsdp"):
         fields["use_megatron_fsdp"] = True
-    if settings.get("env_vars.NVTE_CUTEDSL_FUSED_GROUPED_MLP") in (1, "1") or settings.get("model.cutedsl_fused_grouped_mlp"):
+    if get("env_vars.NVTE_CUTEDSL_FUSED_GROUPED_MLP") in (1, "1") or get("model.cutedsl_fused_grouped_mlp"):
         fields["cutedsl_fused_grouped_mlp"] = True
     return {k: v for k, v in fields.items() if v is not False} | {"_file": file}
 

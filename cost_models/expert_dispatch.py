@@ -62,9 +62,9 @@ def limited_members(top_k: int, members: float, groups: int, limit: int) -> floa
         return expected_groups(top_k, int(members)) if members >= 1 else 1.0
     if members >= groups:
         return expected_groups(top_k, limit * members / groups)
-    per = groups / members  # groups a member holds
+    per = round(groups / members)  # groups a member holds (the nearest whole number where they do not divide)
     chosen = min(limit, top_k)
-    missed = math.comb(groups - round(per), chosen) / math.comb(groups, chosen)  # a member none of them is on
+    missed = math.comb(max(0, groups - per), chosen) / math.comb(groups, chosen)  # a member none of them is on
     return members * (1.0 - missed)
 
 

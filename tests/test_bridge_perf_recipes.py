@@ -83,9 +83,9 @@ def test_a_preset_function_reads_as_the_fields_it_sets_last():
 
 def test_preset_functions_are_found_by_model_gpu_and_precision():
     found = recipe_functions(FILES.__getitem__, list(FILES), "toy", "gb200", "fp8mx")
-    assert found == {"toy_pretrain_16gpu_gb200_fp8mx_config": ("src/megatron/bridge/perf_recipes/toy/gb200/toy.py", 16, ""),
-                     "toy_pretrain_16gpu_gb200_fp8mx_large_scale_config":
-                         ("src/megatron/bridge/perf_recipes/toy/gb200/toy.py", 16, "large_scale")}
+    file = "src/megatron/bridge/perf_recipes/toy/gb200/toy.py"
+    assert found == {"toy_pretrain_16gpu_gb200_fp8mx_config": (file, 16, ""),
+                     "toy_pretrain_16gpu_gb200_fp8mx_large_scale_config": (file, 16, "large_scale")}
 
 
 def test_the_2608_rows_carry_what_their_v060_functions_set():
@@ -97,7 +97,8 @@ def test_the_2608_rows_carry_what_their_v060_functions_set():
     assert len(later) == 8 and all("preset" in r for r in later.values())
     oss = later[("gpt-oss-120b", "gb200-nvl72")]
     assert oss["preset"] == "gpt_oss_120b_pretrain_64gpu_gb200_fp8mx_config"
-    assert oss["preset_fields"]["recompute_modules"] == [] and oss["preset_fields"]["cuda_graph_impl"] == "full_iteration"
+    assert oss["preset_fields"]["recompute_modules"] == []
+    assert oss["preset_fields"]["cuda_graph_impl"] == "full_iteration"
     assert oss["code"]["moe_token_dispatcher_type"] == "flex"
     assert later[("deepseek-v3", "gb300-nvl72")]["preset_fields"].get("fp8_dot_product_attention") is True
     assert "fp8_dot_product_attention" not in later[("deepseek-v3", "gb200-nvl72")]["preset_fields"]

@@ -151,7 +151,7 @@ class Execution:
     # Megatron MoE ModelZoo's forced-balance against dropless Qwen3-235B runs on 256 H100s, 16k and 64k tokens
     # (benchmarks/fit_expert_load.py); another model, router or training stage is an assumption
     moe_capacity_factor: float = 0.0  # tokens beyond this multiple of an expert's mean load dropped (0: dropless)
-    moe_group_limit: int = 0  # routing picks at most this many expert groups (nodes) per token (0: no limit)
+    moe_group_limit: int = 0  # routing picks at most this many groups per token (of moe_groups; 0: no limit)
     moe_groups: int = 0  # the groups of consecutive experts that limit counts (DeepSeek-V3's n_group = 8, each 32
     # experts wherever they are placed); 0: the expert-parallel group's nodes
     moe_probs_in_activation: bool = False  # routing weights scale the experts' activation (before their last
@@ -257,8 +257,8 @@ _SECTIONS = {
     "states": ("param_bytes", "grad_bytes", "optimizer_bytes", "main_grad_accumulation"),
     "recompute": ("selective", "recompute_modules"),
     "memory": ("allocator_reserve", "runtime_reserve_gib"),
-    "moe": ("moe_dispatcher", "moe_routing", "moe_group_limit", "moe_groups", "moe_probs_in_activation", "moe_expert_load_cv",
-            "moe_capacity_factor"),
+    "moe": ("moe_dispatcher", "moe_routing", "moe_group_limit", "moe_groups", "moe_probs_in_activation",
+            "moe_expert_load_cv", "moe_capacity_factor"),
 }
 FIELDS: tuple[str, ...] = tuple(k for keys in _SECTIONS.values() for k in keys)
 
