@@ -174,10 +174,23 @@ def footnotes(text: str) -> dict[str, str]:
     return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\[\^([^\]]+)\]:\s*(.*)$", text, re.M)}
 
 
+@lru_cache(maxsize=None)
+def shown(repo: Path, tag: str, path: str) -> str:
+    """A file as a tag holds it (read once, however many rows' presets read it)."""
+    return git(repo, "show", f"{tag}:{path}")
+
+
+@lru_cache(maxsize=None)
+def preset_tables(repo: Path, tag: str) -> bool:
+    """Whether a tag keeps its presets as workload tables (scripts/performance/configs, before v0.6.0)."""
+    return bool(git(repo, "ls-tree", "--name-only", tag, "scripts/performance/configs").strip())
+
+
+@lru_cache(maxsize=None)
 def function_presets(repo: Path, tag: str, prefix: str, gpu: str, precision: str) -> dict[str, dict]:
     """A v0.6.0-on tag's preset functions of a model, GPU and precision, each as the fields the older presets
     record and what its code forces (`_code`)."""
-    show = lambda path: git(repo, "show", f"{tag}:{path}")  # noqa: E731
+    show = lambda path: shown(repo, tag, path)  # noqa: E731
     files = git(repo, "ls-tree", "-r", "--name-only", tag, recipes.ROOT_DIR).split()
     out = {}
     for name, (f, gpus, _) in recipes.recipe_functions(show, files, prefix.lower(), gpu.lower(),
@@ -189,7 +202,7 @@ def function_presets(repo: Path, tag: str, prefix: str, gpu: str, precision: str
 
 def candidates(repo: Path, tag: str, prefix: str, gpu: str, precision: str) -> dict[str, dict]:
     """The presets of a tag that could have run a model on a GPU at a precision: name -> fields."""
-    if git(repo, "ls-tree", "--name-only", tag, "scripts/performance/configs").strip():
+    if preset_tables(repo, tag):
         return {k: v for k, v in presets(repo, tag).items()
                 if (m := NAME.match(k)) and m["model"] == prefix and m["gpu"] == gpu and m["prec"] == precision}
     return function_presets(repo, tag, prefix, gpu, precision)

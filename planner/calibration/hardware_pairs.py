@@ -67,8 +67,10 @@ def pairs_table(found: Iterable[tuple[Any, Any]]) -> dict[str, Any]:
 def checked(a: str, b: str) -> str | None:
     """One sentence on how far the estimated speedup between presets `a` and `b` was from the published one on
     the same jobs, or None where no release ran a job on both."""
+    if a == b:
+        return None
     e = next((e for e in stored_rows(PAIRS, "pairs") if {e["from"], e["to"]} == {a, b}), None)
-    if e is None or a == b:
+    if e is None:
         return None
     return (f"speedup {e['from']} -> {e['to']} on {e['pairs']} published pair{'s' if e['pairs'] > 1 else ''} of runs "
             f"(one release, model and layout on both): {e['estimated']:.2f}x estimated, {e['measured']:.2f}x "
