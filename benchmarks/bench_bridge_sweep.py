@@ -24,9 +24,11 @@ sets it, read here and nowhere else:
   GEMMs) and FP8 attention; the estimate runs them unfused and in BF16;
 - the pipeline split: Llama 3.1 405B's and Qwen3-235B's recipes count the embedding and the loss as a layer each
   (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split), so their first and last chunks
-  hold a layer fewer; the other models' layers split evenly;
-- ASSUMPTION: routing forced balanced and dropless (the summaries' footnote), no multi-token prediction, and what a
-  preset does not set is the stack's default.
+  hold a layer fewer; DeepSeek-V3 with its recipe's multi-token-prediction depth and pipeline layout (the preset's
+  pp_layout, else the recipe's by pp and vpp: `calibration_spec_helpers.dsv3_as_run`); the other models' layers
+  split evenly;
+- ASSUMPTION: routing forced balanced and dropless (the summaries' footnote), and what a preset does not set is the
+  stack's default.
 
 None of these rows is fitted, except the few the calibration set ships (marked: their presets' fits saw them).
 A row whose layout matches no preset of its release's tag (run with command-line overrides, or a preset added after
@@ -47,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_calibration import unscored as unscored_runs  # noqa: E402
 from benchmarks.calibration_readings import LATER_RELEASES  # noqa: E402
+from benchmarks.calibration_spec_helpers import DSV3_MTP, dsv3_as_run  # noqa: E402
 from planner.calibration import read_runs  # noqa: E402
 from planner.calibration.bridge_sweep import ERRORS, errors_table  # noqa: E402
 from planner.calibration.hardware_pairs import PAIRS, pairs, pairs_table  # noqa: E402
@@ -87,6 +90,10 @@ def run_of(row: dict, index: int) -> dict | None:
     chunks = pp * (p.get("virtual_pipeline_model_parallel_size") or 1)
     if row["model"] in ACCOUNTED and (split := accounted_split(ACCOUNTED[row["model"]], chunks)):
         strategy["stage_layers"] = list(split)
+    notes = []
+    if row["model"] == "deepseek-v3":
+        strategy, note = dsv3_as_run(strategy, p.get("pp_layout"))
+        notes.append(note)
     modules = p.get("recompute_modules")
     strategy["recompute"] = "selective" if modules else "none"
     if p.get("cpu_offloading_num_layers") and row["model"] in LAYERS:
@@ -113,7 +120,7 @@ def run_of(row: dict, index: int) -> dict | None:
             ex["overlap_ep_comm"] = True
     if row["model"] == "deepseek-v3":
         ex |= {"optimizer_bytes": 8.0, "moe_group_limit": 4, "moe_groups": 8}
-    notes = [f"not costed: {k}" for k in ("cutedsl_fused_grouped_mlp", "fp8_dot_product_attention") if p.get(k)]
+    notes += [f"not costed: {k}" for k in ("cutedsl_fused_grouped_mlp", "fp8_dot_product_attention") if p.get(k)]
     notes += [f"the table's footnote: {text}" for text in row.get("footnotes", {}).values()]
     regression = next((text for text in row.get("footnotes", {}).values() if REGRESSION.search(text)), "")
     return {"id": f"{row['release']}-{row['hardware']}-{row['model']}-{row['precision'].lower()}-{gpus}gpu",
@@ -122,6 +129,7 @@ def run_of(row: dict, index: int) -> dict | None:
             "devices": gpus, "model": row["model"], "seq_len": int(float(row["row"]["Sequence Length"])),
             "global_batch": p["global_batch_size"], "dtype": "bf16" if row["precision"] == "BF16" else "fp8",
             "stack": "megatron-core", "execution": ex, "strategy": strategy,
+            **({"overrides": DSV3_MTP} if row["model"] == "deepseek-v3" else {}),
             "measured": {"tokens_per_s_per_device": row["tokens_per_s_per_gpu"]}, "notes": notes} \
         | ({"known_regression": regression} if regression else {})
 

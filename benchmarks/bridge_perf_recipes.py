@@ -7,7 +7,8 @@ and sets fields on it, directly (`cfg.model.expert_model_parallel_size = 64`) an
 perf_recipes/_common.py). `preset_settings` walks such a function's statements (ast; nothing is imported or run):
 an assignment of a literal (or of a helper's argument) to a field path records it, the last one wins; a call of a
 function defined in the perf_recipes modules runs its body with its arguments bound; a CommOverlapConfig(...)
-assigned to a path records its keywords; `cfg.env_vars = {...}` records the literal variables. Not followed: the
+assigned to a path records its keywords; `cfg.env_vars = {...}` records the literal variables; a library setter
+(`SETTERS`) records the value it is given. Not followed: the
 library recipe the function starts from (megatron.bridge.recipes: its defaults are the stack's, as for the older
 presets), and `if`/`for`/`with` blocks (only the benchmark helper's clean-ups use them). `preset_fields` turns the
 settings into the fields `benchmarks/extract_bridge_sweep.py` records for the older presets.
@@ -38,6 +39,10 @@ FIELDS = {"model.tensor_model_parallel_size": "tensor_model_parallel_size",
           "comm_overlap.overlap_moe_expert_parallel_comm": "moe_a2a_overlap",
           "mixed_precision.fp8_dot_product_attention": "fp8_dot_product_attention",
           "model.pipeline_model_parallel_layout": "pp_layout"}
+#: library recipe helpers (not followed) whose second argument, or `layout=`, sets a field of the config their first
+#: names when given: recipes/deepseek/h100/deepseek_v3.py (v0.6.0) set_deepseek_v3_pipeline_model_parallel_layout
+#: (`if layout is not None: model_cfg.pipeline_model_parallel_layout = layout`; without one, its map by pp and vpp)
+SETTERS = {"set_deepseek_v3_pipeline_model_parallel_layout": ("layout", "pipeline_model_parallel_layout")}
 
 
 class _Reader:
@@ -70,6 +75,13 @@ class _Reader:
         name = node.func.id if isinstance(node.func, ast.Name) else None
         fn = self.functions.get(name)
         if fn is None:
+            if name in SETTERS and node.args:
+                keyword, field = SETTERS[name]
+                given = node.args[1] if len(node.args) > 1 else next(
+                    (k.value for k in node.keywords if k.arg == keyword), None)
+                path, value = self.value(node.args[0], env), self.value(given, env) if given is not None else None
+                if isinstance(path, _Path) and value is not None:
+                    out[f"{path}.{field}"] = value
             return None
         params = fn.args.posonlyargs + fn.args.args
         bound = dict(zip([a.arg for a in params[len(params) - len(fn.args.defaults):]],

@@ -5,7 +5,7 @@ Megatron-Bridge, torchtitan, MindSpeed-LLM), each filling in what that source's 
 
 from __future__ import annotations
 
-from planner.costing.pipeline_cut import accounted_split
+from planner.costing.pipeline_cut import accounted_split, layout_chunks
 
 MC = "megatron-core"
 MC24 = "megatron-core-2024"
@@ -36,10 +36,34 @@ DSV3_HYBRIDEP = ("HybridEP (flex) dispatch: the DeepSeek-V3 perf recipes build o
 DSV3_OPT = {"optimizer_bytes": 8.0}
 DSV3_OPT_NOTE = ("precision-aware optimizer: fp32 master weights, bf16 Adam moments (Megatron-Bridge "
                  "recipes/deepseek/deepseek_v3.py), 8 bytes of state per parameter")
-#: The DeepSeek-V3 runs train with one MTP depth and lay their pipelines out by hand (README: DeepSeek-V3 as run)
-DSV3_AS_SHIPPED = ("ASSUMPTION: costed without the run's multi-token-prediction layer and with the layers split "
-                   "evenly over the pipeline chunks; as run (overrides mtp_layers 1, the recipe's pipeline layout as "
-                   "stage_layers) the estimate is faster still (README: calibration, DeepSeek-V3 as run)")
+#: Megatron-Bridge's DeepSeek-V3 recipes train with one multi-token-prediction depth (recipes/deepseek/deepseek_v3.py:
+#: cfg.model.mtp_num_layers = 1, every tag v0.2.0-v0.6.0) and lay the pipeline out by hand: the layout a preset names
+#: (pp_layout; the 25.09 H100 and the GB300 presets), else the recipe's by (pp, vpp)
+#: (set_deepseek_v3_pipeline_model_parallel_layout, the same map in every tag v0.3.0-v0.6.0): the embedding with the
+#: first chunk's layers, the MTP depth and the loss with the last chunk's
+DSV3_MTP = {"mtp_layers": 1}
+DSV3_LAYOUTS = {(4, 1): "Et*16|t*16|t*16|t*13mL", (8, 1): "Et*8|(t*8|)*6t*5mL", (4, 2): "Et*8|(t*8|)*6t*5mL",
+                (16, 1): "Et*4|(t*4|)*14tmL", (8, 2): "Et*4|(t*4|)*14tmL", (4, 4): "Et*4|(t*4|)*14tmL"}
+
+
+def dsv3_as_run(strategy: dict, layout: str | None = None) -> tuple[dict, str]:
+    """`strategy` with DeepSeek-V3's pipeline laid out as its Megatron-Bridge recipe runs it (`layout`, else
+    `DSV3_LAYOUTS` by pp and vpp; unchanged without a pipeline) and the note that says so. Costed with the zoo's
+    MTP depth (`DSV3_MTP`), the model's last layer, which the layout's 'm' counts."""
+    pp, vpp = strategy.get("pp", 1), strategy.get("vpp", 1)
+    if pp == 1:
+        return strategy, "as run: one multi-token-prediction depth (the recipe's mtp_num_layers = 1)"
+    text = layout or DSV3_LAYOUTS.get((pp, vpp))
+    if text is None:
+        raise ValueError(f"DeepSeek-V3 on pp {pp} x vpp {vpp}: no layout given and none in the recipe's map")
+    split = layout_chunks(text)
+    if len(split) != pp * vpp:
+        raise ValueError(f"layout {text} has {len(split)} chunks, not pp x vpp = {pp * vpp}")
+    return strategy | {"stage_layers": list(split)}, (
+        f"as run: one multi-token-prediction depth (the recipe's mtp_num_layers = 1) and the pipeline layout {text} "
+        f"({'the preset' if layout else 'Megatron-Bridge recipes/deepseek/deepseek_v3.py'}'s) as stage_layers")
+
+
 #: Models whose recipes split the pipeline counting the embedding and the loss as a layer each, with their layers:
 #: Megatron-Bridge's (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split in
 #: recipes/llama/llama3.py llama31_405b_pretrain_config and recipes/qwen/qwen3_moe.py qwen3_235b_a22b_pretrain_config,
@@ -178,11 +202,14 @@ def ws(size, gpus, batch, h, layers, heads, tp, pp, step):
 
 
 def bridge(rid, model, hw, gpus, seq, batch, strategy, dtype="fp8", execution=None, notes=(), file="h100",
-           corrects=None):
+           corrects=None, layout=None):
     strategy = {"micro_batch": 1, "zero": 1, "recompute": "none"} | strategy
     strategy.setdefault("sp", strategy.get("tp", 1) > 1)
     if model in ACCOUNTED_LAYERS and strategy.get("pp", 1) > 1:
         strategy, notes = as_run_split(strategy, model), [*notes, ACCOUNTED_NOTE]
+    if model == "deepseek-v3":
+        strategy, note = dsv3_as_run(strategy, layout)
+        notes = [*notes, note]
     ex = (CS if dtype == "fp8" else {}) | (execution or {})
     base = [CS_NOTE] if dtype == "fp8" and "fp8_recipe" not in (execution or {}) else []
     base += [DIST_OPT + " (Megatron-Bridge recipes)"] if strategy["zero"] == 1 else []
@@ -190,6 +217,8 @@ def bridge(rid, model, hw, gpus, seq, batch, strategy, dtype="fp8", execution=No
             "dtype": dtype, "stack": MC, "strategy": strategy, "notes": base + list(notes)}
     if ex:
         spec["execution"] = ex
+    if model == "deepseek-v3":
+        spec["overrides"] = DSV3_MTP
     if corrects:
         spec["corrects"] = corrects  # a table column the code that produced the figure contradicts (notes say why)
     return rid, spec

@@ -14,7 +14,7 @@ goes after its hardware's last.
 from __future__ import annotations
 
 from benchmarks.calibration_spec_helpers import (
-    ACCOUNTED_NOTE, ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT, DSV3_AS_SHIPPED,
+    ACCOUNTED_NOTE, ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT,
     DSV3_GROUPS, DSV3_HYBRIDEP, DSV3_OPT, DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, GPT3_20B, GT, HYBRIDEP_NOTE,
     HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MOE_BAL, MOE_BAL_ASSUMED, MX, MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE,
     TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE, TT_EAGER, TT_EAGER_LOSS, TT_EAGER_LOSS_NOTE, TT_NOTE, a100,
@@ -99,7 +99,8 @@ SPECS |= table([
                   "release's scripts/performance/run_script.py sets (Megatron-Bridge r0.1.0: A2A_1F1B for h100, "
                   "no comm_overlap_config so the recipe's CommOverlapConfig(tp_comm_overlap=False))",
                   "FP8 inferred from the table's footnote (the release has no precision column)",
-                  DSV3_AS_SHIPPED]),
+                  "the layout r0.1.0's scripts/performance/run_script.py passes for h100"],
+           layout="Et|(tt|)*30mL"),
 ])
 
 SPECS |= table([
@@ -266,8 +267,7 @@ SPECS |= table([
            file="b200", notes=[MOE_BAL, DSV3_GROUPS, "MXFP8 (block scales computed in the cast: 3 bytes per element)",
                                DSV3_OPT_NOTE, "HybridEP without all-to-all overlap and selective recompute of MLA's "
                                "up-projections, as the 26.04 release sets (Megatron-Bridge v0.4.0 scripts/performance/"
-                               "configs/deepseek/deepseek_workload_base_configs.py B200_V1/V2, deepseek_llm_pretrain.py)",
-                               DSV3_AS_SHIPPED]),
+                               "configs/deepseek/deepseek_workload_base_configs.py B200_V1/V2, deepseek_llm_pretrain.py)"]),
     bridge("mb2511-llama31-405b-128xb200-fp8cs", "llama3-405b", "dgx-b200", 128, 8192, 64,
            {"tp": 4, "pp": 8, "cp": 2, "vpp": 8, "dp": 2}, file="b200"),
     bridge("mb2511-llama3-8b-8xb200-fp8cs", "llama3-8b", "dgx-b200", 8, 8192, 128,
@@ -296,15 +296,14 @@ SPECS |= table([
            execution=MX | HYBRIDEP_OVERLAP | DSV3_OPT | {"recompute_modules": ["mla_up_proj"], "moe_group_limit": 4,
                                                         "moe_groups": 8},
            file="gb200", notes=[MOE_BAL, DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
-                                "sets", HYBRIDEP_NOTE + " (perf_recipes/deepseek/common.py)", DSV3_OPT_NOTE,
-                                DSV3_AS_SHIPPED]),
+                                "sets", HYBRIDEP_NOTE + " (perf_recipes/deepseek/common.py)", DSV3_OPT_NOTE]),
     bridge("mb2511-deepseek-v3-256xgb200-bf16", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
            {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"}, dtype="bf16",
            execution=DSV3_OPT | {"moe_group_limit": 4, "moe_groups": 8, "recompute_modules": ["mla_up_proj"],
                                  "moe_dispatcher": "deepep"},
            file="gb200", notes=[MOE_BAL, DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
                                 "sets (Megatron-Bridge perf_recipes/deepseek/gb200/deepseek_v3.py)", DSV3_HYBRIDEP,
-                                DSV3_OPT_NOTE, DSV3_AS_SHIPPED]),
+                                DSV3_OPT_NOTE]),
     bridge("mb2606-qwen3-235b-a22b-256xgb200-mxfp8", "qwen3-235b-a22b", "gb200-nvl72", 256, 4096, 8192,
            {"pp": 8, "vpp": 3, "dp": 32, "ep": 32}, execution=MX | HYBRIDEP_OVERLAP, file="gb200",
            notes=[MOE_BAL, HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),

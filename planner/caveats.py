@@ -154,11 +154,12 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
         from planner.calibration.bridge_sweep import eager_moe
 
         evidence = eager_moe()
-        out.append("an eager MoE layer's host issue is costed per graph op, as a dense layer's: Megatron-Core, for "
-                   "one, issues more (the dispatcher's preprocessing, its wait for the token counts, a GEMM per "
-                   "local expert), which the estimate under-counts where a layer's kernels are short, narrow experts "
-                   "at small micro-batches above all (README: every Megatron-Bridge row)"
-                   + (f"; {evidence}" if evidence else ""))
+        per_expert = (f"and, as the {ex.name} stack runs the experts' GEMMs one a local expert, per expert GEMM "
+                      "(checked against Transformer Engine's grouped-linear benchmark, not fitted)"
+                      if ex.expert_gemm_streams > 0 else "as a dense layer's")
+        out.append(f"an eager MoE layer's host issue is costed per graph op {per_expert}; the dispatcher's "
+                   "preprocessing and its wait for the token counts are not counted (README: every Megatron-Bridge "
+                   "row)" + (f"; {evidence}" if evidence else ""))
     if ex.attention == "flash" and hw.attention_plateaus:
         out += attention_assumptions(hw, ex.attention_kernel, fallback=workload.mode == "train")
         out += head_dim_assumptions(hw, head_dims)

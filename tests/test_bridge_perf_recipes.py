@@ -32,6 +32,7 @@ def _set_ep(model_cfg, ep):
 '''
 RECIPE = '''
 from megatron.bridge.perf_recipes.toy.common import _apply_graphs, _set_ep, toy_pretrain_config
+from megatron.bridge.recipes.deepseek.h100.deepseek_v3 import set_deepseek_v3_pipeline_model_parallel_layout
 
 
 def toy_pretrain_16gpu_gb200_fp8mx_config():
@@ -44,6 +45,7 @@ def toy_pretrain_16gpu_gb200_fp8mx_config():
     cfg.train.micro_batch_size = 4
     _set_ep(cfg.model, 8)
     _apply_graphs(cfg, fp8_dot_product_attention=True)
+    set_deepseek_v3_pipeline_model_parallel_layout(cfg.model, "Et|(tt|)*2mL")
     cfg.model.recompute_modules = []
     cfg.dataset.seq_length = cfg.model.seq_length
     cfg.env_vars = {"NVTE_CUTEDSL_FUSED_GROUPED_MLP": 1, "CUDA_DEVICE_MAX_CONNECTIONS": 32}
@@ -56,6 +58,7 @@ def toy_pretrain_16gpu_gb200_fp8mx_large_scale_config():
 
 def toy_pretrain_16gpu_gb200_bf16_config():
     cfg = toy_pretrain_config()
+    set_deepseek_v3_pipeline_model_parallel_layout(cfg.model)
     return cfg
 '''
 FILES = {"src/megatron/bridge/perf_recipes/toy/common.py": COMMON,
@@ -71,12 +74,16 @@ def test_a_preset_function_reads_as_the_fields_it_sets_last():
     assert s["model.cuda_graph_scope"] == ["attn", "moe_router"]  # an `if` block is not run
     assert s["comm_overlap.tp_comm_overlap"] is False and s["comm_overlap.overlap_moe_expert_parallel_comm"] is True
     assert "dataset.seq_length" not in s  # not a literal: the library recipe's value, not read
+    assert s["model.pipeline_model_parallel_layout"] == "Et|(tt|)*2mL"  # a library setter given its value
+    plain = preset_settings(FILES.__getitem__, "src/megatron/bridge/perf_recipes/toy/gb200/toy.py",
+                            "toy_pretrain_16gpu_gb200_bf16_config")
+    assert "model.pipeline_model_parallel_layout" not in plain  # the setter's own map: not read here
     fields = preset_fields(s, 16, "toy.py")
     assert fields == {"num_gpus": 16, "tensor_model_parallel_size": 2, "expert_model_parallel_size": 8,
                       "global_batch_size": 256, "micro_batch_size": 4, "cuda_graph_impl": "transformer_engine",
                       "cuda_graph_scope": ["attn", "moe_router"], "moe_a2a_overlap": True,
                       "fp8_dot_product_attention": True, "recompute_modules": [], "cutedsl_fused_grouped_mlp": True,
-                      "_file": "toy.py"}
+                      "pp_layout": "Et|(tt|)*2mL", "_file": "toy.py"}
     assert code_of(s, "toy.py", "f") == {"_function": "toy.py:f", "moe_token_dispatcher_type": "flex",
                                          "tp_comm_overlap": False}
 
@@ -102,4 +109,7 @@ def test_the_2608_rows_carry_what_their_v060_functions_set():
     assert oss["code"]["moe_token_dispatcher_type"] == "flex"
     assert later[("deepseek-v3", "gb300-nvl72")]["preset_fields"].get("fp8_dot_product_attention") is True
     assert "fp8_dot_product_attention" not in later[("deepseek-v3", "gb200-nvl72")]["preset_fields"]
+    # the GB300 function names its layout (PP2 x VPP8 is not in the recipe's map); GB200's takes the map's
+    assert later[("deepseek-v3", "gb300-nvl72")]["preset_fields"]["pp_layout"] == "Et*4|(t*4|)*14tmL"
+    assert "pp_layout" not in later[("deepseek-v3", "gb200-nvl72")]["preset_fields"]
     assert later[("deepseek-v3", "gb200-nvl72")]["preset_fields"]["recompute_modules"] == ["mla_up_proj"]

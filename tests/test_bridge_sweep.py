@@ -149,32 +149,31 @@ def test_the_errors_estimates_cite_are_the_rows_errors_today(swept):
 
 
 def test_an_estimate_cites_the_models_bridge_rows_on_its_hardware():
-    """Qwen3-30B-A3B on DGX B200: every Megatron-Bridge row of it there, with the range of their errors (all of
-    them too fast: the eager MoE layer's host cost the model under-counts, README: every Megatron-Bridge row);
-    changed by overrides it is not the model those rows trained, and none is cited."""
+    """Qwen3-30B-A3B on DGX B200: every Megatron-Bridge row of it there, with the range of their errors as computed
+    today; changed by overrides it is not the model those rows trained, and none is cited."""
     from planner.api import estimate_model
 
     kw = dict(cluster="dgx-b200", devices=8, global_batch=512, seq_len=4096, ep=8)
     acc = estimate_model("qwen3-30b-a3b", **kw)["accuracy"]
     mine = rows_of("qwen3-30b-a3b", "dgx-b200")
     assert [r["id"] for r in acc["bridge_sweep"]] == [r["id"] for r in mine] and len(mine) >= 4
-    assert all(r["error"] < 0 for r in mine)
     low, high = min(r["error"] for r in mine), max(r["error"] for r in mine)
     assert f"{len(mine)} rows, {100 * low:+.1f} % to {100 * high:+.1f} %" in acc["bridge_sweep_sentence"]
     assert "bridge_sweep" not in estimate_model("qwen3-30b-a3b", overrides=dict(layers=4), **kw)["accuracy"]
 
 
-def test_an_eager_moe_estimate_says_its_host_cost_is_under_counted():
-    """Training a MoE model without the whole iteration in CUDA graphs, the estimate says the eager MoE layer's host
-    issue is under-counted and cites the witness rows' errors as computed today (the same model on the same GPUs,
-    eager and graphed); a dense model, a serving step or a full-iteration graph stack gets no such line."""
+def test_an_eager_moe_estimate_says_how_its_host_issue_is_costed():
+    """Training a MoE model without the whole iteration in CUDA graphs, the estimate says how the eager MoE layer's
+    host issue is costed (per expert GEMM on megatron-core) and what it leaves out, and cites the witness rows'
+    errors as computed today (the same model on the same GPUs, eager and graphed); a dense model, a serving step or
+    a full-iteration graph stack gets no such line."""
     from planner.api import estimate_model
     from planner.calibration.bridge_sweep import WITNESS, eager_moe
 
     kw = dict(cluster="dgx-h100", devices=16, global_batch=64, seq_len=4096)
     said = [a for a in estimate_model("qwen3-30b-a3b", ep=8, **kw)["assumptions"] if "eager MoE layer" in a]
     evidence = eager_moe()
-    assert len(said) == 1 and evidence and evidence in said[0]
+    assert len(said) == 1 and evidence and evidence in said[0] and "per expert GEMM" in said[0]
     eager = [r["error"] for r in rows_of(*WITNESS) if r["cuda_graphs"] != "full iteration"]
     assert f"{100 * min(eager):+.1f} %" in evidence
     graphs = str(Path(__file__).parent / "data" / "stacks" / "graphs_full_iteration.toml")

@@ -30,23 +30,25 @@ pytestmark = pytest.mark.calibration
 #: 5% and 15%; where a hardware is above it the README says so and why).
 BOUNDS = {
     ("dgx-a100", "dense_training"): (0.05, 0.05),
-    ("dgx-h100", "dense_training"): (0.05, 0.11),  # the target (4.4 %, max 9.5 %)
+    # the target's mean (4.8 %); max 11.6 % (the 405B on 1,024 H100s) since DGX H100's refit with each expert's GEMM
+    # issued (9.5 % before)
+    ("dgx-h100", "dense_training"): (0.05, 0.12),
     ("ascend-910b", "dense_training"): (0.05, 0.15),  # the target
-    ("h100-grand-teton", "dense_training"): (0.05, 0.15),  # the target (the 8B FP8 async-TP row at -13.3 %)
-    # above the target since GPT-OSS ships (-30.1 % with the experts' output bias, README); its other held-out rows
-    # -3.2 % to +5.2 %, the target, since the runs' CUDA graphs are costed and MLA's backward at cuDNN's measured rate
-    ("gb200-nvl72", "moe_training"): (0.105, 0.31),
+    ("h100-grand-teton", "dense_training"): (0.05, 0.15),  # the target (the 8B FP8 async-TP row at -13.1 %)
+    # above the target since GPT-OSS ships (-27.9 %, README); the ModelZoo's BF16 Qwen3-235B +23.6 % since DeepSeek-V3
+    # runs as it ran and pulls GB200's BF16 plateau down (README: DeepSeek-V3 as run); the other two +0.5 %, +3.5 %
+    ("gb200-nvl72", "moe_training"): (0.14, 0.28),
     # above the target: guards against regressions, not the target (README: calibration)
-    # Qwen3-235B and the ModelZoo's PP32 row, -14.8 % and -13.7 %, since the pipeline splits run as their recipes set
-    # them and the experts' output bias raised the fitted plateaus (README); 7.6 % over 9 rows
-    ("dgx-h100", "moe_training"): (0.08, 0.15),
-    ("gb300-nvl72", "dense_training"): (0.05, 0.15),  # the target (3.4 %, max 7.2 %)
-    # above the target: GPT-OSS's five scored rows -16.8 % to -5.1 % (the sixth is the regression its table's
-    # footnote names, not scored); Qwen3-235B's six -2.4 % to +1.8 % (README: GB300 NVL72)
-    ("gb300-nvl72", "moe_training"): (0.08, 0.17),
-    # above the target, all MoE rows of eager stacks: GPT-OSS's four held out -36 % to -27 %, and Qwen3-235B in
-    # 26.02 at micro-batch 1 -47 % where 26.04's micro-batch 2 runs in half its time (README: DGX B300)
-    ("dgx-b300", "moe_training"): (0.26, 0.47),
+    # DeepSeek-V3 on 1,024 GPUs as it ran -15.8 %, Qwen3-235B -13.2 %, the ModelZoo's Megatron-FSDP row +14.9 %
+    # (README); 8.5 % over 9 rows
+    ("dgx-h100", "moe_training"): (0.085, 0.16),
+    ("gb300-nvl72", "dense_training"): (0.05, 0.15),  # the target (3.3 %, max 6.8 %)
+    # above the target: GPT-OSS's five scored rows -20.2 % to -6.3 % (the sixth is the regression its table's
+    # footnote names, not scored); Qwen3-235B's six -1.4 % to +0.3 % (README: GB300 NVL72)
+    ("gb300-nvl72", "moe_training"): (0.085, 0.21),
+    # above the target, all MoE rows of eager stacks: GPT-OSS's four held out -36 % to -21 %, and Qwen3-235B in
+    # 26.02 at micro-batch 1 -37 % where 26.04's micro-batch 2 runs in half its time (README: DGX B300)
+    ("dgx-b300", "moe_training"): (0.23, 0.37),
 }
 
 

@@ -71,7 +71,7 @@ WITNESS = ("qwen3-30b-a3b", "gb200-nvl72")
 
 def eager_moe() -> str:
     """How the witness model's sweep rows came out with and without the whole iteration in CUDA graphs: the
-    evidence for an eager MoE layer's host cost, which the estimate under-counts ("" without both kinds)."""
+    evidence for how well the estimate counts an eager MoE layer's host issue ("" without both kinds)."""
     rows = rows_of(*WITNESS)
     eager = [r["error"] for r in rows if r["cuda_graphs"] != "full iteration"]
     full = [r["error"] for r in rows if r["cuda_graphs"] == "full iteration"]

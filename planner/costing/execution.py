@@ -81,7 +81,7 @@ class Execution:
     # (which is of today's Megatron-Core where it has run; fitted with it, see benchmarks/fit_presets.py)
     expert_gemm_streams: int = 0  # routed experts' GEMMs: one grouped kernel (0), or one GEMM per local expert
     # issued round-robin over this many streams (Transformer Engine's GroupedLinear on cuBLAS: 4), so each
-    # round of that many GEMMs pays the per-kernel overhead once
+    # round of that many GEMMs pays the per-kernel overhead once and the host issues each GEMM (`NodeTimes`)
     expert_bias_bytes: float = 0.0  # HBM bytes per element of adding a routed expert's output bias beside the
     # grouped GEMM, forward (and `expert_bias_grad_bytes` backward), where the stack does not fuse it into the GEMM;
     # 0: the bias add is costed as any elementwise op of the graph (`NodeTimes`, `GraphFacts.expert_out_bias`)
@@ -147,7 +147,7 @@ class Execution:
     # routing, Megatron's forced balancing), k consecutive experts (NeMo Automodel's FakeBalancedGate), or
     # by a learned router that is only pulled towards balance (an auxiliary loss or bias): expert loads spread
     # and the busiest expert-parallel rank sets the pace (`cost_models.expert_load`)
-    moe_expert_load_cv: float = 1.47  # with "learned": per-expert load coefficient of variation; fitted on the
+    moe_expert_load_cv: float = 1.6  # with "learned": per-expert load coefficient of variation; fitted on the
     # Megatron MoE ModelZoo's forced-balance against dropless Qwen3-235B runs on 256 H100s, 16k and 64k tokens
     # (benchmarks/fit_expert_load.py); another model, router or training stage is an assumption
     moe_capacity_factor: float = 0.0  # tokens beyond this multiple of an expert's mean load dropped (0: dropless)

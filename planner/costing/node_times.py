@@ -27,7 +27,10 @@ eager step (`Cluster.host_overhead_s`, fitted where a hardware has enough
 runs), per kernel it launches: none for a sibling GEMM after its group's
 first, nor, on a stack of hand-written fused kernels
 (`Execution.fused_launches`), for an op that runs inside its readers'
-fused kernel (`GraphFacts.absorbed`). ASSUMPTIONS: the charge is added to
+fused kernel (`GraphFacts.absorbed`); one per local expert for a routed
+GEMM the stack runs expert by expert (`NodeTimes._expert_loop`; the FP8
+quantisation of each expert's rows, issued from the same C++ call, not
+counted). ASSUMPTIONS: the charge is added to
 the op's time, not hidden behind a long kernel (the per-op and per-pass
 maxima were refitted and not landed: README, Calibration); an absorbed op
 keeps the law's per-kernel overhead; and the charge also stands in for
@@ -137,13 +140,31 @@ class NodeTimes:
     def _launches(self, i: int) -> float:
         """Kernels the host issues for node i per pass: none for a sibling GEMM after its group's first (one GEMM
         for all), for a memory-bound op that runs inside its readers' fused kernel (`GraphFacts.absorbed`), or for
-        an op the stack replays from a CUDA graph (`GraphFacts.captured`). The experts' output bias, where the
+        an op the stack replays from a CUDA graph (`GraphFacts.captured`); one a local expert for a routed GEMM the
+        stack runs expert by expert (`_expert_loop`). The experts' output bias, where the
         stack adds it in a loop of its own (`Execution.expert_bias_bytes`), is no fused chain's."""
         if self.captured is not None and self.captured[i]:
             return 0.0
         if self.absorbed is not None and self.absorbed[i] and not self._bias_loop(i):
             return 0.0
-        return 1.0 if self._group(i)[0] == i else 0.0
+        if self._group(i)[0] != i:
+            return 0.0
+        return float(self._local_experts(i)) if self._expert_loop(i) else 1.0
+
+    def _expert_loop(self, i: int) -> bool:
+        """Whether node i is a routed expert GEMM the stack runs as one GEMM per local expert
+        (`Execution.expert_gemm_streams`): Transformer Engine's GroupedLinear on cuBLAS
+        (common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm, v2.5-v2.18) calls cublasLt once an expert, each call
+        building its descriptors and asking cublasLtMatmulAlgoGetHeuristic again, so the host issues each expert's
+        GEMM as it issues an op (`_launches`). Checked, not fitted: TE's grouped-linear benchmark on SM100 (PR #3134)
+        times that path at 0.267 ms for 8 experts' 128-token NVFP4 GEMMs, 33 us an expert, against DGX H100's fitted 30 us
+        an op; a single-launch grouped kernel runs the same GEMMs in 0.069 ms."""
+        facts = self.facts
+        return self.execution.expert_gemm_streams > 0 and bool(facts.in_routed[i]) and bool(facts.work.matrix[i])
+
+    def _local_experts(self, i: int) -> int:
+        """Routed experts of node i's layer on one expert-parallel rank."""
+        return int(self.facts.routed_experts[i]) // max(1, self.ep)
 
     def _issued(self, t: float, ops: float) -> float:
         """An op's time plus what issuing it costs the host of an eager training step (`Cluster.host_overhead_s`,
@@ -231,7 +252,7 @@ class NodeTimes:
         `Execution.expert_gemm_streams` streams: one per further round of that many GEMMs (the overhead law's t0
         is a kernel's fixed cost; the streams overlap theirs)."""
         streams = self.execution.expert_gemm_streams
-        local = int(self.facts.routed_experts[i]) // max(1, self.ep)
+        local = self._local_experts(i)
         return max(0, -(-local // streams) - 1) if streams > 0 else 0
 
     def _group(self, i: int) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ Megatron-LM's --recompute-num-layers does with the block method.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Mapping
 
@@ -31,6 +32,21 @@ def accounted_split(n_layers: int, n_chunks: int) -> tuple[int, ...] | None:
         return None
     k = (n_layers + 2) // n_chunks
     return (k - 1,) + (k,) * (n_chunks - 2) + (k - 1,)
+
+
+def layout_chunks(layout: str) -> tuple[int, ...]:
+    """Layers per pipeline chunk of a Megatron-Core pipeline layout (--pipeline-model-parallel-layout, as
+    Megatron-Bridge's recipes write it: 'Et*4|(t*4|)*14tmL'): chunks split by '|', 't' a decoder layer, 'm' a
+    multi-token-prediction layer (the model's last layers here), 'E' the embedding and 'L' the loss (no layer), 'x*n'
+    and '(...)*n' repeats, chunk c on stage c mod pp (megatron/core/transformer/pipeline_parallel_layer_layout.py at core_v0.16.1)."""
+    text, previous = layout.replace(" ", "").replace(",", ""), None  # commas are cosmetic there
+    while text != previous:  # innermost groups first
+        previous, text = text, re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"([tmEL])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    if not text or set(text) - set("tmEL|"):
+        raise InvalidInput(f"pipeline layout {layout!r} is not Megatron-Core's: use chunks of t (a decoder layer), "
+                           "m (an MTP layer), E and L, joined by '|', with 'x*n' or '(...)*n' repeats")
+    return tuple(c.count("t") + c.count("m") for c in text.split("|"))
 
 
 def assign_chunks(structure: Structure, n_chunks: int, sizes: tuple[int, ...] = ()) -> dict[str, int]:
@@ -81,4 +97,4 @@ def layer_policies(structure: Structure, chunk: Mapping[str, int], strategy: Str
     return out
 
 
-__all__ = ["accounted_split", "assign_chunks", "even_split", "layer_policies"]
+__all__ = ["accounted_split", "assign_chunks", "even_split", "layer_policies", "layout_chunks"]
