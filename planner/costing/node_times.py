@@ -157,8 +157,8 @@ class NodeTimes:
         (common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm, v2.5-v2.18) calls cublasLt once an expert, each call
         building its descriptors and asking cublasLtMatmulAlgoGetHeuristic again, so the host issues each expert's
         GEMM as it issues an op (`_launches`). Checked, not fitted: TE's grouped-linear benchmark on SM100 (PR #3134)
-        times that path at 0.267 ms for 8 experts' 128-token NVFP4 GEMMs, 33 us an expert, against DGX H100's fitted 30 us
-        an op; a single-launch grouped kernel runs the same GEMMs in 0.069 ms."""
+        times that path at 0.267 ms for 8 experts' 128-token NVFP4 GEMMs, 33 us an expert, against DGX H100's
+        fitted 22 us an op; a single-launch grouped kernel runs the same GEMMs in 0.069 ms."""
         facts = self.facts
         return self.execution.expert_gemm_streams > 0 and bool(facts.in_routed[i]) and bool(facts.work.matrix[i])
 

@@ -38,7 +38,8 @@ def layout_chunks(layout: str) -> tuple[int, ...]:
     """Layers per pipeline chunk of a Megatron-Core pipeline layout (--pipeline-model-parallel-layout, as
     Megatron-Bridge's recipes write it: 'Et*4|(t*4|)*14tmL'): chunks split by '|', 't' a decoder layer, 'm' a
     multi-token-prediction layer (the model's last layers here), 'E' the embedding and 'L' the loss (no layer), 'x*n'
-    and '(...)*n' repeats, chunk c on stage c mod pp (megatron/core/transformer/pipeline_parallel_layer_layout.py at core_v0.16.1)."""
+    and '(...)*n' repeats, chunk c on stage c mod pp (megatron/core/transformer/pipeline_parallel_layer_layout.py,
+    core_v0.16.1)."""
     text, previous = layout.replace(" ", "").replace(",", ""), None  # commas are cosmetic there
     while text != previous:  # innermost groups first
         previous, text = text, re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
