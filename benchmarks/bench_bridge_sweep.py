@@ -91,8 +91,9 @@ def run_of(row: dict, index: int) -> dict | None:
     if row["model"] in ACCOUNTED and (split := accounted_split(ACCOUNTED[row["model"]], chunks)):
         strategy["stage_layers"] = list(split)
     notes = []
+    mtp = row["model"] == "deepseek-v3" and "w/o MTP" not in row.get("table_model", "")
     if row["model"] == "deepseek-v3":
-        strategy, note = dsv3_as_run(strategy, p.get("pp_layout"))
+        strategy, note = dsv3_as_run(strategy, p.get("pp_layout"), mtp)
         notes.append(note)
     modules = p.get("recompute_modules")
     strategy["recompute"] = "selective" if modules else "none"
@@ -129,7 +130,7 @@ def run_of(row: dict, index: int) -> dict | None:
             "devices": gpus, "model": row["model"], "seq_len": int(float(row["row"]["Sequence Length"])),
             "global_batch": p["global_batch_size"], "dtype": "bf16" if row["precision"] == "BF16" else "fp8",
             "stack": "megatron-core", "execution": ex, "strategy": strategy,
-            **({"overrides": DSV3_MTP} if row["model"] == "deepseek-v3" else {}),
+            **({"overrides": DSV3_MTP} if mtp else {}),
             "measured": {"tokens_per_s_per_device": row["tokens_per_s_per_gpu"]}, "notes": notes} \
         | ({"known_regression": regression} if regression else {})
 

@@ -82,6 +82,8 @@ class _Reader:
                 path, value = self.value(node.args[0], env), self.value(given, env) if given is not None else None
                 if isinstance(path, _Path) and value is not None:
                     out[f"{path}.{field}"] = value
+                elif isinstance(path, _Path):  # the setter's own choice (its map) replaces an earlier value
+                    out.pop(f"{path}.{field}", None)
             return None
         params = fn.args.posonlyargs + fn.args.args
         bound = dict(zip([a.arg for a in params[len(params) - len(fn.args.defaults):]],

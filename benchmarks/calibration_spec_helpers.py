@@ -37,7 +37,8 @@ DSV3_OPT = {"optimizer_bytes": 8.0}
 DSV3_OPT_NOTE = ("precision-aware optimizer: fp32 master weights, bf16 Adam moments (Megatron-Bridge "
                  "recipes/deepseek/deepseek_v3.py), 8 bytes of state per parameter")
 #: Megatron-Bridge's DeepSeek-V3 recipes train with one multi-token-prediction depth (recipes/deepseek/deepseek_v3.py:
-#: cfg.model.mtp_num_layers = 1, every tag v0.2.0-v0.6.0) and lay the pipeline out by hand: the layout a preset names
+#: cfg.model.mtp_num_layers = 1, every tag v0.2.0-v0.6.0; a table row headed "DeepSeekV3 (w/o MTP)" ran without it)
+#: and lay the pipeline out by hand: the layout a preset names
 #: (pp_layout; the 25.09 H100 and the GB300 presets), else the recipe's by (pp, vpp)
 #: (set_deepseek_v3_pipeline_model_parallel_layout, the same map in every tag v0.3.0-v0.6.0): the embedding with the
 #: first chunk's layers, the MTP depth and the loss with the last chunk's
@@ -46,21 +47,25 @@ DSV3_LAYOUTS = {(4, 1): "Et*16|t*16|t*16|t*13mL", (8, 1): "Et*8|(t*8|)*6t*5mL", 
                 (16, 1): "Et*4|(t*4|)*14tmL", (8, 2): "Et*4|(t*4|)*14tmL", (4, 4): "Et*4|(t*4|)*14tmL"}
 
 
-def dsv3_as_run(strategy: dict, layout: str | None = None) -> tuple[dict, str]:
+def dsv3_as_run(strategy: dict, layout: str | None = None, mtp: bool = True) -> tuple[dict, str]:
     """`strategy` with DeepSeek-V3's pipeline laid out as its Megatron-Bridge recipe runs it (`layout`, else
-    `DSV3_LAYOUTS` by pp and vpp; unchanged without a pipeline) and the note that says so. Costed with the zoo's
-    MTP depth (`DSV3_MTP`), the model's last layer, which the layout's 'm' counts."""
+    `DSV3_LAYOUTS` by pp and vpp; unchanged without a pipeline) and the note that says so. With `mtp`, costed with
+    the zoo's MTP depth (`DSV3_MTP`), the model's last layer, which the layout's 'm' counts; without (a row its table
+    heads "w/o MTP"), the recipe's map drops the 'm' (its last_layer is the loss alone when mtp_num_layers is 0)."""
     pp, vpp = strategy.get("pp", 1), strategy.get("vpp", 1)
+    depth = ("one multi-token-prediction depth (the recipe's mtp_num_layers = 1)" if mtp else
+             "no multi-token-prediction depth (its table: w/o MTP)")
     if pp == 1:
-        return strategy, "as run: one multi-token-prediction depth (the recipe's mtp_num_layers = 1)"
+        return strategy, f"as run: {depth}"
     text = layout or DSV3_LAYOUTS.get((pp, vpp))
     if text is None:
         raise ValueError(f"DeepSeek-V3 on pp {pp} x vpp {vpp}: no layout given and none in the recipe's map")
+    text = text if mtp else text.replace("m", "")
     split = layout_chunks(text)
     if len(split) != pp * vpp:
         raise ValueError(f"layout {text} has {len(split)} chunks, not pp x vpp = {pp * vpp}")
     return strategy | {"stage_layers": list(split)}, (
-        f"as run: one multi-token-prediction depth (the recipe's mtp_num_layers = 1) and the pipeline layout {text} "
+        f"as run: {depth} and the pipeline layout {text} "
         f"({'the preset' if layout else 'Megatron-Bridge recipes/deepseek/deepseek_v3.py'}'s) as stage_layers")
 
 
@@ -202,13 +207,13 @@ def ws(size, gpus, batch, h, layers, heads, tp, pp, step):
 
 
 def bridge(rid, model, hw, gpus, seq, batch, strategy, dtype="fp8", execution=None, notes=(), file="h100",
-           corrects=None, layout=None):
+           corrects=None, layout=None, mtp=True):
     strategy = {"micro_batch": 1, "zero": 1, "recompute": "none"} | strategy
     strategy.setdefault("sp", strategy.get("tp", 1) > 1)
     if model in ACCOUNTED_LAYERS and strategy.get("pp", 1) > 1:
         strategy, notes = as_run_split(strategy, model), [*notes, ACCOUNTED_NOTE]
     if model == "deepseek-v3":
-        strategy, note = dsv3_as_run(strategy, layout)
+        strategy, note = dsv3_as_run(strategy, layout, mtp)
         notes = [*notes, note]
     ex = (CS if dtype == "fp8" else {}) | (execution or {})
     base = [CS_NOTE] if dtype == "fp8" and "fp8_recipe" not in (execution or {}) else []
@@ -217,7 +222,7 @@ def bridge(rid, model, hw, gpus, seq, batch, strategy, dtype="fp8", execution=No
             "dtype": dtype, "stack": MC, "strategy": strategy, "notes": base + list(notes)}
     if ex:
         spec["execution"] = ex
-    if model == "deepseek-v3":
+    if model == "deepseek-v3" and mtp:
         spec["overrides"] = DSV3_MTP
     if corrects:
         spec["corrects"] = corrects  # a table column the code that produced the figure contradicts (notes say why)

@@ -303,7 +303,8 @@ SPECS |= table([
                                  "moe_dispatcher": "deepep"},
            file="gb200", notes=[MOE_BAL, DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
                                 "sets (Megatron-Bridge perf_recipes/deepseek/gb200/deepseek_v3.py)", DSV3_HYBRIDEP,
-                                DSV3_OPT_NOTE]),
+                                DSV3_OPT_NOTE],
+           mtp=False),
     bridge("mb2606-qwen3-235b-a22b-256xgb200-mxfp8", "qwen3-235b-a22b", "gb200-nvl72", 256, 4096, 8192,
            {"pp": 8, "vpp": 3, "dp": 32, "ep": 32}, execution=MX | HYBRIDEP_OVERLAP, file="gb200",
            notes=[MOE_BAL, HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),

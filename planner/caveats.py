@@ -156,7 +156,7 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
         evidence = eager_moe()
         per_expert = (f"and, as the {ex.name} stack runs the experts' GEMMs one a local expert, per expert GEMM "
                       "(checked against Transformer Engine's grouped-linear benchmark, not fitted)"
-                      if ex.expert_gemm_streams > 0 else "as a dense layer's")
+                      if ex.expert_gemm_streams > 0 and "moe" not in ex.cuda_graphs else "as a dense layer's")
         out.append(f"an eager MoE layer's host issue is costed per graph op {per_expert}; the dispatcher's "
                    "preprocessing and its wait for the token counts are not counted (README: every Megatron-Bridge "
                    "row)" + (f"; {evidence}" if evidence else ""))

@@ -58,6 +58,7 @@ def toy_pretrain_16gpu_gb200_fp8mx_large_scale_config():
 
 def toy_pretrain_16gpu_gb200_bf16_config():
     cfg = toy_pretrain_config()
+    cfg.model.pipeline_model_parallel_layout = "Et|tL"
     set_deepseek_v3_pipeline_model_parallel_layout(cfg.model)
     return cfg
 '''
@@ -77,7 +78,7 @@ def test_a_preset_function_reads_as_the_fields_it_sets_last():
     assert s["model.pipeline_model_parallel_layout"] == "Et|(tt|)*2mL"  # a library setter given its value
     plain = preset_settings(FILES.__getitem__, "src/megatron/bridge/perf_recipes/toy/gb200/toy.py",
                             "toy_pretrain_16gpu_gb200_bf16_config")
-    assert "model.pipeline_model_parallel_layout" not in plain  # the setter's own map: not read here
+    assert "model.pipeline_model_parallel_layout" not in plain  # the setter's own map replaces the earlier one
     fields = preset_fields(s, 16, "toy.py")
     assert fields == {"num_gpus": 16, "tensor_model_parallel_size": 2, "expert_model_parallel_size": 8,
                       "global_batch_size": 256, "micro_batch_size": 4, "cuda_graph_impl": "transformer_engine",

@@ -31,10 +31,21 @@ def test_a_run_as_its_recipe_lays_it_out():
     strategy, note = dsv3_as_run({"pp": 4, "vpp": 4, "dp": 16})
     assert strategy["stage_layers"] == [4] * 15 + [2] and "Et*4|(t*4|)*14tmL" in note
     assert "stage_layers" not in dsv3_as_run({"dp": 8})[0]
+    bare, note = dsv3_as_run({"pp": 4, "vpp": 4, "dp": 16}, mtp=False)  # a row its table heads "w/o MTP"
+    assert bare["stage_layers"] == [4] * 15 + [1] and "Et*4|(t*4|)*14tL" in note and "w/o MTP" in note
     with pytest.raises(ValueError, match="pp 2 x vpp 8"):
         dsv3_as_run({"pp": 2, "vpp": 8})  # not in the recipe's map: the preset must name its layout
     with pytest.raises(ValueError, match="not pp x vpp"):
         dsv3_as_run({"pp": 4}, "Et*4|(t*4|)*14tmL")
+
+
+def test_the_shipped_runs_carry_the_depth_their_tables_name():
+    from planner.calibration import read_runs
+
+    runs = {r.id: r for r in read_runs() if r.model == "deepseek-v3" and r.id.startswith("mb")}
+    assert runs["mb2511-deepseek-v3-256xgb200-bf16"].overrides == {}  # 25.11's table: DeepSeekV3 (w/o MTP)
+    assert runs["mb2606-deepseek-v3-256xgb200-mxfp8"].overrides == {"mtp_layers": 1}
+    assert runs["mb2509-deepseek-v3-1024xh100-fp8"].strategy["stage_layers"] == [1] + [2] * 30 + [1]
 
 
 @pytest.mark.parametrize("text", ["Etx|L", "", "(t*2"])

@@ -157,14 +157,15 @@ class NodeTimes:
         (common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm, v2.5-v2.18) calls cublasLt once an expert, each call
         building its descriptors and asking cublasLtMatmulAlgoGetHeuristic again, so the host issues each expert's
         GEMM as it issues an op (`_launches`). Checked, not fitted: TE's grouped-linear benchmark on SM100 (PR #3134)
-        times that path at 0.267 ms for 8 experts' 128-token NVFP4 GEMMs, 33 us an expert, against DGX H100's
-        fitted 22 us an op; a single-launch grouped kernel runs the same GEMMs in 0.069 ms."""
+        times that path at 0.267 ms for 8 experts' 128-token NVFP4 GEMMs and a single-launch grouped kernel at
+        0.069 ms, 25 us more an expert, against DGX H100's fitted 22 us an op."""
         facts = self.facts
         return self.execution.expert_gemm_streams > 0 and bool(facts.in_routed[i]) and bool(facts.work.matrix[i])
 
     def _local_experts(self, i: int) -> int:
-        """Routed experts of node i's layer on one expert-parallel rank."""
-        return int(self.facts.routed_experts[i]) // max(1, self.ep)
+        """Routed experts of node i's layer on one expert-parallel rank (at least one: `estimate` refuses more
+        expert-parallel ranks than experts)."""
+        return max(1, int(self.facts.routed_experts[i]) // max(1, self.ep))
 
     def _issued(self, t: float, ops: float) -> float:
         """An op's time plus what issuing it costs the host of an eager training step (`Cluster.host_overhead_s`,
