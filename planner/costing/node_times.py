@@ -214,7 +214,7 @@ class NodeTimes:
         elif backward and matrix:  # a product of two activations: a gradient for each, each as the forward
             t *= 2.0
         t *= part
-        if matrix and facts.in_routed[i] and group[0] == i:
+        if group[0] == i and self._expert_loop(i):
             t += self._expert_rounds(i) * cluster.kernel_overhead_s * (2.0 if backward else 1.0)
         if matrix:
             t /= self.execution.kernel_efficiency
@@ -252,9 +252,7 @@ class NodeTimes:
         """Kernel launches beyond the first of a routed GEMM whose stack runs one GEMM per local expert over
         `Execution.expert_gemm_streams` streams: one per further round of that many GEMMs (the overhead law's t0
         is a kernel's fixed cost; the streams overlap theirs)."""
-        streams = self.execution.expert_gemm_streams
-        local = self._local_experts(i)
-        return max(0, -(-local // streams) - 1) if streams > 0 else 0
+        return max(0, -(-self._local_experts(i) // self.execution.expert_gemm_streams) - 1)
 
     def _group(self, i: int) -> tuple[int, ...]:
         """Node i with the sibling GEMMs the stack runs as one with it (`GraphFacts.siblings`), or alone."""
