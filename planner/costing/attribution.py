@@ -75,10 +75,11 @@ def gemm_windows(problem, timer, t: int) -> list[tuple[np.ndarray, np.ndarray]]:
 
 def block_parts(structure: Structure, problem, parts: list[Parts]) -> dict[str, Parts]:
     """Var seconds summed per block: a tied var's seconds split evenly over its instances (the blocks whose ops
-    it stands for; an instance of the type that did not line up has vars of its own)."""
-    per_type: dict[str, Parts] = defaultdict(Parts)  # one instance of a tied block type
+    it stands for, of one variant of their type: `planner.search.tying`; an instance of the type that did not
+    line up has vars of its own)."""
+    per_tie: dict[tuple, Parts] = defaultdict(Parts)  # one instance of a tied variant of a block type
     own: dict[str, Parts] = defaultdict(Parts)
-    tied: set[str] = set()  # the blocks the tied vars stand for
+    tie_of: dict[str, tuple] = {}  # the blocks the tied vars stand for, and their variant's key
     for v_i, v in enumerate(problem.vars):
         if v.node is None:
             continue
@@ -86,15 +87,16 @@ def block_parts(structure: Structure, problem, parts: list[Parts]) -> dict[str, 
         if blk is None:
             continue
         if isinstance(v.key, tuple) and v.key and v.key[0] == blk.type_id:
-            per_type[blk.type_id].add(parts[v_i], 1.0 / v.count)
-            tied.update(structure.block_of_node(int(i)).name for i in problem.members[v_i])
+            tie = v.key[:-1]  # (type_id,) or (type_id, variant)
+            per_tie[tie].add(parts[v_i], 1.0 / v.count)
+            tie_of.update((structure.block_of_node(int(i)).name, tie) for i in problem.members[v_i])
         else:
             own[blk.name].add(parts[v_i])
     out: dict[str, Parts] = {}
     for blk in structure.blocks:
         p = Parts()
-        if blk.name in tied:
-            p.add(per_type[blk.type_id])
+        if blk.name in tie_of:
+            p.add(per_tie[tie_of[blk.name]])
         if blk.name in own:
             p.add(own[blk.name])
         out[blk.name] = p

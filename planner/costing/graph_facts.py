@@ -82,7 +82,6 @@ class GraphFacts:
         core_mask = np.zeros(len(graph.nodes), dtype=bool)
         core_mask[sorted(self.core)] = True
         self.core_in_layer = core_mask & self.in_layer
-        self.node_keys, self.param_keys = tie_keys(graph, structure)
         self.layer_inputs = {b.name: layer_inputs(graph, set(b.nodes), self.grad) for b in structure.blocks if b.is_layer}
         self.skeletons: dict = {}
         self.choices: dict = {}
@@ -118,6 +117,9 @@ class GraphFacts:
         self.in_region = np.zeros(len(graph.nodes), dtype=bool)
         self.in_region[sorted(self.region_of)] = True
         self.flash_core = self.in_region & self.in_layer
+        # tied instances are timed as their first: layers whose cores take different masks are tied apart
+        self.node_keys, self.param_keys = tie_keys(
+            graph, structure, {r.anchor: (r.causal, r.window, r.q_len, r.kv_len) for r in self.regions})
         #: ops that only build the cores' masks, which a flash kernel does not run (`attention.mask_builders`)
         self.mask_built = np.zeros(len(graph.nodes), dtype=bool)
         self.mask_built[sorted(mask_builders(graph, self.index, self.regions))] = True

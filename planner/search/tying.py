@@ -6,20 +6,30 @@ instances tied are those sharing the op sequence most of them have; an
 instance that does not line up (a different op at a position, a different
 parameter count) keeps keys of its own, so tying never changes the problem,
 only its size.
+
+Instances whose ops line up can still differ in work the op types do not
+show: gpt-oss's even layers attend to a 128-token band and its odd ones to
+the whole causal prefix through one layer body fed two masks. A caller
+passes such facts per node (`signature`); instances that differ there form
+variants, each tied on its own ((type_id, variant, p) beyond the first), so
+every instance is timed as one of its own kind.
 """
 
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Hashable, Mapping
 
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 
 
-def tie_keys(graph: Graph, structure: Structure) -> tuple[list[Hashable], dict[str, Hashable]]:
-    """(key per node, key per parameter) for the intra-op problem."""
+def tie_keys(graph: Graph, structure: Structure, signature: Mapping[int, Hashable] | None = None,
+             ) -> tuple[list[Hashable], dict[str, Hashable]]:
+    """(key per node, key per parameter) for the intra-op problem; `signature` holds, for the nodes that have
+    one, what else two instances' ops must share to be timed as one (an attention core's mask)."""
     node_keys: list[Hashable] = [("n", i) for i in range(len(graph.nodes))]
     param_keys: dict[str, Hashable] = {p: ("p", p) for p in graph.params}
+    sig = signature or {}
     for btype in structure.types:
         if btype.count < 2:
             continue
@@ -32,10 +42,17 @@ def tie_keys(graph: Graph, structure: Structure) -> tuple[list[Hashable], dict[s
         lined_up = max(by_ops.values(), key=len)
         if len(lined_up) < 2:
             continue
-        shapes = [graph.tensors[p].shape for p in lined_up[0].params]
+        variants: dict[tuple, list] = {}
         for blk in lined_up:
-            for pos, i in enumerate(blk.nodes):
-                node_keys[i] = (btype.type_id, pos)
+            variants.setdefault(tuple(sig.get(i) for i in blk.nodes), []).append(blk)
+        shapes = [graph.tensors[p].shape for p in lined_up[0].params]
+        for v, members in enumerate(variants.values()):
+            if len(members) < 2:
+                continue
+            for blk in members:
+                for pos, i in enumerate(blk.nodes):
+                    node_keys[i] = (btype.type_id, pos) if v == 0 else (btype.type_id, v, pos)
+        for blk in lined_up:  # parameters are placed alike whichever variant holds them
             if len(blk.params) == len(shapes) and all(
                 graph.tensors[p].shape == s for p, s in zip(blk.params, shapes)
             ):
