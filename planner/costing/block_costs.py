@@ -171,12 +171,15 @@ def activation_bytes(facts, structure: Structure, strategy, execution, problem, 
     loss: dict[str, float] = {}
     t = strategy.tp
     split = _split_rule(facts, problem, choice, layout, facts.node_keys)
-    per_type: dict[tuple[str, str], float] = {}
+    per_tie: dict[tuple, float] = {}
     for blk in structure.blocks:
         rc = policy.get(blk.name, "none")
-        tied = blk.is_layer and structure.type(blk.type_id).count > 1
-        if tied and (blk.type_id, rc) in per_type:  # tied instances with one policy keep the same
-            out[blk.name] = per_type[(blk.type_id, rc)]
+        key = facts.node_keys[blk.nodes[0]] if blk.is_layer and blk.nodes else None
+        # instances tied as one variant (`planner.search.tying`) share their ops' layouts: with one policy they
+        # keep the same; an instance with ops of its own is counted on its own
+        tie = (key[:-1], rc) if isinstance(key, tuple) and key[0] == blk.type_id else None
+        if tie is not None and tie in per_tie:
+            out[blk.name] = per_tie[tie]
             continue
         total = 0.0
         for sv in kept_tensors(facts, blk, rc, execution, width):
@@ -186,8 +189,8 @@ def activation_bytes(facts, structure: Structure, strategy, execution, problem, 
             if sv.tensor.endswith(LOSS_SUFFIX):
                 loss[blk.name] = loss.get(blk.name, 0.0) + nbytes
         out[blk.name] = total
-        if tied:
-            per_type[(blk.type_id, rc)] = total
+        if tie is not None:
+            per_tie[tie] = total
     return out, loss
 
 
