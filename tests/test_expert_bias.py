@@ -1,6 +1,11 @@
-"""The routed experts' output bias (gpt-oss's down_proj_bias) as Megatron-Core adds it: beside the grouped GEMM,
-expert by expert through fp32 (TEGroupedMLP._apply_bias, megatron/core/transformer/moe/experts.py at
-core_v0.16.1), so its bytes are the stack's (`Execution.expert_bias_bytes`), not an elementwise add's."""
+"""What Megatron-Core runs beside its fused kernels on gpt-oss's routed rows, at the stack's bytes per element:
+- the experts' output bias (down_proj_bias), added beside the grouped GEMM expert by expert through fp32
+  (TEGroupedMLP._apply_bias, megatron/core/transformer/moe/experts.py at core_v0.16.1; `Execution.expert_bias_bytes`),
+  not as an elementwise add;
+- the clamps of the gated activation: weighted_bias_quick_geglu_impl (megatron/core/fusions/fused_bias_geglu.py,
+  core_v0.15.0-core_v0.16.1) chunks the fc1 output, clamps each half and concatenates them in eager PyTorch before
+  its fused kernel (`Execution.glu_clamp_bytes`), not for nothing inside a fused chain; Transformer Engine's fused
+  grouped MLP takes the clamp inside (the sweep zeroes the bytes where a preset sets it)."""
 
 from __future__ import annotations
 
@@ -19,8 +24,8 @@ from planner.errors import InvalidInput
 from planner.graph.blocks import discover_blocks
 from planner.strategy import Strategy
 
-SEQ, HIDDEN, EXPERTS, TOP_K = 256, 64, 8, 2
-SMALL = dict(layers=2, hidden=HIDDEN, heads=4, kv_heads=2, head_dim=16, ffn=32, experts=EXPERTS, top_k=TOP_K,
+SEQ, HIDDEN, FFN, EXPERTS, TOP_K = 256, 64, 32, 8, 2
+SMALL = dict(layers=2, hidden=HIDDEN, heads=4, kv_heads=2, head_dim=16, ffn=FFN, experts=EXPERTS, top_k=TOP_K,
              vocab=1000, sliding_window=16)
 
 
@@ -45,33 +50,66 @@ def test_the_down_projections_bias_is_found_once_a_layer_and_the_up_projections_
         assert any(p.endswith("down_proj_bias") for p in reads) and not any("gate_up" in p for p in reads)
 
 
-def test_its_bytes_are_the_stacks_per_element_of_the_routed_rows(oss):
-    """A micro-batch of 2 x 256 tokens, each to 2 experts, 64 wide: 65,536 routed elements a layer, 28 bytes each
-    forward and 36 backward under Megatron-Core, on balanced routing; without the stack's loop (0 bytes) it is an
-    ordinary elementwise add, cheaper."""
-    i = int(np.flatnonzero(oss.expert_out_bias)[0])
-    times, plain = _times(oss), _times(oss, expert_bias_bytes=0.0, expert_bias_grad_bytes=0.0)
-    cluster, elements = times.cluster, 2 * SEQ * TOP_K * HIDDEN
+CASES = {  # what is flagged, its elements a layer (2 x 256 tokens, each to 2 experts), bytes forward and backward
+    "output bias": ("expert_out_bias", 2 * SEQ * TOP_K * HIDDEN, 28, 36, ("expert_bias_bytes", "expert_bias_grad_bytes")),
+    "clamp": ("glu_clamp", 2 * SEQ * TOP_K * FFN, 8, 10, ("glu_clamp_bytes", "glu_clamp_grad_bytes")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_its_bytes_are_the_stacks_per_element_of_the_routed_rows(oss, case):
+    """The output bias: 64 wide, 28 bytes an element forward, 36 backward; a clamp: one 32-wide half, 8 forward (its
+    read and write, the concatenation's), 10 backward; one launch forward, two backward, on balanced routing.
+    Without the stack's bytes (0: fused) each is an ordinary elementwise op of a fused chain, cheaper."""
+    flag, elements, fwd, bwd, fields = CASES[case]
+    i = int(np.flatnonzero(getattr(oss, flag))[0])
+    times, plain = _times(oss), _times(oss, **{f: 0.0 for f in fields})
+    cluster = times.cluster
     host = cluster.host_overhead_s
-    assert times.forward(i, 1) == pytest.approx(op_time_s(cluster, 0.0, 28 * elements, "elementwise", "bf16") + host)
-    assert times.backward(i, 1) == pytest.approx(op_time_s(cluster, 0.0, 36 * elements, "elementwise", "bf16")
+    assert times.forward(i, 1) == pytest.approx(op_time_s(cluster, 0.0, fwd * elements, "elementwise", "bf16") + host)
+    assert times.backward(i, 1) == pytest.approx(op_time_s(cluster, 0.0, bwd * elements, "elementwise", "bf16")
                                                  + 2 * host)
     assert plain.forward(i, 1) < times.forward(i, 1) and plain.backward(i, 1) < times.backward(i, 1)
 
 
-def test_a_model_without_expert_biases_has_none(oss):
+def test_the_two_clamps_of_each_layers_experts_are_found(oss):
+    """A Min on the gate half and a Clip on the linear half, in each of the two layers; nothing outside the experts."""
+    flagged = np.flatnonzero(oss.glu_clamp)
+    assert sorted(oss.graph.nodes[i].op_type for i in flagged) == ["Clip", "Clip", "Min", "Min"]
+    assert all(oss.in_routed[i] for i in flagged)
+
+
+def test_a_model_without_expert_biases_or_clamps_has_none(oss):
     graph = _graph_for_costing("qwen3-30b-a3b", SEQ, None, dict(layers=2, hidden=HIDDEN, heads=4, kv_heads=2,
-                                                                  head_dim=16, ffn=32, experts=EXPERTS, top_k=TOP_K,
+                                                                  head_dim=16, ffn=FFN, experts=EXPERTS, top_k=TOP_K,
                                                                   vocab=1000))
-    assert not GraphFacts(graph, discover_blocks(graph)).expert_out_bias.any()
+    facts = GraphFacts(graph, discover_blocks(graph))
+    assert not facts.expert_out_bias.any() and not facts.glu_clamp.any()
 
 
-def test_a_stack_file_gives_the_bytes_and_refuses_negative_ones():
-    ex = with_changes(load_execution("torchtitan"), {"expert_bias_bytes": 12, "expert_bias_grad_bytes": 0}, "test")
-    assert (ex.expert_bias_bytes, ex.expert_bias_grad_bytes) == (12.0, 0.0)
-    assert load_execution("torchtitan").expert_bias_bytes == 0.0  # a stack that says nothing fuses it
-    with pytest.raises(InvalidInput, match="expert_bias_bytes"):
-        with_changes(load_execution("megatron-core"), {"expert_bias_bytes": -1}, "test")
+@pytest.mark.parametrize("fields", [("expert_bias_bytes", "expert_bias_grad_bytes"),
+                                    ("glu_clamp_bytes", "glu_clamp_grad_bytes")])
+def test_a_stack_file_gives_the_bytes_and_refuses_negative_ones(fields):
+    ex = with_changes(load_execution("torchtitan"), {fields[0]: 12, fields[1]: 0}, "test")
+    assert (getattr(ex, fields[0]), getattr(ex, fields[1])) == (12.0, 0.0)
+    assert getattr(load_execution("torchtitan"), fields[0]) == 0.0  # a stack that says nothing fuses it
+    with pytest.raises(InvalidInput, match=fields[0]):
+        with_changes(load_execution("megatron-core"), {fields[0]: -1}, "test")
+
+
+def test_the_sweep_reads_a_fused_grouped_mlp_as_clamping_inside_it():
+    """Megatron-Bridge 26.06's GPT-OSS presets on GB200 and GB300 set the CuTe DSL fused grouped MLP: no eager
+    clamps; B300's 26.06 preset does not."""
+    import json
+
+    from benchmarks.bench_bridge_sweep import DATA, run_of
+
+    rows = json.loads(DATA.read_text())["rows"]
+    specs = [s for s in (run_of(r, i) for i, r in enumerate(rows)) if s and s["id"].startswith("26.06-")
+             and s["model"] == "gpt-oss-120b"]
+    by_hw = {s["hardware"]: s["execution"] for s in specs}
+    assert by_hw["gb300-nvl72"]["glu_clamp_bytes"] == 0.0 and by_hw["gb200-nvl72"]["glu_clamp_grad_bytes"] == 0.0
+    assert "glu_clamp_bytes" not in by_hw["dgx-b300"]
 
 
 def test_an_estimate_of_gpt_oss_on_megatron_core_states_the_bias_assumption():

@@ -86,6 +86,11 @@ class Execution:
     # grouped GEMM, forward (and `expert_bias_grad_bytes` backward), where the stack does not fuse it into the GEMM;
     # 0: the bias add is costed as any elementwise op of the graph (`NodeTimes`, `GraphFacts.expert_out_bias`)
     expert_bias_grad_bytes: float = 0.0
+    glu_clamp_bytes: float = 0.0  # HBM bytes per element of each clamped half of a routed gated activation's input
+    # (gpt-oss's gate and linear halves, clamped at 7), forward (and `glu_clamp_grad_bytes` backward), where the stack
+    # clamps and concatenates them outside its fused activation; 0: the clamps run inside it (`NodeTimes`,
+    # `GraphFacts.glu_clamp`)
+    glu_clamp_grad_bytes: float = 0.0
     tp_layout_copies: bool = False  # sequence-parallel collectives gather and scatter a dimension after the batch
     # ([batch, seq, hidden], torch DTensor's Shard(1)), so NCCL's dim-0 buffers are copied once more in HBM: each
     # reduce-scatter's input, and each all-gather's output when a micro-batch holds several sequences
@@ -241,7 +246,7 @@ _BOOLS = ("fuse_elementwise", "fused_launches", "fuse_sibling_gemms", "tp_layout
 _NUMBERS = ("fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes",
             "optimizer_bytes", "runtime_reserve_gib", "kernel_efficiency", "tp_overlap_share",
             "moe_expert_load_cv", "moe_capacity_factor", "expert_bias_bytes", "expert_bias_grad_bytes",
-            "ep_comm_sm_share")
+            "glu_clamp_bytes", "glu_clamp_grad_bytes", "ep_comm_sm_share")
 _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS,
             "loss_kernel": LOSS_KERNELS}
 
@@ -249,7 +254,7 @@ _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DI
 _SECTIONS = {
     "kernels": ("attention", "attention_kernel", "fuse_elementwise", "fused_launches", "fuse_sibling_gemms",
                 "tp_layout_copies", "kernel_efficiency", "expert_gemm_streams", "expert_bias_bytes",
-                "expert_bias_grad_bytes", "loss_kernel", "cuda_graphs"),
+                "expert_bias_grad_bytes", "glu_clamp_bytes", "glu_clamp_grad_bytes", "loss_kernel", "cuda_graphs"),
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",
                                                                                   "ep_comm_sm_share"),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "fp8_saves_inputs",
@@ -301,7 +306,8 @@ def _value(t: Table, key: str) -> Any:
     if key in _NUMBERS:
         return t.number(key, allow_zero=key in ("fp8_transpose_bytes", "fp8_weight_bytes", "runtime_reserve_gib",
                                                 "grad_bytes", "moe_expert_load_cv", "moe_capacity_factor",
-                                                "expert_bias_bytes", "expert_bias_grad_bytes"))
+                                                "expert_bias_bytes", "expert_bias_grad_bytes", "glu_clamp_bytes",
+                                                "glu_clamp_grad_bytes"))
     if key in _CHOICES:
         return t.choice(key, _CHOICES[key])
     if key in ("moe_group_limit", "moe_groups", "expert_gemm_streams"):

@@ -62,6 +62,13 @@ def sibling_gemms(graph: Graph, index, candidates: np.ndarray) -> dict[int, tupl
     return out
 
 
+def _scalar_clamp(graph: Graph, node) -> bool:
+    """Whether `node` clamps its input between scalar bounds (a Clip, or a Min or Max against a scalar)."""
+    bounds = [x for x in node.inputs[1:] if x]
+    return node.op_type in ("Clip", "Min", "Max") and bool(bounds) and all(
+        x in graph.tensors and graph.tensors[x].numel == 1 for x in bounds)
+
+
 class GraphFacts:
     """What the costing needs to know of a graph that no strategy changes: computed once, reused by every
     strategy the planner scores (work per node, attention cores, gradients, saved tensors, tying keys)."""
@@ -149,6 +156,10 @@ class GraphFacts:
                 self.index.weight_of.get(x, frozenset()) & widths for x in graph.nodes[i].inputs if x)]
             if adds:
                 self.expert_out_bias[max(adds)] = True
+        #: per node on routed tokens, whether it clamps its input between scalar bounds (gpt-oss's clamped gated
+        #: activation: a Min on the gate half, a Clip on the linear half)
+        self.glu_clamp = np.array([bool(self.in_routed[i]) and _scalar_clamp(graph, n) for i, n in enumerate(graph.nodes)],
+                                  dtype=bool)
         self.weight_matmul = np.array([is_weight_matmul(graph, self.index, i) for i in range(len(graph.nodes))],
                                       dtype=bool)
         self.router_params = router_params = frozenset(p for f in self.moe.values() for p in f.router_params)

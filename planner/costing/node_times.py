@@ -142,10 +142,12 @@ class NodeTimes:
         for all), for a memory-bound op that runs inside its readers' fused kernel (`GraphFacts.absorbed`), or for
         an op the stack replays from a CUDA graph (`GraphFacts.captured`); one a local expert for a routed GEMM the
         stack runs expert by expert (`_expert_loop`). The experts' output bias, where the
-        stack adds it in a loop of its own (`Execution.expert_bias_bytes`), is no fused chain's."""
+        stack adds it in a loop of its own (`Execution.expert_bias_bytes`), and a gated activation's clamps, where
+        the stack runs them before its fused kernel (`Execution.glu_clamp_bytes`: one launch each, their
+        concatenation's not counted), are no fused chain's."""
         if self.captured is not None and self.captured[i]:
             return 0.0
-        if self.absorbed is not None and self.absorbed[i] and not self._bias_loop(i):
+        if self.absorbed is not None and self.absorbed[i] and not self._bias_loop(i) and not self._clamp_apart(i):
             return 0.0
         if self._group(i)[0] != i:
             return 0.0
@@ -193,6 +195,8 @@ class NodeTimes:
             return 0.0
         if self._bias_loop(i):
             return self._expert_bias(i, share, backward)
+        if self._clamp_apart(i):
+            return self._glu_clamp(i, share, backward)
         group = self._group(i)
         flops = work.flops[i] * share
         # a routed expert reads only its rank's experts: 1/(ep x etp) of the layer's expert weights
@@ -234,10 +238,28 @@ class NodeTimes:
         expert's rows and adds its bias times the token's routing probability through fp32, then concatenates and
         casts back: the stack's bytes per element of the routed rows, on the busiest rank. ASSUMPTION: the loop's
         launches (two an expert forward) queue behind the GEMMs before it, so only the op's own issue is charged."""
+        ex = self.execution
+        return self._routed_bytes(i, share, ex.expert_bias_grad_bytes if backward else ex.expert_bias_bytes)
+
+    def _clamp_apart(self, i: int) -> bool:
+        return bool(self.facts.glu_clamp[i]) and self.execution.glu_clamp_bytes > 0
+
+    def _glu_clamp(self, i: int, share: float, backward: bool) -> float:
+        """A clamp of one half of the experts' gated activation input, run by the stack outside its fused activation
+        (`Execution.glu_clamp_bytes`): Megatron-Core's weighted_bias_quick_geglu_impl (megatron/core/fusions/
+        fused_bias_geglu.py, core_v0.15.0 to main of 2026-08) chunks the input, clamps each half and concatenates them
+        before the fused kernel, so each half is read and written by its clamp and again by the concatenation, and
+        backward the clamp's gradient reads the gradient and the input and writes the gradient, and the chunk's
+        concatenates the halves' gradients: the stack's bytes per element of the half, on the busiest rank."""
+        ex = self.execution
+        return self._routed_bytes(i, share, ex.glu_clamp_grad_bytes if backward else ex.glu_clamp_bytes)
+
+    def _routed_bytes(self, i: int, share: float, per_element: float) -> float:
+        """A memory-bound pass of `per_element` HBM bytes per element of node i's output on the busiest
+        expert-parallel rank (what a stack spends beside its fused kernels on routed rows)."""
         graph = self.facts.graph
         elements = sum(graph.tensors[o].numel for o in graph.nodes[i].outputs if o in graph.tensors) * share
-        per = self.execution.expert_bias_grad_bytes if backward else self.execution.expert_bias_bytes
-        t = op_time_s(self.cluster, 0.0, per * elements, "elementwise", self.dtype)
+        t = op_time_s(self.cluster, 0.0, per_element * elements, "elementwise", self.dtype)
         return t * self.facts.routed_load(i, self.execution, self.ep)
 
     def _wgrad_bytes(self, act: float, weights: float) -> float:
