@@ -21,9 +21,11 @@ sets it, read here and nowhere else:
 - DeepSeek-V3: the recipes' precision-aware optimizer (8 bytes of state) and group-limited routing (4 of 8 groups of
   32 experts, wherever they sit);
 - not costed where a preset sets them (26.06 on): the CuTe DSL fused grouped MLP (the activation inside the expert
-  GEMMs) and FP8 attention; the estimate runs them unfused and in BF16, but without the eager clamps of gpt-oss's
-  gated activation, which run inside that fused MLP (`glu_clamp_bytes` 0; Transformer Engine's op fuser takes the
-  clamp as its ScaledClampedQGeGLU's limit, megatron/core/transformer/moe/experts.py on main of 2026-08-22);
+  GEMMs) and FP8 attention; the estimate runs them unfused and in BF16, but as that MLP runs its experts: one grouped
+  kernel a projection (`expert_gemm_streams` 0), without the eager clamps of gpt-oss's gated activation or its
+  per-expert bias loop (`glu_clamp_bytes`, `expert_bias_bytes` 0: Transformer Engine's op fuser takes the clamp as
+  its ScaledClampedQGeGLU's limit and the bias, scaled by the routing probability, in its GroupedLinear's
+  scale_bias; megatron/core/transformer/moe/experts.py on main of 2026-08-22, TE v2.15 on);
 - the pipeline split: Llama 3.1 405B's and Qwen3-235B's recipes count the embedding and the loss as a layer each
   (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split), so their first and last chunks
   hold a layer fewer; DeepSeek-V3 with its recipe's multi-token-prediction depth and pipeline layout (the preset's
@@ -123,8 +125,9 @@ def run_of(row: dict, index: int) -> dict | None:
             ex["overlap_ep_comm"] = True
     if row["model"] == "deepseek-v3":
         ex |= {"optimizer_bytes": 8.0, "moe_group_limit": 4, "moe_groups": 8}
-    if p.get("cutedsl_fused_grouped_mlp"):  # the gated activation's clamps run inside the fused MLP
-        ex |= {"glu_clamp_bytes": 0.0, "glu_clamp_grad_bytes": 0.0}
+    if p.get("cutedsl_fused_grouped_mlp"):  # one grouped kernel a projection, the clamps and the bias inside
+        ex |= {"glu_clamp_bytes": 0.0, "glu_clamp_grad_bytes": 0.0, "expert_bias_bytes": 0.0,
+               "expert_bias_grad_bytes": 0.0, "expert_gemm_streams": 0}
     notes += [f"not costed: {k}" for k in ("cutedsl_fused_grouped_mlp", "fp8_dot_product_attention") if p.get(k)]
     notes += [f"the table's footnote: {text}" for text in row.get("footnotes", {}).values()]
     regression = next((text for text in row.get("footnotes", {}).values() if REGRESSION.search(text)), "")
