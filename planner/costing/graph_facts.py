@@ -62,11 +62,14 @@ def sibling_gemms(graph: Graph, index, candidates: np.ndarray) -> dict[int, tupl
     return out
 
 
-def _scalar_clamp(graph: Graph, node) -> bool:
-    """Whether `node` clamps its input between scalar bounds (a Clip, or a Min or Max against a scalar)."""
+def _scalar_clamp(graph: Graph, node, producer: dict[str, tuple[int, int]]) -> bool:
+    """Whether `node` clamps one half of a gated activation's input between scalar bounds: a Clip, or a Min or Max
+    against a scalar, of a Slice or Split's output (not a Relu6 or hardtanh lowered to a Clip)."""
     bounds = [x for x in node.inputs[1:] if x]
-    return node.op_type in ("Clip", "Min", "Max") and bool(bounds) and all(
-        x in graph.tensors and graph.tensors[x].numel == 1 for x in bounds)
+    source = producer.get(node.inputs[0]) if node.inputs and node.inputs[0] else None
+    return (node.op_type in ("Clip", "Min", "Max") and bool(bounds)
+            and all(x in graph.tensors and graph.tensors[x].numel == 1 for x in bounds)
+            and source is not None and graph.nodes[source[0]].op_type in ("Slice", "Split"))
 
 
 class GraphFacts:
@@ -158,8 +161,8 @@ class GraphFacts:
                 self.expert_out_bias[max(adds)] = True
         #: per node on routed tokens, whether it clamps its input between scalar bounds (gpt-oss's clamped gated
         #: activation: a Min on the gate half, a Clip on the linear half)
-        self.glu_clamp = np.array([bool(self.in_routed[i]) and _scalar_clamp(graph, n) for i, n in enumerate(graph.nodes)],
-                                  dtype=bool)
+        self.glu_clamp = np.array([bool(self.in_routed[i]) and _scalar_clamp(graph, n, self.producer)
+                                   for i, n in enumerate(graph.nodes)], dtype=bool)
         self.weight_matmul = np.array([is_weight_matmul(graph, self.index, i) for i in range(len(graph.nodes))],
                                       dtype=bool)
         self.router_params = router_params = frozenset(p for f in self.moe.values() for p in f.router_params)

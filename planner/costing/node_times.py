@@ -230,7 +230,8 @@ class NodeTimes:
         return t * facts.routed_load(i, self.execution, self.ep)  # the busiest expert-parallel rank sets the pace
 
     def _bias_loop(self, i: int) -> bool:
-        return bool(self.facts.expert_out_bias[i]) and self.execution.expert_bias_bytes > 0
+        ex = self.execution
+        return bool(self.facts.expert_out_bias[i]) and (ex.expert_bias_bytes > 0 or ex.expert_bias_grad_bytes > 0)
 
     def _expert_bias(self, i: int, share: float, backward: bool) -> float:
         """The experts' output bias added beside their GEMM (`Execution.expert_bias_bytes`): Megatron-Core's
@@ -242,7 +243,8 @@ class NodeTimes:
         return self._routed_bytes(i, share, ex.expert_bias_grad_bytes if backward else ex.expert_bias_bytes)
 
     def _clamp_apart(self, i: int) -> bool:
-        return bool(self.facts.glu_clamp[i]) and self.execution.glu_clamp_bytes > 0
+        ex = self.execution
+        return bool(self.facts.glu_clamp[i]) and (ex.glu_clamp_bytes > 0 or ex.glu_clamp_grad_bytes > 0)
 
     def _glu_clamp(self, i: int, share: float, backward: bool) -> float:
         """A clamp of one half of the experts' gated activation input, run by the stack outside its fused activation

@@ -13,7 +13,8 @@ Policies per layer (`Strategy.layer_policy`):
     core_attn (the attention core; with a flash kernel that drops only its
     log-sum-exp), mlp (a dense layer's MLP block: Megatron-Core's
     TransformerLayer recomputes no MoE layer for it), moe (a MoE layer's
-    block), moe_act (the experts' activation), layernorm (the layer's
+    block), moe_act (the experts' activation: the ops between their two
+    GEMMs, experts.py bias_act_func), layernorm (the layer's
     norms), mla_up_proj (MLA's up projections) and shared_experts. layernorm, moe_act and mla_up_proj
     are checkpointed without their outputs (Megatron-Core's
     CheckpointWithoutOutput: transformer_layer.py, moe/experts.py,
@@ -61,8 +62,7 @@ def module_nodes(facts, blk: Block, module: str, flash: bool) -> frozenset[int]:
         core = facts.region_of if flash else facts.core
         return frozenset(i for i in nodes if i in core)
     if module == "moe_act":
-        routed = facts.routed.get(blk.name, frozenset())
-        return frozenset(i for i in routed if not facts.work.matrix[i] and ".experts" in graph.nodes[i].scope)
+        return _between_expert_gemms(facts, facts.routed.get(blk.name, frozenset()))
     if (module == "moe") != (blk.name in facts.moe) and module in ("mlp", "moe"):
         return frozenset()  # mlp is a dense layer's MLP, moe a MoE layer's (TransformerLayer: not is_moe_layer)
     segments = _SEGMENTS["mlp" if module == "moe" else module]
@@ -70,6 +70,31 @@ def module_nodes(facts, blk: Block, module: str, flash: bool) -> frozenset[int]:
     if module == "mla_up_proj":  # and what turns their outputs into Q, K and V: rotary, splits, concats
         found = _up_to_attention(facts, blk, found, facts.region_of if flash else facts.core)
     return found
+
+
+def _between_expert_gemms(facts, routed: frozenset[int]) -> frozenset[int]:
+    """The experts' ops a routed GEMM's output reaches before another routed GEMM reads them: what Megatron-Core's
+    checkpointed bias_act_func runs (megatron/core/transformer/moe/experts.py, core_v0.16.1), not the output bias
+    added after the second GEMM (`_apply_bias`, outside the checkpoint) nor what follows it."""
+    graph, matrix = facts.graph, facts.work.matrix
+    after: set[int] = set()
+    todo = [i for i in routed if matrix[i]]
+    while todo:
+        for o in graph.nodes[todo.pop()].outputs:
+            for j in facts.index.consumers.get(o, ()) if o else ():
+                if j in routed and not matrix[j] and j not in after:
+                    after.add(j)
+                    todo.append(j)
+    feeds = {i for i in routed if matrix[i]}  # ops of `after` from which a routed GEMM's input is reached
+    out: set[int] = set()
+    todo = list(feeds)
+    while todo:
+        for x in graph.nodes[todo.pop()].inputs:
+            j = facts.producer.get(x, (None,))[0] if x else None
+            if j is not None and j in after and j not in out:
+                out.add(j)
+                todo.append(j)
+    return frozenset(i for i in out if ".experts" in graph.nodes[i].scope)
 
 
 def _up_to_attention(facts, blk: Block, seeds: frozenset[int], core) -> frozenset[int]:
