@@ -18,6 +18,7 @@ import numpy as np
 from planner.costing.block_costs import Parts
 from planner.graph.blocks import Structure
 from planner.search.charges import edge_charges, group_charges
+from planner.search.tying import variant_of
 
 
 def var_parts(problem, choice, timer, t: int, again, training: bool, detached: set[int]) -> list[Parts]:
@@ -86,8 +87,7 @@ def block_parts(structure: Structure, problem, parts: list[Parts]) -> dict[str, 
         blk = structure.block_of_node(v.node)
         if blk is None:
             continue
-        if isinstance(v.key, tuple) and v.key and v.key[0] == blk.type_id:
-            tie = v.key[:-1]  # (type_id,) or (type_id, variant)
+        if (tie := variant_of(v.key, blk.type_id)) is not None:
             per_tie[tie].add(parts[v_i], 1.0 / v.count)
             tie_of.update((structure.block_of_node(int(i)).name, tie) for i in problem.members[v_i])
         else:

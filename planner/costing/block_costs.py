@@ -19,6 +19,7 @@ from planner.costing.recompute import fp8_scale, kept_tensors
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.search.space import REPLICATED, layout_name
+from planner.search.tying import variant_of
 
 if TYPE_CHECKING:
     from planner.costing.graph_facts import GraphFacts
@@ -174,10 +175,10 @@ def activation_bytes(facts, structure: Structure, strategy, execution, problem, 
     per_tie: dict[tuple, float] = {}
     for blk in structure.blocks:
         rc = policy.get(blk.name, "none")
-        key = facts.node_keys[blk.nodes[0]] if blk.is_layer and blk.nodes else None
         # instances tied as one variant (`planner.search.tying`) share their ops' layouts: with one policy they
         # keep the same; an instance with ops of its own is counted on its own
-        tie = (key[:-1], rc) if isinstance(key, tuple) and key[0] == blk.type_id else None
+        variant = variant_of(facts.node_keys[blk.nodes[0]], blk.type_id) if blk.is_layer and blk.nodes else None
+        tie = (variant, rc) if variant is not None else None
         if tie is not None and tie in per_tie:
             out[blk.name] = per_tie[tie]
             continue

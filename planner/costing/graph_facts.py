@@ -161,8 +161,9 @@ class GraphFacts:
                 self.expert_out_bias[max(adds)] = True
         #: per node on routed tokens, whether it clamps its input between scalar bounds (gpt-oss's clamped gated
         #: activation: a Min on the gate half, a Clip on the linear half)
-        self.glu_clamp = np.array([bool(self.in_routed[i]) and _scalar_clamp(graph, n, self.producer)
-                                   for i, n in enumerate(graph.nodes)], dtype=bool)
+        self.glu_clamp = np.zeros(len(graph.nodes), dtype=bool)
+        for i in np.flatnonzero(self.in_routed):
+            self.glu_clamp[i] = _scalar_clamp(graph, graph.nodes[i], self.producer)
         self.weight_matmul = np.array([is_weight_matmul(graph, self.index, i) for i in range(len(graph.nodes))],
                                       dtype=bool)
         self.router_params = router_params = frozenset(p for f in self.moe.values() for p in f.router_params)

@@ -141,13 +141,12 @@ class NodeTimes:
         """Kernels the host issues for node i per pass: none for a sibling GEMM after its group's first (one GEMM
         for all), for a memory-bound op that runs inside its readers' fused kernel (`GraphFacts.absorbed`), or for
         an op the stack replays from a CUDA graph (`GraphFacts.captured`); one a local expert for a routed GEMM the
-        stack runs expert by expert (`_expert_loop`). The experts' output bias, where the
-        stack adds it in a loop of its own (`Execution.expert_bias_bytes`), and a gated activation's clamps, where
-        the stack runs them before its fused kernel (`Execution.glu_clamp_bytes`: one launch each, their
-        concatenation's not counted), are no fused chain's."""
+        stack runs expert by expert (`_expert_loop`). An op the stack runs beside its fused kernels (`_beside_bytes`:
+        the experts' output bias loop, a gated activation's clamps, one launch each, the clamps' concatenation's not
+        counted) is no fused chain's."""
         if self.captured is not None and self.captured[i]:
             return 0.0
-        if self.absorbed is not None and self.absorbed[i] and not self._bias_loop(i) and not self._clamp_apart(i):
+        if self.absorbed is not None and self.absorbed[i] and self._beside_bytes(i) is None:
             return 0.0
         if self._group(i)[0] != i:
             return 0.0
@@ -193,10 +192,8 @@ class NodeTimes:
         if facts.weight_view[i] or work.host[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]) \
                 or (self.flash and facts.mask_built[i]):
             return 0.0
-        if self._bias_loop(i):
-            return self._expert_bias(i, share, backward)
-        if self._clamp_apart(i):
-            return self._glu_clamp(i, share, backward)
+        if (beside := self._beside_bytes(i)) is not None:
+            return self._routed_bytes(i, share, beside[1] if backward else beside[0])
         group = self._group(i)
         flops = work.flops[i] * share
         # a routed expert reads only its rank's experts: 1/(ep x etp) of the layer's expert weights
@@ -229,32 +226,28 @@ class NodeTimes:
                              self.dtype)
         return t * facts.routed_load(i, self.execution, self.ep)  # the busiest expert-parallel rank sets the pace
 
-    def _bias_loop(self, i: int) -> bool:
-        ex = self.execution
-        return bool(self.facts.expert_out_bias[i]) and (ex.expert_bias_bytes > 0 or ex.expert_bias_grad_bytes > 0)
+    def _beside_bytes(self, i: int) -> tuple[float, float] | None:
+        """HBM bytes per element of node i's output, (forward, backward), where the stack runs the op on routed rows
+        outside its fused kernels; None where it does not (either figure 0 and the other too: a fused op).
 
-    def _expert_bias(self, i: int, share: float, backward: bool) -> float:
-        """The experts' output bias added beside their GEMM (`Execution.expert_bias_bytes`): Megatron-Core's
-        TEGroupedMLP._apply_bias (megatron/core/transformer/moe/experts.py at core_v0.16.1) takes each local
-        expert's rows and adds its bias times the token's routing probability through fp32, then concatenates and
-        casts back: the stack's bytes per element of the routed rows, on the busiest rank. ASSUMPTION: the loop's
-        launches (two an expert forward) queue behind the GEMMs before it, so only the op's own issue is charged."""
-        ex = self.execution
-        return self._routed_bytes(i, share, ex.expert_bias_grad_bytes if backward else ex.expert_bias_bytes)
-
-    def _clamp_apart(self, i: int) -> bool:
-        ex = self.execution
-        return bool(self.facts.glu_clamp[i]) and (ex.glu_clamp_bytes > 0 or ex.glu_clamp_grad_bytes > 0)
-
-    def _glu_clamp(self, i: int, share: float, backward: bool) -> float:
-        """A clamp of one half of the experts' gated activation input, run by the stack outside its fused activation
-        (`Execution.glu_clamp_bytes`): Megatron-Core's weighted_bias_quick_geglu_impl (megatron/core/fusions/
-        fused_bias_geglu.py, core_v0.15.0 to main of 2026-08) chunks the input, clamps each half and concatenates them
-        before the fused kernel, so each half is read and written by its clamp and again by the concatenation, and
-        backward the clamp's gradient reads the gradient and the input and writes the gradient, and the chunk's
-        concatenates the halves' gradients: the stack's bytes per element of the half, on the busiest rank."""
-        ex = self.execution
-        return self._routed_bytes(i, share, ex.glu_clamp_grad_bytes if backward else ex.glu_clamp_bytes)
+        - The experts' output bias (`Execution.expert_bias_bytes`): Megatron-Core's TEGroupedMLP._apply_bias
+          (megatron/core/transformer/moe/experts.py at core_v0.16.1) takes each local expert's rows and adds its bias
+          times the token's routing probability through fp32, then concatenates and casts back. ASSUMPTION: the
+          loop's launches (two an expert forward) queue behind the GEMMs before it, so only the op's own issue is
+          charged.
+        - A clamp of one half of the experts' gated activation input (`Execution.glu_clamp_bytes`): Megatron-Core's
+          weighted_bias_quick_geglu_impl (megatron/core/fusions/fused_bias_geglu.py, core_v0.15.0 to main of 2026-08)
+          chunks the input, clamps each half and concatenates them before the fused kernel, so each half is read
+          and written by its clamp and again by the concatenation; backward the clamp's gradient reads the gradient
+          and the input and writes the gradient, and the chunk's concatenates the halves' gradients."""
+        ex, facts = self.execution, self.facts
+        if facts.expert_out_bias[i]:
+            per = (ex.expert_bias_bytes, ex.expert_bias_grad_bytes)
+        elif facts.glu_clamp[i]:
+            per = (ex.glu_clamp_bytes, ex.glu_clamp_grad_bytes)
+        else:
+            return None
+        return per if any(b > 0 for b in per) else None
 
     def _routed_bytes(self, i: int, share: float, per_element: float) -> float:
         """A memory-bound pass of `per_element` HBM bytes per element of node i's output on the busiest

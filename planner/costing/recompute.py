@@ -77,17 +77,17 @@ def _between_expert_gemms(facts, routed: frozenset[int]) -> frozenset[int]:
     checkpointed bias_act_func runs (megatron/core/transformer/moe/experts.py, core_v0.16.1), not the output bias
     added after the second GEMM (`_apply_bias`, outside the checkpoint) nor what follows it."""
     graph, matrix = facts.graph, facts.work.matrix
-    after: set[int] = set()
-    todo = [i for i in routed if matrix[i]]
+    gemms = [i for i in routed if matrix[i]]
+    after: set[int] = set()  # what the routed GEMMs' outputs reach before a routed GEMM
+    todo = list(gemms)
     while todo:
         for o in graph.nodes[todo.pop()].outputs:
             for j in facts.index.consumers.get(o, ()) if o else ():
                 if j in routed and not matrix[j] and j not in after:
                     after.add(j)
                     todo.append(j)
-    feeds = {i for i in routed if matrix[i]}  # ops of `after` from which a routed GEMM's input is reached
-    out: set[int] = set()
-    todo = list(feeds)
+    out: set[int] = set()  # of those, what a routed GEMM's inputs come from
+    todo = list(gemms)
     while todo:
         for x in graph.nodes[todo.pop()].inputs:
             j = facts.producer.get(x, (None,))[0] if x else None

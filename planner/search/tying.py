@@ -23,6 +23,12 @@ from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 
 
+def variant_of(key: Hashable, type_id: str) -> tuple | None:
+    """The tied variant a node key of a `type_id` block stands for ((type_id,) or (type_id, variant)), or None for
+    a key of its own (an instance that did not line up, or alone in its variant)."""
+    return key[:-1] if isinstance(key, tuple) and key and key[0] == type_id else None
+
+
 def tie_keys(graph: Graph, structure: Structure, signature: Mapping[int, Hashable] | None = None,
              ) -> tuple[list[Hashable], dict[str, Hashable]]:
     """(key per node, key per parameter) for the intra-op problem; `signature` holds, for the nodes that have
