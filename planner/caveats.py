@@ -120,6 +120,13 @@ def head_dim_assumptions(hw: Any, head_dims: Iterable[float]) -> list[str]:
     return out
 
 
+#: What published A/B pairs measured of the overlap (tests/data/overlap_pairs.json; the estimate's savings beside
+#: them: benchmarks/bench_overlap_pairs.py, tests/test_overlap_pairs.py).
+OVERLAP_PAIRS = ("timed off and on by NVIDIA it saved 14.7 % on 16 H100s with HybridEP and the router in CUDA graphs "
+                 "(as estimated), 10.7 % with DeepEP and 24 % with the alltoall dispatcher eagerly (estimated 21 % and "
+                 "38 %), and cost 7.5 % on 64 B200s, 'due to CPU overhead' (estimated a 7 % saving): README, The "
+                 "overlap against its A/B pairs")
+
 #: The shipped run that checks the 1F1B all-to-all overlap on the scale it was built for (held out).
 OVERLAP_WITNESS = "mb2509-deepseek-v3-1024xh100-fp8"
 
@@ -170,7 +177,7 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
                "report puts at about 20 % of GEMM efficiency on DeepSeek-V3)")
         out.append("the 1F1B all-to-all overlap pairs two micro-batches' MoE layers as Megatron-Core's schedule does, "
                    "taking them as alike, each backward as half data and half weight gradient, the host's waits as "
-                   f"none and {sms}" + _witness())
+                   f"none and {sms}" + _witness() + "; " + OVERLAP_PAIRS)
     if workload.dtype == "fp8" and ex.fp8_recipe in SCALED_BLOCKS:
         out.append(f"{ex.fp8_recipe} GEMMs are costed as per-tensor FP8 ones, at the fp8 plateau, their casts at the "
                    f"stack's {ex.fp8_cast_bytes:g} bytes an element: Megatron-Bridge's Llama 3.1 405B on 256 GB200s runs "
