@@ -81,6 +81,7 @@ def block_parts(structure: Structure, problem, parts: list[Parts]) -> dict[str, 
     per_tie: dict[tuple, Parts] = defaultdict(Parts)  # one instance of a tied variant of a block type
     own: dict[str, Parts] = defaultdict(Parts)
     tie_of: dict[str, tuple] = {}  # the blocks the tied vars stand for, and their variant's key
+    mapped: set[tuple] = set()  # (variant, instances) whose blocks are in tie_of: its other vars stand for them too
     for v_i, v in enumerate(problem.vars):
         if v.node is None:
             continue
@@ -89,7 +90,9 @@ def block_parts(structure: Structure, problem, parts: list[Parts]) -> dict[str, 
             continue
         if (tie := variant_of(v.key, blk.type_id)) is not None:
             per_tie[tie].add(parts[v_i], 1.0 / v.count)
-            tie_of.update((structure.block_of_node(int(i)).name, tie) for i in problem.members[v_i])
+            if (tie, v.count) not in mapped:
+                mapped.add((tie, v.count))
+                tie_of.update((structure.block_of_node(int(i)).name, tie) for i in problem.members[v_i])
         else:
             own[blk.name].add(parts[v_i])
     out: dict[str, Parts] = {}
@@ -106,21 +109,22 @@ def block_parts(structure: Structure, problem, parts: list[Parts]) -> dict[str, 
 def add_routed(facts, timer, t: int, again, training: bool, parts: dict[str, Parts]) -> None:
     """The routed experts of each MoE block (detached from the layout program): their tokens are spread over
     the stage's ranks by the dispatcher, so each rank runs 1/t of its replica's routed work. The instances of a
-    tied block type run the same ops on the same shapes: each position is timed once (`GraphFacts.node_keys`)."""
-    timed: dict = {}
-    for name, nodes in facts.routed.items():
+    tied block type run the same ops on the same shapes: each position is timed once (`GraphFacts.routed_timing`)."""
+    firsts, per_block = facts.routed_timing
+    if not firsts:
+        return
+    fwd = np.array([timer.forward(i, t) for i in firsts])
+    bwd = np.array([timer.backward(i, t) for i in firsts]) if training else fwd
+    for name, (nodes, position) in per_block.items():
         p = parts[name]
-        for i in sorted(nodes):
-            key = facts.node_keys[i]
-            if key not in timed:
-                timed[key] = (timer.forward(i, t), timer.backward(i, t) if training else 0.0)
-            f, b = timed[key]
-            p.forward += f
-            p.experts_fwd += f
-            if training:
-                p.backward += b
-                p.recompute += float(again[i]) * f
-                p.experts_bwd += b + float(again[i]) * f
+        f = fwd[position]
+        p.forward += float(f.sum())
+        p.experts_fwd += float(f.sum())
+        if training:
+            b, again_f = float(bwd[position].sum()), float((again[nodes] * f).sum())
+            p.backward += b
+            p.recompute += again_f
+            p.experts_bwd += b + again_f
 
 
 __all__ = ["add_routed", "block_parts", "gemm_windows", "var_parts"]
