@@ -5,8 +5,9 @@
 Megatron-Core's 1F1B all-to-all overlap (`Execution.overlap_ep_comm`, costed by `planner.costing.moe_pairing`)
 is a stack knob a user's stack file can set. tests/data/overlap_pairs.json holds jobs NVIDIA timed with it off
 and on, nothing else changed (sources there and in tests/data/SOURCES.md). For each pair this prints the measured
-saving (1 - on / off), the estimated one from the same two runs, and each row's error; the ratio is what is
-checked (`tests/test_overlap_pairs.py`), not either row, which newer containers than the shipped releases' timed.
+saving (1 - on / off), the estimated one from the same two runs, and each row's error (predicted / measured - 1);
+the ratio is what is checked (`tests/test_overlap_pairs.py`), not either row, which newer containers than the
+shipped releases' timed.
 """
 
 from __future__ import annotations
@@ -46,19 +47,21 @@ def load_pairs(path: Path = DATA) -> list[OverlapPair]:
         if "shipped" in row:
             off, on = shipped[row["shipped"]["off"]], shipped[row["shipped"]["on"]]
         else:
-            off, on = (_run(row, side) for side in ("off", "on"))
+            off, on = (_run(row, side, path.name) for side in ("off", "on"))
         if off.execution.overlap_ep_comm or not on.execution.overlap_ep_comm:
             raise ValueError(f"{row['id']}: its 'off' run must not overlap and its 'on' run must")
         out.append(OverlapPair(row["id"], row["label"], row["source"], off, on, tuple(row.get("notes", ()))))
     return out
 
 
-def _run(row: dict, side: str) -> Run:
+def _run(row: dict, side: str, where: str) -> Run:
+    """One side of a pair given by its run: the run with the overlap off or on and that side's measured time."""
     spec = copy.deepcopy(row["run"])
-    spec.update(id=f"{row['id']}-{side}", source=f"{DATA.name}#{row['id']}",
-                measured={"step_s": row["measured_s"][side]})
-    spec["execution"]["overlap_ep_comm"] = side == "on"
-    return parse_run(spec, where=f"{DATA.name} pair {row['id']!r}")
+    if "overlap_ep_comm" in spec.get("execution", {}):
+        raise ValueError(f"{where} pair {row['id']!r}: its run sets overlap_ep_comm, which each side sets itself")
+    spec.update(id=f"{row['id']}-{side}", source=f"{where}#{row['id']}", measured={"step_s": row["measured_s"][side]})
+    spec.setdefault("execution", {})["overlap_ep_comm"] = side == "on"
+    return parse_run(spec, where=f"{where} pair {row['id']!r}")
 
 
 def savings(pair: OverlapPair, predictor: Predictor) -> tuple[float, float, float, float]:
@@ -71,7 +74,8 @@ def savings(pair: OverlapPair, predictor: Predictor) -> tuple[float, float, floa
 def table(predictor: Predictor | None = None) -> list[str]:
     """The README's table: per pair, the measured and estimated savings and each row's error."""
     predictor = predictor or Predictor()
-    lines = ["| pair | hardware | measured saving | estimated | off row | on row |", "|---|---|---:|---:|---:|---:|"]
+    lines = ["| pair | hardware | measured saving | estimated | off-row error | on-row error |",
+             "|---|---|---:|---:|---:|---:|"]
     for pair in load_pairs():
         m, e, err_off, err_on = savings(pair, predictor)
         lines.append(f"| {pair.label} | {pair.on.hardware} | {100 * m:+.1f}% | {100 * e:+.1f}% | {100 * err_off:+.1f}% | "

@@ -81,7 +81,8 @@ def block_parts(structure: Structure, problem, parts: list[Parts]) -> dict[str, 
     per_tie: dict[tuple, Parts] = defaultdict(Parts)  # one instance of a tied variant of a block type
     own: dict[str, Parts] = defaultdict(Parts)
     tie_of: dict[str, tuple] = {}  # the blocks the tied vars stand for, and their variant's key
-    mapped: set[tuple] = set()  # (variant, instances) whose blocks are in tie_of: its other vars stand for them too
+    # every var of a variant has one member in each of the variant's blocks (`tying.tie_keys`): map them once
+    mapped: set[tuple] = set()
     for v_i, v in enumerate(problem.vars):
         if v.node is None:
             continue
@@ -90,8 +91,8 @@ def block_parts(structure: Structure, problem, parts: list[Parts]) -> dict[str, 
             continue
         if (tie := variant_of(v.key, blk.type_id)) is not None:
             per_tie[tie].add(parts[v_i], 1.0 / v.count)
-            if (tie, v.count) not in mapped:
-                mapped.add((tie, v.count))
+            if tie not in mapped:
+                mapped.add(tie)
                 tie_of.update((structure.block_of_node(int(i)).name, tie) for i in problem.members[v_i])
         else:
             own[blk.name].add(parts[v_i])
@@ -109,17 +110,18 @@ def block_parts(structure: Structure, problem, parts: list[Parts]) -> dict[str, 
 def add_routed(facts, timer, t: int, again, training: bool, parts: dict[str, Parts]) -> None:
     """The routed experts of each MoE block (detached from the layout program): their tokens are spread over
     the stage's ranks by the dispatcher, so each rank runs 1/t of its replica's routed work. The instances of a
-    tied block type run the same ops on the same shapes: each position is timed once (`GraphFacts.routed_timing`)."""
-    firsts, per_block = facts.routed_timing
-    if not firsts:
+    tied block type run the same ops on the same shapes: each position is timed once (`GraphFacts.routed_positions`)."""
+    positions = facts.routed_positions
+    if not positions.firsts:
         return
-    fwd = np.array([timer.forward(i, t) for i in firsts])
-    bwd = np.array([timer.backward(i, t) for i in firsts]) if training else fwd
-    for name, (nodes, position) in per_block.items():
+    fwd = np.array([timer.forward(i, t) for i in positions.firsts])
+    bwd = np.array([timer.backward(i, t) for i in positions.firsts]) if training else fwd
+    for name, (nodes, position) in positions.blocks.items():
         p = parts[name]
         f = fwd[position]
-        p.forward += float(f.sum())
-        p.experts_fwd += float(f.sum())
+        f_sum = float(f.sum())
+        p.forward += f_sum
+        p.experts_fwd += f_sum
         if training:
             b, again_f = float(bwd[position].sum()), float((again[nodes] * f).sum())
             p.backward += b

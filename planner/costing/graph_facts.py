@@ -9,6 +9,8 @@ shared by all of them.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -142,9 +144,8 @@ class GraphFacts:
         #: per MoE block, the nodes that run on routed tokens (costed by the expert-parallel model)
         self.routed: dict[str, frozenset[int]] = {
             b: routed_region(graph, self.index, frozenset(structure.block(b).nodes), f) for b, f in self.moe.items()}
-        #: the routed nodes timed once per tied position (`node_keys`): each position's first node, and per MoE
-        #: block its routed nodes in order with the index of their position's first node (`attribution.add_routed`)
-        self.routed_timing = _routed_timing(self.routed, self.node_keys)
+        #: the routed nodes by tied position (`node_keys`), each position timed once (`attribution.add_routed`)
+        self.routed_positions = routed_positions(self.routed, self.node_keys)
         self.in_routed = np.zeros(len(graph.nodes), dtype=bool)
         for nodes in self.routed.values():
             self.in_routed[sorted(nodes)] = True
@@ -291,19 +292,26 @@ class GraphFacts:
         return self._captured[scopes]
 
 
-def _routed_timing(routed: dict[str, frozenset[int]], node_keys) -> tuple[
-        tuple[int, ...], dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """The first node of each tied position among the routed nodes (blocks in order, nodes ascending), and per
-    block its routed nodes ascending with the index of their position's first node in that tuple."""
+@dataclass(frozen=True, slots=True)
+class RoutedPositions:
+    """The routed nodes of a graph by tied position: the first node of each position (blocks in order, nodes
+    ascending), and per MoE block its routed nodes ascending with the index of their position in `firsts`."""
+
+    firsts: tuple[int, ...]
+    blocks: dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+def routed_positions(routed: dict[str, frozenset[int]], node_keys: Sequence[Hashable]) -> RoutedPositions:
+    """`RoutedPositions` of the routed nodes per block, a position being a node's tie key (`tie_keys`)."""
     firsts: list[int] = []
-    index_of: dict = {}
-    per_block: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    index_of: dict[Hashable, int] = {}
+    blocks: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for name, nodes in routed.items():
         order = sorted(nodes)
         for i in order:
             if node_keys[i] not in index_of:
                 index_of[node_keys[i]] = len(firsts)
                 firsts.append(i)
-        per_block[name] = (np.array(order, dtype=np.int64),
-                           np.array([index_of[node_keys[i]] for i in order], dtype=np.int64))
-    return tuple(firsts), per_block
+        blocks[name] = (np.array(order, dtype=np.int64),
+                        np.array([index_of[node_keys[i]] for i in order], dtype=np.int64))
+    return RoutedPositions(tuple(firsts), blocks)
