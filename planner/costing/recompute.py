@@ -89,9 +89,8 @@ def _between_expert_gemms(facts, routed: frozenset[int]) -> frozenset[int]:
     out: set[int] = set()  # of those, what a routed GEMM's inputs come from
     todo = list(gemms)
     while todo:
-        for x in graph.nodes[todo.pop()].inputs:
-            j = facts.producer.get(x, (None,))[0] if x else None
-            if j is not None and j in after and j not in out:
+        for j in _producers(facts, todo.pop()):
+            if j in after and j not in out:
                 out.add(j)
                 todo.append(j)
     return frozenset(i for i in out if ".experts" in graph.nodes[i].scope)
