@@ -20,8 +20,10 @@ sets it, read here and nowhere else:
 - TP communication overlapped unless the release's function builds CommOverlapConfig(tp_comm_overlap=False);
 - DeepSeek-V3: the recipes' precision-aware optimizer (8 bytes of state) and group-limited routing (4 of 8 groups of
   32 experts, wherever they sit);
-- not costed where a preset sets them (26.06 on): the CuTe DSL fused grouped MLP (the activation inside the expert
-  GEMMs) and FP8 attention; the estimate runs them unfused and in BF16, but as that MLP runs its experts: one grouped
+- FP8 attention where a preset sets fp8_dot_product_attention (26.06 on): the flash kernel at the hardware's
+  measured FP8 figures in the recipe's format (`Execution.fp8_attention`);
+- not costed where a preset sets it (26.06 on): the CuTe DSL fused grouped MLP (the activation inside the expert
+  GEMMs); the estimate runs the activation unfused, but as that MLP runs its experts: one grouped
   kernel a projection (`expert_gemm_streams` 0), without the eager clamps of gpt-oss's gated activation or its
   per-expert bias loop (`glu_clamp_bytes`, `expert_bias_bytes` 0: Transformer Engine's op fuser takes the clamp as
   its ScaledClampedQGeGLU's limit and the bias, scaled by the routing probability, in its GroupedLinear's
@@ -53,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_calibration import unscored as unscored_runs  # noqa: E402
 from benchmarks.calibration_readings import LATER_RELEASES  # noqa: E402
-from benchmarks.calibration_spec_helpers import DSV3_MTP, dsv3_as_run  # noqa: E402
+from benchmarks.calibration_spec_helpers import CUTEDSL_MLP, DSV3_MTP, FP8_ATTENTION, dsv3_as_run  # noqa: E402
 from planner.calibration import read_runs  # noqa: E402
 from planner.calibration.bridge_sweep import ERRORS, errors_table  # noqa: E402
 from planner.calibration.hardware_pairs import PAIRS, pairs, pairs_table  # noqa: E402
@@ -126,9 +128,10 @@ def run_of(row: dict, index: int) -> dict | None:
     if row["model"] == "deepseek-v3":
         ex |= {"optimizer_bytes": 8.0, "moe_group_limit": 4, "moe_groups": 8}
     if p.get("cutedsl_fused_grouped_mlp"):  # one grouped kernel a projection, the clamps and the bias inside
-        ex |= {"glu_clamp_bytes": 0.0, "glu_clamp_grad_bytes": 0.0, "expert_bias_bytes": 0.0,
-               "expert_bias_grad_bytes": 0.0, "expert_gemm_streams": 0}
-    notes += [f"not costed: {k}" for k in ("cutedsl_fused_grouped_mlp", "fp8_dot_product_attention") if p.get(k)]
+        ex |= CUTEDSL_MLP
+    if p.get("fp8_dot_product_attention"):  # the flash kernel in the recipe's FP8 format
+        ex |= FP8_ATTENTION
+    notes += ["not costed: cutedsl_fused_grouped_mlp"] if p.get("cutedsl_fused_grouped_mlp") else []
     notes += [f"the table's footnote: {text}" for text in row.get("footnotes", {}).values()]
     regression = next((text for text in row.get("footnotes", {}).values() if REGRESSION.search(text)), "")
     return {"id": f"{row['release']}-{row['hardware']}-{row['model']}-{row['precision'].lower()}-{gpus}gpu",

@@ -18,6 +18,21 @@ MX = {"fp8_recipe": "mxfp8"}  # its cast bytes the recipe's (planner/costing/exe
 #: Megatron-Bridge's GB200 MXFP8 MoE recipes (the layouts of the 26.06 rows): HybridEP dispatch and the expert
 #: all-to-all overlapped with the other micro-batch's compute
 HYBRIDEP_OVERLAP = {"moe_dispatcher": "deepep", "overlap_ep_comm": True}
+#: The CuTe DSL fused grouped MLP a 26.06-on preset sets (cutedsl_fused_grouped_mlp): one grouped kernel a projection,
+#: gpt-oss's clamps and output bias inside it (Transformer Engine's op fuser: ScaledClampedQGeGLU's limit, the bias
+#: scaled by the routing probability in GroupedLinear's scale_bias; megatron/core/transformer/moe/experts.py on main
+#: of 2026-08-22, TE v2.15 on); the activation itself is costed unfused (not costed: its fusion into the GEMMs)
+CUTEDSL_MLP = {"glu_clamp_bytes": 0.0, "glu_clamp_grad_bytes": 0.0, "expert_bias_bytes": 0.0,
+               "expert_bias_grad_bytes": 0.0, "expert_gemm_streams": 0}
+#: A preset's fp8_dot_product_attention: the flash kernel in the recipe's FP8 format (Execution.fp8_attention)
+FP8_ATTENTION = {"fp8_attention": True}
+#: What a 26.06 preset sets beside its layout (%s: its file and name under Megatron-Bridge v0.5.0
+#: scripts/performance/configs)
+MLP_NOTE = ("the CuTe DSL fused grouped MLP, as the 26.06 release's preset sets (cutedsl_fused_grouped_mlp; Megatron-"
+            "Bridge v0.5.0 scripts/performance/configs/%s): one grouped kernel a projection, its activation costed "
+            "unfused")
+MLP_ATTENTION_NOTE = MLP_NOTE + (", and attention in MXFP8 as it sets fp8_dot_product_attention, at the hardware's "
+                                 "measured MXFP8 attention figures")
 HYBRIDEP_NOTE = ("HybridEP dispatch with the expert all-to-all overlapped (overlap_moe_expert_parallel_comm), as "
                  "the recipe's full-iteration MXFP8 settings set")
 TT_EAGER = {"fuse_elementwise": False}

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from benchmarks.calibration_spec_helpers import (
     ACCOUNTED_NOTE, ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT,
-    DSV3_GROUPS, DSV3_HYBRIDEP, DSV3_OPT, DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, GPT3_20B, GT, HYBRIDEP_NOTE,
-    HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MOE_BAL, MOE_BAL_ASSUMED, MX, MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE,
+    CUTEDSL_MLP, DSV3_GROUPS, DSV3_HYBRIDEP, DSV3_OPT, DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, FP8_ATTENTION, GPT3_20B, GT,
+    HYBRIDEP_NOTE, HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MLP_ATTENTION_NOTE, MLP_NOTE, MOE_BAL, MOE_BAL_ASSUMED, MX,
+    MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE,
     TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE, TT_EAGER, TT_EAGER_LOSS, TT_EAGER_LOSS_NOTE, TT_NOTE, a100,
     as_run_split, ascend,
     asynctp_variants, bridge, mz_long_context, nemo, table, titan, ws,
@@ -293,10 +294,12 @@ SPECS |= table([
                   "as the recipe sets (perf_recipes/llama/gb200/llama3.py llama3_70b_pretrain_64gpu_gb200_fp8mx_config)"]),
     bridge("mb2606-deepseek-v3-256xgb200-mxfp8", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
            {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
-           execution=MX | HYBRIDEP_OVERLAP | DSV3_OPT | {"recompute_modules": ["mla_up_proj"], "moe_group_limit": 4,
-                                                        "moe_groups": 8},
+           execution=MX | HYBRIDEP_OVERLAP | DSV3_OPT | CUTEDSL_MLP | {"recompute_modules": ["mla_up_proj"],
+                                                                      "moe_group_limit": 4, "moe_groups": 8},
            file="gb200", notes=[MOE_BAL, DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
-                                "sets", HYBRIDEP_NOTE + " (perf_recipes/deepseek/common.py)", DSV3_OPT_NOTE]),
+                                "sets", HYBRIDEP_NOTE + " (perf_recipes/deepseek/common.py)", DSV3_OPT_NOTE,
+                                MLP_NOTE % "deepseek/deepseek_workload_base_configs.py "
+                                "DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_FP8_MX_V1"]),
     bridge("mb2511-deepseek-v3-256xgb200-bf16", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
            {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"}, dtype="bf16",
            execution=DSV3_OPT | {"moe_group_limit": 4, "moe_groups": 8, "recompute_modules": ["mla_up_proj"],
@@ -306,11 +309,15 @@ SPECS |= table([
                                 DSV3_OPT_NOTE],
            mtp=False),
     bridge("mb2606-qwen3-235b-a22b-256xgb200-mxfp8", "qwen3-235b-a22b", "gb200-nvl72", 256, 4096, 8192,
-           {"pp": 8, "vpp": 3, "dp": 32, "ep": 32}, execution=MX | HYBRIDEP_OVERLAP, file="gb200",
-           notes=[MOE_BAL, HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
+           {"pp": 8, "vpp": 3, "dp": 32, "ep": 32}, execution=MX | HYBRIDEP_OVERLAP | CUTEDSL_MLP | FP8_ATTENTION,
+           file="gb200", notes=[MOE_BAL, HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)",
+                                MLP_ATTENTION_NOTE % "qwen/qwen3_workload_base_configs.py "
+                                "QWEN3_235B_A22B_PRETRAIN_CONFIG_GB200_FP8_MX_V2"]),
     bridge("mb2606-qwen3-30b-a3b-8xgb200-mxfp8", "qwen3-30b-a3b", "gb200-nvl72", 8, 4096, 512,
-           {"dp": 8, "ep": 8, "micro_batch": 4}, execution=MX | HYBRIDEP_OVERLAP, file="gb200",
-           notes=[MOE_BAL, HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)"]),
+           {"dp": 8, "ep": 8, "micro_batch": 4}, execution=MX | HYBRIDEP_OVERLAP | CUTEDSL_MLP | FP8_ATTENTION,
+           file="gb200", notes=[MOE_BAL, HYBRIDEP_NOTE + " (perf_recipes/qwen/common.py)",
+                                MLP_ATTENTION_NOTE % "qwen/qwen3_workload_base_configs.py "
+                                "QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1"]),
     ("mz-qwen3-235b-256xgb200-bf16-pp8-ep8", {
         "file": "gb200", "hardware": "gb200-nvl72", "devices": 256, "model": "qwen3-235b-a22b", "seq_len": 4096,
         "global_batch": 8192, "stack": MC, "execution": MZ_GRADS | {"moe_dispatcher": "deepep"},

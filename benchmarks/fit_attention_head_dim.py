@@ -29,7 +29,7 @@ from scipy.optimize import minimize_scalar  # noqa: E402
 
 from cost_models import load_cluster  # noqa: E402
 from cost_models.compute import attention_time_s  # noqa: E402
-from planner.costing.attention import kept_fraction  # noqa: E402
+from planner.costing.attention import kept_fraction, pass_window  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "cudnn_sdpa.json"
 PRESET = {"H200": "dgx-h200", "GB200": "gb200-nvl72", "GB300": "gb300-nvl72"}
@@ -47,18 +47,33 @@ def useful_keys(row: dict) -> float:
 
 
 def kept_keys(row: dict) -> float:
-    """Mean key positions a query row's computed tiles cover, as the cost model counts them."""
-    return kept_fraction(row["seq"], row["seq"], row["mask"] == "top_left", row["window"]) * row["seq"]
+    """Mean key positions a query row's computed tiles cover, as the cost model counts them (a row run in FP8, its
+    "dtype", by the window its pass skips tiles by: `pass_window`)."""
+    window = pass_window(row["window"], row["phase"] == "bwd", row.get("dtype", ""))
+    return kept_fraction(row["seq"], row["seq"], row["mask"] == "top_left", window) * row["seq"]
+
+
+def useful_flops(row: dict) -> float:
+    """The row's FLOPs as the benchmark counts them, from its shape (its rounded TFLOP/s times its time agree to
+    0.6 % where they have the digits): over the unmasked pairs, QK^T and PV forward, 2 (d_qk + d_v) a pair;
+    backward S again, dP, dV, dQ and dK, 2 (3 d_qk + 2 d_v) a pair, 2.5x the forward at equal head dims. The cost
+    model charges every backward 2.5x its forward (`BACKWARD_FLOPS_RATIO`), 4 % under this count at MLA's 192/128:
+    the wide-head rate fitted on it carries the difference."""
+    pairs = row["batch"] * row["heads"] * row["seq"] * useful_keys(row)
+    qk, v = row["head_dim_qk"], row["head_dim_vo"]
+    return 2.0 * pairs * ((3 * qk + 2 * v) if row["phase"] == "bwd" else (qk + v))
 
 
 def predicted_ms(row: dict, cluster=None) -> float:
     """The row's time as the cost model charges it (on `cluster`, by default the row's GPU's preset): the FLOPs of
-    the tiles it computes at the law's rate for the keys they cover and the head dim."""
+    the tiles it computes at the law's rate for the keys they cover and the head dim, in the row's FP8 format where
+    it has one ("dtype")."""
     cluster = cluster or load_cluster(PRESET[row["gpu"]])
     keys = kept_keys(row)
-    flops = row["tflops"] * 1e12 * row["time_ms"] * 1e-3 * keys / useful_keys(row)
+    flops = useful_flops(row) * keys / useful_keys(row)
     head_dim = (row["head_dim_qk"] + row["head_dim_vo"]) / 2
-    return 1e3 * attention_time_s(cluster, flops, 0.0, PHASES[row["phase"]][0], "cudnn", keys, head_dim)
+    return 1e3 * attention_time_s(cluster, flops, 0.0, PHASES[row["phase"]][0], "cudnn", keys, head_dim,
+                                  row.get("dtype", ""))
 
 
 def narrow_rows(gpu: str, phase: str) -> list[dict]:

@@ -120,6 +120,12 @@ def _print_cluster(c: Cluster) -> None:
         console.print(f"flash attention ({'plateau share' if law else 'share'} of the bf16 peak, forward/backward): "
                       f"{kernels}{half}"
                       + (f"; {c.attention_basis}" if c.attention_basis else ""), markup=False)
+    if c.attention_fp8_plateaus:  # the kernel run in FP8 (a stack's fp8_attention), where measured
+        wide = {k: (f, b) for k, f, b in c.attention_fp8_wide_heads}
+        shown = ", ".join(f"{k} {f:g}/{b:g}" + (f" (MLA's heads at {wide[k][0]:g}/{wide[k][1]:g} of head dim 128's rate)"
+                                                  if k in wide else "") for k, f, b in c.attention_fp8_plateaus)
+        console.print(f"flash attention in FP8 (plateau share of the fp8 peak, forward/backward): {shown}",
+                      markup=False)
     for src in c.sources:
         console.print(f"  source: {src}", markup=False)
 

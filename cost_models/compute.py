@@ -91,7 +91,7 @@ def copy_s(cluster: Cluster, nbytes: float) -> float:
 MEASURED_HEAD_DIM = 128.0
 
 
-def head_dim_factor(cluster: Cluster, head_dim: float, phase: Phase) -> float:
+def head_dim_factor(cluster: Cluster, head_dim: float, phase: Phase, fp8: str = "") -> float:
     """Flash attention's rate at `head_dim` (the mean of the query-key and value head dims) over its rate at head
     dim 128, where the device's figures were measured: (d / (d + D)) / (128 / (128 + D)) below 128, the device's
     measured `attention_wide_heads` above it.
@@ -104,11 +104,13 @@ def head_dim_factor(cluster: Cluster, head_dim: float, phase: Phase) -> float:
     head-dim-128 ones (benchmarks/fit_attention_head_dim.py; tests/test_attention_length.py checks it). Wider
     heads do not run at the higher rate this law would give them: cuDNN runs MLA's 192-wide query-key heads (128-
     wide values) forward at head dim 128's rate and backward 10-12 % slower (its H200 and GB200 benchmarks), the
-    rate the device's `attention_wide_heads` carries, taken for every head wider than 128. D = 0: the device's
+    rate the device's `attention_wide_heads` carries, taken for every head wider than 128. In FP8 (`fp8`) they run
+    faster a FLOP than head dim 128 does: the device's FP8 rate for them where measured (`Cluster.wide_heads`;
+    cuDNN 9.22's FP8 and MXFP8 MLA rows on GB200 and GB300, benchmarks/fit_attention_fp8.py). D = 0: the device's
     figures for every narrower head dim."""
     index = 0 if phase == "forward" else 1
     if head_dim > MEASURED_HEAD_DIM:
-        return cluster.attention_wide_heads[index]
+        return cluster.wide_heads(fp8)[index]
     d0 = cluster.attention_half_dims[index]
     if d0 <= 0 or head_dim <= 0 or head_dim == MEASURED_HEAD_DIM:
         return 1.0
@@ -116,7 +118,7 @@ def head_dim_factor(cluster: Cluster, head_dim: float, phase: Phase) -> float:
 
 
 def attention_time_s(cluster: Cluster, flops: float, bytes_moved: float, phase: Phase, kernel: str,
-                     keys: float = 0.0, head_dim: float = MEASURED_HEAD_DIM) -> float:
+                     keys: float = 0.0, head_dim: float = MEASURED_HEAD_DIM, fp8: str = "") -> float:
     """Seconds of one fused (flash) attention kernel on one device: its FLOPs at the kernel's efficiency, a
     fraction of the bf16 peak, paying the per-kernel overhead of the device's law (t0 + F / (eff * peak); under
     the length law below, which holds it, t0 is a floor), or
@@ -129,15 +131,22 @@ def attention_time_s(cluster: Cluster, flops: float, bytes_moved: float, phase: 
     `keys` 0: the plateau). Fitted on cuDNN's causal SDPA at 2K-32K tokens, head dim 128
     (NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training): H200 within 3 %, GB200 within 10 %. Its sliding-
     window runs (head dim 64) at the head-dim law's rate (`head_dim_factor`); its non-causal runs (not fitted)
-    within 8 % (tests/test_attention_length.py)."""
+    within 8 % (tests/test_attention_length.py).
+
+    With `fp8` ("fp8" or "mxfp8": Transformer Engine's fp8_dot_product_attention under a per-tensor or an MXFP8
+    recipe) the kernel runs at the device's FP8 plateaus (`Cluster.attention_fp8_plateau`), fractions of its fp8
+    peak, on the same length and head-dim laws: fitted on cuDNN 9.22's FP8 and MXFP8 causal runs at head dim 128 on
+    GB200 and GB300 (the MLA-shaped causal runs fit the wide-head rate); held out, the non-causal runs within 22 %
+    and the head-dim-64 runs at a 128-token window, whose forward comes out 28-51 % fast
+    (benchmarks/fit_attention_fp8.py)."""
     if flops < 0 or bytes_moved < 0:
         raise ValueError(f"flops and bytes must be >= 0, got {flops} and {bytes_moved}")
     if flops == 0 and bytes_moved == 0:
         return 0.0
-    forward, backward, _ = cluster.attention_plateau(kernel)
-    plateau = (forward if phase == "forward" else backward) * head_dim_factor(cluster, head_dim, phase)
+    forward, backward = cluster.attention_fp8_plateau(fp8) if fp8 else cluster.attention_plateau(kernel)[:2]
+    plateau = (forward if phase == "forward" else backward) * head_dim_factor(cluster, head_dim, phase, fp8)
     half = cluster.attention_half_keys[0 if phase == "forward" else 1]
-    peak = cluster.device.peak_flops("bf16")
+    peak = cluster.device.peak_flops("fp8" if fp8 else "bf16")
     if keys > 0 and half > 0:  # the law's K holds the kernel's fixed costs, as the benchmarks timed them: t0 a floor
         compute_s = max(cluster.kernel_overhead_s, flops / (plateau * keys / (keys + half) * peak))
     else:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import math
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,9 @@ from typing import Any
 from cost_models.accuracy import parse_held_out
 from cost_models.curves import EfficiencyCurve, half_size, overhead_law
 from cost_models.errors import SpecError
-from cost_models.spec import ALGORITHMS, DTYPES, TOPOLOGIES, Cluster, Device, Level, MemoryTier, check_device_count
+from cost_models.spec import (ALGORITHMS, DTYPES, FP8_ATTENTION_FORMATS, TOPOLOGIES, Cluster, Device, Level,
+                              MemoryTier, check_device_count)
+from cost_models.toml_table import Table, shown
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -100,6 +100,22 @@ def parse_cluster(data: dict[str, Any], *, source: str, default_name: str) -> Cl
     )
 
 
+def _pairs_by_name(eff, key: str, what: str, most: float, names: tuple[str, ...] = ()) -> tuple:
+    """A table of [forward, backward] figures by name (one of `names`, where given), each in (0, most]."""
+    table = eff.table(key, required=False)
+    out = []
+    for name in table.data:
+        value = table.data[name]
+        ok = ((not names or name in names) and isinstance(value, list) and len(value) == 2
+              and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= most for v in value))
+        if not ok:
+            lead = f"{' or '.join(names)} = " if names else ""
+            raise table.error(name, f"expected {lead}[forward, backward] {what} in (0, {most:g}], "
+                                    f"got {name} = {shown(value)}")
+        out.append((name, float(value[0]), float(value[1])))
+    return tuple(out)
+
+
 def _pair(eff: Table, key: str, what: str, rate: bool = False) -> tuple[float, float]:
     """A [forward, backward] pair of numbers >= 0 in [efficiency] (0, 0 when absent), or with `rate` of rates in
     (0, 1] (1, 1 when absent)."""
@@ -107,7 +123,7 @@ def _pair(eff: Table, key: str, what: str, rate: bool = False) -> tuple[float, f
     if not (isinstance(pair, list) and len(pair) == 2
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) and (0 < v <= 1 if rate else v >= 0)
                     for v in pair)):
-        raise eff.error(key, f"expected [forward, backward] {what}, got {_show(pair)}")
+        raise eff.error(key, f"expected [forward, backward] {what}, got {shown(pair)}")
     return float(pair[0]), float(pair[1])
 
 
@@ -120,9 +136,9 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     sampled at eighth-decades; `matmul = [[size, eff], ...]` tables are taken as given instead.
     """
     eff.only("matmul", "memory", "matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us",
-             "host_overhead_us", "attention", "attention_basis", "attention_half_keys", "attention_half_dims",
-             "attention_wide_heads", "overlap", "fitted_on", "not_fitted", "calibration", "held_out",
-             "transferred_from")
+             "host_overhead_us", "attention", "attention_fp8", "attention_fp8_wide_heads", "attention_basis",
+             "attention_half_keys", "attention_half_dims", "attention_wide_heads", "overlap", "fitted_on",
+             "not_fitted", "calibration", "held_out", "transferred_from")
     law = [k for k in ("matmul_plateau", "memory_plateau", "kernel_overhead_us") if k in eff.data]
     if law and len(law) != 3:
         missing = sorted({"matmul_plateau", "memory_plateau", "kernel_overhead_us"} - set(law))
@@ -147,22 +163,18 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
             raise eff.error("fp8_matmul_plateau", "needs the law's parameters (matmul_plateau, memory_plateau, "
                                                   "kernel_overhead_us)")
         matmul, memory = eff.curve("matmul"), eff.curve("memory")
-    att = eff.table("attention", required=False)
-    attention = []
-    for kernel in att.data:  # file order: the first is the device's default flash kernel
-        value = att.data[kernel]
-        ok = (isinstance(value, list) and len(value) == 2
-              and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1 for v in value))
-        if not ok:
-            raise att.error(kernel, f"expected [forward, backward] fractions of the bf16 peak in (0, 1], "
-                                    f"got {_show(value)}")
-        attention.append((kernel, float(value[0]), float(value[1])))
+    # per kernel (file order: the first is the device's default flash kernel), then per FP8 format
+    attention = _pairs_by_name(eff, "attention", "fractions of the bf16 peak", 1.0)
+    attention_fp8 = _pairs_by_name(eff, "attention_fp8", "fractions of the fp8 peak", 1.0, FP8_ATTENTION_FORMATS)
+    fp8_wide = _pairs_by_name(eff, "attention_fp8_wide_heads", "rates over head dim 128's", 2.0, FP8_ATTENTION_FORMATS)
     half, dims = (_pair(eff, key, f"{what} >= 0") for key, what in (("attention_half_keys", "key counts"),
                                                                    ("attention_half_dims", "head dims")))
     wide = _pair(eff, "attention_wide_heads", "rates over head dim 128's in (0, 1]", rate=True)
     fitted_on = eff.texts("fitted_on")
     return dict(matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
-                attention_plateaus=tuple(attention), attention_half_keys=half, attention_half_dims=dims,
+                attention_plateaus=attention, attention_fp8_plateaus=attention_fp8,
+                attention_fp8_wide_heads=fp8_wide,
+                attention_half_keys=half, attention_half_dims=dims,
                 attention_wide_heads=wide,
                 kernel_overhead_s=t0, **plateaus,
                 host_overhead_s=eff.number("host_overhead_us", default=0.0, allow_zero=True) * US,
@@ -269,131 +281,3 @@ def _tier(t: Table) -> MemoryTier:
         link=t.text("link", default=""),
         efficiency=t.curve("efficiency"),
     )
-
-
-def _show(value: Any) -> str:
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)
-
-
-_MISSING = object()
-
-
-class Table:
-    """One TOML table and its dotted path, with typed getters that raise SpecError naming the field."""
-
-    def __init__(self, data: Any, path: str, source: str) -> None:
-        if not isinstance(data, dict):
-            raise SpecError(f"{source}: {path}: expected a table, got {_show(data)}.")
-        self.data, self.path, self.source = data, path, source
-
-    def field(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def error(self, key: str, what: str) -> SpecError:
-        where = self.field(key) if key else self.path
-        return SpecError(f"{self.source}: {where}: {what}.")
-
-    def only(self, *keys: str) -> None:
-        for key in sorted(self.data):
-            if key not in keys:
-                raise self.error(key, f"unknown field; expected one of {', '.join(keys)}")
-
-    def _get(self, key: str, default: Any, what: str) -> Any:
-        if key in self.data:
-            return self.data[key]
-        if default is _MISSING:
-            raise self.error(key, f"missing; expected {what}")
-        return default
-
-    def table(self, key: str, required: bool = True) -> Table:
-        value = self._get(key, _MISSING if required else {}, "a table")
-        return Table(value, self.field(key), self.source)
-
-    def tables(self, key: str, required: bool) -> list[Table]:
-        value = self._get(key, _MISSING if required else [], f"one or more [[{key}]] tables")
-        if not isinstance(value, list) or (required and not value):
-            raise self.error(key, f"expected one or more [[{key}]] tables, got {_show(value)}")
-        return [Table(v, f"{self.field(key)}[{i}]", self.source) for i, v in enumerate(value)]
-
-    def text(self, key: str, default: Any = _MISSING) -> str:
-        value = self._get(key, default, "a string")
-        if not isinstance(value, str) or (default is _MISSING and not value.strip()):
-            raise self.error(key, f"expected a non-empty string, got {_show(value)}")
-        return value
-
-    def texts(self, key: str) -> list[str]:
-        value = self._get(key, [], "a list of strings")
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self.error(key, f"expected a list of strings, got {_show(value)}")
-        return value
-
-    def number(self, key: str, default: Any = _MISSING, allow_zero: bool = False) -> Any:
-        value = self._get(key, default, "a positive number")
-        if value is default and default is not _MISSING:
-            return value
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok or value < 0 or (value == 0 and not allow_zero):
-            kind = "a non-negative number" if allow_zero else "a positive number"
-            raise self.error(key, f"expected {kind}, got {_show(value)}")
-        return float(value)
-
-    def integer(self, key: str, minimum: int, default: Any = _MISSING) -> Any:
-        value = self._get(key, default, f"an integer of at least {minimum}")
-        if value is default and default is not _MISSING:
-            return value
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise self.error(key, f"expected an integer of at least {minimum}, got {_show(value)}")
-        return value
-
-    def boolean(self, key: str, default: Any = _MISSING) -> bool:
-        value = self._get(key, default, "true or false")
-        if not isinstance(value, bool):
-            raise self.error(key, f"expected true or false, got {_show(value)}")
-        return value
-
-    def choice(self, key: str, options: tuple[str, ...], default: Any = _MISSING) -> Any:
-        value = self._get(key, default, f"one of {', '.join(options)}")
-        if value not in options:
-            raise self.error(key, f"expected one of {', '.join(options)}, got {_show(value)}")
-        return value
-
-    def fraction(self, key: str, default: float) -> float:
-        value = self._get(key, default, "a number in (0, 1]")
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not ok or not (0.0 < value <= 1.0):
-            raise self.error(key, f"expected a number in (0, 1], got {_show(value)}")
-        return float(value)
-
-    def one_of(self, units: dict[str, float], what: str) -> float:
-        """Exactly one of several keys giving the same quantity in different units; returns SI."""
-        given = [k for k in units if k in self.data]
-        if len(given) != 1:
-            keys = " or ".join(units)
-            raise self.error("", f"give exactly one of {keys} ({what})")
-        return self.number(given[0]) * units[given[0]]
-
-    def curve(self, key: str) -> EfficiencyCurve:
-        """A constant in (0, 1] or a list of [size, efficiency] points with sizes increasing; default 1."""
-        value = self._get(key, 1.0, "an efficiency")
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return EfficiencyCurve.constant(self.fraction(key, 1.0))
-        if not isinstance(value, list) or not value:
-            raise self.error(
-                key, f"expected a number in (0, 1] or a list of [size, efficiency] points, got {_show(value)}")
-        points = []
-        previous = 0.0
-        for i, point in enumerate(value):
-            ok = (isinstance(point, list) and len(point) == 2
-                  and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in point))
-            if not ok or not (math.isfinite(point[0]) and point[0] > 0 and 0 < point[1] <= 1):
-                raise self.error(
-                    f"{key}[{i}]",
-                    f"expected [size, efficiency] with size > 0 and efficiency in (0, 1], got {_show(point)}")
-            if point[0] <= previous:
-                raise self.error(f"{key}[{i}]", f"sizes must increase, got {point[0]:g} after {previous:g}")
-            previous = point[0]
-            points.append((float(point[0]), float(point[1])))
-        return EfficiencyCurve(points=tuple(points))

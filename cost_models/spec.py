@@ -28,6 +28,9 @@ full_mesh: each device's bandwidth is split over dedicated links, one per peer (
 
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "direct", "in_network")
 TOPOLOGIES: tuple[str, ...] = ("switched", "full_mesh")
+#: The formats a flash kernel runs in FP8: per-tensor scales (Transformer Engine's delayed and current scaling) and
+#: MXFP8's 32-element blocks (its mxfp8 recipe), each timed apart by cuDNN.
+FP8_ATTENTION_FORMATS = ("fp8", "mxfp8")
 DTYPES: tuple[str, ...] = ("fp4", "fp8", "int8", "bf16", "fp16", "tf32", "fp32", "fp64")
 
 
@@ -98,6 +101,12 @@ class Cluster:
     fp8_matmul_efficiency: EfficiencyCurve | None = None  # FP8 GEMMs by FLOPs of one op; None: not measured
     attention_plateaus: tuple[tuple[str, float, float], ...] = ()  # (kernel, forward, backward): fractions of bf16 peak
     attention_basis: str = ""  # where those figures come from: a measurement, or an "ASSUMPTION: ..." carried over
+    attention_fp8_plateaus: tuple[tuple[str, float, float], ...] = ()  # (format, forward, backward) of the flash
+    # kernel run in FP8 (Transformer Engine's fp8_dot_product_attention): format "fp8" (per-tensor scales) or
+    # "mxfp8" (MXFP8 blocks); fractions of the fp8 peak, on the same length and head-dim laws
+    attention_fp8_wide_heads: tuple[tuple[str, float, float], ...] = ()  # (format, forward, backward) rate of heads
+    # wider than 128 over head dim 128's in that format (cuDNN's FP8 MLA runs faster a FLOP than its head dim 128);
+    # a format not listed takes `attention_wide_heads`
     attention_half_keys: tuple[float, float] = (0.0, 0.0)  # (forward, backward) keys per query row at which a flash
     # kernel reaches half its plateau (`cost_models.compute.attention_time_s`); 0: no dependence on the length
     attention_half_dims: tuple[float, float] = (0.0, 0.0)  # (forward, backward) D of the head-dim law (see
@@ -137,6 +146,23 @@ class Cluster:
                             "add one, or run with the materialized attention of the megatron-2021 stack.")
         name, fwd, bwd = self.attention_plateaus[0]
         return fwd, bwd, name
+
+    def wide_heads(self, fmt: str = "") -> tuple[float, float]:
+        """(forward, backward) rate of heads wider than 128 over head dim 128's, in FP8 format `fmt` where this
+        hardware's file measures it, else at 16 bits."""
+        for name, fwd, bwd in self.attention_fp8_wide_heads:
+            if name == fmt:
+                return fwd, bwd
+        return self.attention_wide_heads
+
+    def attention_fp8_plateau(self, fmt: str) -> tuple[float, float]:
+        """(forward, backward) fraction of the fp8 peak of the flash kernel run in FP8 format `fmt` ("fp8" or
+        "mxfp8"), as this hardware's file measures it."""
+        for name, fwd, bwd in self.attention_fp8_plateaus:
+            if name == fmt:
+                return fwd, bwd
+        raise SpecError(f"{self.name} lists no {fmt} attention efficiency ([efficiency] attention_fp8); add one "
+                        "measured on this hardware, or run attention in 16 bits (fp8_attention = false)")
 
     def __post_init__(self) -> None:
         check_device_count(self.name, self.levels, self.n_devices)
@@ -309,6 +335,9 @@ def cluster_as_dict(cluster: Cluster) -> dict:
             "fp8_matmul_by_flops": cluster.fp8_matmul_efficiency.to_list() if cluster.fp8_matmul_efficiency else None,
             "memory_by_bytes": cluster.memory_efficiency.to_list(),
             "attention": {k: {"forward": f, "backward": b} for k, f, b in cluster.attention_plateaus},
+            "attention_fp8": {k: {"forward": f, "backward": b} for k, f, b in cluster.attention_fp8_plateaus},
+            "attention_fp8_wide_heads": {k: {"forward": f, "backward": b}
+                                         for k, f, b in cluster.attention_fp8_wide_heads},
             "attention_basis": cluster.attention_basis,
             "attention_half_keys": dict(zip(("forward", "backward"), cluster.attention_half_keys)),
             "attention_half_dims": dict(zip(("forward", "backward"), cluster.attention_half_dims)),

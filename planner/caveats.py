@@ -12,6 +12,7 @@ from cost_models import load_cluster, preset_names
 from cost_models.accuracy import unchecked
 from cost_models.compute import MEASURED_HEAD_DIM
 
+from planner.costing.execution import attention_fp8_format
 from planner.errors import InvalidModel
 from planner.graph.ir import Graph
 
@@ -148,10 +149,10 @@ SCALED_BLOCKS = ("mxfp8", "blockwise")
 
 
 def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bool = False,
-                expert_bias: bool = False) -> list[str]:
+                expert_bias: bool = False, windowed: bool = False) -> list[str]:
     """What the figures rest on that no measurement of this hardware and stack has checked (`head_dims`: the
     model's attention head dims; `moe`: it routes tokens to experts; `expert_bias`: its experts carry an output
-    bias the stack adds beside their GEMM)."""
+    bias the stack adds beside their GEMM; `windowed`: some of its attention is a sliding window)."""
     out = hardware_assumptions(hw, workload.dtype)
     ex = workload.execution
     if workload.mode == "train" and expert_bias:
@@ -171,6 +172,13 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
     if ex.attention == "flash" and hw.attention_plateaus:
         out += attention_assumptions(hw, ex.attention_kernel, fallback=workload.mode == "train")
         out += head_dim_assumptions(hw, head_dims)
+        if fmt := attention_fp8_format(workload):
+            said = attention_assumed(hw.attention_basis, fmt)
+            out.append(f"{hw.name}'s flash attention in {fmt} (the stack's fp8_attention): "
+                       + (said if said else "measured at head dims 128 and MLA's, causal; the other head dims "
+                          "on the 16-bit head-dim law")
+                       + ("; a sliding window's backward costed on every causal tile, as cuDNN 9.22's FP8 kernels "
+                          "run it" if windowed else ""))
     if workload.mode == "train" and ex.overlap_ep_comm:
         sms = (f"the exchange's kernels as holding {100 * ex.ep_comm_sm_share:.0f} % of the SMs beside it (DeepEP's "
                "20 of an H100's 132; HybridEP's and NCCL's share taken as the same)" if ex.ep_comm_sm_share > 0 else

@@ -330,3 +330,20 @@ def test_graphs_megatron_core_refuses_are_refused_before_anything_is_written(cha
         ns.recompute_modules = change["recompute_modules"]
     with pytest.raises(AssertionError, match=megatron_says):
         core_configs(ns, given, "moe", monkeypatch)
+
+
+def test_fp8_attention_goes_out_as_a_note_as_megatron_lm_has_no_flag_for_it(tmp_path):
+    """Megatron-LM's parser (pinned) has no flag for fp8_dot_product_attention: a plan costed with attention in FP8
+    goes out saying its launch runs attention in 16 bits; one costed without it says nothing of it."""
+    assert not any("dot-product-attention" in flag for flag in PINNED["flags"])
+    stack = tmp_path / "fp8_attention.toml"
+    stack.write_text('[stack]\nname = "fp8-attention"\nbase = "megatron-core"\n\n[precision]\nfp8_recipe = "mxfp8"\n'
+                     'fp8_attention = true\n', encoding="utf-8")
+    from launch_plans import TINY
+    from planner.hypershard import declare
+
+    job = dict(cluster="gb200-nvl72", devices=8, global_batch=16, seq_len=32, dtype="fp8", dp=8, zero=1)
+    notes = launch_config(declare("llama3-8b", overrides=TINY, stack=str(stack), **job), "megatron")["notes"]
+    assert any("runs attention in FP8 (fp8_attention), which this Megatron-LM launch does not set" in n for n in notes)
+    plain = launch_config(declare("llama3-8b", overrides=TINY, **job), "megatron")["notes"]
+    assert not any("fp8_attention" in n for n in plain)

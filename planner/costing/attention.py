@@ -253,6 +253,16 @@ def _scaled_input(graph: Graph, node) -> str | None:
     return b if node.op_type == "Mul" and scalar(a) and not scalar(b) else None
 
 
+def pass_window(window: int, backward: bool, fp8: str = "") -> int:
+    """The sliding window a pass's kernel skips tiles by: the core's, but none in cuDNN's FP8 backward (`fp8`:
+    Transformer Engine's fp8_dot_product_attention), which computes every tile the window's mask would skip (every
+    causal tile of a causal core). Measured: at GPT-OSS's 128-token window cuDNN 9.22's FP8 and MXFP8 backward on
+    GB200 and GB300 takes 3.2-3.9x as long for twice the tokens (0.47 -> 1.48 -> 5.19 -> 19.4 -> 74.8 ms from 2K to
+    32K tokens on GB300), as a causal kernel does, where its forward and the BF16 backward take twice as long
+    (tests/data/cudnn_sdpa_fp8.json; benchmarks/fit_attention_fp8.py)."""
+    return 0 if fp8 and backward else window
+
+
 def kept_fraction(q_len: int, kv_len: int, causal: bool, window: int, tile: int = TILE) -> float:
     """Fraction of the (query, key) tiles a flash kernel computes (see the module docstring)."""
     if q_len <= 0 or kv_len <= 0 or not (causal or window):
@@ -348,4 +358,4 @@ def _constant(graph: Graph, producer, name: str) -> float | None:
 
 
 __all__ = ["BACKWARD_FLOPS_RATIO", "TILE", "AttentionRegion", "attention_regions", "core_mask", "kept_fraction",
-           "mask_builders"]
+           "mask_builders", "pass_window"]

@@ -23,7 +23,8 @@ from typing import Any, Literal
 
 from cost_models import SpecError
 from cost_models.expert_load import load_imbalance
-from cost_models.loader import GIB, Table
+from cost_models.loader import GIB
+from cost_models.toml_table import Table
 from cost_models.memory import StateBytes
 
 from planner.costing.loss import LOSS_KERNELS
@@ -54,6 +55,10 @@ CUDA_GRAPH_SCOPES: tuple[str, ...] = ("full_iteration", "attn", "mlp", "moe", "m
 #: names a recipe without stating its cast bytes takes these.
 RECIPE_CAST_BYTES: dict[str, tuple[float, float]] = {"current": (6.0, 1.0), "delayed": (4.0, 1.0),
                                                      "mxfp8": (4.0, 0.0), "blockwise": (4.0, 0.0)}
+#: FP8 recipes under which Transformer Engine runs attention in FP8, and the format it runs it in
+#: (transformer_engine/pytorch/attention/dot_product_attention/utils.py, v2.15: per-tensor scales under delayed and
+#: current scaling, MXFP8 under mxfp8 on sm100 with cuDNN 9.21 or later; no fused FP8 attention for blockwise).
+FP8_ATTENTION_RECIPES: dict[str, str] = {"delayed": "fp8", "current": "fp8", "mxfp8": "mxfp8"}
 #: The largest caching-allocator reserve a stack may give (a share of the reserved memory holding no tensor).
 MAX_ALLOCATOR_RESERVE = 0.5
 
@@ -131,6 +136,9 @@ class Execution:
     # NeMo's fp8_param_gather, torchao's enable_fsdp_float8_all_gather under FSDP2
     fp8_tp_all_gather: bool = False  # sequence-parallel all-gathers of FP8 GEMM inputs move FP8: the stack
     # quantizes before it gathers (TE gather_along_first_dim with the input quantizer; torchao Float8 TP plans)
+    fp8_attention: bool = False  # the flash kernel runs in FP8 too (Transformer Engine's fp8_dot_product_attention,
+    # cuDNN's FP8 SDPA): per-tensor scales under the delayed and current recipes, MXFP8 blocks under mxfp8
+    # (`attention_fp8_format`); the hardware's measured FP8 attention figures (`Cluster.attention_fp8_plateau`)
     # model states per parameter
     param_bytes: float = 2.0
     grad_bytes: float = 4.0
@@ -163,6 +171,10 @@ class Execution:
     # GEMM), so combining their outputs keeps nothing for backward; else the combine keeps those outputs
 
     def __post_init__(self) -> None:
+        if self.fp8_attention and self.fp8_recipe not in FP8_ATTENTION_RECIPES:
+            raise InvalidInput(f"stack {self.name}: fp8_attention runs under a per-tensor or MXFP8 recipe "
+                               f"({', '.join(FP8_ATTENTION_RECIPES)}), not {self.fp8_recipe} (Transformer Engine has "
+                               "no FP8 attention for it); set fp8_attention = false or change fp8_recipe")
         if self.fp8_transpose_bytes > self.fp8_cast_bytes:
             raise InvalidInput(f"stack {self.name}: fp8_transpose_bytes {self.fp8_transpose_bytes:g} is more than "
                                f"fp8_cast_bytes {self.fp8_cast_bytes:g}, of which the transposed copy is a part; "
@@ -193,6 +205,16 @@ class Execution:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["sources"] = list(self.sources)
         return out
+
+
+def attention_fp8_format(workload) -> str:
+    """The FP8 format a workload's flash kernels run in ("fp8": per-tensor scales, "mxfp8"), where its stack runs
+    attention in FP8 (`Execution.fp8_attention`) in a training step whose GEMMs run in FP8: Transformer Engine's
+    fp8_dot_product_attention takes effect inside its fp8_autocast; "" otherwise (16 bits)."""
+    ex = workload.execution
+    if not ex.fp8_attention or workload.mode != "train" or workload.dtype != "fp8":
+        return ""
+    return FP8_ATTENTION_RECIPES[ex.fp8_recipe]
 
 
 def stays_gathered(strategy, execution: Execution) -> bool:
@@ -241,7 +263,7 @@ def parse_execution(text: str, *, source: str, default_name: str) -> Execution:
 _BOOLS = ("fuse_elementwise", "fused_launches", "fuse_sibling_gemms", "tp_layout_copies", "overlap_grad_reduce",
           "overlap_param_gather", "fsdp_prefetch", "fsdp_gathered_with_pp", "overlap_tp_comm", "overlap_cp_comm",
           "overlap_ep_comm", "overlap_pp_comm", "overlap_pp_comm_1f1b", "fp8_saves_inputs", "fp8_params",
-          "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "moe_probs_in_activation",
+          "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "fp8_attention", "moe_probs_in_activation",
           "main_grad_accumulation")
 _NUMBERS = ("fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes",
             "optimizer_bytes", "runtime_reserve_gib", "kernel_efficiency", "tp_overlap_share",
@@ -258,7 +280,7 @@ _SECTIONS = {
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",
                                                                                   "ep_comm_sm_share"),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "fp8_saves_inputs",
-                  "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather"),
+                  "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "fp8_attention"),
     "states": ("param_bytes", "grad_bytes", "optimizer_bytes", "main_grad_accumulation"),
     "recompute": ("selective", "recompute_modules"),
     "memory": ("allocator_reserve", "runtime_reserve_gib"),
@@ -367,5 +389,6 @@ def _parse(root: Table, default_name: str) -> Execution:
     return replace(start, **_with_recipe_casts(changes))
 
 
-__all__ = ["CUDA_GRAPH_SCOPES", "DEFAULT_STACK", "FIELDS", "MAX_ALLOCATOR_RESERVE", "RECIPE_CAST_BYTES", "Execution",
+__all__ = ["CUDA_GRAPH_SCOPES", "DEFAULT_STACK", "FIELDS", "FP8_ATTENTION_RECIPES", "MAX_ALLOCATOR_RESERVE",
+           "RECIPE_CAST_BYTES", "Execution", "attention_fp8_format",
            "load_execution", "parse_execution", "stack_names", "stays_gathered", "with_changes"]

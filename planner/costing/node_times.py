@@ -39,13 +39,15 @@ per-op costs the model does not yet name.
 
 from __future__ import annotations
 
-from cost_models import Cluster
+from cost_models import Cluster, SpecError
 from cost_models.compute import attention_time_s, op_time_s
 
-from planner.costing.execution import Execution, stays_gathered
+from planner.costing.attention import BACKWARD_FLOPS_RATIO, kept_fraction, pass_window
+from planner.costing.execution import Execution, attention_fp8_format, stays_gathered
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.loss import loss_time_s
 from planner.costing.node_work import FLOAT_DTYPES
+from planner.errors import InvalidInput
 from planner.strategy import Strategy, Workload
 
 DTYPE_WIDTH = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
@@ -114,6 +116,12 @@ class NodeTimes:
         self.absorbed = facts.absorbed() if execution.fuse_elementwise and execution.fused_launches else None
         self.captured = facts.captured(execution.cuda_graphs) if execution.cuda_graphs else None
         self.fp8 = self.training and workload.dtype in LOW_PRECISION_GEMMS
+        self.attention_fp8 = attention_fp8_format(workload)
+        if self.attention_fp8 and self.flash:  # say so before any op is costed
+            try:
+                cluster.attention_fp8_plateau(self.attention_fp8)
+            except SpecError as exc:
+                raise InvalidInput(str(exc)) from None
         self.gemm_dtype = workload.dtype if self.fp8 else self.dtype
         self.weight_casts = weight_cast_shares(strategy, workload, execution) if self.fp8 else (1.0, 1.0)
         self._fwd: dict[tuple[int, int], float] = {}
@@ -181,14 +189,16 @@ class NodeTimes:
             r = facts.region_of[i]
             if i != r.anchor:
                 return 0.0
-            flops = (r.backward_flops if backward else r.forward_flops) * share
+            window = pass_window(r.window, backward, self.attention_fp8)
+            kept = r.kept if window == r.window else kept_fraction(r.q_len, r.kv_len, r.causal, window)
+            flops = r.flops * kept * (BACKWARD_FLOPS_RATIO if backward else 1.0) * share
             nbytes = r.io_bytes * self.fscale * share * (2.0 if backward else 1.0)  # backward reads dO, writes dQKV
             # key positions a query row's kept tiles cover in one kernel: a CP rank's chunk holds 1/cp of a causal
             # row's keys, a sliding window all of its own unless the chunk is shorter
-            keys = min(r.row_keys, r.kv_len / self.cp) if r.window else r.row_keys / self.cp
+            keys = min(kept * r.kv_len, r.kv_len / self.cp) if window else kept * r.kv_len / self.cp
             phase = "backward" if backward else "forward"
             return attention_time_s(cluster, flops, nbytes, phase, self.execution.attention_kernel, keys,
-                                    r.head_dim) / self.execution.kernel_efficiency
+                                    r.head_dim, self.attention_fp8) / self.execution.kernel_efficiency
         if facts.weight_view[i] or work.host[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]) \
                 or (self.flash and facts.mask_built[i]):
             return 0.0

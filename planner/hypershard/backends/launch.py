@@ -192,13 +192,20 @@ def ends_problem(t: Training, doc: Mapping[str, Any]) -> list[Problem]:
 
 
 def layout_notes(t: Training, framework: str) -> list[str]:
-    """Where the declared tensor layouts are not what `framework`'s tensor parallelism runs (its own layouts,
-    Megatron-LM's: a vocabulary-split embedding); the estimate scored the declared ones."""
+    """Where `framework`'s launch runs otherwise than the estimate scored: declared tensor layouts its tensor
+    parallelism does not run (its own layouts, Megatron-LM's: a vocabulary-split embedding), and attention in FP8,
+    which no generated launch sets (Megatron-LM leaves fp8_dot_product_attention off its command line:
+    megatron/training/arguments.py at d7288711 lists it among the config fields without an argument)."""
+    out = []
     if t.s.tp > 1 and t.embedding == "hidden":
-        return [f"the declaration splits the token embedding over tp on its hidden dim; {framework} splits it by "
-                "vocabulary (its own layout), so that one all-gather becomes an all-reduce: the estimate scored "
-                "the declared layout"]
-    return []
+        out.append(f"the declaration splits the token embedding over tp on its hidden dim; {framework} splits it by "
+                   "vocabulary (its own layout), so that one all-gather becomes an all-reduce: the estimate scored "
+                   "the declared layout")
+    if t.execution.fp8_attention and t.dtype == "fp8":
+        out.append(f"the stack runs attention in FP8 (fp8_attention), which this {framework} launch does not set: "
+                   "it runs attention in 16 bits, so its attention differs from what the estimate scored (set "
+                   "fp8_dot_product_attention in the model's config to run it)")
+    return out
 
 
 def header(t: Training, what: str) -> list[str]:
