@@ -66,10 +66,12 @@ def plan_cmd(
                                                  "experts over any stage width, in uneven ranges (as vLLM and "
                                                  "SGLang can); only the torch and onnx exports write those.",
                                                  rich_help_panel=_INFER)] = False,
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Stop a search that would take longer than "
-                                              "this many seconds: the best plan so far is returned, marked incomplete "
-                                              "with its gap. The search's effort is counted in work, not time, so a "
-                                              "search that ends within it gives the same plan on any machine.")] = 60.0,
+    time_limit: Annotated[Optional[float], typer.Option(
+        "--time-limit", help="Stop a search that would take longer than this many seconds: the best plan so far is "
+                             "returned, marked incomplete with its gap. Default: no limit but the work budget "
+                             "(20,000 costings), which ends every search, so that the same inputs give the same plan "
+                             "on an idle or a busy machine; the slowest zoo searches take one to two minutes.",
+        show_default=False)] = None,
     tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel degree.", rich_help_panel=_FIX,
                                               show_default=False)] = None,
     pp: Annotated[Optional[int], typer.Option("--pp", help="Pipeline stages.", rich_help_panel=_FIX,

@@ -219,7 +219,7 @@ def plan_model(
     devices: int | None = None,
     dtype: str = "bf16",
     mode: str = "train",
-    time_limit_s: float | None = 60.0,
+    time_limit_s: float | None = None,
     overrides: Mapping[str, Any] | None = None,
     dims: Mapping[str, int] | None = None,
     progress: Any = None,
