@@ -65,7 +65,10 @@ def whatif_cmd(
                                                      rich_help_panel=_INFER, show_default=False)] = None,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV-cache precision: bf16, fp8 or int8.",
                                           rich_help_panel=_INFER)] = "bf16",
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds each point's search may take.")] = 60.0,
+    time_limit: Annotated[Optional[float], typer.Option(
+        "--time-limit", help="Seconds each point's search may take (default: no limit but the work budget, which "
+                             "ends every search, so that a sweep gives the same points on any machine; a point cut "
+                             "short is marked incomplete and never cached).", show_default=False)] = None,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="HBM a plan may use per device "
                                                         "(default: all of it).")] = None,
     price: Annotated[Optional[list[str]], typer.Option("--price", metavar="CLUSTER=PRICE", help="Your price per "

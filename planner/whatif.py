@@ -222,7 +222,7 @@ def run_sweep(
     seq_len: int,
     dtype: str = "bf16",
     mode: str = "train",
-    time_limit_s: float = 60.0,
+    time_limit_s: float | None = None,
     overrides: Mapping[str, Any] | None = None,
     dims: Mapping[str, int] | None = None,
     memory_gib: float | None = None,
@@ -247,11 +247,11 @@ def run_sweep(
     if mode != "train":
         raise InvalidInput(f"--mode {mode!r}: use train or infer")
     Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # checks batch and length
-    if not time_limit_s > 0:
+    if time_limit_s is not None and not time_limit_s > 0:
         raise InvalidInput(f"--time-limit must be positive, got {time_limit_s}")
     clusters = tuple(dict.fromkeys(clusters))
     base = {"global_batch": global_batch, "seq_len": seq_len, "dtype": dtype, "mode": mode,
-            "time_limit_s": float(time_limit_s), "memory_gib": memory_gib,
+            "time_limit_s": None if time_limit_s is None else float(time_limit_s), "memory_gib": memory_gib,
             "overrides": dict(sorted((overrides or {}).items())), "dims": dict(sorted((dims or {}).items()))}
     points, computed = sweep_points(model, clusters, devices, base, _empty, use_cache=use_cache, cache=cache,
                                     workers=workers, progress=progress)

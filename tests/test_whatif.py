@@ -37,7 +37,7 @@ SCHEMA = {
         "workload": {"type": "object", "required": ["mode", "global_batch", "seq_len", "dtype"],
                      "properties": {"mode": {"const": "train"}, "global_batch": {"type": "integer"},
                                     "seq_len": {"type": "integer"}, "dtype": {"type": "string"}}},
-        "time_limit_s": _NUM,
+        "time_limit_s": {"type": ["number", "null"], "minimum": 0},  # null: no limit but the work budget
         "memory_gib": _MAYBE,
         "clusters": {"type": "array", "minItems": 1, "items": {
             "type": "object", "required": ["name", "baseline_devices", "price_per_device_hour", "checked"],
