@@ -17,6 +17,7 @@ benchmarks/fit_attention_head_dim.py predicts the BF16 rows, in its FP8 format. 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -36,8 +37,13 @@ FORMATS = ("fp8", "mxfp8")
 PHASES = ("fwd", "bwd")
 
 
+@functools.cache
+def _all_rows() -> tuple[dict, ...]:
+    return tuple(json.loads(DATA.read_text(encoding="utf-8"))["rows"])
+
+
 def rows(gpu: str, fmt: str, phase: str, model: str, mask: str = "top_left") -> list[dict]:
-    return [r for r in json.loads(DATA.read_text(encoding="utf-8"))["rows"]
+    return [r for r in _all_rows()
             if (r["gpu"], r["dtype"], r["phase"], r["model"], r["mask"]) == (gpu, fmt, phase, model, mask)]
 
 

@@ -34,6 +34,11 @@ FP8_ATTENTION_FORMATS = ("fp8", "mxfp8")
 DTYPES: tuple[str, ...] = ("fp4", "fp8", "int8", "bf16", "fp16", "tf32", "fp32", "fp64")
 
 
+def _named(rows: tuple[tuple[str, float, float], ...], name: str) -> tuple[float, float] | None:
+    """The (forward, backward) figures of `name` in a table of (name, forward, backward) rows, if it lists it."""
+    return next(((fwd, bwd) for n, fwd, bwd in rows if n == name), None)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Device:
     """One accelerator as the framework sees it (one rank): dense peaks and its HBM."""
@@ -138,9 +143,8 @@ class Cluster:
     def attention_plateau(self, kernel: str) -> tuple[float, float, str]:
         """(forward, backward) fraction of the bf16 peak of flash-attention kernel `kernel`, and the kernel whose
         figures they are: the named one if the file lists it, else the file's first (an assumption to print)."""
-        for name, fwd, bwd in self.attention_plateaus:
-            if name == kernel:
-                return fwd, bwd, name
+        if (pair := _named(self.attention_plateaus, kernel)) is not None:
+            return *pair, kernel
         if not self.attention_plateaus:
             raise SpecError(f"{self.name} lists no flash-attention efficiency ([efficiency.attention]); "
                             "add one, or run with the materialized attention of the megatron-2021 stack.")
@@ -150,17 +154,13 @@ class Cluster:
     def wide_heads(self, fmt: str = "") -> tuple[float, float]:
         """(forward, backward) rate of heads wider than 128 over head dim 128's, in FP8 format `fmt` where this
         hardware's file measures it, else at 16 bits."""
-        for name, fwd, bwd in self.attention_fp8_wide_heads:
-            if name == fmt:
-                return fwd, bwd
-        return self.attention_wide_heads
+        return _named(self.attention_fp8_wide_heads, fmt) or self.attention_wide_heads
 
     def attention_fp8_plateau(self, fmt: str) -> tuple[float, float]:
         """(forward, backward) fraction of the fp8 peak of the flash kernel run in FP8 format `fmt` ("fp8" or
         "mxfp8"), as this hardware's file measures it."""
-        for name, fwd, bwd in self.attention_fp8_plateaus:
-            if name == fmt:
-                return fwd, bwd
+        if (pair := _named(self.attention_fp8_plateaus, fmt)) is not None:
+            return pair
         raise SpecError(f"{self.name} lists no {fmt} attention efficiency ([efficiency] attention_fp8); add one "
                         "measured on this hardware, or run attention in 16 bits (fp8_attention = false)")
 

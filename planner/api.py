@@ -195,7 +195,6 @@ def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, st
     biased = moe and workload.execution.expert_bias_bytes > 0 and any(
         token_wide_params(graph, f) for f in moe_blocks(graph, index_graph(graph), structure).values())
     regions = attention_regions(graph)
-    cores = {"head_dims": {r.head_dim for r in regions}, "windowed": any(r.window for r in regions)}
     return {
         "accuracy": accuracy(hw, workload, moe, display_name(model) if as_shipped else None),
         "uncosted": graph.uncosted(),
@@ -205,7 +204,8 @@ def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, st
         "workload": {"mode": workload.mode, "global_batch": workload.global_batch, "seq_len": workload.seq_len,
                      "dtype": workload.dtype, "stack": workload.execution.origin or workload.execution.name,
                      "allocator_reserve": workload.execution.allocator_reserve},
-        "assumptions": assumptions(hw, workload, cores["head_dims"], moe, biased, cores["windowed"])
+        "assumptions": assumptions(hw, workload, {r.head_dim for r in regions}, moe, biased,
+                                   any(r.window for r in regions))
         + ([uncosted_note(graph)] if graph.uncosted()["ops"] else []),
     }
 

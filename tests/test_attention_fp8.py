@@ -5,7 +5,7 @@ MXFP8 on GB200 and GB300. The gb200-nvl72 and gb300-nvl72 presets' `attention_fp
 causal head-dim-128 rows (benchmarks/fit_attention_fp8.py) under the length law their BF16 rows fitted, and
 `attention_fp8_wide_heads` on the causal MLA rows; the non-causal rows of both shapes and GPT-OSS's head-dim-64
 rows at a 128-token window are held out. The windowed backward is the mechanism worth pinning: cuDNN's FP8
-backward computes every causal tile of a sliding window's rows (`planner.costing.attention.pass_kept`).
+backward computes every causal tile of a sliding window's rows (`planner.costing.attention.pass_window`).
 """
 
 from __future__ import annotations

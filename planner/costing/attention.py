@@ -70,19 +70,6 @@ class AttentionRegion:
     head_dim: float = 128.0  # mean of the query-key and value head dims (what `head_dim_factor` reads)
     masks: tuple[str, ...] = ()  # what the ops between the contractions read from outside the core (masks, scales)
 
-    @property
-    def row_keys(self) -> float:
-        """Key positions a query row's computed tiles cover, on average (`kept` of the kv length)."""
-        return self.kept * self.kv_len
-
-    @property
-    def forward_flops(self) -> float:
-        return self.flops * self.kept
-
-    @property
-    def backward_flops(self) -> float:
-        return BACKWARD_FLOPS_RATIO * self.forward_flops
-
 
 def attention_regions(graph: Graph, index: GraphIndex | None = None) -> list[AttentionRegion]:
     """Every attention core of the graph, in node order (see the module docstring)."""
