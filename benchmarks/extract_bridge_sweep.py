@@ -34,10 +34,14 @@ from benchmarks import bridge_perf_recipes as recipes  # noqa: E402
 ARCHIVE = "docs/performance-summary-archive.md"
 #: the current release's table (the archive holds the earlier ones)
 SUMMARY = "docs/performance-summary.md"
-#: NeMo container release -> the Megatron-Bridge tag it ships (tag dates: v0.2.0 2025-11-26, v0.3.0 2026-02-26,
-#: v0.3.1 2026-03-20, v0.4.0 2026-04-16, v0.4.1 2026-05-06, v0.5.0 2026-06-16, v0.5.1 2026-07-20, v0.6.0 2026-08-19;
-#: the shipped 26.04 rows' notes cite v0.4.0's presets)
-TAGS = {"25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0.3.1", "26.04": "v0.4.0", "26.04.01": "v0.4.1",
+#: NeMo container release -> the Megatron-Bridge tag whose presets ran its table: the release branch's tag at or
+#: just before the table's commit (tag dates: v0.2.0 2025-11-26, v0.3.0 2026-02-26, v0.3.1 2026-03-20, v0.4.0
+#: 2026-04-16, v0.4.2 2026-05-28, v0.5.0 2026-06-16, v0.5.1 2026-07-20, v0.6.0 2026-08-19; the shipped 26.04
+#: rows' notes cite v0.4.0's presets). 26.04.01 is v0.4.2, not v0.4.1: v0.4.1 (2026-05-06) is v0.4.0 plus
+#: security fixes on a branch of its own, while the 26.04.01 table (main 867af0079, 2026-05-14; r0.4.0
+#: 2b82f6f17) was published from r0.4.0, whose v0.4.2 first carries it and holds the presets it lists: DeepSeek-V3
+#: on B200 at PP8 VP2 EP32, which v0.4.1 has not, and Qwen3-235B on B300 through HybridEP (cherry-pick 6a5c997e7)
+TAGS = {"25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0.3.1", "26.04": "v0.4.0", "26.04.01": "v0.4.2",
         "26.06": "v0.5.0", "26.06.01": "v0.5.1", "26.08": "v0.6.0"}
 SYSTEMS = {"DGX-H100": ("dgx-h100", "H100"), "DGX-B200": ("dgx-b200", "B200"), "DGX-GB200": ("gb200-nvl72", "GB200"),
            "DGX-GB300": ("gb300-nvl72", "GB300"), "DGX-B300": ("dgx-b300", "B300")}
