@@ -9,7 +9,7 @@ hold the presets those rows ran (`{MODEL}_PRETRAIN_CONFIG_{GPU}_{PRECISION}_{VER
 recompute and offload. This script parses them (ast; nothing is imported or run), picks for each row the preset
 whose GPUs, layout, global and micro batch are the row's, and reads from the release's *_llm_pretrain.py the two
 settings the presets leave to code: the token dispatcher a function forces and its TP communication overlap.
-Releases 25.11 to 26.06.01 (tags v0.2.0 to v0.5.1, whose dates follow each container's) from the archive; 26.08
+Releases 25.11 to 26.06.01 (each read at the ref `TAGS` gives: the presets its table ran) from the archive; 26.08
 (v0.6.0) from docs/performance-summary.md, whose presets are Python functions (src/megatron/bridge/perf_recipes,
 read by benchmarks/bridge_perf_recipes.py). Models the zoo has.
 `benchmarks/bench_bridge_sweep.py` estimates every row read here; none of them is fitted.
@@ -34,15 +34,18 @@ from benchmarks import bridge_perf_recipes as recipes  # noqa: E402
 ARCHIVE = "docs/performance-summary-archive.md"
 #: the current release's table (the archive holds the earlier ones)
 SUMMARY = "docs/performance-summary.md"
-#: NeMo container release -> the Megatron-Bridge tag whose presets ran its table: the release branch's tag at or
+#: NeMo container release -> the Megatron-Bridge ref whose presets ran its table: the release branch's tag at or
 #: just before the table's commit (tag dates: v0.2.0 2025-11-26, v0.3.0 2026-02-26, v0.3.1 2026-03-20, v0.4.0
 #: 2026-04-16, v0.4.2 2026-05-28, v0.5.0 2026-06-16, v0.5.1 2026-07-20, v0.6.0 2026-08-19; the shipped 26.04
-#: rows' notes cite v0.4.0's presets). 26.04.01 is v0.4.2, not v0.4.1: v0.4.1 (2026-05-06) is v0.4.0 plus
-#: security fixes on a branch of its own, while the 26.04.01 table (main 867af0079, 2026-05-14; r0.4.0
-#: 2b82f6f17) was published from r0.4.0, whose v0.4.2 first carries it and holds the presets it lists: DeepSeek-V3
-#: on B200 at PP8 VP2 EP32, which v0.4.1 has not, and Qwen3-235B on B300 through HybridEP (cherry-pick 6a5c997e7)
-TAGS = {"25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0.3.1", "26.04": "v0.4.0", "26.04.01": "v0.4.2",
-        "26.06": "v0.5.0", "26.06.01": "v0.5.1", "26.08": "v0.6.0"}
+#: rows' notes cite v0.4.0's presets), or the table's own commit where that commit changed the presets:
+#: - 26.02.01: r0.3.0 1f0cfc3bc ("2602_perf_table_reorder and patch container data", 2026-03-21, the day after
+#:   v0.3.1) publishes the table and sets GPT-OSS's B200 and B300 presets to the EP8 and HybridEP its rows list;
+#: - 26.04.01: v0.4.2, not v0.4.1. v0.4.1 (2026-05-06) is v0.4.0 plus security fixes on a branch of its own, while
+#:   the table (main 867af0079, 2026-05-14; r0.4.0 2b82f6f17) was published from r0.4.0, whose v0.4.2 first
+#:   carries it and holds the presets it lists: DeepSeek-V3 on B200 at PP8 VP2 EP32, which v0.4.1 has not, and
+#:   Qwen3-235B on B300 through HybridEP (cherry-pick 6a5c997e7)
+TAGS = {"25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "1f0cfc3bc58a08507775ec029cd4d01e97bd16f5",
+        "26.04": "v0.4.0", "26.04.01": "v0.4.2", "26.06": "v0.5.0", "26.06.01": "v0.5.1", "26.08": "v0.6.0"}
 SYSTEMS = {"DGX-H100": ("dgx-h100", "H100"), "DGX-B200": ("dgx-b200", "B200"), "DGX-GB200": ("gb200-nvl72", "GB200"),
            "DGX-GB300": ("gb300-nvl72", "GB300"), "DGX-B300": ("dgx-b300", "B300")}
 #: The tables' model names -> (zoo model, preset name prefix)

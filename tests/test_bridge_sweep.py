@@ -68,7 +68,8 @@ def test_the_sweep_reads_the_shipped_rows_as_the_calibration_set_does():
     # Megatron-Bridge v0.3.0 scripts/performance/configs/qwen/qwen3_workload_base_configs.py: the B200 Qwen3-30B-A3B
     # preset sets no micro-batch (1) and no dispatcher backend, TE graphs of the router and its preprocessing
     ("26.02", 1, "alltoall", ("moe_router", "moe_preprocess")),
-    # v0.3.1: micro-batch 4, HybridEP, and the attention graphed too
+    # r0.3.0 at the 26.02.01 table (1f0cfc3bc, v0.3.1 plus GPT-OSS presets): micro-batch 4, HybridEP, the attention
+    # graphed too
     ("26.02.01", 4, "deepep", ("attn", "moe_router", "moe_preprocess")),
 ])
 def test_qwen3_30b_on_b200_reads_each_release_preset(release, micro_batch, dispatcher, graphs):
@@ -134,6 +135,20 @@ def test_the_release_spread_pairs_rows_whose_preset_did_not_change():
     assert "qwen3-235b-a22b on dgx-b300" not in said
     assert "at most +7.8 % (llama3-70b on gb200-nvl72, 26.02 -> 26.02.01)" in said
     assert round(100 * (4357 / 4040 - 1), 1) == 7.8
+
+
+def test_gpt_oss_26_02_01_rows_read_the_presets_their_table_commit_set():
+    """Megatron-Bridge's r0.3.0 commit that published the 26.02.01 table (1f0cfc3bc, the day after v0.3.1) also set
+    GPT-OSS's B200 and B300 BF16 presets to EP8 through HybridEP, as the table lists them; at v0.3.1 they are EP64
+    and match no row, so those two rows were left out before."""
+    rows = [(i, r) for i, r in enumerate(ROWS) if r["release"] == "26.02.01" and r["model"] == "gpt-oss-120b"
+            and r["hardware"] in ("dgx-b200", "dgx-b300")]
+    assert len(rows) == 2
+    for i, row in rows:
+        assert row["tag"].startswith("1f0cfc3bc") and row["row"]["EP"] == "8"
+        assert row["preset_fields"]["expert_model_parallel_size"] == 8
+        run = parse_run(run_of(row, i), where="sweep")
+        assert run.strategy["ep"] == 8 and run.execution.moe_dispatcher == "deepep"
 
 
 def test_a_row_the_publisher_says_a_bug_slowed_is_not_scored(swept):
