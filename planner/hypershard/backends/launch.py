@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from planner.costing.execution import Execution, load_execution
+from planner.costing.execution import Execution, attention_fp8_format, load_execution
 from planner.errors import InvalidInput
 from planner.hypershard.declared import chunk_layers, strategy_of
 from planner.hypershard.layouts import dim_axes
@@ -53,6 +53,11 @@ class Training:
     step_s: float | None
     peak_gib: float | None
     mtp: int = 0  # of the layers, the last ones that are multi-token-prediction depths (the declaration's model)
+
+    @property
+    def mode(self) -> str:
+        """What the plan runs, as a workload says it (`attention_fp8_format` reads it): a launch config trains."""
+        return "train"
 
     @property
     def layers(self) -> int:
@@ -201,7 +206,7 @@ def layout_notes(t: Training, framework: str) -> list[str]:
         out.append(f"the declaration splits the token embedding over tp on its hidden dim; {framework} splits it by "
                    "vocabulary (its own layout), so that one all-gather becomes an all-reduce: the estimate scored "
                    "the declared layout")
-    if t.execution.fp8_attention and t.dtype == "fp8":
+    if attention_fp8_format(t):
         out.append(f"the stack runs attention in FP8 (fp8_attention), which this {framework} launch does not set: "
                    "it runs attention in 16 bits, so its attention differs from what the estimate scored (set "
                    "fp8_dot_product_attention in the model's config to run it)")
