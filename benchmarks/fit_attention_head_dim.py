@@ -56,9 +56,8 @@ def kept_keys(row: dict) -> float:
 def useful_flops(row: dict) -> float:
     """The row's FLOPs as the benchmark counts them, from its shape (its rounded TFLOP/s times its time agree to
     0.6 % where they have the digits): over the unmasked pairs, QK^T and PV forward, 2 (d_qk + d_v) a pair;
-    backward S again, dP, dV, dQ and dK, 2 (3 d_qk + 2 d_v) a pair, 2.5x the forward at equal head dims. The cost
-    model charges every backward 2.5x its forward (`BACKWARD_FLOPS_RATIO`), 4 % under this count at MLA's 192/128:
-    the wide-head rate fitted on it carries the difference."""
+    backward S again, dP, dV, dQ and dK, 2 (3 d_qk + 2 d_v) a pair, 2.5x the forward at equal head dims: the
+    count the cost model charges (`planner.costing.attention.backward_flops_ratio`)."""
     pairs = row["batch"] * row["heads"] * row["seq"] * useful_keys(row)
     qk, v = row["head_dim_qk"], row["head_dim_vo"]
     return 2.0 * pairs * ((3 * qk + 2 * v) if row["phase"] == "bwd" else (qk + v))

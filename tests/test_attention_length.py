@@ -162,3 +162,21 @@ def test_attention_cores_read_their_head_dims_from_the_graph():
         graph = load_graph(model, batch=1, seq_len=512, overrides={"layers": 2} if model != "deepseek-v3"
                            else {"layers": 2, "dense_layers": 1})
         assert {r.head_dim for r in attention_regions(graph)} == {dim}, model
+
+
+def test_the_backward_is_charged_the_flops_cudnn_counts_for_its_head_dims():
+    """cuDNN's SDPA benchmark counts a backward pair at 2 (3 d_qk + 2 d_v) FLOPs and a forward one at 2 (d_qk + d_v)
+    (its rows' TFLOP/s times their times agree with that count: `useful_flops`); the cost model charges a core's
+    backward that ratio of its forward, read from the graph's head dims: 2.5 at llama's 128/128, 2.6 at MLA's
+    192/128 (576 + 256 over 320), which a fixed 2.5 put 4 % under."""
+    from planner.api import load_graph
+    from planner.costing.attention import attention_regions
+
+    mla = {"batch": 1, "heads": 128, "seq": 4096, "mask": "top_left", "window": 0, "head_dim_qk": 192,
+           "head_dim_vo": 128}
+    counted = script.useful_flops(mla | {"phase": "bwd"}) / script.useful_flops(mla | {"phase": "fwd"})
+    assert counted == pytest.approx(2.6, rel=1e-12)
+    for model, ratio in (("deepseek-v3", counted), ("llama3-8b", 2.5)):
+        graph = load_graph(model, batch=1, seq_len=512, overrides={"layers": 2} if model != "deepseek-v3"
+                           else {"layers": 2, "dense_layers": 1})
+        assert {round(r.backward_ratio, 12) for r in attention_regions(graph)} == {round(ratio, 12)}, model

@@ -14,8 +14,9 @@ inside the backward kernel. Its work:
   Dao 2023, section 3.1: 128 x 128 tiles at head dim 128). For a causal
   square mask of n tiles a side that is n(n+1)/2 of n^2 tiles; for a
   sliding window of w tokens, about ceil(w/128) + 1 tiles per row;
-- backward: 2.5x the forward FLOPs (five matmuls of the forward's size
-  against two: S recomputed, dV, dP, dQ, dK; FlashAttention-2 section 3.2);
+- backward: S recomputed, dV, dP, dQ and dK against the forward's QK^T and
+  PV (FlashAttention-2 section 3.2): 2.5x the forward FLOPs at equal head
+  dims, more where the query-key heads are wider (`backward_flops_ratio`);
 - HBM traffic: Q, K, V read and O written forward (K and V at their
   stored, un-repeated size: GQA kernels index the shared heads).
 
@@ -34,8 +35,16 @@ from planner.costing.node_work import METADATA_OPS
 from planner.graph.ir import Graph
 from planner.graph.walk import GraphIndex, index_graph
 
-#: Backward FLOPs of a flash kernel over its forward FLOPs (FlashAttention-2, Dao 2023, section 3.2).
-BACKWARD_FLOPS_RATIO = 2.5
+
+
+def backward_flops_ratio(head_dim_qk: float, head_dim_v: float) -> float:
+    """Backward FLOPs of a flash kernel over its forward FLOPs, per (query, key) pair computed: forward QK^T and PV,
+    2 (d_qk + d_v); backward S again, dP, dV, dQ and dK, 2 (3 d_qk + 2 d_v) (FlashAttention-2, Dao 2023, section
+    3.2; cuDNN's SDPA benchmark counts the same, benchmarks/fit_attention_head_dim.useful_flops): 2.5 at equal head
+    dims, 2.6 at MLA's 192/128."""
+    return (3.0 * head_dim_qk + 2.0 * head_dim_v) / (head_dim_qk + head_dim_v)
+
+
 #: Ops that only relabel or broadcast K and V on their way into the core (GQA's repeat_kv, the K transpose):
 #: a fused kernel reads the stored tensor instead.
 _FEEDING_VIEWS = frozenset({"Transpose", "Reshape", "Expand", "Unsqueeze", "Squeeze", "Identity", "Tile"})
@@ -68,6 +77,7 @@ class AttentionRegion:
     q_len: int
     kv_len: int
     head_dim: float = 128.0  # mean of the query-key and value head dims (what `head_dim_factor` reads)
+    backward_ratio: float = 2.5  # backward FLOPs over forward (`backward_flops_ratio` of its head dims)
     masks: tuple[str, ...] = ()  # what the ops between the contractions read from outside the core (masks, scales)
 
 
@@ -108,9 +118,10 @@ def attention_regions(graph: Graph, index: GraphIndex | None = None) -> list[Att
         io = sum(graph.tensors[x].nbytes for x in stored if x in graph.tensors) + o_t.nbytes
         lse = 4.0 * scores.numel / max(1, kv_len)
         flops = graph.nodes[qk].flops + graph.nodes[av].flops
-        head_dim = (int(q_t.shape[-1]) + int(o_t.shape[-1])) / 2 if q_t.shape and o_t.shape else 128.0
+        dims = (int(q_t.shape[-1]), int(o_t.shape[-1])) if q_t.shape and o_t.shape else (128, 128)
         out.append(AttentionRegion(frozenset(region), qk, q, k_in, v, graph.nodes[av].outputs[0], flops, kept,
-                                   causal, window, io, lse, heads, q_len, kv_len, head_dim, masks))
+                                   causal, window, io, lse, heads, q_len, kv_len, sum(dims) / 2, masks=masks,
+                                   backward_ratio=backward_flops_ratio(*dims)))
     return out
 
 
@@ -344,5 +355,5 @@ def _constant(graph: Graph, producer, name: str) -> float | None:
     return float(values[0]) if values and len(values) == 1 and isinstance(values[0], (int, float)) else None
 
 
-__all__ = ["BACKWARD_FLOPS_RATIO", "TILE", "AttentionRegion", "attention_regions", "core_mask", "kept_fraction",
+__all__ = ["TILE", "AttentionRegion", "attention_regions", "backward_flops_ratio", "core_mask", "kept_fraction",
            "mask_builders", "pass_window"]

@@ -42,7 +42,7 @@ from __future__ import annotations
 from cost_models import Cluster, SpecError
 from cost_models.compute import attention_time_s, op_time_s
 
-from planner.costing.attention import BACKWARD_FLOPS_RATIO, kept_fraction, pass_window
+from planner.costing.attention import kept_fraction, pass_window
 from planner.costing.execution import Execution, attention_fp8_format, stays_gathered
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.loss import loss_time_s
@@ -191,7 +191,7 @@ class NodeTimes:
                 return 0.0
             window = pass_window(r.window, backward, self.attention_fp8)
             kept = r.kept if window == r.window else kept_fraction(r.q_len, r.kv_len, r.causal, window)
-            flops = r.flops * kept * (BACKWARD_FLOPS_RATIO if backward else 1.0) * share
+            flops = r.flops * kept * (r.backward_ratio if backward else 1.0) * share
             nbytes = r.io_bytes * self.fscale * share * (2.0 if backward else 1.0)  # backward reads dO, writes dQKV
             # key positions a query row's kept tiles cover in one kernel: a CP rank's chunk holds 1/cp of a causal
             # row's keys, a sliding window all of its own unless the chunk is shorter
