@@ -34,16 +34,18 @@ from benchmarks import bridge_perf_recipes as recipes  # noqa: E402
 ARCHIVE = "docs/performance-summary-archive.md"
 #: the current release's table (the archive holds the earlier ones)
 SUMMARY = "docs/performance-summary.md"
-#: NeMo container release -> the Megatron-Bridge ref whose presets ran its table: the release branch's tag at or
-#: just before the table's commit (tag dates: v0.2.0 2025-11-26, v0.3.0 2026-02-26, v0.3.1 2026-03-20, v0.4.0
-#: 2026-04-16, v0.4.2 2026-05-28, v0.5.0 2026-06-16, v0.5.1 2026-07-20, v0.6.0 2026-08-19; the shipped 26.04
-#: rows' notes cite v0.4.0's presets), or the table's own commit where that commit changed the presets:
+#: NeMo container release -> the Megatron-Bridge ref whose presets ran its table: the tag of the release branch
+#: that published the table, the one closest to the table's commit (tag dates: v0.2.0 2025-11-26, v0.3.0
+#: 2026-02-26, v0.3.1 2026-03-20, v0.4.0 2026-04-16, v0.4.2 2026-05-28, v0.5.0 2026-06-16, v0.5.1 2026-07-20,
+#: v0.6.0 2026-08-19; the shipped 26.04 rows' notes cite v0.4.0's presets), or the table's own commit where the
+#: presets changed between the tag and it:
 #: - 26.02.01: r0.3.0 1f0cfc3bc ("2602_perf_table_reorder and patch container data", 2026-03-21, the day after
-#:   v0.3.1) publishes the table and sets GPT-OSS's B200 and B300 presets to the EP8 and HybridEP its rows list;
-#: - 26.04.01: v0.4.2, not v0.4.1. v0.4.1 (2026-05-06) is v0.4.0 plus security fixes on a branch of its own, while
-#:   the table (main 867af0079, 2026-05-14; r0.4.0 2b82f6f17) was published from r0.4.0, whose v0.4.2 first
-#:   carries it and holds the presets it lists: DeepSeek-V3 on B200 at PP8 VP2 EP32, which v0.4.1 has not, and
-#:   Qwen3-235B on B300 through HybridEP (cherry-pick 6a5c997e7)
+#:   v0.3.1) publishes the table; the commit before it, 904597bd3 (#2915), sets GPT-OSS's B200 and B300 presets
+#:   to the EP8 and HybridEP its rows list;
+#: - 26.04.01: v0.4.2, not v0.4.1. v0.4.1 (2026-05-06) is v0.4.0 plus security fixes on a branch of its own
+#:   (r0.4.1), while the table (main 17a381f95 and 21d102f5e; r0.4.0 cab6db381 and 2b82f6f17, 2026-05-26/27) was
+#:   published from r0.4.0, whose v0.4.2 first carries it and holds the presets it lists: DeepSeek-V3 on B200 at
+#:   PP8 VP2 EP32, which v0.4.1 has not, and Qwen3-235B on B300 through HybridEP (cherry-pick 6a5c997e7)
 TAGS = {"25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "1f0cfc3bc58a08507775ec029cd4d01e97bd16f5",
         "26.04": "v0.4.0", "26.04.01": "v0.4.2", "26.06": "v0.5.0", "26.06.01": "v0.5.1", "26.08": "v0.6.0"}
 SYSTEMS = {"DGX-H100": ("dgx-h100", "H100"), "DGX-B200": ("dgx-b200", "B200"), "DGX-GB200": ("gb200-nvl72", "GB200"),

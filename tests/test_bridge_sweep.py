@@ -137,10 +137,10 @@ def test_the_release_spread_pairs_rows_whose_preset_did_not_change():
     assert round(100 * (4357 / 4040 - 1), 1) == 7.8
 
 
-def test_gpt_oss_26_02_01_rows_read_the_presets_their_table_commit_set():
-    """Megatron-Bridge's r0.3.0 commit that published the 26.02.01 table (1f0cfc3bc, the day after v0.3.1) also set
-    GPT-OSS's B200 and B300 BF16 presets to EP8 through HybridEP, as the table lists them; at v0.3.1 they are EP64
-    and match no row, so those two rows were left out before."""
+def test_gpt_oss_26_02_01_rows_read_the_presets_of_their_table_commit():
+    """Megatron-Bridge's r0.3.0 commit that published the 26.02.01 table (1f0cfc3bc, the day after v0.3.1) comes
+    right after 904597bd3 (#2915), which set GPT-OSS's B200 and B300 BF16 presets to EP8 through HybridEP, as the
+    table lists them; at v0.3.1 they are EP64 and match no row, so those two rows were left out before."""
     rows = [(i, r) for i, r in enumerate(ROWS) if r["release"] == "26.02.01" and r["model"] == "gpt-oss-120b"
             and r["hardware"] in ("dgx-b200", "dgx-b300")]
     assert len(rows) == 2

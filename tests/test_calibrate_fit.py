@@ -101,16 +101,17 @@ def test_grand_teton_takes_its_overlap_from_the_dgx_h100_fit_and_says_so():
     assert note.startswith("ASSUMPTION") and "dgx-h100's fit" in note
 
 
-def test_dgx_b300_fits_its_plateau_alone_and_says_where_the_rest_came_from():
-    """DGX B300's runs are all MoE: benchmarks/fit_presets.py fits its GEMM plateau on them and holds its overheads
-    and overlap at DGX B200's (README: DGX B300). The file carries B200's values, lists them as not fitted, names
-    where they came from; its own plateau is fitted, and above B200's, as the two DGX systems' paired rows measure."""
+def test_dgx_b300_fits_its_fp8_plateau_alone_and_says_where_the_rest_came_from():
+    """DGX B300's runs are all MoE, its 16-bit ones all GPT-OSS: benchmarks/fit_presets.py fits its FP8 GEMM plateau
+    on them and holds its overheads, overlap and BF16 plateau at DGX B200's (README: DGX B300). The file carries
+    B200's values, lists them as not fitted, names where they came from; its FP8 plateau is fitted, and above
+    B200's, as the two DGX systems' paired rows measure."""
     from benchmarks import fit_presets
 
     values, note = fit_presets.shared_values("dgx-b300", {})
     b300 = _efficiency((PRESET_DIR / "dgx-b300.toml").read_text(encoding="utf-8"))
     b200 = _efficiency((PRESET_DIR / "dgx-b200.toml").read_text(encoding="utf-8"))
-    assert values == {k: b200[k] for k in ("host_overhead_us", "kernel_overhead_us", "overlap")}
+    assert values == {k: b200[k] for k in ("host_overhead_us", "kernel_overhead_us", "overlap", "matmul_plateau")}
     assert all(b300[k] == v and k in b300["not_fitted"] for k, v in values.items())
     assert note in b300["calibration"] and note.startswith("ASSUMPTION") and "dgx-b200's fit" in note
     assert "fp8_matmul_plateau" not in b300["not_fitted"] and b300["fp8_matmul_plateau"] > b200["fp8_matmul_plateau"]

@@ -77,8 +77,8 @@ class AttentionRegion:
     q_len: int
     kv_len: int
     head_dim: float = 128.0  # mean of the query-key and value head dims (what `head_dim_factor` reads)
-    backward_ratio: float = 2.5  # backward FLOPs over forward (`backward_flops_ratio` of its head dims)
     masks: tuple[str, ...] = ()  # what the ops between the contractions read from outside the core (masks, scales)
+    backward_ratio: float = 2.5  # backward FLOPs over forward (`backward_flops_ratio` of its head dims)
 
 
 def attention_regions(graph: Graph, index: GraphIndex | None = None) -> list[AttentionRegion]:
@@ -185,7 +185,8 @@ def _attention_op(graph: Graph, producer, consumers, roots, i: int) -> Attention
     return AttentionRegion(frozenset(region), i, q, k, v, n.outputs[0], 2.0 * scores * (qk_dim + v_dim),
                            kept_fraction(q_len, kv_len, causal, window), causal, window, io,
                            4.0 * scores / max(1, kv_len), heads, q_len, kv_len, (qk_dim + v_dim) / 2,
-                           tuple(n.inputs[3:4]) if len(n.inputs) > 3 and n.inputs[3] else ())
+                           masks=tuple(n.inputs[3:4]) if len(n.inputs) > 3 and n.inputs[3] else (),
+                           backward_ratio=backward_flops_ratio(qk_dim, v_dim))
 
 
 def _leading(shape: tuple[int, ...]) -> int:
