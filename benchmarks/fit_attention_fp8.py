@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from scipy.optimize import minimize_scalar  # noqa: E402
 
-from benchmarks.fit_attention_head_dim import predicted_ms  # noqa: E402
+from benchmarks.fit_attention_head_dim import predicted_ms, print_rows as print_each  # noqa: E402
 from cost_models import load_cluster  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "cudnn_sdpa_fp8.json"
@@ -77,10 +77,7 @@ def fit_wide(gpu: str, fmt: str, plateaus: tuple[float, float]) -> tuple[float, 
 
 
 def print_rows(label: str, picked: list[dict], cluster) -> None:
-    for r in picked:
-        p = predicted_ms(r, cluster)
-        print(f"  {label} {r['phase']} seq {r['seq']:>6}: measured {r['time_ms']:8.3f} ms, predicted {p:8.3f} ms "
-              f"({p / r['time_ms'] - 1:+.0%})")
+    print_each(picked, cluster, lambda r: f"{label} {r['phase']} seq {r['seq']:>6}")
 
 
 def main() -> int:
