@@ -44,13 +44,17 @@ def table(result) -> list[str]:
 
 def unscored(predictions, noun: str = "run") -> str:
     """The sentence under a table on the `predictions` neither fitted nor held out (their publisher says a bug
-    slowed them), each a `noun`; "" without one."""
-    flagged = [p for p in predictions if p.group == "regression"]
-    if not flagged:
+    slowed them), each a `noun`, grouped by what the publisher said; "" without one."""
+    said: dict[str, list] = {}
+    for p in predictions:
+        if p.group == "regression":
+            said.setdefault(p.run.known_regression, []).append(p)
+    if not said:
         return ""
-    said = "; ".join(f"{p.run.id} ({100 * p.error:+.1f}%)" for p in flagged)
-    return (f"Not scored, {len(flagged)} {noun}{'' if len(flagged) == 1 else 's'} its publisher says a bug slowed "
-            f"(\"{flagged[0].run.known_regression}\"): {said}.")
+    n = sum(len(group) for group in said.values())
+    parts = [f"\"{text}\": " + "; ".join(f"{p.run.id} ({100 * p.error:+.1f}%)" for p in group)
+             for text, group in said.items()]
+    return f"Not scored, {n} {noun}{'' if n == 1 else 's'} its publisher says a bug slowed ({' / '.join(parts)})."
 
 
 def main(argv: list[str] | None = None) -> int:
