@@ -32,11 +32,14 @@ from cost_models.loader import PRESET_DIR, load_text, preset_names  # noqa: E402
 from planner.calibration import alternate_split, read_runs  # noqa: E402
 from planner.calibration.fit import fitted_names, preset_values  # noqa: E402
 from planner.calibration.report import calibrate_runs  # noqa: E402
-from planner.costing.execution import STACK_DIR  # noqa: E402
+from planner.costing.execution import STACK_DIR, stack_cache_clear  # noqa: E402
 
 #: Stacks whose kernel efficiency is fitted beside a hardware's parameters: on DGX H100 the runs of three
 #: Megatron-Core generations and NeMo Automodel share the hardware, so today's Megatron-Core is the reference.
-STACK_FITS = {"dgx-h100": ("megatron-core-2024", "automodel")}
+STACK_FITS = {"dgx-h100": ("megatron-core-2024", "automodel"),
+              # DGX H200's runs are torchtitan's: with the die's values DGX H100's (SHARED_FROM), they pin what that
+              # stack's kernels give of Megatron-Core's on the same GH100
+              "dgx-h200": ("torchtitan",)}
 #: Stacks whose TP overlap share is fitted beside a hardware's parameters: Grand Teton's runs are torchtitan's
 #: asyncTP benchmark, the same layouts with and without async TP, so they pin the share async TP hides.
 TP_SHARE_FITS = {"h100-grand-teton": ("torchtitan",)}
@@ -117,6 +120,14 @@ SHARED_FROM = {
     # GPT-OSS, whose BF16 runs on Blackwell come out 16-24 % fast held out on B200 and GB200, a gap no GEMM plateau
     # explains (README: DGX B300): fitted on three of them the bf16 plateau came to 0.362 of the peak against
     # B200's 0.508 and pulled the fp8 one to 0.719; tied to the fp8 one it pulled that to 0.476
+    # H200 SXM is H100 SXM's GH100 die at the same clocks, power and peaks (989 TFLOP/s bf16, 1,979 fp8, 700 W: the
+    # two datasheets) with more and faster HBM; its only runs are torchtitan's, whose float8 FSDP2 step fitted the
+    # die's FP8 plateau to 0.465 of the peak against the 0.688 DGX H100's Megatron-Core runs fit, so a Megatron-Core
+    # run on H200 would have been costed 30 % slow. The die's values come from DGX H100; what torchtitan's kernels
+    # give of them is the stack's own kernel efficiency (STACK_FITS), fitted here
+    "dgx-h200": ("dgx-h100", ("matmul_plateau", "fp8_matmul_plateau", "kernel_overhead_us", "host_overhead_us",
+                              "overlap"),
+                 "the same GH100 die at the same clocks, power and peaks (H200 changes the HBM)"),
     "dgx-b300": ("dgx-b200", ("host_overhead_us", "kernel_overhead_us", "overlap", "matmul_plateau"),
                  "the same Blackwell server (x86 hosts, NVLink 5, NCCL, the same BF16 peak), which these runs, all "
                  "MoE and in 16 bits all GPT-OSS, do not pin"),
@@ -137,9 +148,15 @@ def shared_values(hardware: str, fitted: dict[str, str]) -> tuple[dict[str, floa
     return values, f"ASSUMPTION: {said} from {ref}'s fit, {why}"
 
 
+#: Presets whose runs run a stack another preset's fit sets a value of (`STACK_FITS`): fitted after it, in the same
+#: process with the stack read again. Grand Teton's runs are torchtitan's, whose kernel efficiency DGX H200's sets.
+STACK_FITTED_BY = {"h100-grand-teton": "dgx-h200"}
+
+
 def reference_depth(hardware: str) -> int:
-    """How many fits a preset's values pass through (`TIED_TO`, `SHARED_FROM`): references are fitted first."""
-    refs = {TIED_TO.get(hardware), SHARED_FROM.get(hardware, (None,))[0]} - {None}
+    """How many fits a preset's values pass through (`TIED_TO`, `SHARED_FROM`, `STACK_FITTED_BY`): references are
+    fitted first."""
+    refs = {TIED_TO.get(hardware), SHARED_FROM.get(hardware, (None,))[0], STACK_FITTED_BY.get(hardware)} - {None}
     return max((1 + reference_depth(r) for r in refs), default=0)
 
 
@@ -227,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
                 write_stack_field(stack, "kernel_efficiency", result.fit.values[f"stack:{stack}"], hw)
             for stack in tp_shares:
                 write_stack_field(stack, "tp_overlap_share", result.fit.values[f"tp_share:{stack}"], hw)
+            if stacks or tp_shares:  # the presets fitted after this one run the stacks as now written
+                stack_cache_clear()
+                runs = read_runs()
             transfer(hw, {k: v for k, v in result.fit.values.items() if ":" not in k})
     if fitted and not args.dry_run:  # what estimates cite of each model's runs, with the presets as now fitted:
         # in a process of its own, which reads the presets and stacks as written (this one's runs hold the stacks

@@ -117,6 +117,25 @@ def test_dgx_b300_fits_its_fp8_plateau_alone_and_says_where_the_rest_came_from()
     assert "fp8_matmul_plateau" not in b300["not_fitted"] and b300["fp8_matmul_plateau"] > b200["fp8_matmul_plateau"]
 
 
+def test_dgx_h200_is_dgx_h100s_die_and_torchtitans_share_is_the_stacks():
+    """H200 SXM is H100 SXM's die at the same peaks and power: benchmarks/fit_presets.py gives DGX H200 every value
+    of DGX H100's fit the die sets (README: calibration), so a Megatron-Core step costs the same GEMMs on both, and
+    what torchtitan's step gives of the die, fitted on the H200 runs (its only ones), is written into the torchtitan
+    stack as its kernel efficiency, which Grand Teton's fit (also torchtitan's) comes after."""
+    from benchmarks import fit_presets
+    from planner.costing.execution import load_execution
+
+    values, note = fit_presets.shared_values("dgx-h200", {})
+    h200 = _efficiency((PRESET_DIR / "dgx-h200.toml").read_text(encoding="utf-8"))
+    h100 = _efficiency((PRESET_DIR / "dgx-h100.toml").read_text(encoding="utf-8"))
+    die = ("matmul_plateau", "fp8_matmul_plateau", "kernel_overhead_us", "host_overhead_us", "overlap")
+    assert values == {k: h100[k] for k in die} and all(h200[k] == h100[k] and k in h200["not_fitted"] for k in die)
+    assert note in h200["calibration"] and "dgx-h100's fit" in note
+    torchtitan, megatron = load_execution("torchtitan"), load_execution("megatron-core")
+    assert 0.5 < torchtitan.kernel_efficiency < 1.0 and megatron.kernel_efficiency == 1.0
+    assert fit_presets.reference_depth("dgx-h200") < fit_presets.reference_depth("h100-grand-teton")
+
+
 def test_references_are_fitted_before_the_presets_that_take_their_values():
     """A preset that takes values from another's fit (TIED_TO, SHARED_FROM) is fitted after it, however long the
     chain: DGX B300 takes DGX B200's, which takes DGX H100's."""

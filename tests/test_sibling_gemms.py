@@ -68,7 +68,9 @@ def test_a_fused_group_is_one_gemm_of_their_summed_flops(llama):
         grad = 2 * load_execution("megatron-core").grad_bytes * weights / work.float_bytes
         wgrad = op_time_s(cluster, flops, nbytes - weights + grad)
         assert sum(fused.backward(j, 1) for j in group) == pytest.approx(whole + wgrad, rel=1e-9)
-        alone = [op_time_s(cluster, work.flops[j], work.act_bytes[j] + work.param_bytes[j]) for j in group]
+        # torchtitan's GEMMs at its kernel efficiency (of Megatron-Core's on the same die, fitted on DGX H200)
+        ke = load_execution("torchtitan").kernel_efficiency
+        alone = [op_time_s(cluster, work.flops[j], work.act_bytes[j] + work.param_bytes[j]) / ke for j in group]
         assert [apart.forward(j, 1) for j in group] == pytest.approx(alone, rel=1e-9)
         assert sum(alone) > whole  # one kernel's overhead, and a larger GEMM's efficiency
 

@@ -249,6 +249,11 @@ def _preset(name: str) -> Execution:
                            default_name=name)
 
 
+def stack_cache_clear() -> None:
+    """Forget the stack presets read so far (a fit that rewrites one reads it again)."""
+    _preset.cache_clear()
+
+
 def parse_execution(text: str, *, source: str, default_name: str) -> Execution:
     """Check and read one stack file; InvalidInput names the field that is wrong."""
     try:
@@ -391,4 +396,5 @@ def _parse(root: Table, default_name: str) -> Execution:
 
 __all__ = ["CUDA_GRAPH_SCOPES", "DEFAULT_STACK", "FIELDS", "FP8_ATTENTION_RECIPES", "MAX_ALLOCATOR_RESERVE",
            "RECIPE_CAST_BYTES", "Execution", "attention_fp8_format",
-           "load_execution", "parse_execution", "stack_names", "stays_gathered", "with_changes"]
+           "load_execution", "parse_execution", "stack_cache_clear", "stack_names", "stays_gathered",
+           "with_changes"]
