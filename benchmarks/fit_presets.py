@@ -113,13 +113,6 @@ SHARED_FROM = {
     "dgx-b200": ("dgx-h100", ("host_overhead_us",), _HOST),
     "gb200-nvl72": ("dgx-h100", ("host_overhead_us",), _HOST),
     "gb300-nvl72": ("dgx-h100", ("host_overhead_us",), _HOST),
-    # DGX B300's runs are all MoE on eager stacks, which pin a GEMM plateau (measured against DGX B200 at the same
-    # layouts and releases they run 4-16 % faster) but not what DGX B200's dense and MoE runs fit beside it: fitted
-    # free on them its overlap went to the 1.0 bound and its kernel overhead to 4.35 us, and its plateaus below
-    # B200's (0.544 FP8), so the planner found dense layouts slower on it than on a B200. Its 16-bit runs are all
-    # GPT-OSS, whose BF16 runs on Blackwell come out 16-24 % fast held out on B200 and GB200, a gap no GEMM plateau
-    # explains (README: DGX B300): fitted on three of them the bf16 plateau came to 0.362 of the peak against
-    # B200's 0.508 and pulled the fp8 one to 0.719; tied to the fp8 one it pulled that to 0.476
     # H200 SXM is H100 SXM's GH100 die at the same clocks, power and peaks (989 TFLOP/s bf16, 1,979 fp8, 700 W: the
     # two datasheets) with more and faster HBM; its only runs are torchtitan's, whose float8 FSDP2 step fitted the
     # die's FP8 plateau to 0.465 of the peak against the 0.688 DGX H100's Megatron-Core runs fit, so a Megatron-Core
@@ -128,6 +121,13 @@ SHARED_FROM = {
     "dgx-h200": ("dgx-h100", ("matmul_plateau", "fp8_matmul_plateau", "kernel_overhead_us", "host_overhead_us",
                               "overlap"),
                  "the same GH100 die at the same clocks, power and peaks (H200 changes the HBM)"),
+    # DGX B300's runs are all MoE on eager stacks, which pin a GEMM plateau (measured against DGX B200 at the same
+    # layouts and releases they run 4-16 % faster) but not what DGX B200's dense and MoE runs fit beside it: fitted
+    # free on them its overlap went to the 1.0 bound and its kernel overhead to 4.35 us, and its plateaus below
+    # B200's (0.544 FP8), so the planner found dense layouts slower on it than on a B200. Its 16-bit runs are all
+    # GPT-OSS, whose BF16 runs on Blackwell come out 16-24 % fast held out on B200 and GB200, a gap no GEMM plateau
+    # explains (README: DGX B300): fitted on three of them the bf16 plateau came to 0.362 of the peak against
+    # B200's 0.508 and pulled the fp8 one to 0.719; tied to the fp8 one it pulled that to 0.476
     "dgx-b300": ("dgx-b200", ("host_overhead_us", "kernel_overhead_us", "overlap", "matmul_plateau"),
                  "the same Blackwell server (x86 hosts, NVLink 5, NCCL, the same BF16 peak), which these runs, all "
                  "MoE and in 16 bits all GPT-OSS, do not pin"),
@@ -149,7 +149,8 @@ def shared_values(hardware: str, fitted: dict[str, str]) -> tuple[dict[str, floa
 
 
 #: Presets whose runs run a stack another preset's fit sets a value of (`STACK_FITS`): fitted after it, in the same
-#: process with the stack read again. Grand Teton's runs are torchtitan's, whose kernel efficiency DGX H200's sets.
+#: process with the stack read again (`main` adds them to a fit of the preset they follow). Grand Teton's runs are
+#: torchtitan's, whose kernel efficiency DGX H200's sets. Under --dry-run nothing is written and nothing is added.
 STACK_FITTED_BY = {"h100-grand-teton": "dgx-h200"}
 
 
@@ -205,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs = read_runs()
     split = alternate_split(runs)
-    chosen = sorted(args.hardware or split, key=lambda h: (reference_depth(h), h))  # references first
+    wanted = set(args.hardware or split)
+    if not args.dry_run:  # a preset whose runs' stack another's fit rewrites is fitted again after it, or it would
+        # keep a fit made with the old value
+        wanted |= {dep for dep, ref in STACK_FITTED_BY.items() if ref in wanted and dep in split}
+    chosen = sorted(wanted, key=lambda h: (reference_depth(h), h))  # references first
     fitted: dict[str, str] = {}  # hardware -> its fitted file text, this run's
     for hw in chosen:
         if hw not in preset_names():

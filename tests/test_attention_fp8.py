@@ -19,12 +19,12 @@ from benchmarks import fit_attention_fp8 as script
 from benchmarks.fit_attention_fp8 import FORMATS, PRESET, predicted_ms, rows
 from benchmarks.fit_attention_head_dim import useful_flops, useful_keys
 from cost_models import load_cluster
-from cost_models.compute import attention_time_s
+from cost_models.compute import attention_time_s, op_time_s
 from cost_models.errors import SpecError
 from cost_models.loader import PRESET_DIR, load_text
 from planner.api import _graph_for_costing, make_workload
 from planner.costing.attention import kept_fraction
-from planner.costing.execution import load_execution
+from planner.costing.execution import RECIPE_CAST_BYTES, load_execution
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.node_times import NodeTimes
 from planner.errors import InvalidInput
@@ -103,7 +103,10 @@ def oss():
 
 
 def _times(facts, fp8_attention: bool, recipe: str = "mxfp8", hardware: str = "gb300-nvl72") -> NodeTimes:
-    execution = dataclasses.replace(load_execution("megatron-core"), fp8_recipe=recipe, fp8_attention=fp8_attention)
+    """Megatron-Core's stack naming `recipe`, with that recipe's cast bytes (as a stack file naming it gets them)."""
+    cast, transposed = RECIPE_CAST_BYTES[recipe]
+    execution = dataclasses.replace(load_execution("megatron-core"), fp8_recipe=recipe, fp8_attention=fp8_attention,
+                                    fp8_cast_bytes=cast, fp8_transpose_bytes=transposed)
     work = dataclasses.replace(make_workload("train", 16, SEQ, "fp8", None), execution=execution)
     return NodeTimes(facts, load_cluster(hardware, devices=8), work, Strategy(dp=8, micro_batch=2), execution)
 
@@ -124,7 +127,32 @@ def test_in_fp8_a_windowed_cores_backward_costs_its_causal_twins(oss):
     flops = (3 * 64 + 2 * 64) / (64 + 64) * causal.flops * kept * (2 / oss.work.batch)  # gpt-oss: 64-wide heads
     nbytes = causal.io_bytes * (1.0 / oss.work.float_bytes * 2.0) * (2 / oss.work.batch) * 2.0
     by_hand = attention_time_s(cluster, flops, nbytes, "backward", "cudnn", kept * SEQ, causal.head_dim, "mxfp8")
+    d_out = 8 * 64 * SEQ * 2  # the output gradient TE quantizes: 8 heads of 64, a micro-batch of 2 sequences
+    by_hand += op_time_s(cluster, 0.0, 4.0 * d_out, "elementwise", "bf16")  # MXFP8: read 2, a rowwise and a colwise 1
     assert fp8._time(causal.anchor, 1, backward=True) == pytest.approx(by_hand, rel=1e-9)
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "current", "delayed"])
+def test_fp8_attention_pays_transformer_engines_casts_beside_its_kernel(oss, recipe):
+    """Worked by hand from FusedAttnFunc and combine_and_quantize (Transformer Engine v2.17) for a stack that names
+    the recipe: forward it quantizes Q, K and V (8 query heads and 2 key-value heads of 64: 768 elements a token),
+    backward the output gradient (512 a token). MXFP8 reads each 16-bit element once and writes a rowwise and a
+    columnwise byte (4); current scaling reads it for its amax, again to write one byte (5), delayed scaling once (3);
+    both per-tensor recipes first concatenate Q, K and V in 16 bits (4 more). Delayed scaling also dequantizes O
+    forward (a byte read, two written) and dQ, dK, dV backward, concatenated in FP8 first (5); the other two
+    recipes' kernels give those in 16 bits. A tensor-parallel rank casts its heads' share."""
+    causal = next(r for r in {r.anchor: r for r in oss.region_of.values()}.values() if not r.window and r.causal)
+    cluster = load_cluster("gb300-nvl72", devices=8)
+    tokens, qkv, o = SEQ * 2, 8 * 64 + 2 * 2 * 64, 8 * 64
+    quantize, concat = {"mxfp8": (4.0, 0.0), "current": (5.0, 4.0), "delayed": (3.0, 4.0)}[recipe]
+    out = 3.0 if recipe == "delayed" else 0.0
+    forward = tokens * (qkv * (concat + quantize) + o * out)
+    backward = tokens * (o * quantize + qkv * (out + 2.0 if out else 0.0))
+    times = _times(oss, True, recipe)
+    for tp in (1, 2):
+        for phase, nbytes in ((False, forward), (True, backward)):
+            casts = op_time_s(cluster, 0.0, nbytes / tp, "elementwise", "bf16")
+            assert times._attention_casts(causal, 2 / oss.work.batch / tp, phase) == pytest.approx(casts, rel=1e-9)
 
 
 def test_fp8_attention_applies_only_where_the_step_runs_in_fp8(oss):

@@ -42,7 +42,7 @@ from __future__ import annotations
 from cost_models import Cluster, SpecError
 from cost_models.compute import attention_time_s, op_time_s
 
-from planner.costing.attention import kept_fraction, pass_window
+from planner.costing.attention import AttentionRegion, kept_fraction, pass_window
 from planner.costing.execution import Execution, attention_fp8_format, stays_gathered
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.loss import loss_time_s
@@ -197,8 +197,9 @@ class NodeTimes:
             # row's keys, a sliding window all of its own unless the chunk is shorter
             keys = min(kept * r.kv_len, r.kv_len / self.cp) if window else kept * r.kv_len / self.cp
             phase = "backward" if backward else "forward"
-            return attention_time_s(cluster, flops, nbytes, phase, self.execution.attention_kernel, keys,
-                                    r.head_dim, self.attention_fp8) / self.execution.kernel_efficiency
+            t = attention_time_s(cluster, flops, nbytes, phase, self.execution.attention_kernel, keys,
+                                 r.head_dim, self.attention_fp8) / self.execution.kernel_efficiency
+            return t + (self._attention_casts(r, share, backward) if self.attention_fp8 else 0.0)
         if facts.weight_view[i] or work.host[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]) \
                 or (self.flash and facts.mask_built[i]):
             return 0.0
@@ -235,6 +236,31 @@ class NodeTimes:
             t += loss_time_s(self.cluster, self.execution.loss_kernel, facts.loss_numel[i] * share, backward,
                              self.dtype)
         return t * facts.routed_load(i, self.execution, self.ep)  # the busiest expert-parallel rank sets the pace
+
+    def _attention_casts(self, r: AttentionRegion, share: float, backward: bool) -> float:
+        """What Transformer Engine's FP8 attention moves beside its kernel (FusedAttnFunc in
+        pytorch/attention/dot_product_attention/backends.py, v2.17): forward it quantizes Q, K and V, backward the
+        output gradient, each at the stack's cast bytes less a transposed copy (`Execution.fp8_cast_bytes`, the
+        recipe's by default: its attention quantizers ask no columnwise copy under per-tensor scales, utils.py
+        get_attention_quantizers; MXFP8's rowwise and columnwise copies are its 4 bytes). Under per-tensor scales
+        combine_and_quantize first concatenates Q, K and V in 16 bits (a 2-byte read and write; ASSUMPTION: the
+        separate sbhd layout Megatron-Core hands it after RoPE, not a packed one that needs no copy). Under delayed
+        scaling the kernel also gives O and dQ, dK, dV in FP8, dequantized to 16 bits (a byte read, two written; dQ,
+        dK, dV concatenated first, a byte each way); under current scaling (NVTE_DPA_FP8CS_O_in_F16 on by default)
+        and MXFP8 they come out in 16 bits. ASSUMPTIONS: the casts' own kernel launches are not charged (the shipped
+        FP8-attention rows replay whole iterations from CUDA graphs), and context parallelism's per-step casts
+        (context_parallel.py) are costed as this path's."""
+        graph, width, ex = self.facts.graph, self.facts.work.float_bytes, self.execution
+        o = graph.tensors[r.out].nbytes / width * share
+        qkv = r.io_bytes / width * share - o
+        quantize = ex.fp8_cast_bytes - ex.fp8_transpose_bytes
+        concat = 2.0 * self.width if self.attention_fp8 == "fp8" else 0.0  # Q, K, V gathered before quantizing
+        dequantize = 1.0 + self.width if ex.fp8_recipe == "delayed" else 0.0
+        if backward:  # dO quantized; under delayed scaling dQ, dK, dV concatenated in FP8 and dequantized
+            nbytes = o * quantize + qkv * (2.0 + dequantize if dequantize else 0.0)
+        else:
+            nbytes = qkv * (concat + quantize) + o * dequantize
+        return op_time_s(self.cluster, 0.0, nbytes, "elementwise", self.dtype)
 
     def _beside_bytes(self, i: int) -> tuple[float, float] | None:
         """HBM bytes per element of node i's output, (forward, backward), where the stack runs the op on routed rows
