@@ -161,6 +161,16 @@ def reference_depth(hardware: str) -> int:
     return max((1 + reference_depth(r) for r in refs), default=0)
 
 
+def fit_order(requested: list[str], with_runs: set[str], dry_run: bool = False) -> list[str]:
+    """The presets to fit, references first: those requested and, unless nothing is written, every preset with runs
+    whose stack a requested one's fit rewrites (`STACK_FITTED_BY`), which would otherwise keep a fit made with the
+    stack's old value."""
+    wanted = set(requested)
+    if not dry_run:
+        wanted |= {dep for dep, ref in STACK_FITTED_BY.items() if ref in wanted and dep in with_runs}
+    return sorted(wanted, key=lambda h: (reference_depth(h), h))
+
+
 def start_text(hardware: str, shared: dict[str, float] | None = None) -> str:
     """A preset's file with the transferred values put back and an earlier fp8 plateau dropped, so a fit never
     starts from an earlier one (the result depends only on the runs); the A100 preset, the reference, as it is."""
@@ -206,11 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs = read_runs()
     split = alternate_split(runs)
-    wanted = set(args.hardware or split)
-    if not args.dry_run:  # a preset whose runs' stack another's fit rewrites is fitted again after it, or it would
-        # keep a fit made with the old value
-        wanted |= {dep for dep, ref in STACK_FITTED_BY.items() if ref in wanted and dep in split}
-    chosen = sorted(wanted, key=lambda h: (reference_depth(h), h))  # references first
+    chosen = fit_order(args.hardware or list(split), set(split), args.dry_run)
     fitted: dict[str, str] = {}  # hardware -> its fitted file text, this run's
     for hw in chosen:
         if hw not in preset_names():

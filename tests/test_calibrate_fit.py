@@ -148,6 +148,20 @@ def test_references_are_fitted_before_the_presets_that_take_their_values():
         assert depth(ref) < depth(hw), hw
 
 
+def test_a_fit_that_rewrites_a_stack_refits_the_presets_that_run_it_after_it():
+    """Fitting DGX H200 rewrites torchtitan's kernel efficiency, which Grand Teton's runs use: a fit of DGX H200 fits
+    Grand Teton after it (a dry run, which writes nothing, does not); a fit of Grand Teton alone does not pull in
+    DGX H200, and the order puts references first whatever order they were asked in."""
+    from benchmarks import fit_presets
+
+    runs = {"dgx-h100", "dgx-h200", "h100-grand-teton", "dgx-a100"}
+    assert fit_presets.fit_order(["dgx-h200"], runs) == ["dgx-h200", "h100-grand-teton"]
+    assert fit_presets.fit_order(["dgx-h200"], runs, dry_run=True) == ["dgx-h200"]
+    assert fit_presets.fit_order(["h100-grand-teton"], runs) == ["h100-grand-teton"]
+    assert fit_presets.fit_order(["h100-grand-teton", "dgx-h200", "dgx-h100"], runs) == \
+        ["dgx-h100", "dgx-h200", "h100-grand-teton"]
+
+
 def test_holding_every_parameter_the_runs_could_pin_or_an_unknown_one_is_refused(a100_runs):
     with pytest.raises(InvalidInput, match="every parameter these runs could pin is held"):
         fit(a100_runs[:2], load_cluster("dgx-a100"), held=("matmul_plateau",))
