@@ -88,6 +88,13 @@ ACCOUNTED = {"llama3-405b": 126, "qwen3-235b-a22b": 94}
 GRAPH_SCOPES = {"attn", "mlp", "moe", "moe_router", "moe_preprocess"}
 
 
+def known_regression(row: dict) -> str:
+    """The publisher's sentence saying a bug slowed the row: its table's footnote (`REGRESSION`) or its tracker
+    (`PUBLISHER_ISSUES`); "" for a row that measures the stack."""
+    return next((text for text in row.get("footnotes", {}).values() if REGRESSION.search(text)),
+                PUBLISHER_ISSUES.get((row["release"], row["hardware"], row["model"]), ""))
+
+
 def run_of(row: dict, index: int) -> dict | None:
     """A sweep row as a calibration run (the format `hyperplan calibrate` reads), or None without a preset."""
     p = row.get("preset_fields")
@@ -143,8 +150,7 @@ def run_of(row: dict, index: int) -> dict | None:
         ex |= FP8_ATTENTION
     notes += ["not costed: cutedsl_fused_grouped_mlp"] if p.get("cutedsl_fused_grouped_mlp") else []
     notes += [f"the table's footnote: {text}" for text in row.get("footnotes", {}).values()]
-    regression = next((text for text in row.get("footnotes", {}).values() if REGRESSION.search(text)),
-                      PUBLISHER_ISSUES.get((row["release"], row["hardware"], row["model"]), ""))
+    regression = known_regression(row)
     return {"id": f"{row['release']}-{row['hardware']}-{row['model']}-{row['precision'].lower()}-{gpus}gpu",
             "source": f"{SOURCE}#rows[{index}] ({row['preset']})",
             "category": "moe_training" if row["model"] in MOE else "dense_training", "hardware": row["hardware"],
@@ -203,8 +209,7 @@ def release_spread(rows: list[dict]) -> str:
     releases = sorted({r["release"] for r in rows}, key=lambda v: tuple(int(x) for x in v.split(".")))
     runs = defaultdict(list)
     for r in rows:
-        if "preset_fields" in r and not any(REGRESSION.search(t) for t in r.get("footnotes", {}).values()) \
-                and (r["release"], r["hardware"], r["model"]) not in PUBLISHER_ISSUES:
+        if "preset_fields" in r and not known_regression(r):
             fields = {k: v for k, v in r["preset_fields"].items() if k != "_file"}
             key = (r["hardware"], r["model"], r["precision"], json.dumps([fields, r.get("code", {})], sort_keys=True))
             runs[key].append(r)

@@ -36,7 +36,6 @@ from planner.graph.ir import Graph
 from planner.graph.walk import GraphIndex, index_graph
 
 
-
 def backward_flops_ratio(head_dim_qk: float, head_dim_v: float) -> float:
     """Backward FLOPs of a flash kernel over its forward FLOPs, per (query, key) pair computed: forward QK^T and PV,
     2 (d_qk + d_v); backward S again, dP, dV, dQ and dK, 2 (3 d_qk + 2 d_v) (FlashAttention-2, Dao 2023, section

@@ -255,11 +255,12 @@ class NodeTimes:
         qkv = r.io_bytes / width * share - o
         quantize = ex.fp8_cast_bytes - ex.fp8_transpose_bytes
         concat = 2.0 * self.width if self.attention_fp8 == "fp8" else 0.0  # Q, K, V gathered before quantizing
-        dequantize = 1.0 + self.width if ex.fp8_recipe == "delayed" else 0.0
-        if backward:  # dO quantized; under delayed scaling dQ, dK, dV concatenated in FP8 and dequantized
-            nbytes = o * quantize + qkv * (2.0 + dequantize if dequantize else 0.0)
+        delayed = ex.fp8_recipe == "delayed"  # the kernel's O and dQ, dK, dV in FP8
+        dequantize = 1.0 + self.width  # a byte read, 16 bits written
+        if backward:  # dO quantized; under delayed scaling dQ, dK, dV concatenated in FP8 (a byte each way) first
+            nbytes = o * quantize + (qkv * (2.0 + dequantize) if delayed else 0.0)
         else:
-            nbytes = qkv * (concat + quantize) + o * dequantize
+            nbytes = qkv * (concat + quantize) + (o * dequantize if delayed else 0.0)
         return op_time_s(self.cluster, 0.0, nbytes, "elementwise", self.dtype)
 
     def _beside_bytes(self, i: int) -> tuple[float, float] | None:
