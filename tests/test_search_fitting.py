@@ -29,14 +29,15 @@ def test_the_cheapest_way_to_move_an_excess_off_hbm():
 def test_no_strategy_that_fits_is_faster_than_its_regions_fitting_bound(monkeypatch):
     """Every region opened (a gap that closes none), memory so short that most strategies offload: each strategy
     scored that fits is at least its region's bound, and the fitting bound is above the compute bound somewhere
-    (else this would test nothing)."""
+    (else this would test nothing). Four GPUs with 1.5 GiB each score about 700 strategies that fit, three in
+    four of them offloading."""
     model, over = MOE
     graph = _graph_for_costing(model, 1024, None, over)
     structure = discover_blocks(graph)
     workload = make_workload("train", 16, 1024, "bf16", None)
     ex = workload.execution
-    cluster = with_memory_cap(load_cluster("dgx-h100", devices=8),
-                              1.2 / (1.0 - ex.allocator_reserve) + ex.runtime_reserve_gib)
+    cluster = with_memory_cap(load_cluster("dgx-h100", devices=4),
+                              1.5 / (1.0 - ex.allocator_reserve) + ex.runtime_reserve_gib)
     raised = []
     real = plan_search.fitting_bound_s
 
@@ -59,5 +60,6 @@ def test_no_strategy_that_fits_is_faster_than_its_regions_fitting_bound(monkeypa
     result = search.run()
     assert result.complete and result.best is not None
     assert any(raised) and any(c.strategy.offload for _, c in checked)
+    assert any(not c.strategy.offload for _, c in checked)  # both kinds of fit are held to the bound
     for bound, c in checked:
         assert c.step_s >= bound * (1 - 1e-9), (c.strategy.short(), c.step_s, bound)
