@@ -59,7 +59,7 @@ from benchmarks.calibration_spec_helpers import CUTEDSL_MLP, DSV3_MTP, FP8_ATTEN
 from planner.calibration import read_runs  # noqa: E402
 from planner.calibration.bridge_sweep import ERRORS, errors_table  # noqa: E402
 from planner.calibration.hardware_pairs import PAIRS, pairs, pairs_table  # noqa: E402
-from planner.calibration.predict import predict_all, summarise  # noqa: E402
+from planner.calibration.predict import Predictor, predict_all, summarise  # noqa: E402
 from planner.calibration.runs import parse_run  # noqa: E402
 from planner.costing.pipeline_cut import accounted_split  # noqa: E402
 
@@ -175,9 +175,9 @@ def shipped_keys() -> set:
     return {r.id if r.source.startswith(SOURCE) else row_key(r) for r in read_runs()} - {None}
 
 
-def sweep() -> tuple[list, int, list[str], int]:
-    """Every sweep row estimated: (predictions each with whether the calibration set ships its row, rows without a
-    preset, rows not estimable with the reason, rows read)."""
+def sweep(predictor: Predictor | None = None) -> tuple[list, int, list[str], int]:
+    """Every sweep row estimated (by `predictor`, a new one by default): (predictions each with whether the
+    calibration set ships its row, rows without a preset, rows not estimable with the reason, rows read)."""
     data = json.loads(DATA.read_text(encoding="utf-8"))
     runs, unread = [], 0
     for i, row in enumerate(data["rows"]):
@@ -186,7 +186,7 @@ def sweep() -> tuple[list, int, list[str], int]:
             unread += 1
         else:
             runs.append(parse_run(spec, where=f"bridge_sweep.json rows[{i}]"))
-    preds, skipped = predict_all(runs)
+    preds, skipped = predict_all(runs, predictor)
     shipped = shipped_keys()
     out = [(p, p.run.id in shipped or row_key(p.run) in shipped) for p in preds]
     return out, unread, skipped, len(data["rows"])

@@ -360,12 +360,13 @@ def plan_inference(model: str | os.PathLike, **options: Any) -> dict[str, Any]:
     return plan(model, **options)
 
 
-def calibrate(files=None, *, hardware: str | None = None, category: str | None = None, fit=None):
+def calibrate(files=None, *, hardware: str | None = None, category: str | None = None, fit=None, predictor=None):
     """Predicted against measured step time of the runs in `files` (the shipped runs when None), optionally
-    filtered by hardware and category; with `fit` (run ids), the hardware of those runs fitted on them first.
+    filtered by hardware and category; with `fit` (run ids), the hardware of those runs fitted on them first; with
+    `predictor` (a `planner.calibration.predict.Predictor`), its graphs reused.
     Returns a `planner.calibration.report.CalibrationResult`."""
     from planner.calibration import read_runs
     from planner.calibration.report import calibrate_runs, select
 
     runs = select(read_runs(files), hardware, category)
-    return calibrate_runs(runs, fit)
+    return calibrate_runs(runs, fit, predictor=predictor)

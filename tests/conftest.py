@@ -35,6 +35,13 @@ def manifest() -> dict:
     return json.loads((FIXTURES / "manifest.json").read_text())
 
 
+@pytest.fixture(scope="session")
+def shared_graphs() -> dict:
+    """One store of the graphs the calibration tests' predictors build (`Predictor(graphs=...)`): each model's graph
+    is built once for the whole run, not once a module. Micro-batch choices stay each predictor's own."""
+    return {}
+
+
 @pytest.fixture(autouse=True)
 def _fixed_terminal(monkeypatch):
     """Every test renders at 80 columns whatever the caller's terminal or $COLUMNS (a test that wants another

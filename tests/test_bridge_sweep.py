@@ -13,6 +13,7 @@ import pytest
 from benchmarks.bench_bridge_sweep import DATA, later, release_spread, row_key, run_of, scored, sweep, table, unscored
 from planner.calibration import alternate_split, read_runs
 from planner.calibration.bridge_sweep import ERRORS, errors_table, rows_of
+from planner.calibration.predict import Predictor
 from planner.calibration.runs import parse_run
 
 ROWS = json.loads(DATA.read_text(encoding="utf-8"))["rows"]
@@ -83,8 +84,8 @@ def test_qwen3_30b_on_b200_reads_each_release_preset(release, micro_batch, dispa
 
 
 @pytest.fixture(scope="module")
-def swept():
-    items, _, skipped, _ = sweep()
+def swept(shared_graphs):
+    items, _, skipped, _ = sweep(Predictor(graphs=shared_graphs))
     assert not skipped, skipped
     return items
 

@@ -55,8 +55,8 @@ BOUNDS = {
 
 
 @pytest.fixture(scope="module")
-def result():
-    return calibrate()
+def result(shared_graphs):
+    return calibrate(predictor=Predictor(graphs=shared_graphs))
 
 
 def test_every_shipped_run_is_predicted(result):
@@ -204,6 +204,17 @@ def test_a_run_its_publisher_says_a_bug_slowed_is_neither_fitted_nor_held_out(tm
     assert {s["group"]: s["rows"] for s in got.summary()} == {"held-out": 3, "regression": 1}
     said = [r["known_regression"] for r in got.to_dict()["runs"]]
     assert said == ["a known issue, fixed in the next release", None, None, None]
+
+
+def test_predictors_given_one_store_build_each_graph_once(tmp_path):
+    """Two predictors on one graph store: the second reads the graph the first built; micro-batch choices and a
+    predictor without a store stay their own."""
+    run = load_runs(_write(tmp_path, [_ROW | {"strategy": {"tp": 2, "micro_batch": "largest fitting"}}]))[0]
+    store: dict = {}
+    first, second, alone = Predictor(graphs=store), Predictor(graphs=store), Predictor()
+    assert second.graph(run) is first.graph(run) and len(store) == 1
+    assert alone.graph(run) is not first.graph(run)
+    assert first.micro_batch(run, first.cluster(run)) == 4 and first._micro and not second._micro
 
 
 def test_the_largest_fitting_micro_batch_is_chosen_once(tmp_path):

@@ -79,14 +79,14 @@ def test_the_stack_field_is_a_count_of_streams():
 
 
 @pytest.mark.calibration
-def test_the_modelzoo_layout_with_four_times_the_local_experts_is_the_slower_one():
+def test_the_modelzoo_layout_with_four_times_the_local_experts_is_the_slower_one(shared_graphs):
     """The ModelZoo's TP4 EP8 PP8 layout (16 experts a rank) measured 29.0 s against 17.6 s for TP2 EP32 PP8
     (4 a rank), 1.65x: one grouped kernel would make it 1.33x; a GEMM per local expert, each issued by the host,
     1.68x (2 % off where the grouped kernel is 19 % off)."""
     runs = {r.id: r for r in read_runs()}
     wide, narrow = runs["mz-qwen3-235b-256xh100-bf16-ep32-pp8"], runs["mz-qwen3-235b-256xh100-bf16-tp4-ep8-pp8"]
     measured = narrow.measured_step_s / wide.measured_step_s
-    p = Predictor()
+    p = Predictor(graphs=shared_graphs)
     streamed = p.predict(narrow).estimate.step_time_s / p.predict(wide).estimate.step_time_s
     grouped_runs = [dataclasses.replace(r, execution=dataclasses.replace(r.execution, expert_gemm_streams=0))
                     for r in (narrow, wide)]

@@ -82,8 +82,8 @@ def test_the_exchange_waits_for_the_busiest_rank():
 
 
 @pytest.fixture(scope="module")
-def long_context():
-    return Predictor(), fit.shipped_runs(), fit.measured_pairs()
+def long_context(shared_graphs):
+    return Predictor(graphs=shared_graphs), fit.shipped_runs(), fit.measured_pairs()
 
 
 @pytest.mark.calibration

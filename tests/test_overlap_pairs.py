@@ -22,8 +22,8 @@ PAIRS = {p.id: p for p in load_pairs()}
 
 
 @pytest.fixture(scope="module")
-def predictor() -> Predictor:
-    return Predictor()
+def predictor(shared_graphs) -> Predictor:
+    return Predictor(graphs=shared_graphs)
 
 
 def test_the_shipped_pair_differs_in_the_overlap_alone():

@@ -42,7 +42,7 @@ def test_the_embedding_goes_to_the_first_chunk_and_the_head_to_the_last_even_wit
 
 
 @pytest.mark.calibration
-def test_megatron_bridges_405b_layout_with_the_ends_alone_is_estimated_near_its_measured_step():
+def test_megatron_bridges_405b_layout_with_the_ends_alone_is_estimated_near_its_measured_step(shared_graphs):
     """26.06 (Megatron-Bridge v0.5.0 docs/performance-summary.md): Llama 3.1 405B, 256 GB200s, MXFP8, batch 1,536 x
     8,192, TP4 PP16 VP8: 783 tokens/s per GPU, a 62.77 s step. Estimated with the recipe's split and the shipped
     MXFP8 run's stack: within 15 % (the model costs MXFP8 GEMMs at the FP8 rate, and the same table puts the
@@ -54,7 +54,7 @@ def test_megatron_bridges_405b_layout_with_the_ends_alone_is_estimated_near_its_
     base, mx = runs["mb2606-llama31-405b-256xgb200-fp8"], runs["mb2604-llama3-70b-64xgb200-mxfp8"].execution
     assert base.strategy["tp"] == 4 and base.strategy["pp"] == 16 and mx.fp8_recipe == "mxfp8"
     measured = 1536 * 8192 / (783 * 256)
-    predictor = Predictor()
+    predictor = Predictor(graphs=shared_graphs)
     out = {}
     for vpp, split in ((8, (0,) + (1,) * 126 + (0,)), (4, ())):
         run = dataclasses.replace(base, strategy=dict(base.strategy, vpp=vpp, stage_layers=list(split)),

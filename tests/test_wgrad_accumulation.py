@@ -84,12 +84,12 @@ def test_the_stack_field():
 
 
 @pytest.mark.calibration
-def test_the_modelzoo_layout_with_512_tokens_per_expert_is_slowed_by_its_main_gradients():
+def test_the_modelzoo_layout_with_512_tokens_per_expert_is_slowed_by_its_main_gradients(shared_graphs):
     """TP4·EP8·PP8 gives each of a rank's 16 experts 512 tokens a micro-batch (fp32 main gradients, the
     ModelZoo's --main-grads-dtype fp32): measured 29.0 s, predicted 13 % fast without the accumulation's traffic.
     TP2·EP32·PP8, 4,096 tokens for each of 4 experts, is bound by compute either way."""
     runs = {r.id: r for r in read_runs()}
-    p = Predictor()
+    p = Predictor(graphs=shared_graphs)
     for rid, moves in (("mz-qwen3-235b-256xh100-bf16-tp4-ep8-pp8", True), ("mz-qwen3-235b-256xh100-bf16-ep32-pp8",
                                                                              False)):
         run = runs[rid]

@@ -65,10 +65,14 @@ class Prediction:
 
 
 class Predictor:
-    """Estimates runs, building each model's graph once (and its costing facts) and choosing micro-batches once."""
+    """Estimates runs, building each model's graph once (and its costing facts) and choosing micro-batches once.
 
-    def __init__(self) -> None:
-        self._graphs: dict[tuple, tuple] = {}
+    `graphs` is where the built graphs are kept, by model, architecture overrides and sequence length: pass one
+    store to several predictors to build each graph once among them (the test suite does); a new one by default.
+    """
+
+    def __init__(self, graphs: dict[tuple, tuple] | None = None) -> None:
+        self._graphs: dict[tuple, tuple] = {} if graphs is None else graphs
         self._micro: dict[tuple, int] = {}
 
     def graph(self, run: Run):

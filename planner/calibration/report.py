@@ -91,15 +91,17 @@ def select(runs: Sequence[Run], hardware: str | None, category: str | None) -> l
 
 def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks: Sequence[str] = (),
                    ties=None, note: str = "", tp_shares: Sequence[str] = (),
-                   start_text: str | None = None, held: Sequence[str] = ()) -> CalibrationResult:
+                   start_text: str | None = None, held: Sequence[str] = (),
+                   predictor: Predictor | None = None) -> CalibrationResult:
     """Predict every run; with `fit`, first fit the hardware of those runs on them (then every prediction on
     that hardware uses the fitted parameters, and the fitted runs count as fit); with `stacks` too, the kernel
     efficiency of those stacks, with `tp_shares` their TP overlap share (every run of them is then predicted
     with it); `ties` as `fit.fit` takes them, and `note` added to the calibration sentence written into the file.
     `start_text` is the hardware file to fit from, in place of the installed one (which is then not read); `held`
-    the hardware parameters the fit keeps as that file gives them."""
+    the hardware parameters the fit keeps as that file gives them; `predictor` the one to estimate with (its
+    graphs reused), a new one by default."""
 
-    predictor = Predictor()
+    predictor = predictor or Predictor()
     result_fit, text, override = None, None, None
     if fit is not None:
         ids = list(fit)
