@@ -14,9 +14,15 @@ DeepSeek's DeepEP). Two kernel styles are modelled:
   expert is on another device crosses the fabric on its own;
 - hierarchical (DeepEP's normal kernels, used in prefill): a token crosses
   each outer level once per destination group, then is forwarded inside it.
-Each device streams its whole share as one pipelined transfer, so the bus
-efficiency is that of its total bytes at a level, not of one peer's slice
-(DeepEP reports 39-46 GB/s of a 50 GB/s NIC at 128 tokens per GPU; its README).
+DeepEP's kernels stream a device's whole share as one pipelined transfer, so
+the bus efficiency is that of its total bytes at a level, not of one peer's
+slice (DeepEP reports 39-46 GB/s of a 50 GB/s NIC at 128 tokens per GPU; its
+README). A collective library's all-to-all (`per_peer`: NCCL's, which
+Megatron's alltoall dispatcher reaches through torch's all_to_all_single)
+is one message to each peer: NCCL's ncclAlltoAll appends a send and a
+receive task per rank (src/enqueue.cc, NVIDIA/nccl at 5067397c), and each
+transfer pays the level's bus efficiency at its own size, as
+`cost_models.collectives.all_to_all_s` charges an all-to-all.
 """
 
 from __future__ import annotations
@@ -78,7 +84,8 @@ def contiguous_groups(top_k: int, experts: int, ep: int, group_ranks: int) -> fl
 
 
 def exchange_s(tokens: float, top_k: int, token_bytes: float, spans: Sequence[LevelSpan],
-               hierarchical: bool = False, outer_groups: float | None = None, ranks: float | None = None) -> float:
+               hierarchical: bool = False, outer_groups: float | None = None, ranks: float | None = None,
+               per_peer: bool = False) -> float:
     """Seconds for one device to send its `tokens` to their experts (or get them back) over the EP group `spans`.
 
     Members of the group hold the experts evenly; level k of `spans` joins
@@ -86,7 +93,9 @@ def exchange_s(tokens: float, top_k: int, token_bytes: float, spans: Sequence[Le
 
     Direct (an all-to-all of (token, expert) pairs, Megatron's alltoall
     dispatcher): the pairs bound for members outside one's level-(k-1)
-    group but inside one's level-k group cross level k, level after level.
+    group but inside one's level-k group cross level k, level after level;
+    with `per_peer` (a collective library's all-to-all: see the module
+    docstring) at the efficiency of one peer's message, its 1/n of the pairs.
 
     Hierarchical (DeepEP's normal kernels): a token crosses the outermost
     level once per remote destination group (`outer_groups` distinct groups
@@ -110,17 +119,19 @@ def exchange_s(tokens: float, top_k: int, token_bytes: float, spans: Sequence[Le
         inner = max((_crossing_s(s, tokens * max(0.0, inner_copies - outer_copies) * token_bytes)
                      for s in spans[:-1]), default=0.0)
         return max(outer, inner)
+    message = tokens * top_k * token_bytes / n if per_peer else None  # what one peer gets, uniform picks
     total, reached = 0.0, 1
     for span in spans:
         inside = reached * span.participants
         copies = top_k * (inside - reached) / n
         reached = inside
-        total += _crossing_s(span, tokens * copies * token_bytes)
+        total += _crossing_s(span, tokens * copies * token_bytes, message)
     return total
 
 
-def _crossing_s(span: LevelSpan, volume: float) -> float:
-    """One device's `volume` bytes across one level, streamed as one pipelined transfer."""
+def _crossing_s(span: LevelSpan, volume: float, message: float | None = None) -> float:
+    """One device's `volume` bytes across one level: streamed as one pipelined transfer, or as messages of
+    `message` bytes, each at the level's bus efficiency for that size."""
     if volume <= 0:
         return 0.0
-    return span.level.latency_s + volume / span.effective_bandwidth(volume)
+    return span.level.latency_s + volume / span.effective_bandwidth(volume if message is None else message)

@@ -125,9 +125,9 @@ def head_dim_assumptions(hw: Any, head_dims: Iterable[float]) -> list[str]:
 #: them: benchmarks/bench_overlap_pairs.py, tests/test_overlap_pairs.py).
 OVERLAP_PAIRS = ("timed off and on by NVIDIA it saved 14.7 % of Qwen3-30B's step on 16 H100s with HybridEP and the "
                  "router in CUDA graphs (estimated alike), and eagerly 10.7 % of Qwen3-235B's on 256 H100s with DeepEP "
-                 "(estimated 21 %) and 24 % of Qwen3-30B's with the alltoall dispatcher (estimated 38 %); on 64 B200s it "
-                 "cost Qwen3-235B 7.5 %, 'due to CPU overhead' (estimated a 7 % saving): README, The overlap against "
-                 "its A/B pairs")
+                 "(estimated 21 %) and 24 % of Qwen3-30B's with the alltoall dispatcher (estimated 40 %); on 64 "
+                 "B200s it cost Qwen3-235B 7.5 %, 'due to CPU overhead' (estimated to save 8 %): README, The overlap "
+                 "against its A/B pairs")
 
 #: The shipped run that checks the 1F1B all-to-all overlap on the scale it was built for (held out).
 OVERLAP_WITNESS = "mb2509-deepseek-v3-1024xh100-fp8"

@@ -85,6 +85,24 @@ def test_a_group_limited_token_crosses_nvlink_once_per_rank_of_its_groups():
     assert parts["l"].ep_fwd == pytest.approx(2 * _crossing(nvlink, TOKENS * copies * HIDDEN * 2), rel=1e-9)
 
 
+def test_the_all_to_all_dispatcher_sends_each_peer_its_own_message():
+    """NCCL's all-to-all is a send and a receive per peer (ncclAlltoAll's p2p tasks): over 2 DGX H100s each of
+    the 16 expert ranks gets 1/16 of the rank's 2,048 x 8 pairs (8 MiB), 3.5 copies a token over NVLink and 4
+    over InfiniBand, each level at its bus efficiency for that 8 MiB, not for the level's whole share (56 and
+    64 MiB), which DeepEP's one pipelined transfer would reach."""
+    cluster = load_cluster("dgx-h100", devices=16)
+    nvlink, ib = place_group(cluster, 16)
+    tokens, width = TOKENS / 2, HIDDEN * 2
+    message = tokens * TOP_K * width / 16
+
+    def level(span, copies: float) -> float:
+        return span.level.latency_s + tokens * copies * width / span.effective_bandwidth(message)
+    a2a = _exchange("alltoall", etp=1)
+    assert a2a.ep_fwd == pytest.approx(2 * (level(nvlink, 3.5) + level(ib, 4.0)), rel=1e-9)
+    whole = 2 * (_crossing(nvlink, tokens * 3.5 * width) + _crossing(ib, tokens * 4.0 * width))
+    assert a2a.ep_fwd > whole
+
+
 def test_the_all_to_all_dispatcher_gathers_over_the_expert_tensor_group_on_top_of_its_exchange():
     a2a = _exchange("alltoall", etp=2)
     etp = place_group(load_cluster("dgx-h100", devices=16), 2)

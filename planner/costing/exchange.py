@@ -15,7 +15,8 @@ DeepSeek-V3 section 3.2; `cost_models.expert_dispatch`): the tokens of a
 rank (its 1/(tp x cp) share of the micro-batch, sequence-split over the
 tensor ranks) are dispatched, each to its top-k experts, over the
 expert-parallel group, and combined back: the same exchange model as
-serving, direct (all-to-all) or hierarchical (DeepEP's normal kernels, one
+serving, direct (all-to-all; here NCCL's, one message a peer: `exchange_s`'s
+per_peer) or hierarchical (DeepEP's normal kernels, one
 copy per destination node, so where a token's experts sit matters: the
 stack's routing, `outer_groups`). With etp > 1 the all-to-all dispatcher
 also all-gathers the dispatched tokens over the expert-tensor group and
@@ -120,7 +121,8 @@ def add_expert_exchange(facts, cluster: Cluster, strategy: Strategy, execution: 
         if shape not in seconds:
             outer, ranks = destinations(f.top_k, f.experts, ep, ep_spans, execution, etp if flex else 1) \
                 if ep_spans else (None, None)
-            one_way = exchange_s(tokens, f.top_k, token_bytes, ep_spans, hierarchical, outer, ranks) \
+            one_way = exchange_s(tokens, f.top_k, token_bytes, ep_spans, hierarchical, outer, ranks,
+                                 per_peer=not hierarchical) \
                 if ep_spans else 0.0
             seconds[shape] = 2.0 * one_way  # dispatch, then combine
             if etp_spans:
