@@ -19,10 +19,12 @@ the bus efficiency is that of its total bytes at a level, not of one peer's
 slice (DeepEP reports 39-46 GB/s of a 50 GB/s NIC at 128 tokens per GPU; its
 README). A collective library's all-to-all (`per_peer`: NCCL's, which
 Megatron's alltoall dispatcher reaches through torch's all_to_all_single)
-is one message to each peer: NCCL's ncclAlltoAll appends a send and a
-receive task per rank (src/enqueue.cc, NVIDIA/nccl at 5067397c), and each
-transfer pays the level's bus efficiency at its own size, as
-`cost_models.collectives.all_to_all_s` charges an all-to-all.
+is one message to each peer: torch issues an ncclSend and an ncclRecv per
+rank inside one NCCL group (torch/csrc/cuda/nccl.cpp,
+all2all_single_unequal_split), as NCCL's own ncclAlltoAll appends a send and
+a receive task per rank (src/enqueue.cc, NVIDIA/nccl at 5067397c); each
+transfer pays the level's bus efficiency at its own size, which is
+`cost_models.collectives.all_to_all_s`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from cost_models.collectives import all_to_all_s
 from cost_models.placement import LevelSpan
 
 
@@ -91,11 +94,14 @@ def exchange_s(tokens: float, top_k: int, token_bytes: float, spans: Sequence[Le
     Members of the group hold the experts evenly; level k of `spans` joins
     `participants` groups of the level below.
 
-    Direct (an all-to-all of (token, expert) pairs, Megatron's alltoall
-    dispatcher): the pairs bound for members outside one's level-(k-1)
-    group but inside one's level-k group cross level k, level after level;
-    with `per_peer` (a collective library's all-to-all: see the module
-    docstring) at the efficiency of one peer's message, its 1/n of the pairs.
+    Direct (an all-to-all of (token, expert) pairs: DeepEP's low-latency
+    kernels, or with `per_peer` a collective library's all-to-all, Megatron's
+    alltoall dispatcher): the pairs bound for members outside one's
+    level-(k-1) group but inside one's level-k group cross level k, level
+    after level; streamed whole, or (`per_peer`) as the all-to-all of the
+    rank's pairs that `cost_models.collectives.all_to_all_s` costs, each
+    peer's 1/n of them a message of its own. A hierarchical exchange streams
+    by construction: `per_peer` with it is refused.
 
     Hierarchical (DeepEP's normal kernels): a token crosses the outermost
     level once per remote destination group (`outer_groups` distinct groups
@@ -104,8 +110,12 @@ def exchange_s(tokens: float, top_k: int, token_bytes: float, spans: Sequence[Le
     per token over the whole group; by default uniform picks), the two
     levels working at once (RDMA and NVLink forwarding run concurrently).
     """
+    if hierarchical and per_peer:
+        raise ValueError("a hierarchical exchange streams each level's share whole: per_peer is for a direct one")
     if not spans or tokens <= 0 or token_bytes <= 0:
         return 0.0
+    if per_peer:
+        return all_to_all_s(tokens * top_k * token_bytes, spans)
     n = math.prod(s.participants for s in spans)
     if hierarchical:
         touched = expected_groups(top_k, n) if ranks is None else min(float(n), ranks)
@@ -119,19 +129,17 @@ def exchange_s(tokens: float, top_k: int, token_bytes: float, spans: Sequence[Le
         inner = max((_crossing_s(s, tokens * max(0.0, inner_copies - outer_copies) * token_bytes)
                      for s in spans[:-1]), default=0.0)
         return max(outer, inner)
-    message = tokens * top_k * token_bytes / n if per_peer else None  # what one peer gets, uniform picks
     total, reached = 0.0, 1
     for span in spans:
         inside = reached * span.participants
         copies = top_k * (inside - reached) / n
         reached = inside
-        total += _crossing_s(span, tokens * copies * token_bytes, message)
+        total += _crossing_s(span, tokens * copies * token_bytes)
     return total
 
 
-def _crossing_s(span: LevelSpan, volume: float, message: float | None = None) -> float:
-    """One device's `volume` bytes across one level: streamed as one pipelined transfer, or as messages of
-    `message` bytes, each at the level's bus efficiency for that size."""
+def _crossing_s(span: LevelSpan, volume: float) -> float:
+    """One device's `volume` bytes across one level, streamed as one pipelined transfer."""
     if volume <= 0:
         return 0.0
-    return span.level.latency_s + volume / span.effective_bandwidth(volume if message is None else message)
+    return span.level.latency_s + volume / span.effective_bandwidth(volume)

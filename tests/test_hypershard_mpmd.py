@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import onnx
 import pytest
@@ -24,6 +26,7 @@ from planner.hypershard.programs import view
 from planner.hypershard.validate import validate_document
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parent.parent
 #: A llava whose encoders and backbone are both small: 2 + 2 ranks of a DGX, in about a second.
 #: Small, but wide enough that splitting the backbone's matmuls over tp=2 beats replicating them.
 TINY_VLM = dict(layers=2, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=512, vision_layers=2, vision_hidden=512,
@@ -49,11 +52,17 @@ def planned(tmp_path_factory):
     args = ["plan", "internvl2-76b", "--set", "vision_image_size=1568", "--cluster", "cloudmatrix384-die",
             "--devices", "128", "--global-batch", "1024", "--seq-len", "4096", "--memory-gib", "40",
             "--no-offload", "--json", "-o", str(folder / "plan.yaml")]
-    # the same plan again in a process of its own, beside this one (two searches at once, as on a busy machine)
-    again = subprocess.Popen([sys.executable, "-m", "cli.app", *args[:-1], str(folder / "again.yaml")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    r = runner.invoke(app, args)
-    _, err = again.communicate()
+    # the same plan again in a process of its own (this checkout's code, whatever is installed), beside this one:
+    # two searches at once, as on a busy machine
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    with subprocess.Popen([sys.executable, "-m", "cli.app", *args[:-1], str(folder / "again.yaml")], cwd=ROOT,
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as again:
+        try:
+            r = runner.invoke(app, args)
+            _, err = again.communicate()
+        finally:
+            if again.poll() is None:
+                again.kill()
     assert r.exit_code == 0, r.output
     assert again.returncode == 0, err
     return folder, json.loads(r.output), args

@@ -5,7 +5,7 @@ newer than the shipped releases'.
 Where it agrees: Qwen3-30B-A3B on 16 H100 with HybridEP and the router and dispatcher preprocessing in CUDA graphs
 (Megatron-Bridge PR #5094), 14.7 % measured. Where it does not (README, The overlap against its A/B pairs): the
 estimate credits 21 % against 10.7 % on the ModelZoo's DeepEP pair, 40 % against 24 % with Megatron's alltoall
-dispatcher, and +7 % on B200 where NVIDIA measured the overlap as a 7.5 % loss."""
+dispatcher, and +8 % on B200 where NVIDIA measured the overlap as a 7.5 % loss."""
 
 from __future__ import annotations
 

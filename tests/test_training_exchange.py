@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from cost_models import load_cluster, place_group
-from cost_models.collectives import all_gather_s, reduce_scatter_s
-from cost_models.expert_dispatch import limited_members
+from cost_models.collectives import all_gather_s, all_to_all_s, reduce_scatter_s
+from cost_models.expert_dispatch import exchange_s, limited_members
 from planner.api import load_graph
 from planner.costing.block_costs import Parts
 from planner.costing.exchange import add_expert_exchange
@@ -99,8 +99,11 @@ def test_the_all_to_all_dispatcher_sends_each_peer_its_own_message():
         return span.level.latency_s + tokens * copies * width / span.effective_bandwidth(message)
     a2a = _exchange("alltoall", etp=1)
     assert a2a.ep_fwd == pytest.approx(2 * (level(nvlink, 3.5) + level(ib, 4.0)), rel=1e-9)
+    assert a2a.ep_fwd == pytest.approx(2 * all_to_all_s(tokens * TOP_K * width, (nvlink, ib)), rel=1e-12)  # one formula
     whole = 2 * (_crossing(nvlink, tokens * 3.5 * width) + _crossing(ib, tokens * 4.0 * width))
     assert a2a.ep_fwd > whole
+    with pytest.raises(ValueError, match="per_peer"):
+        exchange_s(tokens, TOP_K, width, (nvlink, ib), hierarchical=True, per_peer=True)
 
 
 def test_the_all_to_all_dispatcher_gathers_over_the_expert_tensor_group_on_top_of_its_exchange():
