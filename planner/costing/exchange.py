@@ -119,8 +119,10 @@ def add_expert_exchange(facts, cluster: Cluster, strategy: Strategy, execution: 
         token_bytes = f.hidden * width
         shape = (tokens, f.top_k, f.experts, token_bytes)
         if shape not in seconds:
+            # where a token's copies go matters only to a hierarchical exchange (an all-to-all sends each peer its
+            # share)
             outer, ranks = destinations(f.top_k, f.experts, ep, ep_spans, execution, etp if flex else 1) \
-                if ep_spans else (None, None)
+                if ep_spans and hierarchical else (None, None)
             one_way = exchange_s(tokens, f.top_k, token_bytes, ep_spans, hierarchical, outer, ranks,
                                  per_peer=not hierarchical) \
                 if ep_spans else 0.0
