@@ -39,7 +39,7 @@ def build_decoder_lm(
         with b.scope("embed_tokens"):
             h = b.op("Gather", [b.param("weight", [cfg.vocab, H]), ids], axis=0)
         with b.scope("rotary_emb"):
-            cos, sin = rope_tables(b, S, rope_dim, cfg.rope_theta)
+            cos, sin = rope_tables(b, S, rope_dim, cfg.rope_theta, getattr(cfg, "rope_attention_factor", 1.0))
         out = stack(b, h, cos, sin, causal_mask(b, S))
         h, extra = (out, []) if isinstance(out, str) else out
         h = rms_norm(b, h, H, "norm", cfg.norm_eps)

@@ -14,10 +14,12 @@ gpt-oss-20b Model Card, arXiv 2508.10925, section 2; transformers 5's
   projections, and the clamped SwiGLU (up + 1) * g * sigmoid(1.702 g) with
   g <= 7 and |up| <= 7.
 
-Left out: YaRN's frequency interpolation and attention scale (factor 32
-over a 4,096-token original context): they change the rotary tables'
-values, not the graph's shape or cost, so the tables are plain RoPE with
-base 150000. Banded layers are masked full attention, as transformers'
+YaRN (factor 32 over a 4,096-token original context) scales the rotary
+tables by its attention factor, 0.1 ln 32 + 1 (transformers'
+`_compute_yarn_parameters`; `GptOssRotaryEmbedding` multiplies cos and sin
+by it), which the graph keeps: a stack may run such a RoPE unfused
+(`planner.costing.rotary`). Left out: YaRN's frequency interpolation, which
+changes the tables' values, not the graph's shape or cost (base 150000). Banded layers are masked full attention, as transformers'
 eager path computes them: the graph's FLOPs for those layers are the full
 S x S scores, where a kernel that skips masked blocks does about
 window / S of that work.
@@ -67,6 +69,7 @@ class GptOssConfig:
     norm_eps: float = 1e-5
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    rope_attention_factor: float = 1.0 + 0.1 * math.log(32.0)  # YaRN's, for a factor of 32
     dtype: str = "bfloat16"
 
     def validate(self) -> None:
@@ -77,6 +80,8 @@ class GptOssConfig:
         require(self.heads % self.kv_heads == 0, f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}.")
         require(self.top_k <= self.experts, f"top_k={self.top_k} must not exceed experts={self.experts}.")
         require(self.swiglu_limit > 0, f"swiglu_limit must be positive, got {self.swiglu_limit}.")
+        require(self.rope_attention_factor > 0,
+                f"rope_attention_factor must be positive, got {self.rope_attention_factor}.")
 
 
 def expert_params(cfg: GptOssConfig) -> int:

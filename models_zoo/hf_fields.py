@@ -155,6 +155,23 @@ class Fields:
             return float(params["rope_theta"])
         return self.num(key)
 
+    def yarn_attention_factor(self) -> float:
+        """The factor YaRN scales the rotary tables by (1 without YaRN): ``rope_scaling`` / ``rope_parameters``'
+        ``attention_factor``, else mscale over mscale_all_dim at the scaling factor, else 0.1 ln(factor) + 1
+        (transformers' ``_compute_yarn_parameters``)."""
+        params = self.data.get("rope_parameters") or self.data.get("rope_scaling")
+        if not isinstance(params, dict) or params.get("rope_type", params.get("type")) != "yarn":
+            return 1.0
+        if params.get("attention_factor") is not None:
+            return float(params["attention_factor"])
+        factor = float(params.get("factor", 1.0))
+
+        def mscale(m: float) -> float:
+            return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+        if params.get("mscale") and params.get("mscale_all_dim"):
+            return mscale(float(params["mscale"])) / mscale(float(params["mscale_all_dim"]))
+        return mscale(1.0)
+
     def rotary_fraction(self) -> float:
         """``partial_rotary_factor``, at the top level (transformers 4) or in ``rope_parameters`` (5)."""
         params = self.data.get("rope_parameters") or self.data.get("rope_scaling")

@@ -210,7 +210,7 @@ def gpt_oss(f: Fields, seq_len: int) -> tuple[str, Any]:
         kv_heads=f.int("num_key_value_heads"), head_dim=f.int("head_dim"), ffn=f.int("intermediate_size"),
         experts=f.int("num_local_experts"), top_k=f.int("num_experts_per_tok"), vocab=f.int("vocab_size"),
         seq_len=seq_len, sliding_window=f.int("sliding_window"), rope_theta=f.rope(), norm_eps=f.num("rms_norm_eps"),
-        swiglu_limit=f.num("swiglu_limit"),
+        swiglu_limit=f.num("swiglu_limit"), rope_attention_factor=f.yarn_attention_factor(),
     )
     return "gpt-oss", cfg
 

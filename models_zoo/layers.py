@@ -137,8 +137,9 @@ def sliding_mask(b: GraphBuilder, full: str, seq: int, window: int) -> str:
     return b.op("Add", [full, far])
 
 
-def rope_tables(b: GraphBuilder, seq: int, dim: int, theta: float) -> tuple[str, str]:
-    """cos, sin [S, dim] of rotary embeddings (Su et al. 2021, RoFormer eq. 34), HF half-split layout.
+def rope_tables(b: GraphBuilder, seq: int, dim: int, theta: float, scale: float = 1.0) -> tuple[str, str]:
+    """cos, sin [S, dim] of rotary embeddings (Su et al. 2021, RoFormer eq. 34), HF half-split layout, times
+    `scale` when it is not 1 (YaRN's attention factor, as transformers' rotary classes apply it).
 
     Positions come from a CumSum over ones, not a stored arange, so a 64K
     context costs no bytes in the file. Computed in float32 and cast.
@@ -148,9 +149,11 @@ def rope_tables(b: GraphBuilder, seq: int, dim: int, theta: float) -> tuple[str,
     inv_freq = [theta ** (-2.0 * i / dim) for i in range(dim // 2)]
     freqs = b.op("Mul", [b.op("Unsqueeze", [pos, b.const([1])]), b.const(inv_freq, TensorProto.FLOAT)])
     emb = b.op("Concat", [freqs, freqs], axis=-1)
-    cos = b.op("Cast", [b.op("Cos", [emb])], to=b.elem)
-    sin = b.op("Cast", [b.op("Sin", [emb])], to=b.elem)
-    return cos, sin
+    cos, sin = b.op("Cos", [emb]), b.op("Sin", [emb])
+    if scale != 1.0:
+        factor = b.const(float(scale), TensorProto.FLOAT)
+        cos, sin = b.op("Mul", [cos, factor]), b.op("Mul", [sin, factor])
+    return b.op("Cast", [cos], to=b.elem), b.op("Cast", [sin], to=b.elem)
 
 
 def apply_rope(b: GraphBuilder, x: str, cos: str, sin: str, dim: int) -> str:

@@ -51,7 +51,7 @@ def test_a_pair_whose_run_sets_the_overlap_is_refused(tmp_path):
 
 def test_hybridep_pair_saving_as_measured(predictor):
     """PR #5094's pair: 24.71 s without the overlap, 21.07 s with it, a 14.7 % saving; the estimate's within
-    2 points of it (14.6 %). Without the pairing (each exchange on the critical path) it would be none."""
+    2 points of it (14.7 %). Without the pairing (each exchange on the critical path) it would be none."""
     measured, estimated, _, _ = savings(PAIRS["mbridge5094-qwen3-30b-a3b-16xh100-hybridep"], predictor)
     assert measured == pytest.approx(0.147, abs=0.001)
     assert estimated == pytest.approx(measured, abs=0.02)

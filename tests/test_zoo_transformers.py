@@ -189,7 +189,8 @@ _OSS_ZOO = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=32, v
 def test_gpt_oss_logits_match_transformers_when_routing_is_balanced():
     """Sinks, biases, banded (window 4 < 10 tokens) and full layers, clamped SwiGLU: the same logits as
     GptOssForCausalLM. Every expert runs every token (experts = top_k), the one routing our balanced
-    dispatch computes exactly; RoPE without YaRN on both sides (YaRN changes only the tables' values)."""
+    dispatch computes exactly; RoPE without YaRN on both sides (YaRN changes only the tables' values: the zoo keeps
+    its attention factor, here 1, and leaves out its frequency interpolation)."""
     cfg = transformers.GptOssConfig(**_OSS_HF, num_local_experts=2, num_experts_per_tok=2,
                                     rope_parameters={"rope_type": "default", "rope_theta": 150000.0})
     hf = instantiate(transformers.GptOssForCausalLM, cfg)
@@ -199,7 +200,7 @@ def test_gpt_oss_logits_match_transformers_when_routing_is_balanced():
                 p.normal_(0.0, 0.5)
             elif ".experts." in name:
                 p.mul_(20.0)  # pre-activations past the +-7 clamp
-    zoo = models_zoo.build("gpt-oss-20b", **_OSS_ZOO, experts=2, top_k=2, **_RUN)
+    zoo = models_zoo.build("gpt-oss-20b", **_OSS_ZOO, experts=2, top_k=2, rope_attention_factor=1.0, **_RUN)
     assert zoo_params(zoo) == hf_params(hf)
     np.testing.assert_allclose(*logits(zoo, hf), rtol=1e-4, atol=1e-4)
 

@@ -96,6 +96,9 @@ class Execution:
     # clamps and concatenates them outside its fused activation; 0: the clamps run inside it (`NodeTimes`,
     # `GraphFacts.glu_clamp`)
     glu_clamp_grad_bytes: float = 0.0
+    scaled_rope_unfused: bool = False  # a rotary embedding whose tables are scaled (YaRN's attention factor: gpt-oss)
+    # runs as separate eager ops, each its own kernel at its own bytes, not the stack's fused RoPE (Megatron-Core's
+    # apply_rotary_pos_emb for any mscale but 1: `planner.costing.rotary`, `GraphFacts.scaled_rope`)
     tp_layout_copies: bool = False  # sequence-parallel collectives gather and scatter a dimension after the batch
     # ([batch, seq, hidden], torch DTensor's Shard(1)), so NCCL's dim-0 buffers are copied once more in HBM: each
     # reduce-scatter's input, and each all-gather's output when a micro-batch holds several sequences
@@ -269,7 +272,7 @@ _BOOLS = ("fuse_elementwise", "fused_launches", "fuse_sibling_gemms", "tp_layout
           "overlap_param_gather", "fsdp_prefetch", "fsdp_gathered_with_pp", "overlap_tp_comm", "overlap_cp_comm",
           "overlap_ep_comm", "overlap_pp_comm", "overlap_pp_comm_1f1b", "fp8_saves_inputs", "fp8_params",
           "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "fp8_attention", "moe_probs_in_activation",
-          "main_grad_accumulation")
+          "main_grad_accumulation", "scaled_rope_unfused")
 _NUMBERS = ("fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes",
             "optimizer_bytes", "runtime_reserve_gib", "kernel_efficiency", "tp_overlap_share",
             "moe_expert_load_cv", "moe_capacity_factor", "expert_bias_bytes", "expert_bias_grad_bytes",
@@ -281,7 +284,8 @@ _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DI
 _SECTIONS = {
     "kernels": ("attention", "attention_kernel", "fuse_elementwise", "fused_launches", "fuse_sibling_gemms",
                 "tp_layout_copies", "kernel_efficiency", "expert_gemm_streams", "expert_bias_bytes",
-                "expert_bias_grad_bytes", "glu_clamp_bytes", "glu_clamp_grad_bytes", "loss_kernel", "cuda_graphs"),
+                "expert_bias_grad_bytes", "glu_clamp_bytes", "glu_clamp_grad_bytes", "scaled_rope_unfused",
+                "loss_kernel", "cuda_graphs"),
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",
                                                                                   "ep_comm_sm_share"),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "fp8_saves_inputs",

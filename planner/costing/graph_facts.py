@@ -19,6 +19,7 @@ from planner.costing.activations import (
 )
 from planner.costing.attention import AttentionRegion, attention_regions, kept_fraction, mask_builders
 from planner.costing.fusion import absorbed_nodes, folded_permutes, fused_act_bytes, recomputed_in_fused_backward
+from planner.costing.rotary import scaled_rotary_nodes
 from planner.costing.graph_capture import captured_nodes
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
@@ -114,6 +115,9 @@ class GraphFacts:
                 if o:
                     self.producer[o] = (i, j)
         self.in_core_output = {o for i in self.core for o in graph.nodes[i].outputs if o}
+        #: per node, part of a rotary embedding applied with scaled tables (YaRN's attention factor), which a stack
+        #: may run unfused (`planner.costing.rotary`, `Execution.scaled_rope_unfused`)
+        self.scaled_rope = scaled_rotary_nodes(graph, self.producer)
         self.roots = view_roots(graph)
         #: the roots saved tensors are named by (`activations.saved_tensors` at the step's width): float casts too
         self.saved_roots = view_roots(graph, casts=True)

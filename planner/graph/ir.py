@@ -87,7 +87,9 @@ class Node:
 class Graph:
     """A whole model: nodes in topological order and every tensor by name.
 
-    `dims` holds the values symbolic dimensions were bound to at import.
+    `dims` holds the values symbolic dimensions were bound to at import,
+    `scalars` the values of its one-element floating constants (initializers
+    and Constant outputs: scales, epsilons, bounds), by tensor name.
     `notes` collects what the importer did that the user may want to know
     (functions inlined, subgraphs costed as opaque ops, ...).
     """
@@ -103,6 +105,7 @@ class Graph:
     dims: Mapping[str, int] = field(default_factory=dict)
     metadata: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    scalars: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def param_count(self) -> int:

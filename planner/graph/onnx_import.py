@@ -333,7 +333,17 @@ def _build(skel: onnx.ModelProto, known: Shapes, scopes: list[str], bound: Mappi
         dims=MappingProxyType(dict(bound)),
         metadata=MappingProxyType({p.key: p.value for p in original.metadata_props}),
         notes=tuple(notes),
+        scalars=MappingProxyType(_float_scalars(known)),
     )
+
+
+def _float_scalars(known: Shapes) -> dict[str, float]:
+    """The one-element floating values the import knows (initializers, Constant outputs, what folds from them)."""
+    out = {}
+    for name, v in known.value.items():
+        if v is not None and v.size == 1 and v.dtype.kind == "f":
+            out[name] = float(v.reshape(-1)[0])
+    return dict(sorted(out.items()))
 
 
 def _full(shape) -> tuple[int, ...] | None:

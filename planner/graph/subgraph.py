@@ -40,7 +40,8 @@ def extract(graph: Graph, nodes: Iterable[int], name: str) -> Graph:
     sub_params = tuple(p for p in graph.params if p in touched)
     return Graph(name=name, nodes=tuple(inside), tensors=tensors, inputs=tuple(inputs), outputs=tuple(outputs),
                  params=sub_params, opset=graph.opset, producer=graph.producer, dims=graph.dims,
-                 metadata=graph.metadata, notes=graph.notes)
+                 metadata=graph.metadata, notes=graph.notes,
+                 scalars={k: v for k, v in graph.scalars.items() if k in touched})
 
 
 def boundary_bytes(graph: Graph, sub: Graph) -> float:
