@@ -29,9 +29,11 @@ OUTPUT_WEIGHT = "lm_head.weight"
 
 
 def build_decoder_lm(
-    cfg: Any, family: str, preset: str, flat: bool, rope_dim: int, stack: Stack, counts: tuple[int, int]
+    cfg: Any, family: str, preset: str, flat: bool, rope_dim: int, stack: Stack, counts: tuple[int, int],
+    rope_scale: float = 1.0,
 ) -> ModelProto:
-    """``input_ids`` [B, S] int64 -> ``logits`` [B, S, V] around `stack`; `counts` is the (total, active) formula."""
+    """``input_ids`` [B, S] int64 -> ``logits`` [B, S, V] around `stack`; `counts` is the (total, active) formula;
+    the rotary tables times `rope_scale` (YaRN's attention factor) when it is not 1."""
     b = GraphBuilder(preset or family, cfg.dtype, flat=flat)
     B, S, H = cfg.batch, cfg.seq_len, cfg.hidden
     ids = b.input(INPUT_IDS, TensorProto.INT64, [B, S])
@@ -39,7 +41,7 @@ def build_decoder_lm(
         with b.scope("embed_tokens"):
             h = b.op("Gather", [b.param("weight", [cfg.vocab, H]), ids], axis=0)
         with b.scope("rotary_emb"):
-            cos, sin = rope_tables(b, S, rope_dim, cfg.rope_theta, getattr(cfg, "rope_attention_factor", 1.0))
+            cos, sin = rope_tables(b, S, rope_dim, cfg.rope_theta, rope_scale)
         out = stack(b, h, cos, sin, causal_mask(b, S))
         h, extra = (out, []) if isinstance(out, str) else out
         h = rms_norm(b, h, H, "norm", cfg.norm_eps)

@@ -19,8 +19,9 @@ tables by its attention factor, 0.1 ln 32 + 1 (transformers'
 `_compute_yarn_parameters`; `GptOssRotaryEmbedding` multiplies cos and sin
 by it), which the graph keeps: a stack may run such a RoPE unfused
 (`planner.costing.rotary`). Left out: YaRN's frequency interpolation, which
-changes the tables' values, not the graph's shape or cost (base 150000). Banded layers are masked full attention, as transformers'
-eager path computes them: the graph's FLOPs for those layers are the full
+changes the tables' values, not the graph's shape or cost (base 150000).
+Banded layers are masked full attention, as transformers' eager path
+computes them: the graph's FLOPs for those layers are the full
 S x S scores, where a kernel that skips masked blocks does about
 window / S of that work.
 """
@@ -171,4 +172,5 @@ def build(cfg: GptOssConfig, family: str = "gpt-oss", preset: str = "", flat: bo
                             "attention_mask": banded if i % 2 == 0 else full})
         return h
 
-    return build_decoder_lm(cfg, family, preset, flat, cfg.head_dim, stack, param_counts(cfg))
+    return build_decoder_lm(cfg, family, preset, flat, cfg.head_dim, stack, param_counts(cfg),
+                            rope_scale=cfg.rope_attention_factor)

@@ -72,7 +72,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36,
         "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5,
         "attention_bias": True, "sliding_window": 128, "max_position_embeddings": 131072, "rope_theta": 150000.0,
-        "num_local_experts": 128, "num_experts_per_tok": 4, "swiglu_limit": 7.0},
+        "num_local_experts": 128, "num_experts_per_tok": 4, "swiglu_limit": 7.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": False, "original_max_position_embeddings": 4096}},
 }
 #: transformers' CLIPVisionConfig; LlavaConfig's own vision defaults (CLIP ViT-L/14-336) for a file without one.
 DEFAULTS["clip_vision_model"] = {
@@ -159,12 +161,16 @@ class Fields:
         """The factor YaRN scales the rotary tables by (1 without YaRN): ``rope_scaling`` / ``rope_parameters``'
         ``attention_factor``, else mscale over mscale_all_dim at the scaling factor, else 0.1 ln(factor) + 1
         (transformers' ``_compute_yarn_parameters``)."""
-        params = self.data.get("rope_parameters") or self.data.get("rope_scaling")
+        params = self.raw("rope_parameters") or self.raw("rope_scaling")
         if not isinstance(params, dict) or params.get("rope_type", params.get("type")) != "yarn":
             return 1.0
         if params.get("attention_factor") is not None:
             return float(params["attention_factor"])
-        factor = float(params.get("factor", 1.0))
+        factor = params.get("factor")
+        if factor is None:  # transformers: the context over the original one
+            original = params.get("original_max_position_embeddings") or self.num("max_position_embeddings")
+            factor = self.num("max_position_embeddings") / float(original)
+        factor = float(factor)
 
         def mscale(m: float) -> float:
             return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0

@@ -34,6 +34,7 @@ def _base(f: Fields, seq_len: int, **switches: Any) -> LlamaConfig:
         kv_heads=f.opt_int("num_key_value_heads") or heads, ffn=f.int("intermediate_size"), vocab=f.int("vocab_size"),
         seq_len=seq_len, head_dim=f.opt_int("head_dim") or 0, rope_theta=f.rope(), norm_eps=f.num("rms_norm_eps"),
         tie_embeddings=f.flag("tie_word_embeddings"), rotary_fraction=f.rotary_fraction(), mlp=_GATES[act],
+        rope_attention_factor=f.yarn_attention_factor(),
     )
     if f.flag("attention_bias"):
         settings.update(qkv_bias=True, o_bias=True)

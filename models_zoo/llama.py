@@ -48,7 +48,7 @@ def decoder_stack(b: GraphBuilder, cfg: LlamaConfig, h: str, seq: int, hooks: di
     """
     banded_any = any(is_banded_layer(cfg, i) for i in range(cfg.layers))
     with b.scope("rotary_emb"):
-        rope = rope_tables(b, seq, cfg.rot, cfg.rope_theta)
+        rope = rope_tables(b, seq, cfg.rot, cfg.rope_theta, cfg.rope_attention_factor)
         local = rope_tables(b, seq, cfg.rot, cfg.local_rope_theta) if cfg.local_rope_theta and banded_any else rope
     full = causal_mask(b, seq)
     # Llama 4's chunked layers are banded at the chunk: each query sees 1..chunk keys in its chunk, a band of the

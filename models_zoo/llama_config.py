@@ -59,6 +59,7 @@ class LlamaConfig:
     mlp: str = switch("swiglu")  # "relu2": squared ReLU (Nemotron-4); "geglu": GELU-gated (Gemma)
     norm: str = switch("rms")  # "layernorm1p": LayerNorm + bias, zero-centred gamma (Nemotron-4); "rms1p": x * (1 + w)
     rotary_fraction: float = switch(1.0)  # share of each head's channels that RoPE rotates (Nemotron-4: 0.5)
+    rope_attention_factor: float = switch(1.0)  # YaRN's scale of the (global) rotary tables; 1: none
     # -- switches of the Hugging Face config route (hf_config) ---------------------------------------
     qkv_bias: bool = switch(False)  # biases on q/k/v (Qwen2; HF attention_bias sets o_bias too)
     o_bias: bool = switch(False)
@@ -98,6 +99,8 @@ class LlamaConfig:
         if not self.head_dim:
             check_divides(self.heads, self.hidden, "heads", "hidden")
         require(self.hd % 2 == 0, f"head dimension {self.hd} must be even for rotary embeddings.")
+        require(self.rope_attention_factor > 0,
+                f"rope_attention_factor must be positive, got {self.rope_attention_factor}.")
         require(
             0 < self.rotary_fraction <= 1 and self.rot > 0 and self.rot % 2 == 0,
             f"rotary_fraction={self.rotary_fraction} must rotate an even, positive share of the {self.hd} "

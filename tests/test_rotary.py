@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+import models_zoo
 from cost_models import load_cluster
 from cost_models.compute import op_time_s
 from planner.costing.execution import load_execution as load_stack
@@ -20,6 +21,7 @@ from planner.costing.node_times import NodeTimes
 from planner.costing.rotary import scaled_rotary_nodes, table_scales
 from planner.graph.blocks import discover_blocks as find_structure
 from planner.graph.onnx_import import import_model
+from planner.graph.walk import index_graph
 from planner.strategy import Strategy, Workload
 
 DATA = Path(__file__).parent / "data"
@@ -56,8 +58,7 @@ def rope_graph(scale: float | None) -> onnx.ModelProto:
 
 
 def marked(graph) -> list[str]:
-    producer = {o: (i, j) for i, n in enumerate(graph.nodes) for j, o in enumerate(n.outputs) if o}
-    mask = scaled_rotary_nodes(graph, producer)
+    mask = scaled_rotary_nodes(graph, index_graph(graph))
     return sorted(graph.nodes[i].op_type for i in np.flatnonzero(mask))
 
 
@@ -128,3 +129,19 @@ def test_megatron_source_pins_the_stack_and_gpt_oss_factor():
     assert load_stack("megatron-core").scaled_rope_unfused and not load_stack("torchtitan").scaled_rope_unfused
     from models_zoo.gpt_oss import GptOssConfig
     assert math.isclose(GptOssConfig.__dataclass_fields__["rope_attention_factor"].default, 0.1 * math.log(32) + 1)
+
+
+def test_hugging_face_configs_carry_yarns_attention_factor_into_the_zoo_graph(tmp_path):
+    """gpt-oss-20b's own config.json (YaRN factor 32) and Qwen3-8B's with the YaRN rope_scaling its model card gives for
+    128K tokens (factor 4): their zoo graphs scale the tables as transformers does, 0.1 ln(factor) + 1; Qwen3-8B's
+    config as shipped (no scaling) does not."""
+    oss = import_model(models_zoo.build_hf(DATA / "hf_configs" / "gpt-oss-20b", layers=2, seq_len=64), seq_len=64)
+    assert {round(v, 6) for v in table_scales(oss).values()} == {1.0, round(0.1 * math.log(32.0) + 1.0, 6)}
+    qwen = json.loads((DATA / "hf_configs" / "Qwen3-8B" / "config.json").read_text())
+    plain = import_model(models_zoo.build_hf(DATA / "hf_configs" / "Qwen3-8B", layers=2, seq_len=64), seq_len=64)
+    assert marked(plain) == []
+    qwen["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    (tmp_path / "config.json").write_text(json.dumps(qwen))
+    long = import_model(models_zoo.build_hf(tmp_path, layers=2, seq_len=64), seq_len=64)
+    assert {round(v, 6) for v in table_scales(long).values()} == {1.0, round(0.1 * math.log(4.0) + 1.0, 6)}
+    assert marked(long).count("Mul") == 2 * 2 * 2  # each layer's queries and keys, by cos and by sin

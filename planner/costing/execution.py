@@ -1,11 +1,9 @@
 """The execution: what the software stack does with a model on a machine, kept apart from both.
 
-Calculon (Isaev et al. SC'23) prices a step from three inputs: the
-application, the system and the execution. Here the model is the graph, the
-system is the hardware file, and this is the third: which attention kernel
-runs, which communication is overlapped with compute, how FP8 training is
-done, what the optimizer keeps per parameter, what selective recompute
-means, and how much of HBM the allocator and runtime keep for themselves.
+Calculon (Isaev et al. SC'23) prices a step from three inputs: the application, the system and the execution.
+Here the model is the graph, the system is the hardware file, and this is the third: which attention kernel runs,
+which communication is overlapped with compute, how FP8 training is done, what the optimizer keeps per parameter,
+what selective recompute means, and how much of HBM the allocator and runtime keep for themselves.
 
 Stacks are named presets (`stacks/*.toml`, one per stack people run, each
 with its sources) or a TOML file a user writes; a file may start from a
@@ -96,9 +94,7 @@ class Execution:
     # clamps and concatenates them outside its fused activation; 0: the clamps run inside it (`NodeTimes`,
     # `GraphFacts.glu_clamp`)
     glu_clamp_grad_bytes: float = 0.0
-    scaled_rope_unfused: bool = False  # a rotary embedding whose tables are scaled (YaRN's attention factor: gpt-oss)
-    # runs as separate eager ops, each its own kernel at its own bytes, not the stack's fused RoPE (Megatron-Core's
-    # apply_rotary_pos_emb for any mscale but 1: `planner.costing.rotary`, `GraphFacts.scaled_rope`)
+    scaled_rope_unfused: bool = False  # a YaRN-scaled RoPE (gpt-oss) as eager ops, not fused (`costing.rotary`)
     tp_layout_copies: bool = False  # sequence-parallel collectives gather and scatter a dimension after the batch
     # ([batch, seq, hidden], torch DTensor's Shard(1)), so NCCL's dim-0 buffers are copied once more in HBM: each
     # reduce-scatter's input, and each all-gather's output when a micro-batch holds several sequences

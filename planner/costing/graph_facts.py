@@ -19,6 +19,7 @@ from planner.costing.activations import (
 )
 from planner.costing.attention import AttentionRegion, attention_regions, kept_fraction, mask_builders
 from planner.costing.fusion import absorbed_nodes, folded_permutes, fused_act_bytes, recomputed_in_fused_backward
+from planner.costing.rotary import VIEWS as ROPE_VIEWS
 from planner.costing.rotary import scaled_rotary_nodes
 from planner.costing.graph_capture import captured_nodes
 from planner.graph.blocks import Structure
@@ -108,7 +109,7 @@ class GraphFacts:
         #: others of the same tensor axis (the final plan is re-estimated with its own solve).
         self.reuse_layouts = False
         self._saved: dict[tuple[float, bool, bool], dict[str, list]] = {}
-        self._fused: dict[tuple[bool, float], np.ndarray] = {}
+        self._fused: dict[tuple, np.ndarray] = {}
         self.producer: dict[str, tuple[int, int]] = {}
         for i, n in enumerate(graph.nodes):
             for j, o in enumerate(n.outputs):
@@ -117,7 +118,9 @@ class GraphFacts:
         self.in_core_output = {o for i in self.core for o in graph.nodes[i].outputs if o}
         #: per node, part of a rotary embedding applied with scaled tables (YaRN's attention factor), which a stack
         #: may run unfused (`planner.costing.rotary`, `Execution.scaled_rope_unfused`)
-        self.scaled_rope = scaled_rotary_nodes(graph, self.producer)
+        self.scaled_rope = scaled_rotary_nodes(graph, self.index)
+        #: ... of which the slices: views when the stack runs it eagerly (no kernel, no bytes)
+        self.scaled_rope_view = self.scaled_rope & np.array([n.op_type in ROPE_VIEWS for n in graph.nodes], dtype=bool)
         self.roots = view_roots(graph)
         #: the roots saved tensors are named by (`activations.saved_tensors` at the step's width): float casts too
         self.saved_roots = view_roots(graph, casts=True)
@@ -140,7 +143,7 @@ class GraphFacts:
         self.mask_built = np.zeros(len(graph.nodes), dtype=bool)
         self.mask_built[sorted(mask_builders(graph, self.index, self.regions))] = True
         self.lse_outputs = {f"{graph.nodes[r.anchor].name or r.anchor}::lse" for r in self.regions}
-        self._absorbed: np.ndarray | None = None
+        self._absorbed: dict[bool, np.ndarray] = {}
         self._captured: dict[tuple[str, ...], np.ndarray] = {}
         # mixture of experts, found from each block's router (planner.graph.moe), not from parameter names
         self.moe: dict[str, MoeFacts] = moe_blocks(graph, self.index, structure)
@@ -264,29 +267,36 @@ class GraphFacts:
             self._fused[key] = dict(out)  # type: ignore[assignment]
         return self._fused[key]  # type: ignore[return-value]
 
-    def act_bytes(self, training: bool, width: float, flash: bool = False, fused: bool = False) -> np.ndarray:
+    def act_bytes(self, training: bool, width: float, flash: bool = False, fused: bool = False,
+                  eager_rope: bool = False) -> np.ndarray:
         """Per-node activation bytes once chains of memory-bound ops are fused (see `planner.costing.fusion`):
         inside a chain only what backward keeps is written, the tensors `saved(width, flash, fused)` lists
-        (with `fused`, a fused kernel's pointwise intermediates are recomputed in its backward, not kept)."""
-        key = (training, width, flash, fused)
+        (with `fused`, a fused kernel's pointwise intermediates are recomputed in its backward, not kept). With
+        `eager_rope`, a scaled rotary embedding's ops (`scaled_rope`) run as kernels of their own: nothing fuses
+        into or out of them."""
+        key = (training, width, flash, fused, eager_rope)
         if key not in self._fused:
             stored = ({sv.tensor for svs in self.saved(width, flash, fused).values() for sv in svs} if training
                       else set())
-            self._fused[key] = fused_act_bytes(self.graph, self.work.act_bytes, self.work.matrix, stored)
+            self._fused[key] = fused_act_bytes(self.graph, self.work.act_bytes, self._kernels(eager_rope), stored)
         return self._fused[key]
 
-    def absorbed(self) -> np.ndarray:
+    def _kernels(self, eager_rope: bool) -> np.ndarray:
+        """The nodes no chain fuses across: the matrix ops, and with `eager_rope` a scaled RoPE's."""
+        return self.work.matrix | self.scaled_rope if eager_rope else self.work.matrix
+
+    def absorbed(self, eager_rope: bool = False) -> np.ndarray:
         """Per node: a memory-bound op that runs inside its readers' fused kernel and launches none of its own
         (`planner.costing.fusion.absorbed_nodes`; an attention kernel is not such a reader: it reads its queries,
         keys and values from HBM). Tied instances are costed as their first (a last layer whose residual sum
         feeds the final norm takes its siblings' launches). Found on first use: only a stack of fused launches
         asks."""
-        if self._absorbed is None:
-            absorbed = absorbed_nodes(self.graph, self.work.matrix | self.in_region)
+        if eager_rope not in self._absorbed:
+            absorbed = absorbed_nodes(self.graph, self._kernels(eager_rope) | self.in_region)
             first: dict = {}
-            self._absorbed = np.array([absorbed[first.setdefault(key, i)] for i, key in enumerate(self.node_keys)],
-                                      dtype=bool)
-        return self._absorbed
+            self._absorbed[eager_rope] = np.array(
+                [absorbed[first.setdefault(key, i)] for i, key in enumerate(self.node_keys)], dtype=bool)
+        return self._absorbed[eager_rope]
 
     def captured(self, scopes: tuple[str, ...]) -> np.ndarray:
         """Per node: replayed from the stack's CUDA graphs of these scopes (`planner.costing.graph_capture`), once

@@ -49,7 +49,6 @@ from planner.costing.attention import AttentionRegion, kept_fraction, pass_windo
 from planner.costing.execution import Execution, attention_fp8_format, stays_gathered
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.loss import loss_time_s
-from planner.costing.rotary import VIEWS
 from planner.costing.node_work import FLOAT_DTYPES
 from planner.errors import InvalidInput
 from planner.strategy import Strategy, Workload
@@ -115,11 +114,12 @@ class NodeTimes:
         self.ep, self.etp = strategy.ep, strategy.expert_tp
         # fused chains of memory-bound ops skip HBM between them (planner.fusion); eager execution does not
         self.flash = execution.attention == "flash"
-        self.act = (facts.act_bytes(self.training, self.width, self.flash, True) if execution.fuse_elementwise
+        # a scaled rotary embedding the stack runs as eager ops: kernels of their own, its slices views
+        eager = execution.fuse_elementwise and execution.scaled_rope_unfused
+        self.act = (facts.act_bytes(self.training, self.width, self.flash, True, eager) if execution.fuse_elementwise
                     else facts.work.act_bytes)
-        self.absorbed = facts.absorbed() if execution.fuse_elementwise and execution.fused_launches else None
-        # a scaled rotary embedding the stack runs as eager ops: each its own kernel at its own bytes
-        self.eager = facts.scaled_rope if execution.fuse_elementwise and execution.scaled_rope_unfused else None
+        self.absorbed = facts.absorbed(eager) if execution.fuse_elementwise and execution.fused_launches else None
+        self.eager_view = facts.scaled_rope_view if eager else None
         self.captured = facts.captured(execution.cuda_graphs) if execution.cuda_graphs else None
         self.fp8 = self.training and workload.dtype in LOW_PRECISION_GEMMS
         self.attention_fp8 = attention_fp8_format(workload)
@@ -158,18 +158,13 @@ class NodeTimes:
         stack runs expert by expert (`_expert_loop`). An op the stack runs beside its fused kernels (`_beside_bytes`:
         the experts' output bias loop, a gated activation's clamps, one launch each, the clamps' concatenation's not
         counted), or that it runs eagerly (a scaled rotary embedding: `GraphFacts.scaled_rope`), is no fused chain's."""
-        if self.captured is not None and self.captured[i] or self._eager_view(i):
+        if self.captured is not None and self.captured[i] or self.eager_view is not None and self.eager_view[i]:
             return 0.0
-        if self.absorbed is not None and self.absorbed[i] and self._beside_bytes(i) is None \
-                and not (self.eager is not None and self.eager[i]):
+        if self.absorbed is not None and self.absorbed[i] and self._beside_bytes(i) is None:
             return 0.0
         if self._group(i)[0] != i:
             return 0.0
         return float(self._local_experts(i)) if self._expert_loop(i) else 1.0
-
-    def _eager_view(self, i: int) -> bool:
-        """Whether node i slices a head for a rotary embedding the stack runs eagerly: a view, no kernel."""
-        return self.eager is not None and bool(self.eager[i]) and self.facts.graph.nodes[i].op_type in VIEWS
 
     def _expert_loop(self, i: int) -> bool:
         """Whether node i is a routed expert GEMM the stack runs as one GEMM per local expert
@@ -212,7 +207,7 @@ class NodeTimes:
                                  r.head_dim, self.attention_fp8) / self.execution.kernel_efficiency
             return t + (self._attention_casts(r, share, backward) if self.attention_fp8 else 0.0)
         if facts.weight_view[i] or work.host[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]) \
-                or (self.flash and facts.mask_built[i]) or self._eager_view(i):
+                or (self.flash and facts.mask_built[i]) or (self.eager_view is not None and self.eager_view[i]):
             return 0.0
         if (beside := self._beside_bytes(i)) is not None:
             return self._routed_bytes(i, share, beside[1] if backward else beside[0])
@@ -229,8 +224,7 @@ class NodeTimes:
             total = sum(work.flops[j] for j in group) * share
             part = flops / total if total else 1.0 / len(group)
         else:
-            act = work.act_bytes[i] if self.eager is not None and self.eager[i] else self.act[i]
-            weights, total, part = work.param_bytes[i] * weight_share, flops, 1.0
+            act, weights, total, part = self.act[i], work.param_bytes[i] * weight_share, flops, 1.0
         act *= self.bs / (self.cp * k)
         t = op_time_s(cluster, total, (act + weights) * self.fscale, "matmul" if matrix else "elementwise", dtype)
         if backward and matrix and weights > 0:  # the input gradient as the forward, the weight's at its bytes

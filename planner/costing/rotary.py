@@ -19,12 +19,14 @@ and every GPT-OSS layer takes that path for its queries and keys
 (`Execution.scaled_rope_unfused`). DeepSeek-V3's YaRN sets both to 1: its
 factor is 1 and its RoPE stays fused.
 
-ASSUMPTION: the graph's own RoPE ops stand for Megatron's (transformers'
-rotate-half form: two slices, a negation, a concatenation, two products and a
-sum, 24 bytes an element forward; Megatron's chunk views, negation,
-concatenation, products, sum and final concatenation move as much). Its
-recomputation of the scaled tables on every call (six small kernels a
-tensor) is not charged.
+ASSUMPTIONS: the graph's own RoPE ops stand for Megatron's: transformers'
+rotate-half form moves about 20 bytes an element of the queries and keys
+forward in five kernels (its slices views), its chunked form (gpt-oss) about
+18 in seven, where Megatron's chunk views, negation, concatenation, products,
+sum and final concatenation move 24 in six. Megatron's recomputation of the
+scaled tables on every call (six small kernels a tensor) is not charged. A
+graph whose tables were folded into stored constants (a static-shape export)
+shows no Cos or Sin and is not found.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from __future__ import annotations
 import numpy as np
 
 from planner.graph.ir import Graph
+from planner.graph.walk import GraphIndex
 
 #: Ops a rotary table passes through unchanged in kind: casts, views, the position lookup, broadcasts, a part.
-_TABLE_PATH = frozenset({"Cast", "Unsqueeze", "Reshape", "Squeeze", "Expand", "Gather", "Slice", "Transpose",
-                         "Identity", "Concat"})
+_TABLE_PATH = frozenset({"Cast", "CastLike", "Unsqueeze", "Reshape", "Squeeze", "Expand", "Tile", "Gather", "Slice",
+                         "Transpose", "Identity", "Concat"})
 #: Ops that take part of a head (transformers' rotate_half slices, its chunk): views in eager PyTorch.
 VIEWS = frozenset({"Slice", "Split", "SplitToSequence", "SequenceAt"})
 #: Ops that build the rotated half of a head from its input.
@@ -53,34 +56,26 @@ def table_scales(graph: Graph) -> dict[str, float]:
             scale.update({o: 1.0 for o in n.outputs if o})
             continue
         ins = [x for x in n.inputs if x]
-        if not ins or ins[0] not in scale:
-            if n.op_type in ("Mul", "Div") and len(ins) == 2 and ins[1] in scale and ins[0] in graph.scalars:
-                factor = graph.scalars[ins[0]]
-                if n.op_type == "Mul":
-                    scale.update({o: scale[ins[1]] * factor for o in n.outputs if o})
+        if n.op_type == "Mul" and len(ins) == 2 and ins[1] in scale and ins[0] in graph.scalars:
+            scale.update({o: scale[ins[1]] * graph.scalars[ins[0]] for o in n.outputs if o})  # scalar first
+        elif not ins or ins[0] not in scale:
             continue
-        if n.op_type in _TABLE_PATH:
+        elif n.op_type in _TABLE_PATH:
             scale.update({o: scale[ins[0]] for o in n.outputs if o})
-        elif n.op_type in ("Mul", "Div") and len(ins) == 2 and ins[1] in graph.scalars:
+        elif n.op_type in ("Mul", "Div") and len(ins) == 2 and graph.scalars.get(ins[1], 0.0) != 0.0:
             factor = graph.scalars[ins[1]]
-            if factor != 0.0:
-                value = scale[ins[0]] * (factor if n.op_type == "Mul" else 1.0 / factor)
-                scale.update({o: value for o in n.outputs if o})
+            value = scale[ins[0]] * (factor if n.op_type == "Mul" else 1.0 / factor)
+            scale.update({o: value for o in n.outputs if o})
     return scale
 
 
-def scaled_rotary_nodes(graph: Graph, producer: dict[str, tuple[int, int]]) -> np.ndarray:
+def scaled_rotary_nodes(graph: Graph, index: GraphIndex) -> np.ndarray:
     """Per node: part of a rotary embedding applied with scaled tables (see the module docstring): each product of
     a head tensor by such a table, the slices, negations and concatenations that rotate its other operand, and the
     sums (and the concatenation after them) that combine the products. Run eagerly, its slices (`VIEWS`) are
     views: they launch nothing and move nothing."""
     scale = table_scales(graph)
     out = np.zeros(len(graph.nodes), dtype=bool)
-    readers: dict[str, list[int]] = {}
-    for i, n in enumerate(graph.nodes):
-        for x in n.inputs:
-            if x:
-                readers.setdefault(x, []).append(i)
     for i, n in enumerate(graph.nodes):
         if n.op_type != "Mul" or len(n.inputs) != 2:
             continue
@@ -89,25 +84,25 @@ def scaled_rotary_nodes(graph: Graph, producer: dict[str, tuple[int, int]]) -> n
         if len(tables) != 1 or len(heads) != 1 or heads[0] in graph.scalars or abs(scale[tables[0]] - 1.0) <= _UNIT:
             continue
         out[i] = True
-        _mark_rotation(graph, producer, heads[0], out)
-        for j in (j for o in n.outputs if o for j in readers.get(o, ())):
+        _mark_rotation(graph, index, heads[0], out)
+        for j in (j for o in n.outputs if o for j in index.consumers.get(o, ())):
             if graph.nodes[j].op_type in ("Add", "Sub"):
                 out[j] = True
-                for k in (k for o in graph.nodes[j].outputs if o for k in readers.get(o, ())):
+                for k in (k for o in graph.nodes[j].outputs if o for k in index.consumers.get(o, ())):
                     if graph.nodes[k].op_type == "Concat":  # transformers' gpt-oss concatenates the two halves
                         out[k] = True
     return out
 
 
-def _mark_rotation(graph: Graph, producer: dict[str, tuple[int, int]], head: str, out: np.ndarray) -> None:
+def _mark_rotation(graph: Graph, index: GraphIndex, head: str, out: np.ndarray) -> None:
     """Mark the slices, negations and concatenations that built `head` from a head tensor (rotate_half, chunk)."""
     stack = [head]
     while stack:
-        p = producer.get(stack.pop())
-        if p is None or out[p[0]] or graph.nodes[p[0]].op_type not in _ROTATE:
+        p = index.producer.get(stack.pop())
+        if p is None or out[p] or graph.nodes[p].op_type not in _ROTATE:
             continue
-        node = graph.nodes[p[0]]
-        out[p[0]] = True
+        node = graph.nodes[p]
+        out[p] = True
         data = node.inputs[:1] if node.op_type in VIEWS else node.inputs
         stack.extend(x for x in data if x)
 

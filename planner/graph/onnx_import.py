@@ -341,7 +341,7 @@ def _float_scalars(known: Shapes) -> dict[str, float]:
     """The one-element floating values the import knows (initializers, Constant outputs, what folds from them)."""
     out = {}
     for name, v in known.value.items():
-        if v is not None and v.size == 1 and v.dtype.kind == "f":
+        if v is not None and v.size == 1 and (v.dtype.kind == "f" or v.dtype.name == "bfloat16"):
             out[name] = float(v.reshape(-1)[0])
     return dict(sorted(out.items()))
 

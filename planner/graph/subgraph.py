@@ -8,6 +8,7 @@ reads from it becomes a graph output.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Iterable
 
 from planner.graph.ir import Graph
@@ -41,7 +42,7 @@ def extract(graph: Graph, nodes: Iterable[int], name: str) -> Graph:
     return Graph(name=name, nodes=tuple(inside), tensors=tensors, inputs=tuple(inputs), outputs=tuple(outputs),
                  params=sub_params, opset=graph.opset, producer=graph.producer, dims=graph.dims,
                  metadata=graph.metadata, notes=graph.notes,
-                 scalars={k: v for k, v in graph.scalars.items() if k in touched})
+                 scalars=MappingProxyType({k: v for k, v in graph.scalars.items() if k in touched}))
 
 
 def boundary_bytes(graph: Graph, sub: Graph) -> float:
