@@ -145,3 +145,25 @@ def test_hugging_face_configs_carry_yarns_attention_factor_into_the_zoo_graph(tm
     long = import_model(models_zoo.build_hf(tmp_path, layers=2, seq_len=64), seq_len=64)
     assert {round(v, 6) for v in table_scales(long).values()} == {1.0, round(0.1 * math.log(4.0) + 1.0, 6)}
     assert marked(long).count("Mul") == 2 * 2 * 2  # each layer's queries and keys, by cos and by sin
+
+
+def test_an_eager_rope_is_a_kernel_boundary_for_the_ops_around_it():
+    """In transformers' gpt-oss export the queries' bias add feeds the RoPE's chunk alone: fused, its output never
+    reaches HBM; with the RoPE run eagerly the add writes it (and launches), for the chunk's products read it."""
+    g = import_model(FIXTURES / "gpt_oss_dyn20_inline_named.onnx", batch=1, seq_len=16)
+    facts = GraphFacts(g, find_structure(g))
+    index = facts.index
+    chunks = [i for i in np.flatnonzero(facts.scaled_rope) if g.nodes[i].op_type == "SplitToSequence"]
+    feeders = set()
+    for i in chunks:  # through the head split's views (a reshape and a transpose)
+        p = index.producer[g.nodes[i].inputs[0]]
+        while g.nodes[p].op_type in ("Reshape", "Transpose"):
+            p = index.producer[g.nodes[p].inputs[0]]
+        feeders.add(p)
+    adds = [i for i in feeders if g.nodes[i].op_type == "Add"]
+    assert adds
+    fused, eager = (facts.act_bytes(True, 2.0, True, True, eager_rope=e) for e in (False, True))
+    for i in adds:
+        written = g.tensors[g.nodes[i].outputs[0]].nbytes
+        assert eager[i] - fused[i] == written
+        assert facts.absorbed(False)[i] and not facts.absorbed(True)[i]
