@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from planner.bounds import zoo_overrides
 from planner.caveats import accuracy, assumptions, check_costed, scale_warnings, uncosted_note
 from planner.costing.attention import attention_regions
+from planner.costing.rotary import scaled_rotary_nodes
 from planner.errors import InvalidInput
 from planner.graph.ir import Graph
 from planner.graph.moe import moe_blocks, token_wide_params
@@ -195,6 +196,7 @@ def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, st
     biased = moe and workload.execution.expert_bias_bytes > 0 and any(
         token_wide_params(graph, f) for f in moe_blocks(graph, index_graph(graph), structure).values())
     regions = attention_regions(graph)
+    eager_rope = workload.execution.scaled_rope_unfused and bool(scaled_rotary_nodes(graph, index_graph(graph)).any())
     return {
         "accuracy": accuracy(hw, workload, moe, display_name(model) if as_shipped else None),
         "uncosted": graph.uncosted(),
@@ -205,7 +207,7 @@ def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, st
                      "dtype": workload.dtype, "stack": workload.execution.origin or workload.execution.name,
                      "allocator_reserve": workload.execution.allocator_reserve},
         "assumptions": assumptions(hw, workload, {r.head_dim for r in regions}, moe, biased,
-                                   any(r.window for r in regions))
+                                   any(r.window for r in regions), eager_rope)
         + ([uncosted_note(graph)] if graph.uncosted()["ops"] else []),
     }
 

@@ -149,12 +149,17 @@ SCALED_BLOCKS = ("mxfp8", "blockwise")
 
 
 def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bool = False,
-                expert_bias: bool = False, windowed: bool = False) -> list[str]:
+                expert_bias: bool = False, windowed: bool = False, eager_rope: bool = False) -> list[str]:
     """What the figures rest on that no measurement of this hardware and stack has checked (`head_dims`: the
     model's attention head dims; `moe`: it routes tokens to experts; `expert_bias`: its experts carry an output
-    bias the stack adds beside their GEMM; `windowed`: some of its attention is a sliding window)."""
+    bias the stack adds beside their GEMM; `windowed`: some of its attention is a sliding window; `eager_rope`: the
+    stack runs its YaRN-scaled rotary embedding as eager ops)."""
     out = hardware_assumptions(hw, workload.dtype)
     ex = workload.execution
+    if eager_rope:
+        out.append(f"the {ex.name} stack runs the model's YaRN-scaled rotary embedding as eager ops (Megatron-Core's "
+                   "unfused path for a concentration factor but 1), costed as the graph's own ops, each a kernel; "
+                   "Megatron's recomputation of the scaled tables on every call is not charged")
     if workload.mode == "train" and expert_bias:
         out.append(f"the experts' output bias is costed at the {ex.name} stack's {ex.expert_bias_bytes:g} bytes an "
                    f"element of the routed rows forward, {ex.expert_bias_grad_bytes:g} backward (Megatron-Core adds it "
