@@ -196,7 +196,9 @@ def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, st
     biased = moe and workload.execution.expert_bias_bytes > 0 and any(
         token_wide_params(graph, f) for f in moe_blocks(graph, index_graph(graph), structure).values())
     regions = attention_regions(graph)
-    eager_rope = workload.execution.scaled_rope_unfused and bool(scaled_rotary_nodes(graph, index_graph(graph)).any())
+    ex = workload.execution
+    eager_rope = ex.fuse_elementwise and ex.scaled_rope_unfused and bool(
+        scaled_rotary_nodes(graph, index_graph(graph)).any())
     return {
         "accuracy": accuracy(hw, workload, moe, display_name(model) if as_shipped else None),
         "uncosted": graph.uncosted(),

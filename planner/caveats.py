@@ -157,9 +157,9 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
     out = hardware_assumptions(hw, workload.dtype)
     ex = workload.execution
     if eager_rope:
-        out.append(f"the {ex.name} stack runs the model's YaRN-scaled rotary embedding as eager ops (Megatron-Core's "
-                   "unfused path for a concentration factor but 1), costed as the graph's own ops, each a kernel; "
-                   "Megatron's recomputation of the scaled tables on every call is not charged")
+        out.append(f"the {ex.name} stack runs the model's YaRN-scaled rotary embedding as eager ops (as Megatron-Core "
+                   "does for a concentration factor but 1), costed as the graph's own ops, each a kernel, its tables "
+                   "once a pass; Megatron's recomputation of them on every call is not charged")
     if workload.mode == "train" and expert_bias:
         out.append(f"the experts' output bias is costed at the {ex.name} stack's {ex.expert_bias_bytes:g} bytes an "
                    f"element of the routed rows forward, {ex.expert_bias_grad_bytes:g} backward (Megatron-Core adds it "

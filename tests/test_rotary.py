@@ -149,7 +149,9 @@ def test_hugging_face_configs_carry_yarns_attention_factor_into_the_zoo_graph(tm
 
 def test_an_eager_rope_is_a_kernel_boundary_for_the_ops_around_it():
     """In transformers' gpt-oss export the queries' bias add feeds the RoPE's chunk alone: fused, its output never
-    reaches HBM; with the RoPE run eagerly the add writes it (and launches), for the chunk's products read it."""
+    reaches HBM; with the RoPE run eagerly the add writes it (and launches), for the chunk's products read it. (Where
+    Transformer Engine's linear_qkv adds the bias in its GEMM, as Megatron-Core's does, that add is the graph's
+    spelling of the GEMM's epilogue: the estimate charges it for every biased model alike.)"""
     g = import_model(FIXTURES / "gpt_oss_dyn20_inline_named.onnx", batch=1, seq_len=16)
     facts = GraphFacts(g, find_structure(g))
     index = facts.index
@@ -167,3 +169,16 @@ def test_an_eager_rope_is_a_kernel_boundary_for_the_ops_around_it():
         written = g.tensors[g.nodes[i].outputs[0]].nbytes
         assert eager[i] - fused[i] == written
         assert facts.absorbed(False)[i] and not facts.absorbed(True)[i]
+
+
+def test_estimate_says_when_the_stack_runs_a_scaled_rope_eagerly():
+    """The assumption line: on megatron-core for gpt-oss (scaled tables), not for Llama (unscaled) nor on torchtitan
+    (which fuses it)."""
+    from planner.api import estimate_model
+
+    def said(model: str, stack: str) -> bool:
+        est = estimate_model(model, cluster="dgx-h100", devices=8, global_batch=8, seq_len=256, stack=stack,
+                             overrides=dict(layers=2))
+        return any("YaRN-scaled rotary embedding" in a for a in est["assumptions"])
+    assert said("gpt-oss-20b", "megatron-core")
+    assert not said("gpt-oss-20b", "torchtitan") and not said("llama3-8b", "megatron-core")
