@@ -49,19 +49,6 @@ TP_SHARE_FITS = {"h100-grand-teton": ("torchtitan",)}
 #: the A100 law's per-kernel overhead and plateaus, and the starting overlap efficiency.
 TRANSFERRED = {"matmul_plateau": 0.749, "memory_plateau": 0.741, "kernel_overhead_us": 9.8, "overlap": 0.8}
 
-#: The memory plateau of a preset no run pins it on (none does): the A100 fit's 0.741 scaled by the share of its
-#: peak HBM bandwidth the device sustains in a streaming kernel over the share an A100 sustains. Measured: BabelStream
-#: triad on Azure's ND A100 v4, ND H100 v5 and ND H200 v5 (Azure/AI-benchmarking-guide Azure_Results/*_results.md:
-#: A100 1.70 of 2.04 TB/s, 0.83; H100 2.97 of 3.35, 0.89; H200 4.15 of 4.8, 0.86). No streaming benchmark of a
-#: Blackwell GPU is published; one copy kernel timed on both (vllm-project/vllm PR #48110: 84 % of peak on H100, 74 %
-#: on GB200) and CuTe DSL's RMSNorm (NVIDIA/cutlass PR #2917: 6.52 TB/s on B200, 0.81; Dao-AILab/quack's on H100
-#: about 0.90) put Blackwell at 0.88 of H100's share. ASSUMPTIONS: the ratio of streaming shares carries to the
-#: model's memory-bound ops; Blackwell's from those two kernels; Grand Teton's H100s as DGX H100's.
-_H100_MEMORY = round(0.741 * 0.89 / 0.83, 3)
-MEMORY_PLATEAU = {"dgx-h100": _H100_MEMORY, "h100-grand-teton": _H100_MEMORY,
-                  "dgx-h200": round(0.741 * 0.86 / 0.83, 3),
-                  **{hw: round(_H100_MEMORY * 0.88, 3) for hw in ("dgx-b200", "dgx-b300", "gb200-nvl72", "gb300-nvl72")}}
-
 
 #: Presets without runs of their own that take a fitted preset's values (an assumption their files state): the
 #: CloudMatrix384's Ascend 910C is two dies of the 910B's generation (Da Vinci cube units at 376 TFLOP/s bf16
@@ -195,8 +182,6 @@ def start_text(hardware: str, shared: dict[str, float] | None = None) -> str:
         key = line.split("=")[0].strip()
         if key in missing:
             out.append(f"{key} = {missing.pop(key):g}")
-        elif key == "memory_plateau":
-            out.append(f"{key} = {MEMORY_PLATEAU.get(hardware, TRANSFERRED[key]):g}")
         elif key in TRANSFERRED:
             out.append(f"{key} = {TRANSFERRED[key]:g}")
         elif key != "fp8_matmul_plateau":
@@ -249,10 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         if not any(k not in names and src in names for k, (src, _) in ties.items()):
             ties, note = {}, ""  # a 16-bit fit run pins the bf16 plateau itself: no tie, nothing to say
         shared, shared_note = shared_values(hw, fitted)
-        memory = (f"memory_plateau = {MEMORY_PLATEAU[hw]:g} (not fitted), the A100 fit's 0.741 scaled by this "
-                  "device's measured streaming share of peak HBM bandwidth over the A100's (ASSUMPTION; "
-                  "benchmarks/fit_presets.py MEMORY_PLATEAU)" if hw in MEMORY_PLATEAU else "")
-        note = "; ".join(x for x in (note, shared_note, memory) if x)
+        note = "; ".join(x for x in (note, shared_note) if x)
         result = calibrate_runs(mine, fit=fit_ids, stacks=stacks, ties=ties, note=note, tp_shares=tp_shares,
                                 start_text=start_text(hw, shared), held=tuple(shared))
         fitted[hw] = result.fitted_text

