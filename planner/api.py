@@ -193,12 +193,11 @@ def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, st
     """What an estimate rests on and how far off it may be; `as_shipped`: the model is a zoo name without overrides
     (its own published runs are then cited)."""
     moe = any(t.kind == "moe" for t in structure.types)
-    biased = moe and workload.execution.expert_bias_bytes > 0 and any(
-        token_wide_params(graph, f) for f in moe_blocks(graph, index_graph(graph), structure).values())
+    ex, index = workload.execution, index_graph(graph)
+    biased = moe and ex.expert_bias_bytes > 0 and any(
+        token_wide_params(graph, f) for f in moe_blocks(graph, index, structure).values())
     regions = attention_regions(graph)
-    ex = workload.execution
-    eager_rope = ex.fuse_elementwise and ex.scaled_rope_unfused and bool(
-        scaled_rotary_nodes(graph, index_graph(graph)).any())
+    eager_rope = ex.fuse_elementwise and ex.scaled_rope_unfused and bool(scaled_rotary_nodes(graph, index).any())
     return {
         "accuracy": accuracy(hw, workload, moe, display_name(model) if as_shipped else None),
         "uncosted": graph.uncosted(),

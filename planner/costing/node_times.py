@@ -157,8 +157,9 @@ class NodeTimes:
         an op the stack replays from a CUDA graph (`GraphFacts.captured`); one a local expert for a routed GEMM the
         stack runs expert by expert (`_expert_loop`). An op the stack runs beside its fused kernels (`_beside_bytes`:
         the experts' output bias loop, a gated activation's clamps, one launch each, the clamps' concatenation's not
-        counted), or that it runs eagerly (a scaled rotary embedding: `GraphFacts.scaled_rope`), is no fused chain's."""
-        if self.captured is not None and self.captured[i] or self.eager_view is not None and self.eager_view[i]:
+        counted), or that it runs eagerly (a scaled rotary embedding: `GraphFacts.scaled_rope`; its slices, views,
+        take no time and so no issue: `_issued`), is no fused chain's."""
+        if self.captured is not None and self.captured[i]:
             return 0.0
         if self.absorbed is not None and self.absorbed[i] and self._beside_bytes(i) is None:
             return 0.0

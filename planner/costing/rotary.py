@@ -56,16 +56,18 @@ def table_scales(graph: Graph) -> dict[str, float]:
             scale.update({o: 1.0 for o in n.outputs if o})
             continue
         ins = [x for x in n.inputs if x]
-        if n.op_type == "Mul" and len(ins) == 2 and ins[1] in scale and ins[0] in graph.scalars:
-            scale.update({o: scale[ins[1]] * graph.scalars[ins[0]] for o in n.outputs if o})  # scalar first
-        elif not ins or ins[0] not in scale:
+        if n.op_type == "Mul" and len(ins) == 2 and ins[0] in graph.scalars:
+            ins = ins[::-1]  # the scalar first: a product commutes
+        if not ins or ins[0] not in scale:
             continue
-        elif n.op_type in _TABLE_PATH:
-            scale.update({o: scale[ins[0]] for o in n.outputs if o})
+        if n.op_type in _TABLE_PATH:
+            value = scale[ins[0]]
         elif n.op_type in ("Mul", "Div") and len(ins) == 2 and graph.scalars.get(ins[1], 0.0) != 0.0:
             factor = graph.scalars[ins[1]]
             value = scale[ins[0]] * (factor if n.op_type == "Mul" else 1.0 / factor)
-            scale.update({o: value for o in n.outputs if o})
+        else:
+            continue
+        scale.update({o: value for o in n.outputs if o})
     return scale
 
 
