@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import json
-import subprocess
-import sys
 
 import onnx
 import pytest
@@ -17,6 +14,7 @@ from planner.errors import InvalidInput
 from planner.hypershard import declare, strategy_of
 from planner.hypershard.backends import BACKENDS, export, export_to_file
 from planner.hypershard.backends.common import coords
+from tests.jax_plan import run_jax_plan
 from tests.layout_edits import megatron
 
 TINY = dict(layers=4, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=128)
@@ -150,21 +148,13 @@ def test_jax_export_places_arrays_as_declared(docs, tmp_path, which):
     if which == "moe":
         names.append("model.layers.0.mlp.experts.gate_up_proj")
         shapes[names[-1]] = [4, 128, 64]
-    code = (
-        "import os, json, importlib.util\n"
-        "os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'\n"
-        "import numpy as np\n"
-        f"spec = importlib.util.spec_from_file_location('plan', {str(path)!r})\n"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+    got = run_jax_plan(path, 8, (
         "mesh = m.build_mesh()\n"
         f"out = m.shard_params({{n: np.zeros(s, np.float32) for n, s in {shapes!r}.items()}}, mesh)\n"
         "print(json.dumps({'devices': [d.id for d in mesh.devices.flat], 'shards': {n: sorted("
         "[s.device.id, [[i.start or 0, i.stop] for i in s.index]] for s in a.addressable_shards) "
         "for n, a in out.items()}}))\n"
-    )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
-    got = json.loads(run.stdout)
+    ))
     assert got["devices"] == list(range(8))  # device k is rank k of the declaration
     q = dict((d, idx) for d, idx in got["shards"]["model.layers.0.self_attn.q_proj.weight"])
     for rank in range(8):

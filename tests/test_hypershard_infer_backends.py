@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 import types
 
 import numpy as np
@@ -22,6 +20,7 @@ from planner.hypershard import read_document, write_document
 from planner.hypershard.backends import export, export_to_file
 from planner.hypershard.serving_doc import declare_serving_phases
 from planner.hypershard.validate import validate_document
+from tests.jax_plan import run_jax_plan
 
 TINY = dict(layers=2, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=128)
 
@@ -195,12 +194,7 @@ def test_jax_export_places_each_phase_on_its_own_devices(tmp_path):
     path = tmp_path / "serve_jax.py"
     export_to_file(doc, "jax", str(path))
     names = {"model.layers.0.self_attn.q_proj.weight": [64, 64], "model.layers.0.mlp.experts.gate_up_proj": [4, 256, 64]}
-    code = (
-        "import os, json, importlib.util\n"
-        "os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'\n"
-        "import numpy as np\n"
-        f"spec = importlib.util.spec_from_file_location('plan', {str(path)!r})\n"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+    got = run_jax_plan(path, 8, (
         "out = {}\n"
         "for phase in ('prefill', 'decode'):\n"
         "    m.use_program(phase)\n"
@@ -209,10 +203,7 @@ def test_jax_export_places_each_phase_on_its_own_devices(tmp_path):
         "    out[phase] = {'devices': [d.id for d in mesh.devices.flat], 'shards': {n: sorted([s.device.id, "
         "[[i.start or 0, i.stop] for i in s.index]] for s in a.addressable_shards) for n, a in arrays.items()}}\n"
         "print(json.dumps(out))\n"
-    )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
-    got = json.loads(run.stdout)
+    ))
     assert got["prefill"]["devices"] == [0, 1, 2, 3] and got["decode"]["devices"] == [4, 5, 6, 7]
     q = dict((d, idx) for d, idx in got["prefill"]["shards"]["model.layers.0.self_attn.q_proj.weight"])
     assert [q[r][0] for r in range(4)] == [[0, 32], [32, 64]] * 2  # column-parallel over tp (the fastest axis)

@@ -24,6 +24,7 @@ from planner.hypershard.declared import estimate_declared, score_document, strat
 from planner.hypershard.io import check_schema
 from planner.hypershard.programs import view
 from planner.hypershard.validate import validate_document
+from tests.jax_plan import run_jax_plan
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,12 +211,7 @@ def test_python_exports_select_the_program_of_a_rank(doc, backend):
 def test_jax_export_puts_each_program_on_its_own_devices(doc, tmp_path):
     path = tmp_path / "plan_jax.py"
     path.write_text(export(doc, "jax"))
-    code = (
-        "import os, json, importlib.util\n"
-        "os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=4'\n"
-        "import numpy as np\n"
-        f"spec = importlib.util.spec_from_file_location('plan', {str(path)!r})\n"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+    got = run_jax_plan(path, 4, (
         "out = {}\n"
         "for rank in (0, 3):\n"
         "    name = m.use_program(rank)\n"
@@ -226,10 +222,7 @@ def test_jax_export_puts_each_program_on_its_own_devices(doc, tmp_path):
         "                 'shards': sorted([s.device.id, s.index[0].start or 0] for s in arr.addressable_shards)\n"
         "                 if arr is not None else None}\n"
         "print(json.dumps(out))\n"
-    )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
-    got = json.loads(run.stdout)
+    ))
     assert got[ENCODERS]["devices"] == [0, 1] and got[BACKBONE]["devices"] == [2, 3]
     assert got[BACKBONE]["shards"] == [[2, 0], [3, 128]]  # q_proj split on dim 0 over the backbone's tp
 
