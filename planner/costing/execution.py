@@ -26,6 +26,7 @@ from cost_models.toml_table import Table
 from cost_models.memory import StateBytes
 
 from planner.costing.loss import LOSS_KERNELS
+from planner.costing.ring_merge import RING_KINDS
 from planner.errors import InvalidInput
 
 STACK_DIR = Path(__file__).parent / "stacks"
@@ -80,8 +81,7 @@ class Execution:
     kernel_efficiency: float = 1.0  # this stack's GEMM and attention kernels against the hardware file's fit
     cuda_graphs: tuple[str, ...] = ()  # what runs from CUDA graphs (CUDA_GRAPH_SCOPES; none by default): a
     # captured kernel is replayed by the device, so the host issues nothing for it (`NodeTimes`)
-    loss_kernel: str = "megatron"  # the cross-entropy kernel of the training loss (`planner.costing.loss`)
-    # (which is of today's Megatron-Core where it has run; fitted with it, see benchmarks/fit_presets.py)
+    loss_kernel: str = "megatron"  # the training loss's cross-entropy kernel (`planner.costing.loss`; fitted with it)
     expert_gemm_streams: int = 0  # routed experts' GEMMs: one grouped kernel (0), or one GEMM per local expert
     # issued round-robin over this many streams (Transformer Engine's GroupedLinear on cuBLAS: 4), so each
     # round of that many GEMMs pays the per-kernel overhead once and the host issues each GEMM (`NodeTimes`)
@@ -95,11 +95,11 @@ class Execution:
     # `GraphFacts.glu_clamp`)
     glu_clamp_grad_bytes: float = 0.0
     scaled_rope_unfused: bool = False  # a YaRN-scaled RoPE (gpt-oss) as eager ops, not fused (`costing.rotary`)
+    cp_merge: str = "none"  # how context parallelism's ring steps merge beside the kernels (`costing.ring_merge`)
     tp_layout_copies: bool = False  # sequence-parallel collectives gather and scatter a dimension after the batch
     # ([batch, seq, hidden], torch DTensor's Shard(1)), so NCCL's dim-0 buffers are copied once more in HBM: each
     # reduce-scatter's input, and each all-gather's output when a micro-batch holds several sequences
-    # (`planner.costing.stage_costs`); Megatron-Core's [seq, batch, hidden] gathers dim 0 and copies nothing, and
-    # with TP overlap (torch's async TP) the fused all-gather-matmul and matmul-reduce-scatter take the layout as
+    # (`stage_costs`); Megatron-Core's [seq, batch, hidden] gathers dim 0, and torch's async TP takes the layout as
     # views (torch/distributed/_symmetric_memory: movedim before and after the pipelined chunks)
     # overlaps: each hides behind the compute it runs beside; together they share that compute (see step_time)
     overlap_grad_reduce: bool = True  # data-parallel gradient reduction during the backward pass
@@ -274,14 +274,14 @@ _NUMBERS = ("fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "param_
             "moe_expert_load_cv", "moe_capacity_factor", "expert_bias_bytes", "expert_bias_grad_bytes",
             "glu_clamp_bytes", "glu_clamp_grad_bytes", "ep_comm_sm_share")
 _CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS,
-            "loss_kernel": LOSS_KERNELS}
+            "loss_kernel": LOSS_KERNELS, "cp_merge": RING_KINDS}
 
 
 _SECTIONS = {
     "kernels": ("attention", "attention_kernel", "fuse_elementwise", "fused_launches", "fuse_sibling_gemms",
                 "tp_layout_copies", "kernel_efficiency", "expert_gemm_streams", "expert_bias_bytes",
                 "expert_bias_grad_bytes", "glu_clamp_bytes", "glu_clamp_grad_bytes", "scaled_rope_unfused",
-                "loss_kernel", "cuda_graphs"),
+                "loss_kernel", "cp_merge", "cuda_graphs"),
     "overlap": tuple(b for b in _BOOLS if b.startswith(("overlap_", "fsdp_"))) + ("tp_overlap_share",
                                                                                   "ep_comm_sm_share"),
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "fp8_saves_inputs",

@@ -50,6 +50,7 @@ from planner.costing.execution import Execution, attention_fp8_format, stays_gat
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.loss import loss_time_s
 from planner.costing.node_work import FLOAT_DTYPES
+from planner.costing.ring_merge import merge_bytes, merge_launches
 from planner.errors import InvalidInput
 from planner.strategy import Strategy, Workload
 
@@ -140,14 +141,15 @@ class NodeTimes:
     def forward(self, i: int, k: int) -> float:
         key = (i, k)
         if key not in self._fwd:
-            self._fwd[key] = self._issued(self._time(i, k, backward=False), self._launches(i))
+            self._fwd[key] = self._issued(self._time(i, k, backward=False), self._launches(i) + self._ring(i, False))
         return self._fwd[key]
 
     def backward(self, i: int, k: int) -> float:
         """Node i's backward: none for an op no gradient flows back through (integer indices, masks, shapes)."""
         key = (i, k)
         if key not in self._bwd:
-            self._bwd[key] = self._issued(self._time(i, k, backward=True), 2.0 * self._launches(i)) \
+            ops = 2.0 * self._launches(i) + self._ring(i, True)
+            self._bwd[key] = self._issued(self._time(i, k, backward=True), ops) \
                 if self.training and self.facts.carries_grad[i] else 0.0
         return self._bwd[key]
 
@@ -206,6 +208,7 @@ class NodeTimes:
             phase = "backward" if backward else "forward"
             t = attention_time_s(cluster, flops, nbytes, phase, self.execution.attention_kernel, keys,
                                  r.head_dim, self.attention_fp8) / self.execution.kernel_efficiency
+            t += self._ring_bytes(r, share, backward)
             return t + (self._attention_casts(r, share, backward) if self.attention_fp8 else 0.0)
         if facts.weight_view[i] or work.host[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]) \
                 or (self.flash and facts.mask_built[i]) or (self.eager_view is not None and self.eager_view[i]):
@@ -243,6 +246,24 @@ class NodeTimes:
             t += loss_time_s(self.cluster, self.execution.loss_kernel, facts.loss_numel[i] * share, backward,
                              self.dtype)
         return t * facts.routed_load(i, self.execution, self.ep)  # the busiest expert-parallel rank sets the pace
+
+    def _ring(self, i: int, backward: bool) -> float:
+        """Kernels the host issues beside an attention kernel for context parallelism's ring steps
+        (`costing.ring_merge`): at a region's anchor, unless the stack replays it from a CUDA graph."""
+        if self.cp <= 1 or not self.fused(i) or self.facts.region_of[i].anchor != i or self._launches(i) == 0.0:
+            return 0.0
+        return merge_launches(self.execution.cp_merge, self.cp, backward)
+
+    def _ring_bytes(self, r: AttentionRegion, share: float, backward: bool) -> float:
+        """Seconds of the ring steps' merges and partials beside one rank's attention kernels
+        (`costing.ring_merge`), memory-bound."""
+        if self.cp <= 1 or self.execution.cp_merge == "none":
+            return 0.0
+        width = self.facts.work.float_bytes
+        out = self.facts.graph.tensors[r.out].nbytes / width * share
+        grads = r.io_bytes / width * share - out  # dQ, dK, dV: as many as the queries, keys and values
+        nbytes = merge_bytes(self.execution.cp_merge, self.cp, out, grads, backward) * self.width / 2.0
+        return op_time_s(self.cluster, 0.0, nbytes, "elementwise", self.dtype)
 
     def _attention_casts(self, r: AttentionRegion, share: float, backward: bool) -> float:
         """What Transformer Engine's FP8 attention moves beside its kernel (FusedAttnFunc in
