@@ -201,6 +201,12 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
         out.append(f"the {ex.name} stack replays {', '.join(ex.cuda_graphs)} from CUDA graphs: those kernels are "
                    "costed without the host's issue" + (" (a MoE layer's whole part before its experts, router and "
                                                         "dispatcher preprocessing alike)" if router else ""))
+    if workload.mode == "train" and ex.attention == "flash":
+        out.append(f"a layout with context parallelism pays the {ex.name} stack's ring merges beside its attention "
+                   "kernels as Transformer Engine's p2p ring runs them (a kernel, an exchange and the merges a step; "
+                   "README: context parallelism's ring merges)" if ex.cp_merge == "te_p2p" else
+                   f"a layout with context parallelism is costed at its attention kernels alone: the {ex.name} "
+                   "stack's ring merges beside them are not charged")
     if ex.allocator_reserve == 0.0:
         out.append(f"the {ex.name} stack keeps no caching-allocator reserve: its tensors may fill HBM (no measured "
                    "peak memory of it has fitted one; `hyperplan calibrate` reports the reserve runs with one give)")

@@ -88,3 +88,13 @@ def test_a_stack_file_naming_an_unknown_ring_is_refused_in_one_sentence(tmp_path
     with pytest.raises(InvalidInput, match="cp_merge") as err:
         load_execution(str(path))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("stack, says", [("megatron-core", "pays the megatron-core stack's ring merges"),
+                                         ("torchtitan", "the torchtitan stack's ring merges beside them are not")])
+def test_every_training_estimate_says_how_context_parallelism_is_costed(stack, says):
+    from planner.caveats import assumptions
+
+    work = dataclasses.replace(make_workload("train", 8, SEQ, "bf16", None), execution=load_execution(stack))
+    said = [a for a in assumptions(load_cluster("dgx-h100", devices=8), work) if "context parallelism" in a]
+    assert len(said) == 1 and says in said[0]
