@@ -1,11 +1,12 @@
 """Context parallelism's ring steps beside the attention kernels (`planner.costing.ring_merge`), worked by hand.
 
 Transformer Engine's AttnFuncWithCPAndKVP2P (context_parallel.py, v2.10) runs one attention kernel per ring step and
-merges the partial results op by op: at two ranks, forward, step 0's output copied into the merged one (2 bytes read,
-2 written), step 1's queries re-read (2), its partial written (2) and merged (6); backward, the partial dQ, dK and dV
-of each step written and accumulated (step 0 copied: 4; step 1 written and added: 8), step 1 re-reading queries,
-output and output gradient (6). The host issues 6 kernels forward (a second attention kernel, the K/V exchange, two
-output and two statistics merges) and 9 backward (a second kernel, two exchanges, three accumulations a step).
+copies, merges and accumulates beside them op by op. At the busiest rank of c: forward, K and V concatenated for the
+exchange (4 bytes an element), step 0's partial output copied into the merged one (4) and each later step's merged
+into it (6); backward, K and V copied for the exchange (4), dQ copied on step 0 (4) and added after (6), dK and dV
+half-size on the first c - 1 steps, copied (2) then added (3), and added whole on the last (6). Each memory-bound
+kernel pays the per-kernel overhead; the host issues 4c - 1 kernels forward and 5c backward besides the one attention
+kernel counted before.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from planner.api import _graph_for_costing, make_workload
 from planner.costing.execution import load_execution
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.node_times import NodeTimes
-from planner.costing.ring_merge import merge_bytes, merge_launches
 from planner.errors import InvalidInput
 from planner.graph.blocks import discover_blocks
 from planner.strategy import Strategy
@@ -35,9 +35,9 @@ def llama():
     return GraphFacts(graph, discover_blocks(graph))
 
 
-def _times(facts, cp: int, **changes) -> NodeTimes:
+def _times(facts, cp: int, dtype: str = "bf16", **changes) -> NodeTimes:
     execution = dataclasses.replace(load_execution("megatron-core"), **changes)
-    work = dataclasses.replace(make_workload("train", 8, SEQ, "bf16", None), execution=execution)
+    work = dataclasses.replace(make_workload("train", 8, SEQ, dtype, None), execution=execution)
     return NodeTimes(facts, load_cluster("dgx-h100", devices=8), work, Strategy(dp=8 // cp, cp=cp, micro_batch=1),
                      execution)
 
@@ -46,40 +46,61 @@ def _anchor(facts) -> int:
     return min(r.anchor for r in facts.region_of.values())
 
 
-def test_two_ring_steps_cost_their_merges_and_launches_beside_the_kernels(llama):
-    """A rank holds 512 of the 1,024 tokens: its output is 512 x 8 heads x 64 elements, its dQ, dK and dV 512 x (8 + 2
-    + 2) x 64. The ring's seconds are the difference against the same stack without them (`cp_merge = "none"`)."""
-    i, cluster = _anchor(llama), load_cluster("dgx-h100", devices=8)
-    ring, bare = _times(llama, 2), _times(llama, 2, cp_merge="none")
-    out, grads = 512 * 8 * 64, 512 * 12 * 64
-    host = cluster.host_overhead_s
-    forward = op_time_s(cluster, 0.0, out * (4 + 10), "elementwise", "bf16") + 6 * host
-    backward = op_time_s(cluster, 0.0, grads * (4 + 8) + out * 6, "elementwise", "bf16") + 9 * host
+def _by_hand(c: int, width: float) -> tuple[float, float]:
+    """Forward and backward seconds of the ring beside one rank's kernels, from the steps in the module docstring:
+    a rank holds 1,024 / c tokens, its output 8 heads of 64 a token, its keys and values 2 heads of 64 each."""
+    cluster = load_cluster("dgx-h100", devices=8)
+    tokens = SEQ // c
+    q, kv = tokens * 8 * 64, tokens * 2 * 2 * 64
+    t0, host = cluster.kernel_overhead_s, cluster.host_overhead_s
+    merges = 4 + 6 * (c - 1)  # step 0's copy, then a merge (forward) or an add (backward) a step
+    forward = op_time_s(cluster, 0.0, (q * merges + kv * 4) * width / 2, "elementwise", "bf16")
+    forward += 2 * c * t0 + (4 * c - 1) * host  # the concatenation and 2c statistics and output merges
+    dkv = 4 + 2 + 3 * (c - 2) + 6  # the exchange copy; half-size copy, half-size adds, the last step's whole add
+    backward = op_time_s(cluster, 0.0, (q * merges + kv * dkv) * width / 2, "elementwise", "bf16")
+    backward += 3 * c * t0 + 5 * c * host  # the copy and three accumulations a step
+    return forward, backward
+
+
+@pytest.mark.parametrize("c", [2, 4])
+def test_the_ring_steps_cost_their_copies_merges_and_launches_beside_the_kernels(llama, c):
+    """The ring's seconds are the difference against the same stack without them (`cp_merge = "none"`)."""
+    i = _anchor(llama)
+    ring, bare = _times(llama, c), _times(llama, c, cp_merge="none")
+    forward, backward = _by_hand(c, 2.0)
     assert ring.forward(i, 1) - bare.forward(i, 1) == pytest.approx(forward, rel=1e-9)
     assert ring.backward(i, 1) - bare.backward(i, 1) == pytest.approx(backward, rel=1e-9)
 
 
-def test_the_counts_grow_with_the_ring():
-    """Each step after the first adds its merge: 4 + 10 (c - 1) bytes an output element and 2 + 4 (c - 1) launches
-    forward; backward 4 + 8 (c - 1) a gradient element, 6 (c - 1) an output element, 3c + 3 (c - 1) launches."""
-    for c in (2, 4, 8):
-        assert merge_bytes("te_p2p", c, 1.0, 0.0, False) == 4 + 10 * (c - 1)
-        assert merge_bytes("te_p2p", c, 1.0, 1.0, True) == 4 + 8 * (c - 1) + 6 * (c - 1)
-        assert merge_launches("te_p2p", c, False) == 2 + 4 * (c - 1)
-        assert merge_launches("te_p2p", c, True) == 3 * c + 3 * (c - 1)
-    assert merge_bytes("te_p2p", 1, 1.0, 1.0, True) == merge_launches("te_p2p", 1, False) == 0.0
-    assert merge_bytes("none", 4, 1.0, 1.0, False) == merge_launches("none", 4, True) == 0.0
+def test_wider_activations_move_more_bytes(llama):
+    """In fp32 activations every copy and merge moves twice the bytes; the launches are the same."""
+    i = _anchor(llama)
+    ring, bare = _times(llama, 2, "fp32"), _times(llama, 2, "fp32", cp_merge="none")
+    forward, _ = _by_hand(2, 4.0)
+    assert ring.forward(i, 1) - bare.forward(i, 1) == pytest.approx(forward, rel=1e-9)
 
 
 def test_without_a_ring_or_with_attention_in_cuda_graphs_the_host_issues_nothing_more(llama):
-    """At one rank nothing changes; with attention replayed from a CUDA graph the merges still move their bytes but
-    the host issues none of their kernels."""
+    """At one rank nothing changes; with attention replayed from a CUDA graph the copies and merges still move their
+    bytes but the host issues none of their kernels."""
     i = _anchor(llama)
     assert _times(llama, 1).backward(i, 1) == _times(llama, 1, cp_merge="none").backward(i, 1)
-    graphed = _times(llama, 2, cuda_graphs=("attn",))
-    assert graphed._ring(i, True) == 0.0
-    assert graphed._time(i, 1, True) == _times(llama, 2)._time(i, 1, True)
-    assert graphed._time(i, 1, True) > _times(llama, 2, cp_merge="none", cuda_graphs=("attn",))._time(i, 1, True)
+    graphed, bare = _times(llama, 2, cuda_graphs=("attn",)), _times(llama, 2, cp_merge="none", cuda_graphs=("attn",))
+    forward, _ = _by_hand(2, 2.0)
+    host = (4 * 2 - 1) * load_cluster("dgx-h100", devices=8).host_overhead_s
+    assert graphed.forward(i, 1) - bare.forward(i, 1) == pytest.approx(forward - host, rel=1e-9)
+
+
+def test_a_sliding_window_takes_no_ring():
+    """Transformer Engine runs sliding-window attention under context parallelism only with the a2a and all-gather
+    types: gpt-oss's windowed layers pay nothing of the p2p ring, its full ones do."""
+    graph = _graph_for_costing("gpt-oss-120b", SEQ, None, dict(SMALL, head_dim=64, experts=8, top_k=2,
+                                                                  sliding_window=128))
+    facts = GraphFacts(graph, discover_blocks(graph))
+    regions = {r.anchor: r for r in facts.region_of.values()}.values()
+    ring = _times(facts, 2)
+    assert {bool(ring._ring(r.anchor, True)) for r in regions} == {True, False}
+    assert all(ring._ring(r.anchor, True) == 0.0 for r in regions if r.window)
 
 
 def test_a_stack_file_naming_an_unknown_ring_is_refused_in_one_sentence(tmp_path):

@@ -99,8 +99,8 @@ class Execution:
     tp_layout_copies: bool = False  # sequence-parallel collectives gather and scatter a dimension after the batch
     # ([batch, seq, hidden], torch DTensor's Shard(1)), so NCCL's dim-0 buffers are copied once more in HBM: each
     # reduce-scatter's input, and each all-gather's output when a micro-batch holds several sequences
-    # (`stage_costs`); Megatron-Core's [seq, batch, hidden] gathers dim 0, and torch's async TP takes the layout as
-    # views (torch/distributed/_symmetric_memory: movedim before and after the pipelined chunks)
+    # (`stage_costs`); Megatron-Core's [seq, batch, hidden] gathers dim 0 and copies nothing; torch's async TP's fused
+    # all-gather-matmul and matmul-reduce-scatter take the layout as views (_symmetric_memory: movedim around chunks)
     # overlaps: each hides behind the compute it runs beside; together they share that compute (see step_time)
     overlap_grad_reduce: bool = True  # data-parallel gradient reduction during the backward pass
     overlap_param_gather: bool = True  # distributed-optimizer parameter all-gather during the next forward

@@ -50,7 +50,7 @@ from planner.costing.execution import Execution, attention_fp8_format, stays_gat
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.loss import loss_time_s
 from planner.costing.node_work import FLOAT_DTYPES
-from planner.costing.ring_merge import merge_bytes, merge_launches
+from planner.costing.ring_merge import ring_pass
 from planner.errors import InvalidInput
 from planner.strategy import Strategy, Workload
 
@@ -208,7 +208,7 @@ class NodeTimes:
             phase = "backward" if backward else "forward"
             t = attention_time_s(cluster, flops, nbytes, phase, self.execution.attention_kernel, keys,
                                  r.head_dim, self.attention_fp8) / self.execution.kernel_efficiency
-            t += self._ring_bytes(r, share, backward)
+            t += self._ring_time(r, share, backward)
             return t + (self._attention_casts(r, share, backward) if self.attention_fp8 else 0.0)
         if facts.weight_view[i] or work.host[i] or (self.execution.fuse_elementwise and facts.folded_permute[i]) \
                 or (self.flash and facts.mask_built[i]) or (self.eager_view is not None and self.eager_view[i]):
@@ -249,21 +249,33 @@ class NodeTimes:
 
     def _ring(self, i: int, backward: bool) -> float:
         """Kernels the host issues beside an attention kernel for context parallelism's ring steps
-        (`costing.ring_merge`): at a region's anchor, unless the stack replays it from a CUDA graph."""
-        if self.cp <= 1 or not self.fused(i) or self.facts.region_of[i].anchor != i or self._launches(i) == 0.0:
+        (`costing.ring_merge`): at a ringed region's anchor, unless the stack replays it from a CUDA graph."""
+        if not self.fused(i) or self.facts.region_of[i].anchor != i or self._launches(i) == 0.0:
             return 0.0
-        return merge_launches(self.execution.cp_merge, self.cp, backward)
+        ring = self._ring_pass(self.facts.region_of[i], backward)
+        return ring.launches if ring is not None else 0.0
 
-    def _ring_bytes(self, r: AttentionRegion, share: float, backward: bool) -> float:
-        """Seconds of the ring steps' merges and partials beside one rank's attention kernels
-        (`costing.ring_merge`), memory-bound."""
-        if self.cp <= 1 or self.execution.cp_merge == "none":
+    def _ring_pass(self, r: AttentionRegion, backward: bool):
+        """The stack's ring beside region r's kernels (`ring_merge.ring_pass`); None without one, and for a sliding
+        window, which Transformer Engine's p2p ring refuses."""
+        return None if r.window else ring_pass(self.execution.cp_merge, self.cp, backward)
+
+    def _ring_time(self, r: AttentionRegion, share: float, backward: bool) -> float:
+        """Seconds of the ring steps' copies, merges and accumulations beside one rank's attention kernels
+        (`costing.ring_merge`): memory-bound kernels, each paying the per-kernel overhead."""
+        if (ring := self._ring_pass(r, backward)) is None:
             return 0.0
+        q, kv = self._attention_elements(r, share)
+        nbytes = (q * ring.bytes_q + kv * ring.bytes_kv) * self.width / 2.0  # the counts are of 16-bit tensors
+        t = op_time_s(self.cluster, 0.0, nbytes, "elementwise", self.dtype)
+        return t + (ring.kernels - 1.0) * self.cluster.kernel_overhead_s
+
+    def _attention_elements(self, r: AttentionRegion, share: float) -> tuple[float, float]:
+        """Region r's output elements (as many as its queries') and its keys' and values' together, on one rank's
+        share of the micro-batch."""
         width = self.facts.work.float_bytes
-        out = self.facts.graph.tensors[r.out].nbytes / width * share
-        grads = r.io_bytes / width * share - out  # dQ, dK, dV: as many as the queries, keys and values
-        nbytes = merge_bytes(self.execution.cp_merge, self.cp, out, grads, backward) * self.width / 2.0
-        return op_time_s(self.cluster, 0.0, nbytes, "elementwise", self.dtype)
+        o = self.facts.graph.tensors[r.out].nbytes / width * share
+        return o, r.io_bytes / width * share - 2.0 * o
 
     def _attention_casts(self, r: AttentionRegion, share: float, backward: bool) -> float:
         """What Transformer Engine's FP8 attention moves beside its kernel (FusedAttnFunc in
@@ -278,9 +290,9 @@ class NodeTimes:
         and MXFP8 they come out in 16 bits. ASSUMPTIONS: the casts' own kernel launches are not charged (the shipped
         FP8-attention rows replay whole iterations from CUDA graphs), and context parallelism's per-step casts
         (context_parallel.py) are costed as this path's."""
-        graph, width, ex = self.facts.graph, self.facts.work.float_bytes, self.execution
-        o = graph.tensors[r.out].nbytes / width * share
-        qkv = r.io_bytes / width * share - o
+        ex = self.execution
+        o, kv = self._attention_elements(r, share)
+        qkv = o + kv
         quantize = ex.fp8_cast_bytes - ex.fp8_transpose_bytes
         concat = 2.0 * self.width if self.attention_fp8 == "fp8" else 0.0  # Q, K, V gathered before quantizing
         delayed = ex.fp8_recipe == "delayed"  # the kernel's O and dQ, dK, dV in FP8
