@@ -25,7 +25,7 @@ def _plan(*args: str) -> dict:
 
 @pytest.mark.parametrize("backend, args, unrestricted, restricted", [
     ("torch", ["mixtral-8x7b", "--layers", "4", "--cluster", "dgx-h100", "--devices", "64", "--global-batch", "64",
-               "--seq-len", "65536", "--memory-gib", "8"],
+               "--seq-len", "131072", "--memory-gib", "8"],
      lambda s: s["cp"] > 1, lambda s: s["cp"] == 1 and s["etp"] in (None, 1)),
     ("torch", ["gpt3-6.7b", "--cluster", "dgx-h100", "--devices", "16", "--global-batch", "64", "--seq-len", "2048",
                "--memory-gib", "20"],  # GPT-2 style Conv1D weights, [in, out]: no torch style splits them
