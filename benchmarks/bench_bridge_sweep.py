@@ -55,7 +55,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_calibration import unscored as unscored_runs  # noqa: E402
 from benchmarks.calibration_readings import LATER_RELEASES  # noqa: E402
-from benchmarks.calibration_spec_helpers import CUTEDSL_MLP, DSV3_MTP, FP8_ATTENTION, dsv3_as_run  # noqa: E402
+from benchmarks.calibration_spec_helpers import (  # noqa: E402
+    CUTEDSL_MLP, DSV3_MTP, FP8_ATTENTION, dsv3_as_run, publisher_issue,
+)
 from planner.calibration import read_runs  # noqa: E402
 from planner.calibration.bridge_sweep import ERRORS, errors_table  # noqa: E402
 from planner.calibration.hardware_pairs import PAIRS, pairs, pairs_table  # noqa: E402
@@ -70,16 +72,6 @@ LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "llama3-405b": 126}
 #: A footnote in which the publisher says a bug slowed the row (26.06.01's GPT-OSS rows: "Performance regression in
 #: GPT-OSS 120B pre-training is a known issue ... resolved with the next container release"): neither fitted nor scored
 REGRESSION = re.compile(r"\bperformance regression\b", re.IGNORECASE)
-#: Rows whose publisher calls them a regression in its own tracker rather than in a footnote, by (release, hardware,
-#: model), with its words: likewise neither fitted nor scored. Only what the issue names: #1998, still open, names
-#: 25.11 (its 26.02 rows ran the same dropless path at the same pace, B200 9,691 tokens/s against 9,299, and stay
-#: scored: the issue does not say they regressed).
-PUBLISHER_ISSUES = {
-    ("25.11", "dgx-b200", "qwen3-30b-a3b"):
-        "NVIDIA-NeMo/Megatron-Bridge#1998, '[Regression] Low QWEN3 30B B200 and H100 performance with dropless' "
-        "(2026-01-20): 'We have 2X slower performance in QWEN3 30B on H100 and B200 with the dropless schedule "
-        "compared to the token-drop schedule. Basically, the perf in 25.11 is 2X slower than 25.09.'",
-}
 #: Models whose Megatron-Bridge recipe counts the embedding and the loss as a layer each when it splits the pipeline
 #: (account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split, in every tag v0.2.0-v0.5.1:
 #: llama31_405b_pretrain_config in src/megatron/bridge/recipes/llama/llama3.py, qwen3_235b_a22b_pretrain_config in
@@ -92,7 +84,7 @@ def known_regression(row: dict) -> str:
     """The publisher's sentence saying a bug slowed the row: its table's footnote (`REGRESSION`) or its tracker
     (`PUBLISHER_ISSUES`); "" for a row that measures the stack."""
     return next((text for text in row.get("footnotes", {}).values() if REGRESSION.search(text)),
-                PUBLISHER_ISSUES.get((row["release"], row["hardware"], row["model"]), ""))
+                publisher_issue(row["release"], row["hardware"], row["model"], row["precision"]))
 
 
 def run_of(row: dict, index: int) -> dict | None:

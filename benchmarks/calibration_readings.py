@@ -114,6 +114,8 @@ def reading(rid: str, row: dict, spec: dict, variant: dict) -> dict:
     if "memory_gib" in variant or "memory_gib" in spec:
         out["memory_gib"] = variant.get("memory_gib", spec.get("memory_gib"))
     out["notes"] = list(spec.get("notes", ())) + list(variant.get("notes", ()))
+    if spec.get("known_regression"):
+        out["known_regression"] = spec["known_regression"]
     return out
 
 

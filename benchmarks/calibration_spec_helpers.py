@@ -35,6 +35,33 @@ MLP_ATTENTION_NOTE = MLP_NOTE + (", and attention in MXFP8 as it sets fp8_dot_pr
                                  "measured MXFP8 attention figures")
 HYBRIDEP_NOTE = ("HybridEP dispatch with the expert all-to-all overlapped (overlap_moe_expert_parallel_comm), as "
                  "the recipe's full-iteration MXFP8 settings set")
+#: Rows whose publisher calls them a regression in its own tracker rather than in a footnote, by (release, hardware,
+#: model, precision; None: every precision), with its words: neither fitted nor scored (`Run.known_regression`). Only
+#: what an issue names: #1998, still open, names 25.11 (its 26.02 rows ran the same dropless path at the same pace, B200
+#: 9,691 tokens/s against 9,299, and stay scored); #3387 and #3388, filed on the 26.04 tables with the 26.04.01 patch
+#: as their label, name those tables' rows (B200 13,722 -> 13,045 tokens/s, GB200 4,357 -> 4,143 from 26.02.01: the 5 %
+#: each issue states), not the patch's.
+PUBLISHER_ISSUES = {
+    ("25.11", "dgx-b200", "qwen3-30b-a3b", None):
+        "NVIDIA-NeMo/Megatron-Bridge#1998, '[Regression] Low QWEN3 30B B200 and H100 performance with dropless' "
+        "(2026-01-20): 'We have 2X slower performance in QWEN3 30B on H100 and B200 with the dropless schedule "
+        "compared to the token-drop schedule. Basically, the perf in 25.11 is 2X slower than 25.09.'",
+    ("26.04", "dgx-b200", "gpt-oss-120b", "BF16"):
+        "NVIDIA-NeMo/Megatron-Bridge#3387, '[bug] [patch] GPT-OSS BF16 B200 regression' (2026-04-17): '5% regression "
+        "compared to previous patch'; 2026-04-29: 'changing back to moe_token_dispatcher_type=\"alltoall\" recovers "
+        "the regression.'",
+    ("26.04", "gb200-nvl72", "llama3-70b", "FP8_CS"):
+        "NVIDIA-NeMo/Megatron-Bridge#3388, '[bug] [patch] LM70B FP8 CS GB200 regression' (2026-04-17): '5% regression "
+        "comparing to previous release'",
+}
+
+
+def publisher_issue(release: str, hardware: str, model: str, precision: str) -> str:
+    """The publisher's tracker sentence saying a bug slowed this table row (`PUBLISHER_ISSUES`), or ""."""
+    return PUBLISHER_ISSUES.get((release, hardware, model, precision),
+                                PUBLISHER_ISSUES.get((release, hardware, model, None), ""))
+
+
 TT_EAGER = {"fuse_elementwise": False}
 AUTOMODEL_MOE = {"moe_routing": "contiguous", "grad_bytes": 4.0, "loss_kernel": "torch_16bit"}
 AUTOMODEL_MOE_GRADS = ("gradients reduce-scattered in fp32: Automodel's MoE parallelizer defaults to "
@@ -222,7 +249,7 @@ def ws(size, gpus, batch, h, layers, heads, tp, pp, step):
 
 
 def bridge(rid, model, hw, gpus, seq, batch, strategy, dtype="fp8", execution=None, notes=(), file="h100",
-           corrects=None, layout=None, mtp=True):
+           corrects=None, layout=None, mtp=True, regression=""):
     strategy = {"micro_batch": 1, "zero": 1, "recompute": "none"} | strategy
     strategy.setdefault("sp", strategy.get("tp", 1) > 1)
     if model in ACCOUNTED_LAYERS and strategy.get("pp", 1) > 1:
@@ -241,6 +268,8 @@ def bridge(rid, model, hw, gpus, seq, batch, strategy, dtype="fp8", execution=No
         spec["overrides"] = DSV3_MTP
     if corrects:
         spec["corrects"] = corrects  # a table column the code that produced the figure contradicts (notes say why)
+    if regression:
+        spec["known_regression"] = regression  # the publisher's sentence that a bug slowed the row (`PUBLISHER_ISSUES`)
     return rid, spec
 
 

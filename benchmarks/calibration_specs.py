@@ -1,26 +1,22 @@
 """Our reading of each published row (tests/data): model, hardware, stack, strategy, and what we had to assume.
 
-One entry per published row (its id), read by `calibration_readings.py`.
-`variants` turn one row into several runs when it measures several
-settings (compile on/off, FP8, async TP, a schedule); `row` names the
-published row when the entry's own id differs. Every strategy degree is
-the row's own (tests/test_calibration_readings.py checks them); a note
-says where a value is not in the row. The notes several rows share and one
-builder per source's table live in `calibration_spec_helpers.py`; the order
-of the entries is the order the fit's alternate split reads, so a new row
+One entry per published row (its id), read by `calibration_readings.py`. `variants` turn one row into several runs
+when it measures several settings (compile on/off, FP8, async TP, a schedule); `row` names the published row when
+the entry's own id differs. Every strategy degree is the row's own (tests/test_calibration_readings.py checks them);
+a note says where a value is not in the row. The notes several rows share and one builder per source's table live in
+`calibration_spec_helpers.py`; the order of the entries is the order the fit's alternate split reads, so a new row
 goes after its hardware's last.
 """
 
 from __future__ import annotations
 
 from benchmarks.calibration_spec_helpers import (
-    ACCOUNTED_NOTE, ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT,
-    CUTEDSL_MLP, DSV3_GROUPS, DSV3_HYBRIDEP, DSV3_OPT, DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, FP8_ATTENTION, GPT3_20B, GT,
-    HYBRIDEP_NOTE, HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MLP_ATTENTION_NOTE, MLP_NOTE, MOE_BAL, MOE_BAL_ASSUMED, MX,
-    MZ_GRADS, MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE,
-    TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE, TT_EAGER, TT_EAGER_LOSS, TT_EAGER_LOSS_NOTE, TT_NOTE, a100,
-    as_run_split, ascend,
-    asynctp_variants, bridge, mz_long_context, nemo, table, titan, ws,
+    ACCOUNTED_NOTE, ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT, CUTEDSL_MLP, DSV3_GROUPS,
+    DSV3_HYBRIDEP, DSV3_OPT, DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, FP8_ATTENTION, GPT3_20B, GT, HYBRIDEP_NOTE,
+    HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MLP_ATTENTION_NOTE, MLP_NOTE, MOE_BAL, MOE_BAL_ASSUMED, MX, MZ_GRADS,
+    MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE, TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE, TT_EAGER, TT_EAGER_LOSS,
+    TT_EAGER_LOSS_NOTE, TT_NOTE, a100, as_run_split, ascend, asynctp_variants, bridge, mz_long_context, nemo, table,
+    titan, ws, publisher_issue,
 )
 
 SPECS: dict[str, dict] = table([
@@ -280,14 +276,16 @@ SPECS |= table([
                   "(Megatron-Bridge perf_recipes/gpt_oss/b200/gpt_oss.py)",
                   "HybridEP (flex) dispatch without all-to-all overlap: the 26.04 table ran Megatron-Bridge v0.4.0, "
                   "whose scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py gives the B200 BF16 V2 "
-                  "config moe_flex_dispatcher_backend='hybridep' (all-to-all only from 14b537eac, 2026-05-05)"]),
+                  "config moe_flex_dispatcher_backend='hybridep' (all-to-all only from 14b537eac, 2026-05-05)"],
+           regression=publisher_issue("26.04", "dgx-b200", "gpt-oss-120b", "BF16")),
     # -- GB200 NVL72, Megatron-Bridge and the MoE ModelZoo -----------------------------------------------------
     bridge("mb2606-llama31-405b-256xgb200-fp8", "llama3-405b", "gb200-nvl72", 256, 8192, 1536,
            {"tp": 4, "pp": 16, "vpp": 4, "dp": 4}, file="gb200"),
     bridge("mb2604-llama3-70b-64xgb200-fp8-fsdp", "llama3-70b", "gb200-nvl72", 64, 8192, 256,
            {"dp": 64, "micro_batch": 2, "zero": 3, "offload": {"activations": 0.5}}, file="gb200",
-           notes=["Megatron-FSDP as ZeRO-3", "the recipe's CPU activation offload of 40 of 80 layers as half of "
-                  "the activations in Grace memory"]),
+           regression=publisher_issue("26.04", "gb200-nvl72", "llama3-70b", "FP8_CS"), notes=[
+               "Megatron-FSDP as ZeRO-3", "the recipe's CPU activation offload of 40 of 80 layers as half of the "
+               "activations in Grace memory"]),
     bridge("mb2604-llama3-70b-64xgb200-mxfp8", "llama3-70b", "gb200-nvl72", 64, 8192, 256,
            {"tp": 2, "pp": 4, "vpp": 5, "dp": 8}, execution=MX, file="gb200",
            notes=["MXFP8 (the recipe's fp8_mx precision)", "TP communication overlapped by userbuffers, no recompute, "
