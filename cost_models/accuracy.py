@@ -77,4 +77,4 @@ def held_out_toml(rows: Iterable[HeldOut]) -> str:
     return "{ " + ", ".join(items) + " }" if items else "{}"
 
 
-__all__ = ["CATEGORIES", "HeldOut", "held_out_dicts", "held_out_toml", "parse_held_out", "unchecked"]
+__all__ = ["CATEGORIES", "WORDS", "HeldOut", "held_out_dicts", "held_out_toml", "parse_held_out", "unchecked"]

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from cost_models import load_cluster, preset_names
-from cost_models.accuracy import unchecked
+from cost_models.accuracy import WORDS, unchecked
 from cost_models.compute import MEASURED_HEAD_DIM
 
 from planner.costing.execution import attention_fp8_format
@@ -223,10 +223,14 @@ def checked_sentence(hw: Any, category: str) -> tuple[str, str]:
     h = hw.checked(category)
     if h is not None:
         return h.sentence(hw.name, hw.name in preset_names()), ""
+    from planner.calibration.bridge_sweep import never_fitted
+
     said = unchecked(hw.name, category)
     source = load_cluster(hw.transferred_from).checked(category) if hw.transferred_from else None
     if source is None:
-        return said, ""
+        swept = never_fitted(hw.name, category) if hw.name in preset_names() else ""
+        return (f"no held-out {WORDS.get(category, category)} run on {hw.name} among the shipped ones; {swept}"
+                if swept else said), ""
     return (f"{said} (its efficiency is {hw.transferred_from}'s fit, with "
             f"{source.sentence(hw.transferred_from, shipped=True)})"), hw.transferred_from
 

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from cost_models.accuracy import WORDS
+
 from planner.calibration.published import stored_rows
 
 ERRORS = Path(__file__).parent / "bridge_sweep_errors.json"
@@ -64,6 +66,20 @@ def cited(model: str, hardware: str, rows: list[dict[str, Any]]) -> str:
             "was the faster")
 
 
+def never_fitted(hardware: str, category: str) -> str:
+    """One sentence on the sweep's rows of a kind of job on `hardware` that no fit saw (not shipped: held out by
+    every fit): how many, and their mean and largest |error|; "" when there are none. What checks a preset whose
+    shipped runs of that kind were all fitted, or set aside as regressions their publisher names."""
+    errors = [r["error"] for r in _rows() if r["hardware"] == hardware and r["category"] == category
+              and not r["shipped"]]
+    if not errors:
+        return ""
+    mean = sum(abs(e) for e in errors) / len(errors)
+    return (f"Megatron-Bridge's {len(errors)} never-fitted {WORDS.get(category, category)} "
+            f"row{'' if len(errors) == 1 else 's'} there (NeMo 25.11-26.08): mean |error| {100 * mean:.1f} %, "
+            f"max {100 * max(abs(e) for e in errors):.1f} %")
+
+
 #: The rows that show an eager MoE layer's host cost: the same model on the same GPUs with the router's graphs only
 #: (26.02-26.04.01) and with the whole iteration in CUDA graphs (26.06 on)
 WITNESS = ("qwen3-30b-a3b", "gb200-nvl72")
@@ -82,4 +98,4 @@ def eager_moe() -> str:
             f"{100 * max(full):+.1f} % with the whole iteration in CUDA graphs ({len(full)})")
 
 
-__all__ = ["ERRORS", "WITNESS", "cited", "eager_moe", "errors_table", "graphs_of", "rows_of"]
+__all__ = ["ERRORS", "WITNESS", "cited", "eager_moe", "errors_table", "graphs_of", "never_fitted", "rows_of"]
