@@ -214,6 +214,35 @@ NEMO_FUSED_CE_NOTE = ("cross_entropy_loss_fusion: true, as its NeMo-Framework-La
                       "(launcher_scripts/conf/training/llama/)")
 
 
+#: NeMo's 2024 launcher ran Transformer Engine with cuDNN's fused attention off, so TE took its FlashAttention-2
+#: backend: NeMo-Framework-Launcher's launcher_scripts/conf/config.yaml set NVTE_FUSED_ATTN: 0 ("Disable cudnn FA until
+#: we've tested it more") from 562dcb45 (2024-02-13) to 04b8d098 (2024-08-29), but for GPT-3 175B, whose script set
+#: NVTE_FUSED_ATTN=1 from 95c77b59 (2024-07-17, "Enable cuDNN FlashAtt only for 175B")
+NEMO_FA2 = {"attention_kernel": "flash2"}
+NEMO_FA2_NOTE = ("attention by FlashAttention-2: NeMo-Framework-Launcher's conf/config.yaml set NVTE_FUSED_ATTN: 0 for "
+                 "the NeMo 24.03 and 24.07 runs (562dcb45 to 04b8d098), so Transformer Engine skipped cuDNN's kernel")
+NEMO_CUDNN_NOTE = ("attention by cuDNN: the 175B's launch script set NVTE_FUSED_ATTN=1 (NeMo-Framework-Launcher "
+                   "95c77b59, 'Enable cuDNN FlashAtt only for 175B')")
+#: NeMo 24.03.01's long-sequence table for Llama 2 7B on DGX H100 (tests/data/more_runs.json): the sequence (K tokens),
+#: GPUs, global batch, TP, PP, DP and CP of each row
+NEMO_LONG_SEQUENCE = ((4, 4, 1024, 1, 1, 4, 1), (8, 8, 512, 1, 2, 4, 1), (16, 16, 256, 2, 1, 8, 1),
+                      (32, 32, 128, 2, 1, 8, 2), (64, 64, 64, 4, 1, 8, 2), (128, 128, 32, 4, 1, 8, 4),
+                      (256, 256, 16, 4, 1, 8, 8), (512, 512, 8, 8, 1, 4, 16), (1024, 1024, 4, 8, 1, 4, 32))
+
+
+def nemo_long_sequence() -> list[tuple[str, dict]]:
+    """The long-sequence table's rows as runs, each its step time from the TFLOP/s the table gives (the row's
+    `derived`: NeMo's model-FLOPs formula, attention counted whole); micro-batch 1, no recompute (not stated)."""
+    out = []
+    for k, gpus, batch, tp, pp, dp, cp in NEMO_LONG_SEQUENCE:
+        rid, spec = nemo(f"nemo2403-longseq-llama2-7b-{k}k-h100-fp8", "llama2-7b", gpus, k * 1024, batch, tp, pp, cp,
+                         1, dp, 1, notes=["micro-batch not stated: 1"])
+        spec |= {"row": "nemo2403-longseq-llama2-7b-h100-fp8",
+                 "variants": ({"derived": f"step_s_{k}k", "what": f"{k}K tokens"},)}
+        out.append((rid, spec))
+    return out
+
+
 def nemo(rid, model, gpus, seq, batch, tp, pp, cp, vpp, dp, mb, tp_overlap=None, overrides=None, notes=(),
          fused_ce=False):
     strategy = {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "micro_batch": mb, "sp": tp > 1, "zero": 1,
@@ -230,6 +259,11 @@ def nemo(rid, model, gpus, seq, batch, tp, pp, cp, vpp, dp, mb, tp_overlap=None,
     if fused_ce:
         spec["execution"] |= NEMO_FUSED_CE
         spec["notes"].append(NEMO_FUSED_CE_NOTE)
+    if model == "gpt3-175b":
+        spec["notes"].append(NEMO_CUDNN_NOTE)
+    else:
+        spec["execution"] |= NEMO_FA2
+        spec["notes"].append(NEMO_FA2_NOTE)
     return rid, spec
 
 

@@ -16,7 +16,7 @@ from benchmarks.calibration_spec_helpers import (
     HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MLP_ATTENTION_NOTE, MLP_NOTE, MOE_BAL, MOE_BAL_ASSUMED, MX, MZ_GRADS,
     MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE, TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE, TT_EAGER, TT_EAGER_LOSS,
     TT_EAGER_LOSS_NOTE, TT_NOTE, a100, as_run_split, ascend, asynctp_variants, bridge, mz_long_context, nemo, table,
-    titan, ws, publisher_issue,
+    titan, ws, publisher_issue, nemo_long_sequence,
 )
 
 SPECS: dict[str, dict] = table([
@@ -185,6 +185,7 @@ SPECS |= table([
         "notes": [AUTOMODEL_NOTE, MOE_BAL, FAKE_GATE, AUTOMODEL_MOE_GRADS]}),
     # the long-context table's other lengths, shipped after the 128K row (at the end, so earlier rows keep their split)
     mz_long_context(16384, 295), mz_long_context(32768, 335), mz_long_context(65536, 368),
+    *nemo_long_sequence(),  # NeMo 24.03.01's Llama 2 7B at 4K-1M tokens, CP up to 32 (after the rest, as above)
 ])
 
 SPECS |= table([

@@ -145,7 +145,7 @@ def attention_time_s(cluster: Cluster, flops: float, bytes_moved: float, phase: 
         return 0.0
     forward, backward = cluster.attention_fp8_plateau(fp8) if fp8 else cluster.attention_plateau(kernel)[:2]
     plateau = (forward if phase == "forward" else backward) * head_dim_factor(cluster, head_dim, phase, fp8)
-    half = cluster.attention_half_keys[0 if phase == "forward" else 1]
+    half = (cluster.attention_half_keys if fp8 else cluster.half_keys(kernel))[0 if phase == "forward" else 1]
     peak = cluster.device.peak_flops("fp8" if fp8 else "bf16")
     if keys > 0 and half > 0:  # the law's K holds the kernel's fixed costs, as the benchmarks timed them: t0 a floor
         compute_s = max(cluster.kernel_overhead_s, flops / (plateau * keys / (keys + half) * peak))

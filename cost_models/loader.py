@@ -137,8 +137,8 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     """
     eff.only("matmul", "memory", "matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_us",
              "host_overhead_us", "attention", "attention_fp8", "attention_fp8_wide_heads", "attention_basis",
-             "attention_half_keys", "attention_half_dims", "attention_wide_heads", "overlap", "fitted_on",
-             "not_fitted", "calibration", "held_out", "transferred_from")
+             "attention_half_keys", "attention_kernel_half_keys", "attention_half_dims", "attention_wide_heads",
+             "overlap", "fitted_on", "not_fitted", "calibration", "held_out", "transferred_from")
     law = [k for k in ("matmul_plateau", "memory_plateau", "kernel_overhead_us") if k in eff.data]
     if law and len(law) != 3:
         missing = sorted({"matmul_plateau", "memory_plateau", "kernel_overhead_us"} - set(law))
@@ -169,12 +169,13 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     fp8_wide = _pairs_by_name(eff, "attention_fp8_wide_heads", "rates over head dim 128's", 2.0, FP8_ATTENTION_FORMATS)
     half, dims = (_pair(eff, key, f"{what} >= 0") for key, what in (("attention_half_keys", "key counts"),
                                                                    ("attention_half_dims", "head dims")))
+    kernel_half = _pairs_by_name(eff, "attention_kernel_half_keys", "key counts", 1e6)
     wide = _pair(eff, "attention_wide_heads", "rates over head dim 128's in (0, 1]", rate=True)
     fitted_on = eff.texts("fitted_on")
     return dict(matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,
                 attention_plateaus=attention, attention_fp8_plateaus=attention_fp8,
                 attention_fp8_wide_heads=fp8_wide,
-                attention_half_keys=half, attention_half_dims=dims,
+                attention_half_keys=half, attention_kernel_half_keys=kernel_half, attention_half_dims=dims,
                 attention_wide_heads=wide,
                 kernel_overhead_s=t0, **plateaus,
                 host_overhead_s=eff.number("host_overhead_us", default=0.0, allow_zero=True) * US,

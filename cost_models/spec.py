@@ -114,6 +114,8 @@ class Cluster:
     # a format not listed takes `attention_wide_heads`
     attention_half_keys: tuple[float, float] = (0.0, 0.0)  # (forward, backward) keys per query row at which a flash
     # kernel reaches half its plateau (`cost_models.compute.attention_time_s`); 0: no dependence on the length
+    attention_kernel_half_keys: tuple[tuple[str, float, float], ...] = ()  # (kernel, forward, backward): a kernel's
+    # own length law where it was measured at several lengths; a kernel not listed takes `attention_half_keys`
     attention_half_dims: tuple[float, float] = (0.0, 0.0)  # (forward, backward) D of the head-dim law (see
     # `cost_models.compute.head_dim_factor`); 0: every head dim at head dim 128's rate
     attention_wide_heads: tuple[float, float] = (1.0, 1.0)  # (forward, backward) rate of heads wider than 128 (MLA's
@@ -150,6 +152,11 @@ class Cluster:
                             "add one, or run with the materialized attention of the megatron-2021 stack.")
         name, fwd, bwd = self.attention_plateaus[0]
         return fwd, bwd, name
+
+    def half_keys(self, kernel: str) -> tuple[float, float]:
+        """(forward, backward) keys per query row at which flash kernel `kernel` reaches half its plateau: its own,
+        where the file measures its length law, else the device's (`attention_half_keys`)."""
+        return _named(self.attention_kernel_half_keys, kernel) or self.attention_half_keys
 
     def wide_heads(self, fmt: str = "") -> tuple[float, float]:
         """(forward, backward) rate of heads wider than 128 over head dim 128's, in FP8 format `fmt` where this
@@ -340,6 +347,8 @@ def cluster_as_dict(cluster: Cluster) -> dict:
                                          for k, f, b in cluster.attention_fp8_wide_heads},
             "attention_basis": cluster.attention_basis,
             "attention_half_keys": dict(zip(("forward", "backward"), cluster.attention_half_keys)),
+            "attention_kernel_half_keys": {k: {"forward": f, "backward": b}
+                                           for k, f, b in cluster.attention_kernel_half_keys},
             "attention_half_dims": dict(zip(("forward", "backward"), cluster.attention_half_dims)),
             "attention_wide_heads": dict(zip(("forward", "backward"), cluster.attention_wide_heads)),
             "kernel_overhead_s": cluster.kernel_overhead_s,

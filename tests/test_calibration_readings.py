@@ -71,9 +71,11 @@ def test_each_run_keeps_its_rows_degrees(rid):
         assert strategy.micro_batch == mbs
     if isinstance(layout.get("fsdp"), int) and layout["fsdp"] > 1:
         assert strategy.zero == 3
-    count = row.get("hardware", {}).get("count", row.get("gpus"))
+    count = layout.get("gpus", row.get("hardware", {}).get("count", row.get("gpus")))
     if isinstance(count, int):
         assert run.devices == count
+    if isinstance(layout.get("global_batch"), int):  # a table whose batch changes with its rows' sequence length
+        assert run.global_batch == layout["global_batch"]
     if isinstance(row.get("seq"), int):
         assert run.seq_len == row["seq"]
     if isinstance(row.get("global_batch", row.get("batch")), int):
