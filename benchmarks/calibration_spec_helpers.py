@@ -236,7 +236,8 @@ def nemo_long_sequence() -> list[tuple[str, dict]]:
     out = []
     for k, gpus, batch, tp, pp, dp, cp in NEMO_LONG_SEQUENCE:
         rid, spec = nemo(f"nemo2403-longseq-llama2-7b-{k}k-h100-fp8", "llama2-7b", gpus, k * 1024, batch, tp, pp, cp,
-                         1, dp, 1, notes=["micro-batch not stated: 1"])
+                         1, dp, 1, notes=["micro-batch not stated: 1", "NeMo 24.03.01 (not 24.07): ASSUMPTION, its "
+                                          "launcher's defaults as 24.07's, FP8 delayed scaling and Apex's Adam"])
         spec |= {"row": "nemo2403-longseq-llama2-7b-h100-fp8",
                  "variants": ({"derived": f"step_s_{k}k", "what": f"{k}K tokens"},)}
         out.append((rid, spec))

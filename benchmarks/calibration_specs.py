@@ -16,7 +16,7 @@ from benchmarks.calibration_spec_helpers import (
     HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MLP_ATTENTION_NOTE, MLP_NOTE, MOE_BAL, MOE_BAL_ASSUMED, MX, MZ_GRADS,
     MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE, TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE, TT_EAGER, TT_EAGER_LOSS,
     TT_EAGER_LOSS_NOTE, TT_NOTE, a100, as_run_split, ascend, asynctp_variants, bridge, mz_long_context, nemo, table,
-    titan, ws, publisher_issue, nemo_long_sequence,
+    titan, ws, PUBLISHER_ISSUES, nemo_long_sequence,
 )
 
 SPECS: dict[str, dict] = table([
@@ -185,7 +185,7 @@ SPECS |= table([
         "notes": [AUTOMODEL_NOTE, MOE_BAL, FAKE_GATE, AUTOMODEL_MOE_GRADS]}),
     # the long-context table's other lengths, shipped after the 128K row (at the end, so earlier rows keep their split)
     mz_long_context(16384, 295), mz_long_context(32768, 335), mz_long_context(65536, 368),
-    *nemo_long_sequence(),  # NeMo 24.03.01's Llama 2 7B at 4K-1M tokens, CP up to 32 (after the rest, as above)
+    *nemo_long_sequence(),  # NeMo 24.03.01's Llama 2 7B at 4K-1M: one published row, fitted or held out whole
 ])
 
 SPECS |= table([
@@ -278,13 +278,13 @@ SPECS |= table([
                   "HybridEP (flex) dispatch without all-to-all overlap: the 26.04 table ran Megatron-Bridge v0.4.0, "
                   "whose scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py gives the B200 BF16 V2 "
                   "config moe_flex_dispatcher_backend='hybridep' (all-to-all only from 14b537eac, 2026-05-05)"],
-           regression=publisher_issue("26.04", "dgx-b200", "gpt-oss-120b", "BF16")),
+           regression=PUBLISHER_ISSUES["26.04", "dgx-b200", "gpt-oss-120b", "BF16"]),
     # -- GB200 NVL72, Megatron-Bridge and the MoE ModelZoo -----------------------------------------------------
     bridge("mb2606-llama31-405b-256xgb200-fp8", "llama3-405b", "gb200-nvl72", 256, 8192, 1536,
            {"tp": 4, "pp": 16, "vpp": 4, "dp": 4}, file="gb200"),
     bridge("mb2604-llama3-70b-64xgb200-fp8-fsdp", "llama3-70b", "gb200-nvl72", 64, 8192, 256,
            {"dp": 64, "micro_batch": 2, "zero": 3, "offload": {"activations": 0.5}}, file="gb200",
-           regression=publisher_issue("26.04", "gb200-nvl72", "llama3-70b", "FP8_CS"), notes=[
+           regression=PUBLISHER_ISSUES["26.04", "gb200-nvl72", "llama3-70b", "FP8_CS"], notes=[
                "Megatron-FSDP as ZeRO-3", "the recipe's CPU activation offload of 40 of 80 layers as half of the "
                "activations in Grace memory"]),
     bridge("mb2604-llama3-70b-64xgb200-mxfp8", "llama3-70b", "gb200-nvl72", 64, 8192, 256,

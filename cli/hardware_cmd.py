@@ -112,7 +112,7 @@ def _print_cluster(c: Cluster) -> None:
         kf, kb = c.attention_half_keys
         law = bool(kf or kb)  # a length law: the figures are its plateaus
         half = f", half of it at {kf:g}/{kb:g} keys per query" if law else ""
-        half += "".join(f" ({k}'s at {f:g}/{b:g})" for k, f, b in c.attention_kernel_half_keys)
+        half += "".join(f" ({k}'s own: half at {f:g}/{b:g} keys)" for k, f, b in c.attention_kernel_half_keys)
         (df, db), (wf, wb) = c.attention_half_dims, c.attention_wide_heads
         narrow, wide = bool(df or db), (wf, wb) != (1.0, 1.0)  # measured away from head dim 128, either side
         half += f", head dims under 128 slower (D {df:g}/{db:g})" if narrow else ""

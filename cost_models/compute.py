@@ -127,8 +127,9 @@ def attention_time_s(cluster: Cluster, flops: float, bytes_moved: float, phase: 
 
     The efficiency grows with the `keys` a query row's computed tiles cover (about S/2 causal, two 128-wide
     tiles for a 128-token window), plateau * keys / (keys + K), as each row block's fixed costs (loading Q, the
-    softmax epilogue, writing O) are spread over more key tiles; K is the device's `attention_half_keys` (0, or
-    `keys` 0: the plateau). Fitted on cuDNN's causal SDPA at 2K-32K tokens, head dim 128
+    softmax epilogue, writing O) are spread over more key tiles; K is the kernel's own where the file measures it
+    (`Cluster.half_keys`: FlashAttention-2's on H100), else the device's `attention_half_keys` (0, or `keys` 0: the
+    plateau). Fitted on cuDNN's causal SDPA at 2K-32K tokens, head dim 128
     (NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training): H200 within 3 %, GB200 within 10 %. Its sliding-
     window runs (head dim 64) at the head-dim law's rate (`head_dim_factor`); its non-causal runs (not fitted)
     within 8 % (tests/test_attention_length.py).
@@ -143,9 +144,12 @@ def attention_time_s(cluster: Cluster, flops: float, bytes_moved: float, phase: 
         raise ValueError(f"flops and bytes must be >= 0, got {flops} and {bytes_moved}")
     if flops == 0 and bytes_moved == 0:
         return 0.0
-    forward, backward = cluster.attention_fp8_plateau(fp8) if fp8 else cluster.attention_plateau(kernel)[:2]
+    if fp8:  # Transformer Engine's FP8 attention is cuDNN's kernel: cuDNN's length law
+        (forward, backward), used = cluster.attention_fp8_plateau(fp8), "cudnn"
+    else:  # the plateaus and the length law of one kernel: the one named, or the file's default it falls back to
+        forward, backward, used = cluster.attention_plateau(kernel)
     plateau = (forward if phase == "forward" else backward) * head_dim_factor(cluster, head_dim, phase, fp8)
-    half = (cluster.attention_half_keys if fp8 else cluster.half_keys(kernel))[0 if phase == "forward" else 1]
+    half = cluster.half_keys(used)[0 if phase == "forward" else 1]
     peak = cluster.device.peak_flops("fp8" if fp8 else "bf16")
     if keys > 0 and half > 0:  # the law's K holds the kernel's fixed costs, as the benchmarks timed them: t0 a floor
         compute_s = max(cluster.kernel_overhead_s, flops / (plateau * keys / (keys + half) * peak))

@@ -169,7 +169,8 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
     fp8_wide = _pairs_by_name(eff, "attention_fp8_wide_heads", "rates over head dim 128's", 2.0, FP8_ATTENTION_FORMATS)
     half, dims = (_pair(eff, key, f"{what} >= 0") for key, what in (("attention_half_keys", "key counts"),
                                                                    ("attention_half_dims", "head dims")))
-    kernel_half = _pairs_by_name(eff, "attention_kernel_half_keys", "key counts", 1e6)
+    kernel_half = _pairs_by_name(eff, "attention_kernel_half_keys", "key counts", 1e6,  # of kernels it lists
+                                 tuple(k for k, _, _ in attention))
     wide = _pair(eff, "attention_wide_heads", "rates over head dim 128's in (0, 1]", rate=True)
     fitted_on = eff.texts("fitted_on")
     return dict(matmul_efficiency=matmul, memory_efficiency=memory, fp8_matmul_efficiency=fp8,

@@ -229,4 +229,17 @@ def test_flash_attention_2_follows_its_own_length_law(preset, row):
     keys = row["seq"] / 2 if row["causal"] else float(row["seq"])
     t = attention_time_s(cluster, flops, 0.0, "backward" if row["phase"] == "bwd" else "forward", "flash2", keys)
     assert flops / t / 1e12 == pytest.approx(row["tflops"], rel=0.04)
-    assert cluster.half_keys("flash2") != cluster.half_keys("cudnn")
+
+
+def test_a_kernel_the_file_does_not_list_takes_its_default_kernels_plateaus_and_length_law_together():
+    """A stack naming a kernel the hardware file does not list runs at the file's first kernel's figures: its plateaus
+    and its own length law (here FlashAttention-2's), never one kernel's plateaus on another's law."""
+    from cost_models.compute import attention_time_s
+
+    h100 = load_cluster("dgx-h100")
+    flash2_first = dataclasses.replace(h100, attention_plateaus=(("flash2", 0.354, 0.333), ("cudnn", 0.722, 0.627)))
+    on_cudnn_law = dataclasses.replace(flash2_first, attention_kernel_half_keys=())
+    for phase in ("forward", "backward"):
+        got = attention_time_s(flash2_first, 1e12, 0.0, phase, "unlisted", keys=2048)
+        assert got == attention_time_s(flash2_first, 1e12, 0.0, phase, "flash2", keys=2048)
+        assert got < attention_time_s(on_cudnn_law, 1e12, 0.0, phase, "unlisted", keys=2048)  # 202/274 < 407/607

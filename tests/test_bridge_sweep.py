@@ -234,6 +234,7 @@ def test_a_preset_without_held_out_shipped_runs_of_a_kind_cites_the_never_fitted
                                f"{100 * mean:.1f} %, max {100 * worst:.1f} %")
     h100 = estimate_model("qwen3-30b-a3b", cluster="dgx-h100", devices=16, global_batch=64, seq_len=4096, ep=8)
     assert "never-fitted" not in h100["accuracy"]["sentence"]
+    assert acc["sentence"] in " ".join(README.read_text(encoding="utf-8").replace("`", "").split())  # as quoted
 
 
 def test_an_eager_moe_estimate_says_how_its_host_issue_is_costed():

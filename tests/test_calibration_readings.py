@@ -44,7 +44,7 @@ def _layout(row: dict, run) -> dict:
     layout = row.get("layout", {})
     if "tp" not in layout and "tp" in row:  # the A100 file keeps degrees at the top level
         layout = row
-    if isinstance(layout.get(f"{run.seq_len // 1024}K"), dict):
+    if any(isinstance(v, dict) for k, v in layout.items() if k.endswith("K")):  # a layout per sequence length
         layout = layout[f"{run.seq_len // 1024}K"]
     return layout
 
@@ -107,3 +107,18 @@ def test_each_run_measures_what_its_row_measured(rid):
 def test_every_spec_reads_a_row_that_exists():
     for rid, spec in SPECS.items():
         assert spec.get("row", rid) in RAW, rid
+
+
+def test_a_table_in_tflops_reads_as_the_step_times_its_formula_gives():
+    """NeMo's long-sequence table gives TFLOP/s a GPU; each run's step time is the row's batch x sequence times NeMo's
+    model FLOPs a token (its llama2 formula, attention counted whole) over the TFLOP/s times the GPUs."""
+    row = RAW["nemo2403-longseq-llama2-7b-h100-fp8"]
+    m = row["model"]
+    L, h, ffn, V = m["L"], m["h"], m["ffn"], m["vocab"]
+    for key, layout in ((k, v) for k, v in row["layout"].items() if isinstance(v, dict)):
+        s = int(key[:-1]) * 1024
+        flops = L * h * h * (12 + 12 + 18 * ffn / h + 12 * s / h + 6 * V / (L * h))  # MHA: query groups = heads
+        step = layout["global_batch"] * s * flops / (row["measured"][key]["tflops_per_gpu_with_cp"] * 1e12
+                                                     * layout["gpus"])
+        run = RUNS[f"nemo2403-longseq-llama2-7b-{key.lower()}-h100-fp8"]
+        assert run.measured_step_s == pytest.approx(step, rel=1e-4)

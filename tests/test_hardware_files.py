@@ -83,8 +83,10 @@ MALFORMED = [
     ("overlap = 0.8", "overlap = 0.8\nattention_half_keys = [-1, 2]",
      "efficiency.attention_half_keys: expected [forward, backward] key counts >= 0, got [-1, 2]"),
     ("overlap = 0.8", "overlap = 0.8\nattention_kernel_half_keys = { flash2 = [0, 274] }",
-     "efficiency.attention_kernel_half_keys.flash2: expected [forward, backward] key counts in (0, 1e+06], "
+     "efficiency.attention_kernel_half_keys.flash2: expected flash2 = [forward, backward] key counts in (0, 1e+06], "
      "got flash2 = [0, 274]"),
+    ("overlap = 0.8", "overlap = 0.8\nattention_kernel_half_keys = { flash3 = [202, 274] }",  # a kernel it lists
+     "efficiency.attention_kernel_half_keys.flash3: expected flash2 = [forward, backward] key counts"),
     ("overlap = 0.8", "overlap = 0.8\nattention_wide_heads = [1.2, 0.9]",
      "efficiency.attention_wide_heads: expected [forward, backward] rates over head dim 128's in (0, 1], "
      "got [1.2, 0.9]"),
