@@ -188,7 +188,7 @@ def test_an_estimate_says_how_far_off_its_hardwares_held_out_runs_of_its_kind_ca
     assert "6 held-out dense training runs on dgx-a100: mean |error|" in line
 
 
-def test_a_zoo_model_as_shipped_cites_its_own_published_runs_on_the_hardware():
+def test_a_zoo_model_as_shipped_cites_its_own_published_runs_on_the_hardware(monkeypatch):
     """Qwen3-30B-A3B on DGX H100: its runs there (NeMo Automodel's held out, Megatron-Bridge's fitted) with their
     errors, held-out first; changed by overrides it is not the model those runs trained, and none is cited."""
     from planner.calibration.published import runs_of
@@ -203,12 +203,8 @@ def test_a_zoo_model_as_shipped_cites_its_own_published_runs_on_the_hardware():
     # nor is a run that changed the model's size: Llama 2 13B ran as the llama2-7b preset with 13B's dimensions
     from planner.calibration import published
 
-    every = published.CITED
-    try:  # every run of it, not the first CITED: NeMo 24.07's and 24.03.01's ten, none of them the 13B
-        published.CITED = 100
-        seven = [r["id"] for r in runs_of("llama2-7b", "dgx-h100")]
-    finally:
-        published.CITED = every
+    monkeypatch.setattr(published, "CITED", 100)  # every run of it, not the first CITED: NeMo 24.07's and 24.03.01's
+    seven = [r["id"] for r in runs_of("llama2-7b", "dgx-h100")]  # ten, none of them the 13B
     assert "nemo2407-llama2-7b-8-h100-fp8" in seven and len(seven) == 10 and not [i for i in seven if "13b" in i]
 
 
