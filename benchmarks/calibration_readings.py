@@ -43,6 +43,8 @@ ABOUT = {
     "gb300": "GB300 NVL72: Megatron-Bridge performance summaries, every row read with the workload preset of its "
              "release (tests/data/bridge_sweep.json, benchmarks/bench_bridge_sweep.py).",
     "ascend-910b": "Ascend 910B (Atlas 900 A2 PODc): MindSpeed-LLM performance tables and example scripts.",
+    "moe-recipes": "Megatron-LM's MoE recipe index (branch dev, examples/moe_recipes) on DGX H100, B200 and B300, "
+                   "GB200 and GB300: each recipe's YAML as run, its step time derived from the index's TFLOP/s.",
 }
 
 
@@ -114,8 +116,9 @@ def reading(rid: str, row: dict, spec: dict, variant: dict) -> dict:
     if "memory_gib" in variant or "memory_gib" in spec:
         out["memory_gib"] = variant.get("memory_gib", spec.get("memory_gib"))
     out["notes"] = list(spec.get("notes", ())) + list(variant.get("notes", ()))
-    if spec.get("known_regression"):
-        out["known_regression"] = spec["known_regression"]
+    for key in ("known_regression", "never_fitted"):
+        if spec.get(key):
+            out[key] = spec[key]
     return out
 
 

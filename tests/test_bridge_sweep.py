@@ -218,21 +218,21 @@ def test_an_estimate_cites_the_models_bridge_rows_on_its_hardware():
 
 
 def test_a_preset_without_held_out_shipped_runs_of_a_kind_cites_the_never_fitted_rows():
-    """DGX B200 ships no held-out MoE training run (its one was set aside as the regression #3387 names): an estimate
-    there says so and gives the sweep's rows of MoE training on DGX B200 that no fit saw, their count, mean and
-    largest |error| as the errors file holds them; DGX H100, whose shipped runs hold some out, cites those instead."""
+    """GB200 ships no held-out dense training run (two fitted, the third set aside as the regression #3388 names): an
+    estimate there says so and gives the sweep's rows of dense training on GB200 that no fit saw, their count, mean
+    and largest |error| as the errors file holds them; DGX H100, whose shipped runs hold some out, cites those
+    instead."""
     from planner.api import estimate_model
 
-    acc = estimate_model("qwen3-30b-a3b", cluster="dgx-b200", devices=8, global_batch=512, seq_len=4096, ep=8)
-    acc = acc["accuracy"]
+    acc = estimate_model("llama3-8b", cluster="gb200-nvl72", devices=8, global_batch=64, seq_len=8192)["accuracy"]
     rows = [r["error"] for r in json.loads(ERRORS.read_text(encoding="utf-8"))["rows"]
-            if r["hardware"] == "dgx-b200" and r["category"] == "moe_training" and not r["shipped"]]
+            if r["hardware"] == "gb200-nvl72" and r["category"] == "dense_training" and not r["shipped"]]
     assert acc["runs"] == 0 and len(rows) >= 10
     mean, worst = sum(map(abs, rows)) / len(rows), max(map(abs, rows))
-    assert acc["sentence"] == ("no held-out MoE training run on dgx-b200 among the shipped ones; Megatron-Bridge's "
-                               f"{len(rows)} never-fitted MoE training rows there (NeMo 25.11-26.08): mean |error| "
-                               f"{100 * mean:.1f} %, max {100 * worst:.1f} %")
-    h100 = estimate_model("qwen3-30b-a3b", cluster="dgx-h100", devices=16, global_batch=64, seq_len=4096, ep=8)
+    assert acc["sentence"] == ("no held-out dense training run on gb200-nvl72 among the shipped ones; "
+                               f"Megatron-Bridge's {len(rows)} never-fitted dense training rows there (NeMo "
+                               f"25.11-26.08): mean |error| {100 * mean:.1f} %, max {100 * worst:.1f} %")
+    h100 = estimate_model("llama3-8b", cluster="dgx-h100", devices=8, global_batch=64, seq_len=8192)
     assert "never-fitted" not in h100["accuracy"]["sentence"]
     assert acc["sentence"] in " ".join(README.read_text(encoding="utf-8").replace("`", "").split())  # as quoted
 

@@ -48,10 +48,12 @@ def alternate_split(runs: Sequence[Run]) -> dict[str, list[Run]]:
     """Per hardware, the runs to fit: every other published row in file order (all variants of a row go
     together), never more than half of that hardware's runs (a hardware with one published row: the first half
     of its runs). A row its publisher says a bug slowed (`Run.known_regression`) keeps its place in the order but
-    is never fitted on. A rule that does not look at the errors."""
+    is never fitted on; a run kept out of every fit (`Run.never_fitted`) is not part of the split at all. A rule
+    that does not look at the errors."""
     by_hw: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
-        by_hw[r.hardware].append(r)
+        if not r.never_fitted:
+            by_hw[r.hardware].append(r)
     out: dict[str, list[Run]] = {}
     for hw, rows in by_hw.items():
         groups: dict[str, list[Run]] = {}

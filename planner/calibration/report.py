@@ -70,8 +70,10 @@ class CalibrationResult:
                 "predicted_tokens_per_s_per_device": predicted, "fits": p.estimate.fits,
                 "measured_memory_gib": p.run.memory_gib, "predicted_memory_gib": p.predicted_memory_gib,
                 "breakdown_s": dict(sorted(p.estimate.breakdown_s.items())), "notes": list(p.run.notes),
-                "known_regression": p.run.known_regression or None})
-        out = {"runs": runs, "summary": self.summary(), "memory_summary": self.memory_summary(), "skipped": self.skipped,
+                "known_regression": p.run.known_regression or None,
+                "never_fitted": p.run.never_fitted or None})
+        out = {"runs": runs, "summary": self.summary(), "memory_summary": self.memory_summary(),
+               "skipped": self.skipped,
                "hardware": dict(sorted(self.notes.items()))}
         if self.fit is not None:
             out["fit"] = {"hardware": self.fit.hardware, "values": self.fit.values, "runs": list(self.fit.runs),

@@ -14,7 +14,8 @@ A runs file is JSON: ``{"about": "...", "runs": [ROW, ...]}``, each ROW::
      "measured": {"step_s": 10.75} | {"tokens_per_s_per_device": 1524},
      "memory_gib": 71.9,                    # measured peak per device (optional)
      "category": "dense_training", "notes": ["what was assumed, and why"],
-     "known_regression": "the publisher's sentence"}  # optional, see below
+     "known_regression": "the publisher's sentence",  # optional, see below
+     "never_fitted": "why no fit may use it"}        # optional, see below
 
 `strategy` takes the keys of `planner.strategy.Strategy` (dp defaults to
 what the devices leave); `micro_batch` may be "largest fitting" (the
@@ -27,6 +28,10 @@ naming it.
 known issue ... resolved with the next container release"): such a run
 keeps its place in the file but is neither fitted on nor counted among the
 held-out runs; `hyperplan calibrate` reports it apart, as "regression".
+`never_fitted` says why a run is kept out of every fit (the shipped rows read
+after the presets were fitted): it is always scored as held out, and the
+split that chooses the fitted runs (`planner.calibration.alternate_split`)
+does not see it.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ from planner.strategy import RECOMPUTE_POLICIES, Strategy
 STRATEGY_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "recompute", "full_recompute_layers",
                  "sp", "zero", "schedule", "stage_layers", "offload", "flushes")
 ROW_KEYS = ("id", "source", "hardware", "devices", "model", "overrides", "seq_len", "global_batch", "dtype", "stack",
-            "execution", "strategy", "measured", "memory_gib", "category", "notes", "known_regression")
+            "execution", "strategy", "measured", "memory_gib", "category", "notes", "known_regression",
+            "never_fitted")
 LARGEST_FITTING = "largest fitting"
 MICRO_BATCHES = (8, 4, 2, 1)
 
@@ -69,6 +75,7 @@ class Run:
     category: str = "training"
     notes: tuple[str, ...] = ()
     known_regression: str = ""  # the publisher's sentence that a bug slowed this measurement (see the docstring)
+    never_fitted: str = ""  # why no fit may use this run (see the docstring)
     origin: str = ""  # the file it was read from
     order: int = 0  # its place in that file
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
@@ -165,11 +172,14 @@ def parse_run(row: Any, *, where: str, origin: str = "", order: int = 0) -> Run:
     regression = row.get("known_regression", "")
     if not isinstance(regression, str):
         raise InvalidInput(f"{where}: known_regression must be the publisher's sentence (a string)")
+    never = row.get("never_fitted", "")
+    if not isinstance(never, str):
+        raise InvalidInput(f"{where}: never_fitted must say why no fit may use the run (a string)")
     return Run(id=rid, source=str(row.get("source", "")), hardware=_text(row, "hardware", where), devices=devices,
                model=_text(row, "model", where), overrides=dict(overrides), seq_len=seq, global_batch=batch,
                dtype=str(row.get("dtype", "bf16")), execution=execution, strategy=dict(strategy),
                measured_step_s=step, memory_gib=memory, category=str(row.get("category", "training")),
-               notes=tuple(notes), known_regression=regression, origin=origin, order=order, raw=row)
+               notes=tuple(notes), known_regression=regression, never_fitted=never, origin=origin, order=order, raw=row)
 
 
 def _text(row: Mapping, key: str, where: str) -> str:

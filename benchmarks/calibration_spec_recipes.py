@@ -1,0 +1,132 @@
+"""Our reading of Megatron-LM's MoE recipe index (branch dev, examples/moe_recipes): one spec per indexed recipe.
+
+Each recipe is a self-contained YAML: its container, its environment and every training argument. The index
+publishes a median model TFLOP/s per GPU for most of them; tests/data/more_runs.json derives each row's step time
+from it with Megatron-LM's own FLOPs formula. Every setting a spec here passes is the YAML's:
+- the layout (tensor, pipeline with its virtual stages, expert and data degrees; expert tensor parallelism 1);
+- the dispatcher (flex with DeepEP or HybridEP, both costed as `deepep`) and the 1F1B expert all-to-all overlap;
+- the CUDA graph scopes, the selective recompute modules, FP8 weights (fp8_param_gather);
+- the gradient and optimizer widths: main gradients in fp32, bf16 Adam moments where it sets
+  use_precision_aware_optimizer;
+- the data-parallel overlaps, which some recipes leave at Megatron-LM's default (off). No recipe sets
+  --tp-comm-overlap.
+
+Left out: DeepSeek-V3 on GB200 (it offloads expert_fc1's activations module by module, which the estimate cannot
+express), the two DeepSeek-V3 H100 recipes (no figure published) and DeepSeek-V4 (not in the zoo).
+"""
+
+from __future__ import annotations
+
+from benchmarks.calibration_spec_helpers import DSV3_GROUPS, DSV3_MTP, DSV3_OPT, MC, MOE_BAL, accounted_split, \
+    dsv3_as_run
+
+#: The run file these readings ship in (planner/calibration/runs/moe-recipes.json)
+FILE = "moe-recipes"
+#: Why no fit uses them (`Run.never_fitted`): scored as held out, outside the split that picks the fitted runs
+NEVER_FITTED = ("read 2026-12-06, after every preset was fitted: a blind check of the fitted presets, never "
+                "fitted on")
+#: What every recipe sets for the optimizer and the gradients (main_grads_dtype fp32; Megatron-LM reduces BF16
+#: gradients in fp32 unless --grad-reduce-in-bf16, which no recipe passes)
+GRADS = {"grad_bytes": 4.0}
+GRADS_NOTE = ("gradients accumulated and reduced in fp32 (main_grads_dtype fp32, or Megatron-LM's default without "
+              "--grad-reduce-in-bf16)")
+PRECISION_AWARE_NOTE = ("precision-aware optimizer: fp32 master weights, bf16 Adam moments (use_precision_aware_"
+                        "optimizer, exp_avg_dtype bf16), 8 bytes of state per parameter")
+NO_TP_OVERLAP = {"overlap_tp_comm": False}
+NO_DP_OVERLAP = {"overlap_grad_reduce": False, "overlap_param_gather": False}
+NO_DP_OVERLAP_NOTE = ("gradient reduction and parameter gathers not overlapped: the YAML leaves both at "
+                      "Megatron-LM's default, off")
+MXFP8 = {"fp8_recipe": "mxfp8"} | DSV3_OPT
+NO_FP8_WEIGHTS = {"fp8_params": False, "fp8_all_gather": False}
+OVERLAP = {"overlap_ep_comm": True}
+
+
+def recipe(rid: str, yaml: str, hardware: str, gpus: int, model: str, batch: int, strategy: dict, execution: dict,
+           notes: list[str], dtype: str = "fp8") -> tuple[str, dict]:
+    """One indexed recipe (`yaml` under examples/moe_recipes) as a spec: its layout, with Qwen3-235B's layers split
+    counting the embedding and the loss (the YAMLs' account_for_* flags) and DeepSeek-V3's by the YAML's layout."""
+    strategy = {"micro_batch": 1, "zero": 1, "recompute": "none", "etp": 1} | strategy
+    strategy.setdefault("sp", strategy.get("tp", 1) > 1)
+    spec_notes = [MOE_BAL, GRADS_NOTE, f"as examples/moe_recipes/{yaml} sets"]
+    if model == "qwen3-235b-a22b" and strategy.get("pp", 1) > 1:
+        strategy = strategy | {"stage_layers": list(accounted_split(94, strategy["pp"] * strategy["vpp"]))}
+        spec_notes.append("the pipeline split counting the embedding and the loss as a layer each "
+                          "(account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)")
+    spec = {"file": FILE, "hardware": hardware, "devices": gpus, "model": model, "seq_len": 4096,
+            "global_batch": batch, "dtype": dtype, "stack": MC, "strategy": strategy,
+            "execution": GRADS | NO_TP_OVERLAP | {"moe_dispatcher": "deepep"} | execution,
+            "variants": ({"derived": "step_s"},), "notes": spec_notes, "never_fitted": NEVER_FITTED}
+    if model == "deepseek-v3":
+        spec["strategy"], layout_note = dsv3_as_run(strategy, "Et*4|(t*4|)*14tmL")
+        spec["overrides"] = DSV3_MTP
+        spec["execution"] |= {"moe_group_limit": 4, "moe_groups": 8}
+        spec_notes += [layout_note, DSV3_GROUPS]
+    spec["notes"] = spec_notes + list(notes)
+    return rid, spec
+
+
+_PARTIAL = ["attn", "moe_router", "moe_preprocess"]
+RECIPE_SPECS: dict[str, dict] = dict([
+    recipe("mlm-recipe-qwen3-235b-256xh100-bf16", "qwen3_235b/h100/bf16_256GPU_TP2PP8EP32.yaml", "dgx-h100", 256,
+           "qwen3-235b-a22b", 2048, {"tp": 2, "pp": 8, "vpp": 4, "dp": 16, "ep": 32, "recompute": "selective"},
+           OVERLAP | NO_DP_OVERLAP | {"cuda_graphs": ["moe_router", "moe_preprocess"],
+                                      "recompute_modules": ["moe_act", "layernorm"]},
+           [NO_DP_OVERLAP_NOTE, "HybridEP with the 1F1B all-to-all overlap, the router and the dispatcher's "
+            "preprocessing in Transformer Engine CUDA graphs, selective recompute of moe_act and layernorm"],
+           dtype="bf16"),
+    recipe("mlm-recipe-qwen3-235b-128xb200-mxfp8", "qwen3_235b/b200/mxfp8_128GPU_TP2PP4EP16.yaml", "dgx-b200", 128,
+           "qwen3-235b-a22b", 3072, {"tp": 2, "pp": 4, "vpp": 12, "dp": 16, "ep": 16, "micro_batch": 3},
+           OVERLAP | MXFP8, [PRECISION_AWARE_NOTE, "DeepEP with the 1F1B all-to-all overlap, no CUDA graphs"]),
+    recipe("mlm-recipe-qwen3-235b-128xb300-mxfp8-partial-cg", "qwen3_235b/b300/mxfp8_128GPU_TP2PP1EP16_partial_cg.yaml",
+           "dgx-b300", 128, "qwen3-235b-a22b", 9216, {"tp": 2, "dp": 64, "ep": 16, "micro_batch": 3},
+           OVERLAP | MXFP8 | {"cuda_graphs": ["attn", "moe_router"]},
+           [PRECISION_AWARE_NOTE, "HybridEP with the 1F1B all-to-all overlap, attention and the router in "
+            "Transformer Engine CUDA graphs"]),
+    recipe("mlm-recipe-qwen3-235b-128xgb200-mxfp8-full-cg",
+           "qwen3_235b/gb200/mxfp8_128GPU_TP1PP1EP64_paged_stash_fullcg_overlap.yaml", "gb200-nvl72", 128,
+           "qwen3-235b-a22b", 8192, {"dp": 128, "ep": 64}, OVERLAP | MXFP8 | {"cuda_graphs": ["full_iteration"]},
+           [PRECISION_AWARE_NOTE, "HybridEP with the 1F1B all-to-all overlap, the whole step in one CUDA graph "
+            "(cuda_graph_impl local, scope full_iteration, with moe_paged_stash and padded experts)"]),
+    recipe("mlm-recipe-qwen3-235b-128xgb200-mxfp8-partial-cg",
+           "qwen3_235b/gb200/mxfp8_128GPU_TP1PP1EP64_partial_cg_overlap.yaml", "gb200-nvl72", 128,
+           "qwen3-235b-a22b", 8192, {"dp": 128, "ep": 64}, OVERLAP | MXFP8 | {"cuda_graphs": _PARTIAL},
+           [PRECISION_AWARE_NOTE, "HybridEP with the 1F1B all-to-all overlap, attention, the router and the "
+            "dispatcher's preprocessing in Transformer Engine CUDA graphs"]),
+    recipe("mlm-recipe-qwen3-235b-128xgb300-mxfp8-full-cg",
+           "qwen3_235b/gb300/mxfp8_128GPU_TP1PP1EP64_paged_stash_full_cg.yaml", "gb300-nvl72", 128,
+           "qwen3-235b-a22b", 8192, {"dp": 128, "ep": 64}, OVERLAP | MXFP8 | {"cuda_graphs": ["full_iteration"]},
+           [PRECISION_AWARE_NOTE, "HybridEP with the 1F1B all-to-all overlap, the whole step in one CUDA graph "
+            "(cuda_graph_impl local, scope full_iteration, with moe_paged_stash and padded experts)"]),
+    recipe("mlm-recipe-qwen3-30b-a3b-32xh100-fp8", "qwen3_30b/h100/fp8_32GPU_TP1PP1EP8.yaml", "dgx-h100", 32,
+           "qwen3-30b-a3b", 256, {"dp": 32, "ep": 8}, {"fp8_recipe": "blockwise", "cuda_graphs": _PARTIAL} | DSV3_OPT,
+           [PRECISION_AWARE_NOTE, "FP8 with blockwise scaling, HybridEP, attention, the router and the dispatcher's "
+            "preprocessing in Transformer Engine CUDA graphs"]),
+    recipe("mlm-recipe-qwen3-30b-a3b-32xh100-bf16", "qwen3_30b/h100/bf16_32GPU_TP1PP1EP8.yaml", "dgx-h100", 32,
+           "qwen3-30b-a3b", 256, {"dp": 32, "ep": 8}, {}, ["HybridEP, no CUDA graphs"], dtype="bf16"),
+    recipe("mlm-recipe-qwen3-30b-a3b-16xgb200-bf16", "qwen3_30b/gb200/bf16_16GPU_TP1PP1EP16.yaml", "gb200-nvl72", 16,
+           "qwen3-30b-a3b", 512, {"dp": 16, "ep": 16, "micro_batch": 4}, NO_DP_OVERLAP,
+           [NO_DP_OVERLAP_NOTE, "HybridEP, no CUDA graphs"], dtype="bf16"),
+    recipe("mlm-recipe-qwen3-30b-a3b-16xgb200-mxfp8-partial-cg",
+           "qwen3_30b/gb200/mxfp8_16GPU_TP1PP1EP16_partial_cg.yaml", "gb200-nvl72", 16, "qwen3-30b-a3b", 512,
+           {"dp": 16, "ep": 16, "micro_batch": 4},
+           {"fp8_recipe": "mxfp8", "cuda_graphs": _PARTIAL} | NO_FP8_WEIGHTS | NO_DP_OVERLAP,
+           [NO_DP_OVERLAP_NOTE, "16-bit weights (no fp8_param_gather), HybridEP, attention, the router and the "
+            "dispatcher's preprocessing in CUDA graphs (external_cuda_graph)"]),
+    recipe("mlm-recipe-qwen3-30b-a3b-16xgb200-mxfp8-full-cg", "qwen3_30b/gb200/mxfp8_16GPU_TP1PP1EP16_paged_stash.yaml",
+           "gb200-nvl72", 16, "qwen3-30b-a3b", 512, {"dp": 16, "ep": 16, "micro_batch": 4},
+           {"fp8_recipe": "mxfp8", "cuda_graphs": ["full_iteration"]} | NO_FP8_WEIGHTS | NO_DP_OVERLAP,
+           [NO_DP_OVERLAP_NOTE, "16-bit weights (no fp8_param_gather), HybridEP, the whole step in one CUDA graph "
+            "(cuda_graph_impl local, scope full_iteration, with moe_paged_stash and padded experts)"]),
+    recipe("mlm-recipe-deepseek-v3-256xb200-mxfp8", "deepseek_v3/b200/mxfp8_256GPU_TP1PP8EP32.yaml", "dgx-b200", 256,
+           "deepseek-v3", 2048, {"pp": 8, "vpp": 2, "dp": 32, "ep": 32, "recompute": "selective"},
+           OVERLAP | MXFP8 | {"recompute_modules": ["mla_up_proj", "mlp"]},
+           [PRECISION_AWARE_NOTE, "DeepEP with the 1F1B all-to-all overlap, no CUDA graphs, selective recompute of "
+            "MLA's up-projections and the dense layers' MLPs"]),
+    recipe("mlm-recipe-deepseek-v3-256xgb300-mxfp8", "deepseek_v3/gb300/mxfp8_256GPU_TP1PP4EP64.yaml", "gb300-nvl72",
+           256, "deepseek-v3", 8192, {"pp": 4, "vpp": 4, "dp": 64, "ep": 64},
+           OVERLAP | MXFP8 | {"cuda_graphs": _PARTIAL},
+           [PRECISION_AWARE_NOTE, "HybridEP with the 1F1B all-to-all overlap, attention, the router and the "
+            "dispatcher's preprocessing in Transformer Engine CUDA graphs"]),
+])
+
+__all__ = ["FILE", "RECIPE_SPECS"]
