@@ -42,6 +42,20 @@ def table(result) -> list[str]:
     return lines
 
 
+def blind(result) -> list[str]:
+    """The runs no fit may use (`Run.never_fitted`), each with its measured and estimated step, and their mean and
+    largest |error| under them; [] without one."""
+    runs = [p for p in result.predictions if p.run.never_fitted]
+    if not runs:
+        return []
+    lines = ["| never-fitted run | hardware | measured | estimated | error |", "|---|---|---:|---:|---:|"]
+    lines += [f"| {p.run.id} | {p.cluster} | {p.measured_s:.2f} s | {p.predicted_s:.2f} s | {100 * p.error:+.1f}% |"
+              for p in runs]
+    s = summarise(runs)
+    return lines + ["", f"Never fitted on, {len(runs)} runs: mean |error| {100 * s.mean:.2f} %, max "
+                        f"{100 * s.max:.1f} %."]
+
+
 def unscored(predictions, noun: str = "run") -> str:
     """The sentence under a table on the `predictions` neither fitted nor held out (their publisher says a bug
     slowed them), each a `noun`, grouped by what the publisher said; "" without one."""
@@ -66,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table(result)))
     if said := unscored(result.predictions):
         print(f"\n{said}")
+    if never := blind(result):
+        print("\n" + "\n".join(never))
     if opts.runs:
         print()
         for p in result.predictions:

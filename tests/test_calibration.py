@@ -87,6 +87,18 @@ def test_the_readme_table_is_todays(result):
     assert unscored(result.predictions) in readme, "the README does not name the runs left unscored"
 
 
+def test_the_readme_table_of_never_fitted_runs_is_todays(result):
+    """The README's table of the runs no fit may use (Megatron-LM's MoE recipe index) and the line under it are what
+    `benchmarks/bench_calibration.py` prints from today's model: a change that moves one of them fails here."""
+    from benchmarks.bench_calibration import blind
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    lines = blind(result)
+    assert len(lines) == 13 + 4 and lines[0] in readme, "the README has no table of the never-fitted runs"
+    start = readme.index(lines[0])
+    assert readme[start:].splitlines()[:len(lines)] == lines
+
+
 def test_every_published_run_is_predicted_to_fit(result):
     """They ran: a plan that says they cannot is wrong about memory."""
     over = [(p.run.id, round(p.predicted_memory_gib, 1)) for p in result.predictions if not p.estimate.fits]
