@@ -11,8 +11,9 @@ from it with Megatron-LM's own FLOPs formula. Every setting a spec here passes i
 - the data-parallel overlaps, which some recipes leave at Megatron-LM's default (off). No recipe sets
   --tp-comm-overlap.
 
-Left out: DeepSeek-V3 on GB200 (it offloads expert_fc1's activations module by module, which the estimate cannot
-express), the two DeepSeek-V3 H100 recipes (no figure published) and DeepSeek-V4 (not in the zoo).
+Left out: DeepSeek-V3 on GB200 (it offloads expert_fc1's activations module by module and chunks of its
+optimizer state, neither of which the estimate expresses), the two DeepSeek-V3 H100 recipes (no figure
+published) and DeepSeek-V4 (not in the zoo).
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ NO_TP_OVERLAP = {"overlap_tp_comm": False}
 NO_DP_OVERLAP = {"overlap_grad_reduce": False, "overlap_param_gather": False}
 NO_DP_OVERLAP_NOTE = ("gradient reduction and parameter gathers not overlapped: the YAML leaves both at "
                       "Megatron-LM's default, off")
-MXFP8 = {"fp8_recipe": "mxfp8"} | DSV3_OPT
+MXFP8 = {"fp8_recipe": "mxfp8"}
+#: use_precision_aware_optimizer with bf16 Adam moments beside fp32 master weights: 8 bytes of state a parameter
+PRECISION_AWARE = DSV3_OPT
+MX_PA = MXFP8 | PRECISION_AWARE
 NO_FP8_WEIGHTS = {"fp8_params": False, "fp8_all_gather": False}
 OVERLAP = {"overlap_ep_comm": True}
 
@@ -76,29 +80,30 @@ RECIPE_SPECS: dict[str, dict] = dict([
            dtype="bf16"),
     recipe("mlm-recipe-qwen3-235b-128xb200-mxfp8", "qwen3_235b/b200/mxfp8_128GPU_TP2PP4EP16.yaml", "dgx-b200", 128,
            "qwen3-235b-a22b", 3072, {"tp": 2, "pp": 4, "vpp": 12, "dp": 16, "ep": 16, "micro_batch": 3},
-           OVERLAP | MXFP8, [PRECISION_AWARE_NOTE, "DeepEP with the 1F1B all-to-all overlap, no CUDA graphs"]),
+           OVERLAP | MX_PA, [PRECISION_AWARE_NOTE, "DeepEP with the 1F1B all-to-all overlap, no CUDA graphs"]),
     recipe("mlm-recipe-qwen3-235b-128xb300-mxfp8-partial-cg", "qwen3_235b/b300/mxfp8_128GPU_TP2PP1EP16_partial_cg.yaml",
            "dgx-b300", 128, "qwen3-235b-a22b", 9216, {"tp": 2, "dp": 64, "ep": 16, "micro_batch": 3},
-           OVERLAP | MXFP8 | {"cuda_graphs": ["attn", "moe_router"]},
+           OVERLAP | MX_PA | {"cuda_graphs": ["attn", "moe_router"]},
            [PRECISION_AWARE_NOTE, "HybridEP with the 1F1B all-to-all overlap, attention and the router in "
             "Transformer Engine CUDA graphs"]),
     recipe("mlm-recipe-qwen3-235b-128xgb200-mxfp8-full-cg",
            "qwen3_235b/gb200/mxfp8_128GPU_TP1PP1EP64_paged_stash_fullcg_overlap.yaml", "gb200-nvl72", 128,
-           "qwen3-235b-a22b", 8192, {"dp": 128, "ep": 64}, OVERLAP | MXFP8 | {"cuda_graphs": ["full_iteration"]},
+           "qwen3-235b-a22b", 8192, {"dp": 128, "ep": 64}, OVERLAP | MX_PA | {"cuda_graphs": ["full_iteration"]},
            [PRECISION_AWARE_NOTE, "HybridEP with the 1F1B all-to-all overlap, the whole step in one CUDA graph "
             "(cuda_graph_impl local, scope full_iteration, with moe_paged_stash and padded experts)"]),
     recipe("mlm-recipe-qwen3-235b-128xgb200-mxfp8-partial-cg",
            "qwen3_235b/gb200/mxfp8_128GPU_TP1PP1EP64_partial_cg_overlap.yaml", "gb200-nvl72", 128,
-           "qwen3-235b-a22b", 8192, {"dp": 128, "ep": 64}, OVERLAP | MXFP8 | {"cuda_graphs": _PARTIAL},
+           "qwen3-235b-a22b", 8192, {"dp": 128, "ep": 64}, OVERLAP | MX_PA | {"cuda_graphs": _PARTIAL},
            [PRECISION_AWARE_NOTE, "HybridEP with the 1F1B all-to-all overlap, attention, the router and the "
             "dispatcher's preprocessing in Transformer Engine CUDA graphs"]),
     recipe("mlm-recipe-qwen3-235b-128xgb300-mxfp8-full-cg",
            "qwen3_235b/gb300/mxfp8_128GPU_TP1PP1EP64_paged_stash_full_cg.yaml", "gb300-nvl72", 128,
-           "qwen3-235b-a22b", 8192, {"dp": 128, "ep": 64}, OVERLAP | MXFP8 | {"cuda_graphs": ["full_iteration"]},
+           "qwen3-235b-a22b", 8192, {"dp": 128, "ep": 64}, OVERLAP | MX_PA | {"cuda_graphs": ["full_iteration"]},
            [PRECISION_AWARE_NOTE, "HybridEP with the 1F1B all-to-all overlap, the whole step in one CUDA graph "
             "(cuda_graph_impl local, scope full_iteration, with moe_paged_stash and padded experts)"]),
     recipe("mlm-recipe-qwen3-30b-a3b-32xh100-fp8", "qwen3_30b/h100/fp8_32GPU_TP1PP1EP8.yaml", "dgx-h100", 32,
-           "qwen3-30b-a3b", 256, {"dp": 32, "ep": 8}, {"fp8_recipe": "blockwise", "cuda_graphs": _PARTIAL} | DSV3_OPT,
+           "qwen3-30b-a3b", 256, {"dp": 32, "ep": 8},
+           {"fp8_recipe": "blockwise", "cuda_graphs": _PARTIAL} | PRECISION_AWARE,
            [PRECISION_AWARE_NOTE, "FP8 with blockwise scaling, HybridEP, attention, the router and the dispatcher's "
             "preprocessing in Transformer Engine CUDA graphs"]),
     recipe("mlm-recipe-qwen3-30b-a3b-32xh100-bf16", "qwen3_30b/h100/bf16_32GPU_TP1PP1EP8.yaml", "dgx-h100", 32,
@@ -109,22 +114,22 @@ RECIPE_SPECS: dict[str, dict] = dict([
     recipe("mlm-recipe-qwen3-30b-a3b-16xgb200-mxfp8-partial-cg",
            "qwen3_30b/gb200/mxfp8_16GPU_TP1PP1EP16_partial_cg.yaml", "gb200-nvl72", 16, "qwen3-30b-a3b", 512,
            {"dp": 16, "ep": 16, "micro_batch": 4},
-           {"fp8_recipe": "mxfp8", "cuda_graphs": _PARTIAL} | NO_FP8_WEIGHTS | NO_DP_OVERLAP,
+           MXFP8 | {"cuda_graphs": _PARTIAL} | NO_FP8_WEIGHTS | NO_DP_OVERLAP,
            [NO_DP_OVERLAP_NOTE, "16-bit weights (no fp8_param_gather), HybridEP, attention, the router and the "
             "dispatcher's preprocessing in CUDA graphs (external_cuda_graph)"]),
     recipe("mlm-recipe-qwen3-30b-a3b-16xgb200-mxfp8-full-cg", "qwen3_30b/gb200/mxfp8_16GPU_TP1PP1EP16_paged_stash.yaml",
            "gb200-nvl72", 16, "qwen3-30b-a3b", 512, {"dp": 16, "ep": 16, "micro_batch": 4},
-           {"fp8_recipe": "mxfp8", "cuda_graphs": ["full_iteration"]} | NO_FP8_WEIGHTS | NO_DP_OVERLAP,
+           MXFP8 | {"cuda_graphs": ["full_iteration"]} | NO_FP8_WEIGHTS | NO_DP_OVERLAP,
            [NO_DP_OVERLAP_NOTE, "16-bit weights (no fp8_param_gather), HybridEP, the whole step in one CUDA graph "
             "(cuda_graph_impl local, scope full_iteration, with moe_paged_stash and padded experts)"]),
     recipe("mlm-recipe-deepseek-v3-256xb200-mxfp8", "deepseek_v3/b200/mxfp8_256GPU_TP1PP8EP32.yaml", "dgx-b200", 256,
            "deepseek-v3", 2048, {"pp": 8, "vpp": 2, "dp": 32, "ep": 32, "recompute": "selective"},
-           OVERLAP | MXFP8 | {"recompute_modules": ["mla_up_proj", "mlp"]},
+           OVERLAP | MX_PA | {"recompute_modules": ["mla_up_proj", "mlp"]},
            [PRECISION_AWARE_NOTE, "DeepEP with the 1F1B all-to-all overlap, no CUDA graphs, selective recompute of "
             "MLA's up-projections and the dense layers' MLPs"]),
     recipe("mlm-recipe-deepseek-v3-256xgb300-mxfp8", "deepseek_v3/gb300/mxfp8_256GPU_TP1PP4EP64.yaml", "gb300-nvl72",
            256, "deepseek-v3", 8192, {"pp": 4, "vpp": 4, "dp": 64, "ep": 64},
-           OVERLAP | MXFP8 | {"cuda_graphs": _PARTIAL},
+           OVERLAP | MX_PA | {"cuda_graphs": _PARTIAL},
            [PRECISION_AWARE_NOTE, "HybridEP with the 1F1B all-to-all overlap, attention, the router and the "
             "dispatcher's preprocessing in Transformer Engine CUDA graphs"]),
 ])

@@ -22,6 +22,7 @@ With no FILE, the runs hyperplan ships (published runs of Megatron-LM, NeMo, Meg
 NeMo Automodel and MindSpeed-LLM on A100, H100, H200, B200, B300, GB200, GB300 and Ascend 910B). A run is "fit" when
 its hardware file's efficiency was fitted on it, "held-out" otherwise: only held-out runs say how right the model is.
 A run whose publisher says a bug slowed it (its known_regression field) is "regression": neither fitted nor scored.
+A run with a never_fitted field (why no fit may use it) is always held out, and --fit refuses it.
 
 Bring your own cluster's measurements in the same JSON format (see `planner/calibration/runs.py`) and fit a
 hardware file to them: hyperplan calibrate my_runs.json --fit run-a,run-b -o my-cluster.toml

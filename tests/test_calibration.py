@@ -239,6 +239,19 @@ def test_a_run_no_fit_may_use_is_held_out_and_outside_the_split(tmp_path):
     assert [p.group for p in got.predictions] == ["held-out"] * 5
     said = [r["never_fitted"] for r in got.to_dict()["runs"]]
     assert said == ["read after the fit", None, None, "read after the fit", None]
+    with pytest.raises(InvalidInput, match="keeps out of every fit \\(never_fitted\\): r3"):
+        calibrate([_write(tmp_path, rows)], fit=["r1", "r3"])
+    fitted = calibrate([_write(tmp_path, rows)], fit=["r1"])
+    assert [p.group for p in fitted.predictions] == ["held-out", "fit", "held-out", "held-out", "held-out"]
+
+
+def test_the_shipped_split_is_what_each_preset_fitted_on():
+    """The rule's split of the shipped runs, never-fitted ones left out of it, is each fitted preset's fitted_on: a
+    change of the rule or of the runs that would move a fit without a refit fails here."""
+    split = alternate_split(read_runs())
+    for hw, runs in split.items():
+        assert sorted(r.id for r in runs) == sorted(load_cluster(hw).fitted_on), hw
+        assert not any(r.never_fitted for r in runs)
 
 
 def test_the_recipe_index_rows_are_never_fitted(result):

@@ -37,8 +37,11 @@ class Prediction:
 
     @property
     def group(self) -> str:
-        """"fit", "held-out", or "regression" (a measurement its publisher says a bug slowed: neither)."""
-        return "regression" if self.run.known_regression else ("fit" if self.fitted else "held-out")
+        """"fit", "held-out", or "regression" (a measurement its publisher says a bug slowed: neither); a run kept
+        out of every fit (`Run.never_fitted`) is held out even where a hardware file lists it as fitted."""
+        if self.run.known_regression:
+            return "regression"
+        return "fit" if self.fitted and not self.run.never_fitted else "held-out"
 
     @property
     def error(self) -> float:

@@ -111,6 +111,9 @@ def calibrate_runs(runs: Sequence[Run], fit: Iterable[str] | None = None, stacks
         missing = sorted(set(ids) - {r.id for r in chosen})
         if missing:
             raise InvalidInput(f"--fit names runs that are not in the files: {', '.join(missing)}")
+        if kept := [r.id for r in chosen if r.never_fitted]:
+            raise InvalidInput(f"--fit names runs their file keeps out of every fit (never_fitted): {', '.join(kept)};"
+                               " leave them out of --fit or drop their never_fitted field")
         hardware = {r.hardware for r in chosen}
         if len(hardware) != 1:
             raise InvalidInput(f"--fit runs are on {len(hardware)} kinds of hardware ({', '.join(sorted(hardware))});"
