@@ -18,8 +18,8 @@ published) and DeepSeek-V4 (not in the zoo).
 
 from __future__ import annotations
 
-from benchmarks.calibration_spec_helpers import DSV3_GROUPS, DSV3_MTP, DSV3_OPT, MC, MOE_BAL, accounted_split, \
-    dsv3_as_run
+from benchmarks.calibration_spec_helpers import ACCOUNTED_LAYERS, ACCOUNTED_NOTE, DSV3_GROUPS, DSV3_MTP, DSV3_OPT, MC, \
+    MOE_BAL, as_run_split, dsv3_as_run
 
 #: The run file these readings ship in (planner/calibration/runs/moe-recipes.json)
 FILE = "moe-recipes"
@@ -52,10 +52,9 @@ def recipe(rid: str, yaml: str, hardware: str, gpus: int, model: str, batch: int
     strategy = {"micro_batch": 1, "zero": 1, "recompute": "none", "etp": 1} | strategy
     strategy.setdefault("sp", strategy.get("tp", 1) > 1)
     spec_notes = [MOE_BAL, GRADS_NOTE, f"as examples/moe_recipes/{yaml} sets"]
-    if model == "qwen3-235b-a22b" and strategy.get("pp", 1) > 1:
-        strategy = strategy | {"stage_layers": list(accounted_split(94, strategy["pp"] * strategy["vpp"]))}
-        spec_notes.append("the pipeline split counting the embedding and the loss as a layer each "
-                          "(account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)")
+    if model in ACCOUNTED_LAYERS and strategy.get("pp", 1) > 1:  # the YAMLs' account_for_* flags, as Bridge's
+        strategy = as_run_split(strategy, model)
+        spec_notes.append(ACCOUNTED_NOTE)
     spec = {"file": FILE, "hardware": hardware, "devices": gpus, "model": model, "seq_len": 4096,
             "global_batch": batch, "dtype": dtype, "stack": MC, "strategy": strategy,
             "execution": GRADS | NO_TP_OVERLAP | {"moe_dispatcher": "deepep"} | execution,
@@ -134,4 +133,4 @@ RECIPE_SPECS: dict[str, dict] = dict([
             "dispatcher's preprocessing in Transformer Engine CUDA graphs"]),
 ])
 
-__all__ = ["FILE", "RECIPE_SPECS"]
+__all__ = ["RECIPE_SPECS"]
