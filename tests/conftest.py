@@ -87,22 +87,30 @@ def _missing_module(reason: str) -> bool:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    """Tag each report with its strict marks and, for a skip, its reason (attributes pytest-xdist carries to the
+    controlling process with the report); under CI the skip becomes a failure here, where the test ran."""
     outcome = yield
     rep = outcome.get_result()
-    marks = [m for m in STRICT_MARKS if item.get_closest_marker(m) is not None]
-    for m in marks:
-        _seen[m].add(item.nodeid)
+    rep.hyperplan_marks = [m for m in STRICT_MARKS if item.get_closest_marker(m) is not None]
     if not rep.skipped or hasattr(rep, "wasxfail"):
         return
     reason = _reason(rep)
-    _skipped[item.nodeid] = reason
+    rep.hyperplan_skip = reason
     if _strict():
         rep.outcome = "failed"
-        if marks:
-            why = f"the test is marked {', '.join(marks)}"
+        if rep.hyperplan_marks:
+            why = f"the test is marked {', '.join(rep.hyperplan_marks)}"
         else:
             why = "a module it imports is missing" if _missing_module(reason) else "every test is meant to run"
         rep.longrepr = f"skipped under CI, but {why} and CI installs what it needs: {reason}"
+
+
+def pytest_runtest_logreport(report):
+    """Record what ran and what skipped where the reports meet: the one process, or pytest-xdist's controller."""
+    for m in getattr(report, "hyperplan_marks", ()):
+        _seen[m].add(report.nodeid)
+    if getattr(report, "hyperplan_skip", None) is not None:
+        _skipped[report.nodeid] = report.hyperplan_skip
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -110,15 +118,21 @@ def pytest_make_collect_report(collector):
     outcome = yield
     rep = outcome.get_result()
     if rep.skipped:  # a whole module skipped at import (pytest.importorskip at its top)
-        _skipped[collector.nodeid] = _reason(rep)
+        rep.hyperplan_skip = _reason(rep)
         if _strict():
             rep.outcome = "failed"
-            rep.longrepr = f"{collector.nodeid} was skipped at collection under CI: {_reason(rep)}"
+            rep.longrepr = f"{collector.nodeid} was skipped at collection under CI: {rep.hyperplan_skip}"
+
+
+def pytest_collectreport(report):
+    if getattr(report, "hyperplan_skip", None) is not None:
+        _skipped[report.nodeid] = report.hyperplan_skip
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Write what .ci/run checks: per mark the tests that ran, and every skip (CI allows none)."""
+    """Write what .ci/run checks: per mark the tests that ran, and every skip (CI allows none); under pytest-xdist
+    the controller writes it, from every worker's reports, and the workers nothing."""
     path = os.environ.get(REPORT_ENV)
-    if path:
+    if path and not hasattr(session.config, "workerinput"):
         Path(path).write_text(json.dumps({"marked": {m: sorted(v) for m, v in _seen.items()},
                                           "skipped": dict(sorted(_skipped.items()))}, indent=1) + "\n")
