@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_calibration import unscored as unscored_runs  # noqa: E402
 from benchmarks.calibration_readings import LATER_RELEASES  # noqa: E402
 from benchmarks.calibration_spec_helpers import (  # noqa: E402
-    CUTEDSL_MLP, DSV3_MTP, FP8_ATTENTION, dsv3_as_run, publisher_issue,
+    CUTEDSL_MLP, DSV3_MTP, DSV3_OPT, DSV3_ROUTING, FP8_ATTENTION, dsv3_as_run, publisher_issue,
 )
 from planner.calibration import read_runs  # noqa: E402
 from planner.calibration.bridge_sweep import ERRORS, errors_table  # noqa: E402
@@ -135,7 +135,7 @@ def run_of(row: dict, index: int) -> dict | None:
         if p.get("moe_a2a_overlap"):
             ex["overlap_ep_comm"] = True
     if row["model"] == "deepseek-v3":
-        ex |= {"optimizer_bytes": 8.0, "moe_group_limit": 4, "moe_groups": 8}
+        ex |= DSV3_OPT | DSV3_ROUTING
     if p.get("cutedsl_fused_grouped_mlp"):  # one grouped kernel a projection, the clamps and the bias inside
         ex |= CUTEDSL_MLP
     if p.get("fp8_dot_product_attention"):  # the flash kernel in the recipe's FP8 format

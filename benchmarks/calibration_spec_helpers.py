@@ -130,6 +130,8 @@ def as_run_split(strategy: dict, model: str) -> dict:
     return strategy | {"stage_layers": list(split)}
 
 
+#: DeepSeek-V3's group-limited routing as the execution takes it (what DSV3_GROUPS says)
+DSV3_ROUTING = {"moe_group_limit": 4, "moe_groups": 8}
 DSV3_GROUPS = ("DeepSeek-V3's node-limited routing: experts in 8 groups, each token in at most 4 "
                "(its config's n_group and topk_group; Megatron's router applies them to forced-balance logits)")
 #: NeMo 24.07's launcher configs train with Apex's distributed_fused_adam, which NeMo sets to keep the 16 bits an

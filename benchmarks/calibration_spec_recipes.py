@@ -18,8 +18,8 @@ published) and DeepSeek-V4 (not in the zoo).
 
 from __future__ import annotations
 
-from benchmarks.calibration_spec_helpers import ACCOUNTED_LAYERS, ACCOUNTED_NOTE, DSV3_GROUPS, DSV3_MTP, DSV3_OPT, MC, \
-    MOE_BAL, as_run_split, dsv3_as_run
+from benchmarks.calibration_spec_helpers import (ACCOUNTED_LAYERS, ACCOUNTED_NOTE, DSV3_GROUPS, DSV3_MTP, DSV3_OPT,
+                                                 DSV3_ROUTING, MC, MOE_BAL, as_run_split, dsv3_as_run)
 
 #: The run file these readings ship in (planner/calibration/runs/moe-recipes.json)
 FILE = "moe-recipes"
@@ -62,7 +62,7 @@ def recipe(rid: str, yaml: str, hardware: str, gpus: int, model: str, batch: int
     if model == "deepseek-v3":
         spec["strategy"], layout_note = dsv3_as_run(strategy, "Et*4|(t*4|)*14tmL")
         spec["overrides"] = DSV3_MTP
-        spec["execution"] |= {"moe_group_limit": 4, "moe_groups": 8}
+        spec["execution"] |= DSV3_ROUTING
         spec_notes += [layout_note, DSV3_GROUPS]
     spec["notes"] = spec_notes + list(notes)
     return rid, spec

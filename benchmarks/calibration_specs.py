@@ -13,7 +13,7 @@ from __future__ import annotations
 from benchmarks.calibration_spec_recipes import RECIPE_SPECS
 from benchmarks.calibration_spec_helpers import (
     ACCOUNTED_NOTE, ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT, CUTEDSL_MLP, DSV3_GROUPS,
-    DSV3_HYBRIDEP, DSV3_OPT, DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, FP8_ATTENTION, GPT3_20B, GT, HYBRIDEP_NOTE,
+    DSV3_HYBRIDEP, DSV3_OPT, DSV3_ROUTING, DSV3_OPT_NOTE, FAKE_GATE, FP8_AG, FP8_ATTENTION, GPT3_20B, GT, HYBRIDEP_NOTE,
     HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MLP_ATTENTION_NOTE, MLP_NOTE, MOE_BAL, MOE_BAL_ASSUMED, MX, MZ_GRADS,
     MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE, TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE, TT_EAGER, TT_EAGER_LOSS,
     TT_EAGER_LOSS_NOTE, TT_NOTE, a100, as_run_split, ascend, asynctp_variants, bridge, mz_long_context, nemo, table,
@@ -87,10 +87,9 @@ SPECS |= table([
            notes=[MOE_BAL, "selective recompute of layernorm and the MoE activation, as the recipe sets"]),
     bridge("mb2509-deepseek-v3-1024xh100-fp8", "deepseek-v3", "dgx-h100", 1024, 4096, 8192,
            {"tp": 2, "pp": 8, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
-           execution=DSV3_OPT | {"overlap_grad_reduce": False, "moe_dispatcher": "deepep", "moe_group_limit": 4,
-                                 "moe_groups": 8,
-                                 "recompute_modules": ["mla_up_proj", "mlp"], "overlap_ep_comm": True,
-                                 "overlap_tp_comm": False},
+           execution=DSV3_OPT | DSV3_ROUTING | {"overlap_grad_reduce": False, "moe_dispatcher": "deepep",
+                                                "recompute_modules": ["mla_up_proj", "mlp"], "overlap_ep_comm": True,
+                                                "overlap_tp_comm": False},
            notes=[MOE_BAL, DSV3_GROUPS, DSV3_OPT_NOTE,
                   "DeepEP dispatcher, no gradient-reduce overlap, the expert all-to-all overlapped (1F1B, on H100) and "
                   "TP communication not, selective recompute of MLA's up-projections and the MLP, as the 25.09 "
@@ -261,8 +260,7 @@ SPECS |= table([
     # -- DGX B200, Megatron-Bridge ----------------------------------------------------------------------------
     bridge("mb2604-deepseek-v3-256xb200-mxfp8", "deepseek-v3", "dgx-b200", 256, 4096, 4096,
            {"pp": 16, "dp": 16, "ep": 8, "etp": 1, "recompute": "selective"},
-           execution=MX | DSV3_OPT | {"moe_group_limit": 4, "moe_groups": 8, "moe_dispatcher": "deepep",
-                                      "recompute_modules": ["mla_up_proj"]},
+           execution=MX | DSV3_OPT | DSV3_ROUTING | {"moe_dispatcher": "deepep", "recompute_modules": ["mla_up_proj"]},
            file="b200", notes=[MOE_BAL, DSV3_GROUPS, "MXFP8 (block scales computed in the cast: 3 bytes per element)",
                                DSV3_OPT_NOTE, "HybridEP without all-to-all overlap and selective recompute of MLA's "
                                "up-projections, as the 26.04 release sets (Megatron-Bridge v0.4.0 scripts/performance/"
@@ -294,16 +292,15 @@ SPECS |= table([
                   "as the recipe sets (perf_recipes/llama/gb200/llama3.py llama3_70b_pretrain_64gpu_gb200_fp8mx_config)"]),
     bridge("mb2606-deepseek-v3-256xgb200-mxfp8", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
            {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
-           execution=MX | HYBRIDEP_OVERLAP | DSV3_OPT | CUTEDSL_MLP | {"recompute_modules": ["mla_up_proj"],
-                                                                      "moe_group_limit": 4, "moe_groups": 8},
+           execution=MX | HYBRIDEP_OVERLAP | DSV3_OPT | CUTEDSL_MLP | DSV3_ROUTING
+           | {"recompute_modules": ["mla_up_proj"]},
            file="gb200", notes=[MOE_BAL, DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
                                 "sets", HYBRIDEP_NOTE + " (perf_recipes/deepseek/common.py)", DSV3_OPT_NOTE,
                                 MLP_NOTE % "deepseek/deepseek_workload_base_configs.py "
                                 "DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_FP8_MX_V1"]),
     bridge("mb2511-deepseek-v3-256xgb200-bf16", "deepseek-v3", "gb200-nvl72", 256, 4096, 4096,
            {"pp": 4, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"}, dtype="bf16",
-           execution=DSV3_OPT | {"moe_group_limit": 4, "moe_groups": 8, "recompute_modules": ["mla_up_proj"],
-                                 "moe_dispatcher": "deepep"},
+           execution=DSV3_OPT | DSV3_ROUTING | {"recompute_modules": ["mla_up_proj"], "moe_dispatcher": "deepep"},
            file="gb200", notes=[MOE_BAL, DSV3_GROUPS, "selective recompute of MLA's up-projections, as the recipe "
                                 "sets (Megatron-Bridge perf_recipes/deepseek/gb200/deepseek_v3.py)", DSV3_HYBRIDEP,
                                 DSV3_OPT_NOTE],
