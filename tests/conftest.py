@@ -38,9 +38,9 @@ def manifest() -> dict:
 @pytest.fixture(scope="session")
 def shared_graphs() -> dict:
     """One store of the graphs the calibration tests' predictors build (`Predictor(graphs=...)`): each model's graph
-    is built once for the whole run, not once a module. Micro-batch choices stay each predictor's own; the graphs'
-    costing facts and their caches (keyed by execution and cluster) travel with them, so a test that changes a
-    stored facts object in place builds its own predictor."""
+    is built once for the whole run (once a worker under pytest-xdist), not once a module. Micro-batch choices stay
+    each predictor's own; the graphs' costing facts and their caches (keyed by execution and cluster) travel with
+    them, so a test that changes a stored facts object in place builds its own predictor."""
     return {}
 
 
