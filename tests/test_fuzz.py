@@ -144,8 +144,7 @@ def plans(tmp_path_factory) -> dict[str, dict]:
     from planner.hypershard import Request, declare_plan, declare_serving
 
     request = Request(model="gpt", cluster="dgx-h100", overrides={"layers": 2}, dims={})
-    train = plan_model("gpt", cluster="dgx-h100", devices=4, global_batch=8, seq_len=256, overrides={"layers": 2},
-                       time_limit_s=30)
+    train = plan_model("gpt", cluster="dgx-h100", devices=4, global_batch=8, seq_len=256, overrides={"layers": 2})
     serve = plan_inference("gpt", cluster="dgx-h100", devices=4, prompt_len=128, gen_len=32, batch=2,
                            overrides={"layers": 2})
     return {"train": declare_plan(train, request), "serve": declare_serving(serve, request)}

@@ -24,7 +24,7 @@ LLAMA3 = CONFIGS / "Meta-Llama-3-8B"
 TINY = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 512, "intermediate_size": 1536,
         "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
         "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "tie_word_embeddings": True}
-WHERE = ["--cluster", "dgx-h100", "--devices", "8", "--global-batch", "32", "--seq-len", "512", "--time-limit", "20"]
+WHERE = ["--cluster", "dgx-h100", "--devices", "8", "--global-batch", "32", "--seq-len", "512"]
 
 
 @pytest.fixture()

@@ -154,8 +154,7 @@ def test_parameters_sit_in_their_torch_module(stem):
 def test_training_plan_holds_the_weights(stem):
     entry = MANIFEST[stem]
     seq_len = entry["bind"]["seq_len"] or 8  # an image model has no sequence; the planner still wants one
-    result = plan_model(_path(stem), cluster="dgx-a100", devices=1, global_batch=4, seq_len=seq_len,
-                        time_limit_s=5.0)
+    result = plan_model(_path(stem), cluster="dgx-a100", devices=1, global_batch=4, seq_len=seq_len)
     memory = result["estimate"]["memory_gib"]
     assert result["estimate"]["fits"]
     assert result["model"]["params"] == _expected_params(entry)

@@ -18,7 +18,7 @@ runner = CliRunner()
 
 
 def _plan(*args: str) -> dict:
-    r = runner.invoke(app, ["plan", *args, "--time-limit", "120", "--json"])
+    r = runner.invoke(app, ["plan", *args, "--json"])
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
 
