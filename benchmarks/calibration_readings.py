@@ -40,8 +40,9 @@ ABOUT = {
     "b300": "DGX B300: Megatron-Bridge performance summaries, every row read with the workload preset of its release "
             "(tests/data/bridge_sweep.json, benchmarks/bench_bridge_sweep.py).",
     "gb200": "GB200 NVL72: Megatron-Bridge performance summaries and the Megatron MoE ModelZoo.",
-    "gb300": "GB300 NVL72: Megatron-Bridge performance summaries, every row read with the workload preset of its "
-             "release (tests/data/bridge_sweep.json, benchmarks/bench_bridge_sweep.py).",
+    "gb300": "GB300 NVL72: the Megatron MoE ModelZoo's row (never fitted) and Megatron-Bridge performance summaries, "
+             "every Bridge row read with the workload preset of its release (tests/data/bridge_sweep.json, "
+             "benchmarks/bench_bridge_sweep.py).",
     "ascend-910b": "Ascend 910B (Atlas 900 A2 PODc): MindSpeed-LLM performance tables and example scripts.",
     "moe-recipes": "Megatron-LM's MoE recipe index (branch dev, examples/moe_recipes) on DGX H100, B200 and B300, "
                    "GB200 and GB300: each recipe's YAML as run, its step time derived from the index's TFLOP/s.",
@@ -122,8 +123,8 @@ def reading(rid: str, row: dict, spec: dict, variant: dict) -> dict:
     return out
 
 
-#: Shipped files read from the Megatron-Bridge sweep instead of SPECS: file name -> the hardware whose rows it takes
-#: (each row as the preset of its release sets it, `bench_bridge_sweep.run_of`, in the sweep file's order)
+#: Shipped files read from the Megatron-Bridge sweep: file name -> the hardware whose rows it takes (each row as the
+#: preset of its release sets it, `bench_bridge_sweep.run_of`, in the sweep file's order, after the SPECS filed there)
 SWEPT = {"gb300": "gb300-nvl72", "b300": "dgx-b300"}
 #: Releases read after the presets were fitted (NeMo 26.08, Megatron-Bridge v0.6.0, read 2026-12-05): not shipped,
 #: so `benchmarks/bench_bridge_sweep.py` scores their rows against fits that never saw them
@@ -141,9 +142,10 @@ def readings() -> dict[str, list[dict]]:
         for variant in spec.get("variants", ({},)):
             files.setdefault(spec["file"], []).append(reading(rid, row, spec, variant))
     swept = json.loads(SWEEP.read_text(encoding="utf-8"))["rows"]
-    for name, hardware in SWEPT.items():
-        files[name] = [run for i, row in enumerate(swept) if row["hardware"] == hardware
-                       and row["release"] not in LATER_RELEASES and (run := run_of(row, i)) is not None]
+    for name, hardware in SWEPT.items():  # the sweep's rows after any a spec files there
+        files[name] = files.get(name, []) + [run for i, row in enumerate(swept) if row["hardware"] == hardware
+                                             and row["release"] not in LATER_RELEASES
+                                             and (run := run_of(row, i)) is not None]
     return files
 
 

@@ -14,6 +14,9 @@ from it with Megatron-LM's own FLOPs formula. Every setting a spec here passes i
 Left out: DeepSeek-V3 on GB200 (it offloads expert_fc1's activations module by module and chunks of its
 optimizer state, neither of which the estimate expresses), the two DeepSeek-V3 H100 recipes (no figure
 published) and DeepSeek-V4 (not in the zoo).
+
+Read with them, and never fitted either: the MoE ModelZoo's one GB300 row (`MODELZOO_GB300`), shipped with the
+GB300 runs.
 """
 
 from __future__ import annotations
@@ -133,4 +136,17 @@ RECIPE_SPECS: dict[str, dict] = dict([
             "dispatcher's preprocessing in Transformer Engine CUDA graphs"]),
 ])
 
-__all__ = ["RECIPE_SPECS"]
+#: The MoE ModelZoo's GB300 row (best_practice/qwen3/readme.md; run_gb300_235b.sh's command through
+#: sbatch_benchmarking.sh's mxfp8 and A2A_OVERLAP branches, and the model's YAML), read after every preset was fitted
+MODELZOO_GB300 = {"mz-qwen3-235b-64xgb300-mxfp8-ep64": {
+    "file": "gb300", "hardware": "gb300-nvl72", "devices": 64, "model": "qwen3-235b-a22b", "seq_len": 4096,
+    "global_batch": 8192, "dtype": "fp8", "stack": MC,
+    "strategy": {"dp": 64, "ep": 64, "etp": 1, "micro_batch": 1, "zero": 1, "recompute": "none", "sp": False},
+    "execution": GRADS | NO_TP_OVERLAP | OVERLAP | MX_PA | {"moe_dispatcher": "deepep", "cuda_graphs": _PARTIAL},
+    "variants": ({"derived": "step_s"},), "never_fitted": NEVER_FITTED,
+    "notes": [MOE_BAL, GRADS_NOTE, PRECISION_AWARE_NOTE, "HybridEP with the 1F1B all-to-all overlap "
+              "(A2A_OVERLAP=1: --overlap-moe-expert-parallel-comm --delay-wgrad-compute), FP8 weights gathered "
+              "(--fp8-param-gather), attention, the router and the dispatcher's preprocessing in Transformer "
+              "Engine CUDA graphs, as the command and sbatch_benchmarking.sh set (Megatron-MoE-ModelZoo e865051)"]}}
+
+__all__ = ["MODELZOO_GB300", "RECIPE_SPECS"]

@@ -10,7 +10,7 @@ goes after its hardware's last.
 
 from __future__ import annotations
 
-from benchmarks.calibration_spec_recipes import RECIPE_SPECS
+from benchmarks.calibration_spec_recipes import MODELZOO_GB300, RECIPE_SPECS
 from benchmarks.calibration_spec_helpers import (
     ACCOUNTED_NOTE, ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT, CUTEDSL_MLP, DSV3_GROUPS,
     DSV3_HYBRIDEP, DSV3_OPT, DSV3_OPT_NOTE, DSV3_ROUTING, FAKE_GATE, FP8_AG, FP8_ATTENTION, GPT3_20B, GT, HYBRIDEP_NOTE,
@@ -359,7 +359,7 @@ SPECS |= table([
 SPECS["mindspeed-llama2-70b-32x910b-bf16"]["execution"] = {"overlap_tp_comm": True}
 SPECS["mindspeed-llama2-7b-8npu"]["execution"] = {"overlap_grad_reduce": True, "overlap_param_gather": True}
 SPECS["mindspeed-qwen3-30b-a3b-16x910b-bf16"]["execution"] = {"moe_routing": "learned"}
-SPECS |= RECIPE_SPECS  # Megatron-LM's MoE recipe index, after every hardware's rows above
+SPECS |= RECIPE_SPECS | MODELZOO_GB300  # read after every preset was fitted, after every hardware's rows above
 
 #: CUDA graphs, as the configurations that produced the tables set them (Execution.cuda_graphs); every other NVIDIA
 #: row ran none (its release's config sets cuda_graph_impl "none" or leaves Megatron-Core's default, "none")

@@ -52,7 +52,8 @@ BOUNDS = {
     # the target since GPT-OSS's scaled RoPE runs unfused (5.5 % before): GPT-OSS's four BF16 rows at EP64 about
     # -10 %, its FP8 one (the fused grouped MLP, without the bias loop it does not run) about -7 % (the sixth is the
     # regression its table's footnote names, not scored); Qwen3-235B's six within 2.5 % (README: GB300 NVL72); 4.7 %
-    # over 11 rows; 4.5 % over 13 with the recipe index's two (never fitted: Qwen3-235B +5.8 %, DeepSeek-V3 -1.2 %)
+    # over 11 rows; 4.5 % over 13 with the recipe index's two (never fitted: Qwen3-235B +5.8 %, DeepSeek-V3 -1.2 %);
+    # 4.65 % over 14 with the ModelZoo's GB300 row (never fitted: -6.8 %)
     ("gb300-nvl72", "moe_training"): (0.05, 0.15),
     # above the target, all MoE rows of eager stacks: Qwen3-235B in 26.02 at micro-batch 1 -38.1 % where 26.04's
     # micro-batch 2 runs in half its time, GPT-OSS in MXFP8 about -12 % (README: DGX B300); 9.5 % over 9 rows, its BF16
@@ -88,13 +89,14 @@ def test_the_readme_table_is_todays(result):
 
 
 def test_the_readme_table_of_never_fitted_runs_is_todays(result):
-    """The README's table of the runs no fit may use (Megatron-LM's MoE recipe index) and the line under it are what
-    `benchmarks/bench_calibration.py` prints from today's model: a change that moves one of them fails here."""
+    """The README's table of the runs no fit may use (Megatron-LM's MoE recipe index, the ModelZoo's GB300 row) and
+    the line under it are what `benchmarks/bench_calibration.py` prints from today's model: a change that moves one
+    of them fails here."""
     from benchmarks.bench_calibration import blind
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     lines = blind(result)
-    assert len(lines) == 13 + 4 and lines[0] in readme, "the README has no table of the never-fitted runs"
+    assert len(lines) == 14 + 4 and lines[0] in readme, "the README has no table of the never-fitted runs"
     start = readme.index(lines[0])
     assert readme[start:].splitlines()[:len(lines)] == lines
 
