@@ -48,17 +48,22 @@ NO_FP8_WEIGHTS = {"fp8_params": False, "fp8_all_gather": False}
 OVERLAP = {"overlap_ep_comm": True}
 
 
-def recipe(rid: str, yaml: str, hardware: str, gpus: int, model: str, batch: int, strategy: dict, execution: dict,
-           notes: list[str], dtype: str = "fp8") -> tuple[str, dict]:
-    """One indexed recipe (`yaml` under examples/moe_recipes) as a spec: its layout, with Qwen3-235B's layers split
-    counting the embedding and the loss (the YAMLs' account_for_* flags) and DeepSeek-V3's by the YAML's layout."""
+def never_fitted_spec(rid: str, file: str, hardware: str, gpus: int, model: str, batch: int, strategy: dict,
+                      execution: dict, notes: list[str], dtype: str = "fp8",
+                      read: tuple[str, ...] = ()) -> tuple[str, dict]:
+    """A Megatron-LM run read after every preset was fitted, as a spec in run file `file`: one micro-batch, the
+    distributed optimizer, no recompute and expert tensor parallelism 1 unless `strategy` says otherwise; fp32 main
+    gradients, TP communication not overlapped and the flex dispatcher (`deepep`) under `execution`; its step
+    derived from the row's TFLOP/s. `read` names where its settings were read (notes after the common two);
+    Qwen3-235B's layers are split counting the embedding and the loss (account_for_* flags), DeepSeek-V3's by its
+    YAML's layout."""
     strategy = {"micro_batch": 1, "zero": 1, "recompute": "none", "etp": 1} | strategy
     strategy.setdefault("sp", strategy.get("tp", 1) > 1)
-    spec_notes = [MOE_BAL, GRADS_NOTE, f"as examples/moe_recipes/{yaml} sets"]
+    spec_notes = [MOE_BAL, GRADS_NOTE, *read]
     if model in ACCOUNTED_LAYERS and strategy.get("pp", 1) > 1:  # the YAMLs' account_for_* flags, as Bridge's
         strategy = as_run_split(strategy, model)
         spec_notes.append(ACCOUNTED_NOTE)
-    spec = {"file": FILE, "hardware": hardware, "devices": gpus, "model": model, "seq_len": 4096,
+    spec = {"file": file, "hardware": hardware, "devices": gpus, "model": model, "seq_len": 4096,
             "global_batch": batch, "dtype": dtype, "stack": MC, "strategy": strategy,
             "execution": GRADS | NO_TP_OVERLAP | {"moe_dispatcher": "deepep"} | execution,
             "variants": ({"derived": "step_s"},), "notes": spec_notes, "never_fitted": NEVER_FITTED}
@@ -69,6 +74,13 @@ def recipe(rid: str, yaml: str, hardware: str, gpus: int, model: str, batch: int
         spec_notes += [layout_note, DSV3_GROUPS]
     spec["notes"] = spec_notes + list(notes)
     return rid, spec
+
+
+def recipe(rid: str, yaml: str, hardware: str, gpus: int, model: str, batch: int, strategy: dict, execution: dict,
+           notes: list[str], dtype: str = "fp8") -> tuple[str, dict]:
+    """One indexed recipe (`yaml` under examples/moe_recipes) as a never-fitted spec in the recipes' run file."""
+    return never_fitted_spec(rid, FILE, hardware, gpus, model, batch, strategy, execution, notes, dtype,
+                             read=(f"as examples/moe_recipes/{yaml} sets",))
 
 
 _PARTIAL = ["attn", "moe_router", "moe_preprocess"]
@@ -138,15 +150,12 @@ RECIPE_SPECS: dict[str, dict] = dict([
 
 #: The MoE ModelZoo's GB300 row (best_practice/qwen3/readme.md; run_gb300_235b.sh's command through
 #: sbatch_benchmarking.sh's mxfp8 and A2A_OVERLAP branches, and the model's YAML), read after every preset was fitted
-MODELZOO_GB300 = {"mz-qwen3-235b-64xgb300-mxfp8-ep64": {
-    "file": "gb300", "hardware": "gb300-nvl72", "devices": 64, "model": "qwen3-235b-a22b", "seq_len": 4096,
-    "global_batch": 8192, "dtype": "fp8", "stack": MC,
-    "strategy": {"dp": 64, "ep": 64, "etp": 1, "micro_batch": 1, "zero": 1, "recompute": "none", "sp": False},
-    "execution": GRADS | NO_TP_OVERLAP | OVERLAP | MX_PA | {"moe_dispatcher": "deepep", "cuda_graphs": _PARTIAL},
-    "variants": ({"derived": "step_s"},), "never_fitted": NEVER_FITTED,
-    "notes": [MOE_BAL, GRADS_NOTE, PRECISION_AWARE_NOTE, "HybridEP with the 1F1B all-to-all overlap "
-              "(A2A_OVERLAP=1: --overlap-moe-expert-parallel-comm --delay-wgrad-compute), FP8 weights gathered "
-              "(--fp8-param-gather), attention, the router and the dispatcher's preprocessing in Transformer "
-              "Engine CUDA graphs, as the command and sbatch_benchmarking.sh set (Megatron-MoE-ModelZoo e865051)"]}}
+MODELZOO_GB300 = dict([never_fitted_spec(
+    "mz-qwen3-235b-64xgb300-mxfp8-ep64", "gb300", "gb300-nvl72", 64, "qwen3-235b-a22b", 8192, {"dp": 64, "ep": 64},
+    OVERLAP | MX_PA | {"cuda_graphs": _PARTIAL},
+    [PRECISION_AWARE_NOTE, "HybridEP with the 1F1B all-to-all overlap (A2A_OVERLAP=1: --overlap-moe-expert-parallel-"
+     "comm --delay-wgrad-compute), FP8 weights gathered (--fp8-param-gather), attention, the router and the "
+     "dispatcher's preprocessing in Transformer Engine CUDA graphs, as the command and sbatch_benchmarking.sh set "
+     "(Megatron-MoE-ModelZoo e865051)"])])
 
 __all__ = ["MODELZOO_GB300", "RECIPE_SPECS"]
