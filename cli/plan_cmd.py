@@ -288,6 +288,8 @@ def print_plan(r: dict) -> None:
         console.print(render.table("runners-up (best of each other mesh)", ("strategy", "step", "why it lost"), (
             (c["summary"], render.seconds(c["step_time_s"]) if c["step_time_s"] else "-", c["why"])
             for c in r["runners_up"]), right=("step",), prose=("why it lost",)))
+        if r.get("close_calls"):
+            console.print(r["close_calls"]["sentence"])
     sr = r["search"]
     bound = f", bound {sr['bound_s']:.4g} s" if sr.get("bound_s") else ""
     console.print(f"searched {sr['evaluated']} strategies over {sr['meshes']} meshes ({sr.get('nodes', 0)} nodes, "

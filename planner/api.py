@@ -255,7 +255,7 @@ def plan_model(
     from planner.errors import Infeasible
     from planner.costing.estimate import estimate
     from planner.graph.blocks import discover_blocks
-    from planner.plan import Plan, fitting_best, mesh_axes, plan_to_dict, search_summary
+    from planner.plan import Plan, close_calls, fitting_best, mesh_axes, plan_to_dict, search_summary
     from planner.search.constraints import Constraints
     from planner.search.plan_search import DEFAULT_GAP, DEFAULT_MAX_NODES, Budget, search
 
@@ -323,6 +323,9 @@ def plan_model(
     out.update(_describe(model, graph, hw, workload, structure, as_shipped=_as_shipped(model, overrides, dims)))
     out["warnings"] = scale_warnings(out["estimate"]["step_time_s"], out["estimate"].get("microbatches", 1),
                                      workload.mode)
+    close = close_calls(out["runners_up"], out["estimate"]["step_time_s"], out.get("accuracy"), hw.name)
+    if close:
+        out["close_calls"] = close
     if user.given():
         out["constraints"] = user.as_section()
     return out

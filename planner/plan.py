@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from cost_models import Cluster, place_group
+from cost_models.accuracy import WORDS
 
 from planner.costing.estimate import Estimate, plain
 from planner.search.plan_search import Candidate, SearchResult
@@ -107,6 +108,29 @@ def why_slower(loser: Candidate, winner_breakdown: Mapping[str, float], winner_s
     if pct < 0:
         return f"{-pct:.1f}% faster by its search score; the plan's final estimate ranked it first"
     return f"{pct:.1f}% slower" + (f" ({', '.join(grew)})" if grew else "")
+
+
+def close_calls(runners_up: list[Mapping[str, Any]], step_s: float, accuracy: Mapping[str, Any] | None,
+                cluster: str) -> dict[str, Any] | None:
+    """The runners-up that fit and whose step is within the hardware's held-out mean |error| of the plan's
+    (`accuracy`: `planner.caveats.accuracy`, the runs of the same kind of job), which the estimate does not tell
+    from the plan; None when no held-out run measures that error or no runner-up is that close. ASSUMPTION: two
+    layouts' estimates are taken to be off against each other by one estimate's mean error against its run (the
+    MoE ModelZoo's Qwen3-235B layouts on 256 H100s, one table, are off against each other by up to a third:
+    README, Calibration)."""
+    band = (accuracy or {}).get("mean_abs_error")
+    if not band or not (step_s > 0):
+        return None
+    close = [r["summary"] for r in runners_up
+             if r.get("fits") and r.get("step_time_s") and r["step_time_s"] <= step_s * (1.0 + band)]
+    if not close:
+        return None
+    what = WORDS.get(accuracy["category"], accuracy["category"])
+    return {"band": band, "runs": accuracy["runs"], "runners_up": close,
+            "sentence": (f"{len(close)} {'runners-up' if len(close) > 1 else 'runner-up'} within {100 * band:.1f} % of the "
+                         f"plan's step, the mean |error| of {cluster}'s {accuracy['runs']} held-out {what} runs: the "
+                         "estimate does not tell them from the plan; measure them before choosing (an assumption: "
+                         "two layouts' estimates taken to be as far off against each other as one against its run)")}
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:

@@ -1,0 +1,57 @@
+"""Runners-up the estimate cannot tell from the plan: within the hardware's held-out mean |error| of its step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.app import app
+from cost_models import load_cluster
+from planner.plan import close_calls
+
+runner = CliRunner()
+MOE = {"category": "moe_training", "runs": 11, "mean_abs_error": 0.10}
+
+
+def _up(summary: str, step: float | None, fits: bool = True) -> dict:
+    return {"summary": summary, "step_time_s": step, "fits": fits}
+
+
+def test_only_fitting_runners_up_inside_the_band_are_named():
+    ups = [_up("a", 10.9), _up("b", 11.0), _up("c", 11.2), _up("d", 10.5, fits=False), _up("e", None)]
+    out = close_calls(ups, 10.0, MOE, "dgx-h100")
+    assert out["runners_up"] == ["a", "b"]  # 11.0 is the edge of a 10 % band; 11.2 is outside it
+    assert out["band"] == 0.10 and out["runs"] == 11
+    assert out["sentence"].startswith("2 runners-up within 10.0 % of the plan's step")
+    assert "dgx-h100's 11 held-out MoE training runs" in out["sentence"]
+
+
+def test_nothing_is_said_without_a_measured_error_or_a_close_runner_up():
+    ups = [_up("a", 10.5)]
+    assert close_calls(ups, 10.0, None, "x") is None  # serving: no training accuracy
+    assert close_calls(ups, 10.0, {"category": "dense_training", "runs": 0}, "x") is None  # no held-out run
+    assert close_calls([_up("a", 12.0)], 10.0, MOE, "x") is None
+    assert close_calls([], 10.0, MOE, "x") is None
+    one = close_calls(ups, 10.0, MOE, "x")
+    assert one["sentence"].startswith("1 runner-up within")
+
+
+def test_a_moe_plan_on_dgx_h100_names_its_close_runners_up_by_the_presets_held_out_error():
+    """The band is the preset's own held-out MoE figure, and the text output says what the JSON says."""
+    args = ["plan", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--devices", "16", "--global-batch", "64",
+            "--seq-len", "1024", "--set", "layers=4"]
+    res = runner.invoke(app, args + ["--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    held = load_cluster("dgx-h100").checked("moe_training")
+    assert held is not None and out["accuracy"]["mean_abs_error"] == pytest.approx(held.mean)
+    step = out["estimate"]["step_time_s"]
+    within = [r["summary"] for r in out["runners_up"]
+              if r["fits"] and r["step_time_s"] and r["step_time_s"] <= step * (1 + held.mean)]
+    assert within, [(r["summary"], r["step_time_s"], step) for r in out["runners_up"]]
+    assert out["close_calls"]["runners_up"] == within
+    text = runner.invoke(app, args)
+    assert text.exit_code == 0
+    assert f"within {100 * held.mean:.1f} % of the plan's step" in " ".join(text.output.split())
