@@ -126,8 +126,8 @@ SHARED_FROM = {
     # free on them its overlap went to the 1.0 bound and its kernel overhead to 4.35 us, and its plateaus below
     # B200's (0.544 FP8), so the planner found dense layouts slower on it than on a B200. Its 16-bit runs are all
     # GPT-OSS, whose BF16 runs on Blackwell come out 16-24 % fast held out on B200 and GB200, a gap no GEMM plateau
-    # explains (README: DGX B300): fitted on three of them the bf16 plateau came to 0.362 of the peak against
-    # B200's 0.508 and pulled the fp8 one to 0.719; tied to the fp8 one it pulled that to 0.476
+    # explains (benchmarks/CALIBRATION.md: DGX B300): fitted on three of them the bf16 plateau came to 0.362 of the peak
+    # against B200's 0.508 and pulled the fp8 one to 0.719; tied to the fp8 one it pulled that to 0.476
     "dgx-b300": ("dgx-b200", ("host_overhead_us", "kernel_overhead_us", "overlap", "matmul_plateau"),
                  "the same Blackwell server (x86 hosts, NVLink 5, NCCL, the same BF16 peak), which these runs, all "
                  "MoE and in 16 bits all GPT-OSS, do not pin"),

@@ -195,7 +195,8 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
     if workload.dtype == "fp8" and ex.fp8_recipe in SCALED_BLOCKS:
         out.append(f"{ex.fp8_recipe} GEMMs are costed as per-tensor FP8 ones, at the fp8 plateau, their casts at the "
                    f"stack's {ex.fp8_cast_bytes:g} bytes an element: Megatron-Bridge's Llama 3.1 405B on 256 GB200s runs "
-                   "7 % slower in MXFP8 than in per-tensor FP8 on the same TP4·PP16 (README: GB200's Llama 3 70B)")
+                   "7 % slower in MXFP8 than in per-tensor FP8 on the same TP4·PP16 (benchmarks/CALIBRATION.md: "
+                   "GB200's Llama 3 70B)")
     if workload.mode == "train" and ex.cuda_graphs:
         router = {"moe_router", "moe_preprocess"} & set(ex.cuda_graphs)
         out.append(f"the {ex.name} stack replays {', '.join(ex.cuda_graphs)} from CUDA graphs: those kernels are "
@@ -204,7 +205,7 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
     if workload.mode == "train" and ex.attention == "flash":
         out.append(f"a layout with context parallelism pays the {ex.name} stack's ring merges beside its attention "
                    "kernels as Transformer Engine's p2p ring runs them (a kernel, an exchange and the merges a step; "
-                   "README: context parallelism's ring merges)" if ex.cp_merge == "te_p2p" else
+                   "benchmarks/CALIBRATION.md: context parallelism's ring merges)" if ex.cp_merge == "te_p2p" else
                    f"a layout with context parallelism is costed at its attention kernels alone: the {ex.name} "
                    "stack's ring merges beside them are not charged")
     if ex.allocator_reserve == 0.0:

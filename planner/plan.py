@@ -117,7 +117,7 @@ def close_calls(runners_up: list[Mapping[str, Any]], step_s: float, accuracy: Ma
     from the plan; None when no held-out run measures that error or no runner-up is that close. ASSUMPTION: two
     layouts' estimates are taken to be off against each other by one estimate's mean error against its run (the
     MoE ModelZoo's Qwen3-235B layouts on 256 H100s, one table, are off against each other by up to a third:
-    README, Calibration)."""
+    README, How the plan is found: close calls)."""
     band = (accuracy or {}).get("mean_abs_error")
     if not band or not (step_s > 0):
         return None

@@ -88,8 +88,8 @@ def test_a_dry_run_of_fit_presets_writes_no_file(capsys):
 
 
 def test_grand_teton_takes_its_overlap_from_the_dgx_h100_fit_and_says_so():
-    """Grand Teton's runs barely pin its overlap efficiency (README: calibration), so benchmarks/fit_presets.py holds
-    it at DGX H100's fitted value: the file carries that value, lists it as not fitted on its own runs, and names
+    """Grand Teton's runs barely pin its overlap efficiency (benchmarks/CALIBRATION.md), so benchmarks/fit_presets.py
+    holds it at DGX H100's fitted value: the file carries that value, lists it as not fitted on its own runs, and names
     where it came from."""
     from benchmarks import fit_presets
 
@@ -103,9 +103,9 @@ def test_grand_teton_takes_its_overlap_from_the_dgx_h100_fit_and_says_so():
 
 def test_dgx_b300_fits_its_fp8_plateau_alone_and_says_where_the_rest_came_from():
     """DGX B300's runs are all MoE, its 16-bit ones all GPT-OSS: benchmarks/fit_presets.py fits its FP8 GEMM plateau
-    on them and holds its overheads, overlap and BF16 plateau at DGX B200's (README: DGX B300). The file carries
-    B200's values, lists them as not fitted, names where they came from; its FP8 plateau is fitted, and above
-    B200's, as the two DGX systems' paired rows measure."""
+    on them and holds its overheads, overlap and BF16 plateau at DGX B200's (benchmarks/CALIBRATION.md: DGX B300). The
+    file carries B200's values, lists them as not fitted, names where they came from; its FP8 plateau is fitted, and
+    above B200's, as the two DGX systems' paired rows measure."""
     from benchmarks import fit_presets
 
     values, note = fit_presets.shared_values("dgx-b300", {})
@@ -119,8 +119,8 @@ def test_dgx_b300_fits_its_fp8_plateau_alone_and_says_where_the_rest_came_from()
 
 def test_dgx_h200_is_dgx_h100s_die_and_torchtitans_share_is_the_stacks():
     """H200 SXM is H100 SXM's die at the same peaks and power: benchmarks/fit_presets.py gives DGX H200 every value
-    of DGX H100's fit the die sets (README: calibration), so a Megatron-Core step costs the same GEMMs on both, and
-    what torchtitan's step gives of the die, fitted on the H200 runs (its only ones), is written into the torchtitan
+    of DGX H100's fit the die sets (benchmarks/CALIBRATION.md), so a Megatron-Core step costs the same GEMMs on both,
+    and what torchtitan's step gives of the die, fitted on the H200 runs (its only ones), is written into the torchtitan
     stack as its kernel efficiency, which Grand Teton's fit (also torchtitan's) comes after."""
     from benchmarks import fit_presets
     from planner.costing.execution import load_execution

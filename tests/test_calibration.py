@@ -37,8 +37,9 @@ BOUNDS = {
     ("ascend-910b", "dense_training"): (0.05, 0.15),  # the target
     ("h100-grand-teton", "dense_training"): (0.05, 0.15),  # the target (the 8B FP8 async-TP row at -13.6 %)
     # above the target: the ModelZoo's BF16 Qwen3-235B +23.7 % since DeepSeek-V3 runs as it ran and pulls GB200's
-    # BF16 plateau down (README: DeepSeek-V3 as run), GPT-OSS -20.5 % (README), and of Megatron-LM's MoE recipe index
-    # (never fitted) Qwen3-30B in MXFP8 -24.3 % and -16.0 %; 11.8 % over 9 rows (12.3 % over the 4 before the index)
+    # BF16 plateau down (benchmarks/CALIBRATION.md: DeepSeek-V3 as run), GPT-OSS -20.5 % (README), and of Megatron-LM's
+    # MoE recipe index (never fitted) Qwen3-30B in MXFP8 -24.3 % and -16.0 %; 11.8 % over 9 rows (12.3 % over the 4
+    # before the index)
     ("gb200-nvl72", "moe_training"): (0.119, 0.244),
     # above the target, both rows of Megatron-LM's MoE recipe index (never fitted): Qwen3-235B in MXFP8 with the
     # all-to-all overlap run eagerly -21.4 %, DeepSeek-V3 -1.0 %
@@ -51,14 +52,14 @@ BOUNDS = {
     ("gb300-nvl72", "dense_training"): (0.05, 0.15),  # the target (2.5 %, max 8.0 %)
     # the target since GPT-OSS's scaled RoPE runs unfused (5.5 % before): GPT-OSS's four BF16 rows at EP64 about
     # -10 %, its FP8 one (the fused grouped MLP, without the bias loop it does not run) about -7 % (the sixth is the
-    # regression its table's footnote names, not scored); Qwen3-235B's six within 2.5 % (README: GB300 NVL72); 4.7 %
-    # over 11 rows; 4.5 % over 13 with the recipe index's two (never fitted: Qwen3-235B +5.8 %, DeepSeek-V3 -1.2 %);
-    # 4.65 % over 14 with the ModelZoo's GB300 row (never fitted: -6.8 %)
+    # regression its table's footnote names, not scored); Qwen3-235B's six within 2.5 % (benchmarks/CALIBRATION.md:
+    # GB300 NVL72); 4.7 % over 11 rows; 4.5 % over 13 with the recipe index's two (never fitted: Qwen3-235B +5.8 %,
+    # DeepSeek-V3 -1.2 %); 4.65 % over 14 with the ModelZoo's GB300 row (never fitted: -6.8 %)
     ("gb300-nvl72", "moe_training"): (0.05, 0.15),
     # above the target, all MoE rows of eager stacks: Qwen3-235B in 26.02 at micro-batch 1 -38.1 % where 26.04's
-    # micro-batch 2 runs in half its time, GPT-OSS in MXFP8 about -12 % (README: DGX B300); 9.5 % over 9 rows, its BF16
-    # plateau DGX B200's (12.6 % with the network at the product's 800 Gb/s: GPT-OSS across 8 nodes -28.4 %); 9.3 %
-    # over 10 with the recipe index's Qwen3-235B (-7.0 %, never fitted)
+    # micro-batch 2 runs in half its time, GPT-OSS in MXFP8 about -12 % (benchmarks/CALIBRATION.md: DGX B300); 9.5 %
+    # over 9 rows, its BF16 plateau DGX B200's (12.6 % with the network at the product's 800 Gb/s: GPT-OSS across 8
+    # nodes -28.4 %); 9.3 % over 10 with the recipe index's Qwen3-235B (-7.0 %, never fitted)
     ("dgx-b300", "moe_training"): (0.094, 0.392),
 }
 

@@ -5,7 +5,7 @@ of 4 MoE layers at EP64, TP1, one 4,096-token sequence per micro-batch. The same
 (the H800's compute and HBM) as Megatron-Core runs it in FP8. Its flash attention (BF16 both sides) and its FP8
 quantisation (16-bit reads, FP8 copies and transposes both sides, at different scaling granularity) are the
 comparable parts; DeepSeek's GEMMs scale in 1x128 / 128x128 blocks, Megatron-Bridge's H100 recipe per tensor,
-so the layer as a whole is compared in the README only (the model 20 % under DeepSeek's kernels).
+so the layer as a whole is compared in benchmarks/CALIBRATION.md only (the model 20 % under DeepSeek's kernels).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ GEMM the stack runs expert by expert (`NodeTimes._expert_loop`; the FP8
 quantisation of each expert's rows, issued from the same C++ call, not
 counted). ASSUMPTIONS: the charge is added to
 the op's time, not hidden behind a long kernel (the per-op and per-pass
-maxima were refitted and not landed: README, Calibration); an absorbed op
+maxima were refitted and not landed: benchmarks/CALIBRATION.md); an absorbed op
 keeps the law's per-kernel overhead; and the charge also stands in for
 per-op costs the model does not yet name.
 """

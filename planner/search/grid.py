@@ -138,7 +138,7 @@ def vpp_degrees(layers: int, pp: int, m: int, c: Constraints) -> list[int]:
     the layers into pp x v equal chunks; with pp fixed by the constraints (a recipe's degree), also the layers with
     the embedding and the loss counted as one each (Megatron-Core's accounted split, `chunk_cut`; unless the
     constraints keep a layer in every chunk). Over every pp those multiplied the search's nodes 3-5x on some models
-    (README: balanced pipeline splits as run), so they are searched around a given pp only."""
+    (benchmarks/CALIBRATION.md: pipeline splits as run), so they are searched around a given pp only."""
     if pp == 1 or c.stage_tp or m % pp:
         return [v for v in [1] if c.vpp is None or v == c.vpp]
     even = {v for v in divisors(layers // pp) if v > 1} if layers % pp == 0 else set()
