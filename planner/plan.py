@@ -115,9 +115,10 @@ def close_calls(runners_up: list[Mapping[str, Any]], step_s: float, accuracy: Ma
     """The runners-up that fit and whose step is within the hardware's held-out mean |error| of the plan's
     (`accuracy`: `planner.caveats.accuracy`, the runs of the same kind of job), which the estimate does not tell
     from the plan; None when no held-out run measures that error or no runner-up is that close. ASSUMPTION: two
-    layouts' estimates are taken to be off against each other by one estimate's mean error against its run (the
-    MoE ModelZoo's Qwen3-235B layouts on 256 H100s, one table, are off against each other by up to a third:
-    README, How the plan is found: close calls)."""
+    layouts' estimates are taken to be off against each other by one estimate's mean error against its run; dense
+    layouts one table measured side by side are within 3.4 % of their measured ratio, the MoE ModelZoo's
+    Qwen3-235B layouts on 256 H100s up to 34 % (`benchmarks/bench_layout_pairs.py`; README, layout against
+    layout)."""
     band = (accuracy or {}).get("mean_abs_error")
     if not band or not (step_s > 0):
         return None

@@ -102,6 +102,26 @@ def test_the_readme_table_of_never_fitted_runs_is_todays(result):
     assert readme[start:].splitlines()[:len(lines)] == lines
 
 
+def test_the_readme_table_of_layout_pairs_is_todays(result):
+    """The README's table of layout pairs (two runs one table measured of the same job in two strategies: the
+    estimated throughput ratio against the measured one) is what `benchmarks/bench_layout_pairs.py` prints; and the
+    pairs it rests on are real ones: one table, one job, two strategies."""
+    from benchmarks.bench_layout_pairs import pairs, table
+
+    found = pairs(result.predictions)
+    assert len(found) >= 20
+    for p in found:
+        a, b = p.a.run, p.b.run
+        assert (a.model, a.hardware, a.seq_len, a.dtype) == (b.model, b.hardware, b.seq_len, b.dtype)
+        assert a.strategy != b.strategy
+        assert p.error >= 0.0
+    lines = table(result.predictions)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert lines[0] in readme, "the README has no table of layout pairs"
+    start = readme.index(lines[0])
+    assert readme[start:].splitlines()[:len(lines)] == lines, "the README's layout pairs are stale"
+
+
 def test_every_published_run_is_predicted_to_fit(result):
     """They ran: a plan that says they cannot is wrong about memory."""
     over = [(p.run.id, round(p.predicted_memory_gib, 1)) for p in result.predictions if not p.estimate.fits]
