@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_calibration import unscored as unscored_runs  # noqa: E402
-from benchmarks.calibration_readings import LATER_RELEASES  # noqa: E402
+from benchmarks.calibration_readings import LATER_RELEASES, bridge_table  # noqa: E402
 from benchmarks.calibration_spec_helpers import (  # noqa: E402
     CUTEDSL_MLP, DSV3_MTP, DSV3_OPT, DSV3_ROUTING, FP8_ATTENTION, dsv3_as_run, publisher_issue,
 )
@@ -150,8 +150,8 @@ def run_of(row: dict, index: int) -> dict | None:
             "global_batch": p["global_batch_size"], "dtype": "bf16" if row["precision"] == "BF16" else "fp8",
             "stack": "megatron-core", "execution": ex, "strategy": strategy,
             **({"overrides": DSV3_MTP} if mtp else {}),
-            "measured": {"tokens_per_s_per_device": row["tokens_per_s_per_gpu"]}, "notes": notes} \
-        | ({"known_regression": regression} if regression else {})
+            "measured": {"tokens_per_s_per_device": row["tokens_per_s_per_gpu"]}, "notes": notes,
+            "table": bridge_table(row["release"])} | ({"known_regression": regression} if regression else {})
 
 
 def row_key(run) -> tuple | None:

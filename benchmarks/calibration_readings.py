@@ -120,6 +120,7 @@ def reading(rid: str, row: dict, spec: dict, variant: dict) -> dict:
     for key in ("known_regression", "never_fitted"):
         if spec.get(key):
             out[key] = spec[key]
+    out["table"] = table_name(row)
     return out
 
 
@@ -129,6 +130,25 @@ SWEPT = {"gb300": "gb300-nvl72", "b300": "dgx-b300"}
 #: Releases read after the presets were fitted (NeMo 26.08, Megatron-Bridge v0.6.0, read 2026-12-05): not shipped,
 #: so `benchmarks/bench_bridge_sweep.py` scores their rows against fits that never saw them
 LATER_RELEASES = frozenset({"26.08"})
+#: The archive of Megatron-Bridge's performance summaries, one table per release
+BRIDGE_ARCHIVE = ("NVIDIA-NeMo/Megatron-Bridge", "docs/performance-summary-archive.md")
+
+
+def bridge_table(release: str) -> str:
+    """The table (`Run.table`) of a Megatron-Bridge performance-summary row: its release's."""
+    return f"Megatron-Bridge performance summary, NeMo {release}"
+
+
+def table_name(row: dict) -> str:
+    """The set of measurements a published row belongs to (`Run.table`): a Megatron-Bridge summary's release, else
+    the document that published it (repository and path), or a paper's table."""
+    src = row.get("source")
+    if not isinstance(src, dict):
+        return row["src"]  # published_runs.json: the paper and table ("Narayanan 2021 Table 1")
+    if (src.get("repo"), src.get("path")) == BRIDGE_ARCHIVE:
+        return bridge_table(str(src["section"]).split(" ")[0])
+    path = re.split(r" \(| \+ | and | == | ; ", str(src.get("path") or ""))[0]  # the document, not its notes
+    return " ".join(x for x in (str(src.get("repo") or ""), path) if x) or row["id"]
 
 
 def readings() -> dict[str, list[dict]]:

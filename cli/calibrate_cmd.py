@@ -13,6 +13,7 @@ from cli.errors import guarded
 from planner.errors import InvalidInput
 from planner.hypershard.io import check_output, write_atomically
 from planner.api import calibrate
+from planner.calibration import layout_pairs
 
 console = render.LiveConsole(highlight=False, soft_wrap=False)
 
@@ -130,6 +131,7 @@ def _print(result, output: Optional[Path], plot: Optional[Path]) -> None:
             refit = groups[0]["fitted_reserve"]
             console.print(f"memory, {stack}: {'; '.join(parts)}; allocator reserve {groups[0]['allocator_reserve']:.1%}"
                           + (f" in the stack, {refit:.1%} refitted on the fit runs" if refit is not None else ""))
+    _print_pairs(result)
     unfit = [p.run.id for p in result.predictions if not p.estimate.fits]
     if unfit:
         console.print(f"predicted not to fit although they ran: {', '.join(unfit)}")
@@ -145,6 +147,25 @@ def _print(result, output: Optional[Path], plot: Optional[Path]) -> None:
             console.print(f"wrote {output}")
     if plot is not None:
         console.print(f"wrote {plot}")
+
+
+def _print_pairs(result) -> None:
+    """Runs of one table measuring one job in two strategies: the estimated ratio against the measured one (each
+    pair when there are few, else per category)."""
+    found = layout_pairs.pairs(result.predictions)
+    if not found:
+        return
+    title = "layout pairs: tokens/s of a over b, measured and estimated (one table, one job, two strategies)"
+    if len(found) <= 20:
+        rows = [(p.a.run.id, p.b.run.id, p.differs, f"{p.measured:.3f}", f"{p.estimated:.3f}",
+                 f"{100 * p.error:.1f}%" + (" flipped" if p.flipped else "")) for p in found]
+        console.print(render.table(title, ("a", "b", "differs", "measured", "estimated", "error"), rows,
+                                   right=("measured", "estimated", "error")))
+        return
+    rows = [(s["category"], s["differs"], str(s["pairs"]), f"{100 * s['median_error']:.1f}%",
+             f"{100 * s['max_error']:.1f}%", str(s["flipped"])) for s in layout_pairs.summary(found)]
+    console.print(render.table(title, ("category", "differs", "pairs", "median", "max", "flipped"), rows,
+                               right=("pairs", "median", "max", "flipped")))
 
 
 __all__ = ["register"]

@@ -10,6 +10,7 @@ from cost_models import load_cluster
 from cost_models.accuracy import HeldOut
 from cost_models.loader import load_text
 
+from planner.calibration import layout_pairs
 from planner.calibration.fit import (Fit, fit as fit_runs, hardware_text, is_device_value, with_stack_values, write_fit,
                                      write_held_out)
 from planner.calibration.predict import Prediction, Predictor, predict_all, summarise
@@ -72,7 +73,9 @@ class CalibrationResult:
                 "breakdown_s": dict(sorted(p.estimate.breakdown_s.items())), "notes": list(p.run.notes),
                 "known_regression": p.run.known_regression or None,
                 "never_fitted": p.run.never_fitted or None})
+        found = layout_pairs.pairs(self.predictions)
         out = {"runs": runs, "summary": self.summary(), "memory_summary": self.memory_summary(),
+               "layout_pairs": {"summary": layout_pairs.summary(found), "pairs": layout_pairs.to_dicts(found)},
                "skipped": self.skipped,
                "hardware": dict(sorted(self.notes.items()))}
         if self.fit is not None:

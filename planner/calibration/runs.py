@@ -15,7 +15,8 @@ A runs file is JSON: ``{"about": "...", "runs": [ROW, ...]}``, each ROW::
      "memory_gib": 71.9,                    # measured peak per device (optional)
      "category": "dense_training", "notes": ["what was assumed, and why"],
      "known_regression": "the publisher's sentence",  # optional, see below
-     "never_fitted": "why no fit may use it"}        # optional, see below
+     "never_fitted": "why no fit may use it",        # optional, see below
+     "table": "our cluster, November 2026"}          # optional, see below
 
 `strategy` takes the keys of `planner.strategy.Strategy` (dp defaults to
 what the devices leave); `micro_batch` may be "largest fitting" (the
@@ -31,7 +32,11 @@ held-out runs; `hyperplan calibrate` reports it apart, as "regression".
 `never_fitted` says why a run is kept out of every fit (the shipped rows read
 after the presets were fitted): it is always scored as held out, and the
 split that chooses the fitted runs (`planner.calibration.alternate_split`)
-does not see it.
+does not see it. `table` names the measurements taken as one set (one
+published table, one campaign on your cluster: one software state); runs of
+one table that measure the same job in two strategies are compared as a
+layout pair, the estimated throughput ratio against the measured one
+(`planner.calibration.layout_pairs`). Without it a file's runs are one table.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ STRATEGY_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "rec
                  "sp", "zero", "schedule", "stage_layers", "offload", "flushes")
 ROW_KEYS = ("id", "source", "hardware", "devices", "model", "overrides", "seq_len", "global_batch", "dtype", "stack",
             "execution", "strategy", "measured", "memory_gib", "category", "notes", "known_regression",
-            "never_fitted")
+            "never_fitted", "table")
 LARGEST_FITTING = "largest fitting"
 MICRO_BATCHES = (8, 4, 2, 1)
 
@@ -76,6 +81,7 @@ class Run:
     notes: tuple[str, ...] = ()
     known_regression: str = ""  # the publisher's sentence that a bug slowed this measurement (see the docstring)
     never_fitted: str = ""  # why no fit may use this run (see the docstring)
+    table: str = ""  # the set of measurements it was taken in (see the docstring; "": its file's)
     origin: str = ""  # the file it was read from
     order: int = 0  # its place in that file
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
@@ -175,11 +181,15 @@ def parse_run(row: Any, *, where: str, origin: str = "", order: int = 0) -> Run:
     never = row.get("never_fitted", "")
     if not isinstance(never, str):
         raise InvalidInput(f"{where}: never_fitted must say why no fit may use the run (a string)")
+    table = row.get("table", "")
+    if not isinstance(table, str):
+        raise InvalidInput(f"{where}: table must name the set of measurements the run was taken in (a string)")
     return Run(id=rid, source=str(row.get("source", "")), hardware=_text(row, "hardware", where), devices=devices,
                model=_text(row, "model", where), overrides=dict(overrides), seq_len=seq, global_batch=batch,
                dtype=str(row.get("dtype", "bf16")), execution=execution, strategy=dict(strategy),
                measured_step_s=step, memory_gib=memory, category=str(row.get("category", "training")),
-               notes=tuple(notes), known_regression=regression, never_fitted=never, origin=origin, order=order, raw=row)
+               notes=tuple(notes), known_regression=regression, never_fitted=never, table=table, origin=origin,
+               order=order, raw=row)
 
 
 def _text(row: Mapping, key: str, where: str) -> str:
