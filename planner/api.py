@@ -255,6 +255,7 @@ def plan_model(
     from planner.errors import Infeasible
     from planner.costing.estimate import estimate
     from planner.graph.blocks import discover_blocks
+    from planner.calibration.published import ranking_error
     from planner.plan import Plan, close_calls, fitting_best, mesh_axes, plan_to_dict, search_summary
     from planner.search.constraints import Constraints
     from planner.search.plan_search import DEFAULT_GAP, DEFAULT_MAX_NODES, Budget, search
@@ -323,7 +324,9 @@ def plan_model(
     out.update(_describe(model, graph, hw, workload, structure, as_shipped=_as_shipped(model, overrides, dims)))
     out["warnings"] = scale_warnings(out["estimate"]["step_time_s"], out["estimate"].get("microbatches", 1),
                                      workload.mode)
-    close = close_calls(out["runners_up"], out["estimate"]["step_time_s"], out.get("accuracy"), hw.name)
+    acc = out.get("accuracy")
+    close = close_calls(out["runners_up"], out["estimate"]["step_time_s"], acc, hw.name,
+                        ranking_error(acc["category"]) if acc else None)
     if close:
         out["close_calls"] = close
     if user.given():

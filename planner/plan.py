@@ -111,27 +111,33 @@ def why_slower(loser: Candidate, winner_breakdown: Mapping[str, float], winner_s
 
 
 def close_calls(runners_up: list[Mapping[str, Any]], step_s: float, accuracy: Mapping[str, Any] | None,
-                cluster: str) -> dict[str, Any] | None:
-    """The runners-up that fit and whose step is within the hardware's held-out mean |error| of the plan's
-    (`accuracy`: `planner.caveats.accuracy`, the runs of the same kind of job), which the estimate does not tell
-    from the plan; None when no held-out run measures that error or no runner-up is that close. ASSUMPTION: two
-    layouts' estimates are taken to be off against each other by one estimate's mean error against its run; dense
-    layouts one table measured side by side are within 3.4 % of their measured ratio, the MoE ModelZoo's
-    Qwen3-235B layouts on 256 H100s up to 34 % (`benchmarks/bench_layout_pairs.py`; README, layout against
-    layout)."""
-    band = (accuracy or {}).get("mean_abs_error")
+                cluster: str, ranking: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The runners-up that fit and whose step is within a band of the plan's that the estimate does not resolve:
+    the larger of the hardware's held-out mean |error| for the kind of job (`accuracy`: `planner.caveats.accuracy`)
+    and the median error of the estimated ratio between two layouts of that kind one table measured (`ranking`:
+    `planner.calibration.published.ranking_error`, the shipped runs' layout pairs). None when neither measures a
+    band or no runner-up is that close. Where the held-out mean sets the band, ASSUMPTION: two layouts' estimates
+    are as far off against each other as one against its run."""
+    held = (accuracy or {}).get("mean_abs_error") or 0.0
+    ranked = (ranking or {}).get("median_error") or 0.0
+    band = max(held, ranked)
     if not band or not (step_s > 0):
         return None
     close = [r["summary"] for r in runners_up
              if r.get("fits") and r.get("step_time_s") and r["step_time_s"] <= step_s * (1.0 + band)]
     if not close:
         return None
-    what = WORDS.get(accuracy["category"], accuracy["category"])
-    return {"band": band, "runs": accuracy["runs"], "runners_up": close,
-            "sentence": (f"{len(close)} {'runners-up' if len(close) > 1 else 'runner-up'} within {100 * band:.1f} % of the "
-                         f"plan's step, the mean |error| of {cluster}'s {accuracy['runs']} held-out {what} runs: the "
-                         "estimate does not tell them from the plan; measure them before choosing (an assumption: "
-                         "two layouts' estimates taken to be as far off against each other as one against its run)")}
+    category = (accuracy or {}).get("category") or (ranking or {}).get("category", "")
+    what = WORDS.get(category, category)
+    why = (f"the median error of the estimated ratio between two {what} layouts one published table measured, over "
+           f"{ranking['pairs']} pairs" if ranked >= held else
+           f"the mean |error| of {cluster}'s {accuracy['runs']} held-out {what} runs; an assumption: two layouts' "
+           "estimates taken to be as far off against each other as one against its run")
+    many = len(close) > 1
+    return {"band": band, "runners_up": close, "held_out_mean": held or None, "ranking_median": ranked or None,
+            "sentence": (f"{len(close)} {'runners-up' if many else 'runner-up'} within {100 * band:.1f} % of the "
+                         f"plan's step ({why}): the estimate does not tell {'them' if many else 'it'} from the plan; "
+                         "measure before choosing")}
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:

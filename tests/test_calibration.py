@@ -115,6 +115,10 @@ def test_the_readme_table_of_layout_pairs_is_todays(result):
         assert (a.model, a.hardware, a.seq_len, a.dtype) == (b.model, b.hardware, b.seq_len, b.dtype)
         assert a.strategy != b.strategy
         assert p.error >= 0.0
+    from planner.calibration.layout_pairs import by_category
+
+    stored = json.loads(ERRORS.read_text(encoding="utf-8"))["layout_pairs"]  # what plan's close calls read
+    assert stored == by_category(found), "published_errors.json's layout pairs are stale: run published_errors.py"
     lines = table(result.predictions)
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     assert lines[0] in readme, "the README has no table of layout pairs"

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from cli.app import app
 from cost_models import load_cluster
+from planner.calibration.published import ranking_error
 from planner.plan import close_calls
 
 runner = CliRunner()
@@ -23,9 +24,20 @@ def test_only_fitting_runners_up_inside_the_band_are_named():
     ups = [_up("a", 10.9), _up("b", 11.0), _up("c", 11.2), _up("d", 10.5, fits=False), _up("e", None)]
     out = close_calls(ups, 10.0, MOE, "dgx-h100")
     assert out["runners_up"] == ["a", "b"]  # 11.0 is the edge of a 10 % band; 11.2 is outside it
-    assert out["band"] == 0.10 and out["runs"] == 11
+    assert out["band"] == 0.10 and out["held_out_mean"] == 0.10 and out["ranking_median"] is None
     assert out["sentence"].startswith("2 runners-up within 10.0 % of the plan's step")
-    assert "dgx-h100's 11 held-out MoE training runs" in out["sentence"]
+    assert "dgx-h100's 11 held-out MoE training runs; an assumption" in out["sentence"]
+
+
+def test_the_measured_ranking_error_widens_the_band_when_it_is_larger():
+    ups = [_up("a", 10.9), _up("b", 11.4), _up("c", 11.6)]
+    ranking = {"category": "moe_training", "pairs": 9, "median_error": 0.15, "max_error": 0.34}
+    out = close_calls(ups, 10.0, MOE, "dgx-h100", ranking)
+    assert out["runners_up"] == ["a", "b"] and out["band"] == 0.15
+    assert "median error of the estimated ratio between two MoE training layouts" in out["sentence"]
+    assert "over 9 pairs" in out["sentence"] and "assumption" not in out["sentence"]
+    narrow = close_calls(ups, 10.0, MOE, "dgx-h100", ranking | {"median_error": 0.02})
+    assert narrow["band"] == 0.10 and narrow["runners_up"] == ["a"]
 
 
 def test_nothing_is_said_without_a_measured_error_or_a_close_runner_up():
@@ -47,11 +59,14 @@ def test_a_moe_plan_on_dgx_h100_names_its_close_runners_up_by_the_presets_held_o
     out = json.loads(res.output)
     held = load_cluster("dgx-h100").checked("moe_training")
     assert held is not None and out["accuracy"]["mean_abs_error"] == pytest.approx(held.mean)
+    ranking = ranking_error("moe_training")
+    assert ranking is not None and ranking["pairs"] >= 5
+    band = max(held.mean, ranking["median_error"])
     step = out["estimate"]["step_time_s"]
     within = [r["summary"] for r in out["runners_up"]
-              if r["fits"] and r["step_time_s"] and r["step_time_s"] <= step * (1 + held.mean)]
+              if r["fits"] and r["step_time_s"] and r["step_time_s"] <= step * (1 + band)]
     assert within, [(r["summary"], r["step_time_s"], step) for r in out["runners_up"]]
-    assert out["close_calls"]["runners_up"] == within
+    assert out["close_calls"]["runners_up"] == within and out["close_calls"]["band"] == pytest.approx(band)
     text = runner.invoke(app, args)
     assert text.exit_code == 0
-    assert f"within {100 * held.mean:.1f} % of the plan's step" in " ".join(text.output.split())
+    assert f"within {100 * band:.1f} % of the plan's step" in " ".join(text.output.split())

@@ -104,6 +104,22 @@ def summary(found: Iterable[Pair]) -> list[dict]:
     return out
 
 
+def by_category(found: Iterable[Pair]) -> list[dict]:
+    """Per category, every pair whatever differs: how many, the median and the largest error (what `plan`'s close
+    calls read, `planner.calibration.published.ranking_error`)."""
+    groups: dict[str, list[float]] = {}
+    for p in found:
+        groups.setdefault(p.a.run.category, []).append(p.error)
+    out = []
+    for category, errs in sorted(groups.items()):
+        errs.sort()
+        n = len(errs)
+        median = errs[n // 2] if n % 2 else (errs[n // 2 - 1] + errs[n // 2]) / 2
+        out.append({"category": category, "pairs": n, "median_error": round(median, 4),
+                    "max_error": round(errs[-1], 4)})
+    return out
+
+
 def to_dicts(found: Iterable[Pair]) -> list[dict]:
     """Every pair, for `calibrate --json`."""
     return [{"a": p.a.run.id, "b": p.b.run.id, "table": table_of(p.a), "differs": p.differs,
@@ -111,4 +127,5 @@ def to_dicts(found: Iterable[Pair]) -> list[dict]:
             for p in found]
 
 
-__all__ = ["LAYOUT", "LAYOUT_AND_STACK", "Pair", "pairs", "ratio_error", "summary", "table_of", "to_dicts"]
+__all__ = ["LAYOUT", "LAYOUT_AND_STACK", "Pair", "by_category", "pairs", "ratio_error", "summary", "table_of",
+           "to_dicts"]
