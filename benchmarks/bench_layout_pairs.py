@@ -5,9 +5,10 @@
 A pair is two shipped runs one table measured of the same job in two strategies
 (`planner.calibration.layout_pairs`: the tables are `Run.table`, a Megatron-Bridge summary's release or the
 document that published the rows); its error is the estimated throughput ratio against the measured one. `plan`
-takes a runner-up within the hardware's held-out mean |error| of its step as a close call
-(`planner.plan.close_calls`); this table is what that assumption is checked against. `hyperplan calibrate` prints
-the same table for any runs file. Takes about a minute (every shipped run is estimated).
+names a runner-up within the larger of the hardware's held-out mean |error| and the median pair error of the kind of
+job (published_errors.json, which benchmarks/published_errors.py writes) as a close call
+(`planner.plan.close_calls`). `hyperplan calibrate` prints the pairs of any runs file. Takes about a minute (every
+shipped run is estimated).
 """
 
 from __future__ import annotations
