@@ -28,6 +28,10 @@ A run with a never_fitted field (why no fit may use it) is always held out, and 
 Bring your own cluster's measurements in the same JSON format (see `planner/calibration/runs.py`) and fit a
 hardware file to them: hyperplan calibrate my_runs.json --fit run-a,run-b -o my-cluster.toml
 
+Layout pairs: runs of one table (a run's table field; without it, its file) that measure the same job in two
+strategies are compared, the estimated tokens/s ratio against the measured one. That is what a plan's choice
+between two layouts rests on.
+
 With --serving, serving deployments instead: tokens/s per device measured against the estimate at each one's
 layout, batch and context (the shipped ones, published by DeepSeek, SGLang and Huawei, or your own in the
 format of planner/inference/published_deployments.json).
