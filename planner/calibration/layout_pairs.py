@@ -96,9 +96,8 @@ def summary(found: Iterable[Pair]) -> list[dict]:
         mine = sorted(mine, key=lambda p: p.error)
         errs = [p.error for p in mine]
         n = len(errs)
-        median = errs[n // 2] if n % 2 else (errs[n // 2 - 1] + errs[n // 2]) / 2
         out.append({"category": category, "differs": differs, "pairs": n,
-                    "tables": len({table_of(p.a) for p in mine}), "median_error": median,
+                    "tables": len({table_of(p.a) for p in mine}), "median_error": _median(errs),
                     "mean_error": sum(errs) / n, "max_error": errs[-1], "flipped": sum(p.flipped for p in mine),
                     "worst": [mine[-1].a.run.id, mine[-1].b.run.id]})
     return out
@@ -113,11 +112,15 @@ def by_category(found: Iterable[Pair]) -> list[dict]:
     out = []
     for category, errs in sorted(groups.items()):
         errs.sort()
-        n = len(errs)
-        median = errs[n // 2] if n % 2 else (errs[n // 2 - 1] + errs[n // 2]) / 2
-        out.append({"category": category, "pairs": n, "median_error": round(median, 4),
+        out.append({"category": category, "pairs": len(errs), "median_error": round(_median(errs), 4),
                     "max_error": round(errs[-1], 4)})
     return out
+
+
+def _median(ordered: list[float]) -> float:
+    """The median of an ascending, non-empty list."""
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def to_dicts(found: Iterable[Pair]) -> list[dict]:
