@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from cli.app import app
 from cost_models import load_cluster
 from planner.calibration.published import ranking_error
+from planner.errors import InvalidInput
+from planner.hypershard.io import check_schema
 from planner.plan import close_calls
 
 runner = CliRunner()
@@ -70,3 +73,19 @@ def test_a_moe_plan_on_dgx_h100_names_its_close_runners_up_by_the_presets_held_o
     text = runner.invoke(app, args)
     assert text.exit_code == 0
     assert f"within {100 * band:.1f} % of the plan's step" in " ".join(text.output.split())
+
+
+def test_the_declaration_keeps_the_close_calls_and_passes_its_schema(tmp_path):
+    """`plan -o` writes them beside the runners-up; the schema takes them and `validate` accepts the file."""
+    path = tmp_path / "plan.yaml"
+    args = ["plan", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--devices", "16", "--global-batch", "64",
+            "--seq-len", "1024", "--set", "layers=4"]
+    assert runner.invoke(app, args + ["-o", str(path)]).exit_code == 0
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    close = doc["close_calls"]
+    assert close["runners_up"] and set(close["runners_up"]) <= {r["summary"] for r in doc["runners_up"]}
+    check_schema(doc, "plan.yaml")
+    with pytest.raises(InvalidInput, match="close_calls"):
+        check_schema(doc | {"close_calls": {"band": 0.1}}, "plan.yaml")  # no runners-up, no sentence
+    res = runner.invoke(app, ["validate", str(path)])
+    assert res.exit_code == 0, res.output

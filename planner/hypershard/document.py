@@ -278,4 +278,6 @@ def _tail(doc: dict[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
     if plan.get("runners_up"):
         doc["runners_up"] = [{"summary": r["summary"], "step_time_s": r["step_time_s"], "why": r["why"]}
                              for r in plan["runners_up"]]
+    if plan.get("close_calls"):  # the runners-up the estimate did not tell from the plan
+        doc["close_calls"] = dict(plan["close_calls"])
     return doc
