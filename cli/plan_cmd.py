@@ -145,7 +145,9 @@ def plan_cmd(
     the step time of each region, proves the plan within 1 % of the best of the equal-width space ("optimal within
     X %"), unless --time-limit stops it first (then the plan is marked incomplete with the gap it reached).
     Constraints (--tp, --pp, ... --offload, or a plan file's constraints: section with --constraints FILE) fix
-    knobs and the search chooses the rest.
+    knobs and the search chooses the rest. Runners-up within the estimate's error band of the plan's step (the
+    hardware's held-out error, or the measured error of estimated layout ratios, whichever is larger) are named
+    as close calls: measure them before choosing.
 
     With --mode infer it plans serving instead: prefill and decode on device groups sized by the search (or
     co-located), each with its TP/DP/PP/EP layout, batch and KV-cache offload, under --ttft-ms/--tpot-ms or
