@@ -22,9 +22,10 @@ import itertools
 import json
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from planner.calibration.predict import Prediction
+if TYPE_CHECKING:  # annotations only: estimates read ranking errors through `published` without the predictor
+    from planner.calibration.predict import Prediction
 
 LAYOUT = "layout"
 LAYOUT_AND_STACK = "layout + stack"
@@ -88,33 +89,33 @@ def pairs(predictions: Iterable[Prediction]) -> list[Pair]:
 def summary(found: Iterable[Pair]) -> list[dict]:
     """Per category and what differs: pairs, tables, the median, mean and largest error, flipped winners, and the
     worst pair."""
-    groups: dict[tuple[str, str], list[Pair]] = {}
-    for p in found:
-        groups.setdefault((p.a.run.category, p.differs), []).append(p)
     out = []
-    for (category, differs), mine in sorted(groups.items()):
-        mine = sorted(mine, key=lambda p: p.error)
+    for (category, differs), mine in _by(found, lambda p: (p.a.run.category, p.differs)):
         errs = [p.error for p in mine]
-        n = len(errs)
-        out.append({"category": category, "differs": differs, "pairs": n,
+        out.append({"category": category, "differs": differs, "pairs": len(mine),
                     "tables": len({table_of(p.a) for p in mine}), "median_error": _median(errs),
-                    "mean_error": sum(errs) / n, "max_error": errs[-1], "flipped": sum(p.flipped for p in mine),
-                    "worst": [mine[-1].a.run.id, mine[-1].b.run.id]})
+                    "mean_error": sum(errs) / len(errs), "max_error": errs[-1],
+                    "flipped": sum(p.flipped for p in mine), "worst": [mine[-1].a.run.id, mine[-1].b.run.id]})
     return out
 
 
 def by_category(found: Iterable[Pair]) -> list[dict]:
     """Per category, every pair whatever differs: how many, the median and the largest error (what `plan`'s close
     calls read, `planner.calibration.published.ranking_error`)."""
-    groups: dict[str, list[float]] = {}
-    for p in found:
-        groups.setdefault(p.a.run.category, []).append(p.error)
     out = []
-    for category, errs in sorted(groups.items()):
-        errs.sort()
-        out.append({"category": category, "pairs": len(errs), "median_error": round(_median(errs), 4),
+    for category, mine in _by(found, lambda p: p.a.run.category):
+        errs = [p.error for p in mine]
+        out.append({"category": category, "pairs": len(mine), "median_error": round(_median(errs), 4),
                     "max_error": round(errs[-1], 4)})
     return out
+
+
+def _by(found: Iterable[Pair], key) -> list[tuple]:
+    """The pairs grouped by `key`, groups in key order, each group's pairs by ascending error."""
+    groups: dict = {}
+    for p in found:
+        groups.setdefault(key(p), []).append(p)
+    return [(k, sorted(mine, key=lambda p: p.error)) for k, mine in sorted(groups.items())]
 
 
 def _median(ordered: list[float]) -> float:
