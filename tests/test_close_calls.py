@@ -17,6 +17,9 @@ from planner.plan import close_calls
 
 runner = CliRunner()
 MOE = {"category": "moe_training", "runs": 11, "mean_abs_error": 0.10}
+#: A small MoE plan on DGX H100 (Qwen3-30B-A3B cut to 4 layers) whose runners-up are close
+PLAN = ["plan", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--devices", "16", "--global-batch", "64", "--seq-len", "1024",
+        "--set", "layers=4"]
 
 
 def _up(summary: str, step: float | None, fits: bool = True) -> dict:
@@ -55,9 +58,7 @@ def test_nothing_is_said_without_a_measured_error_or_a_close_runner_up():
 
 def test_a_moe_plan_on_dgx_h100_names_its_close_runners_up_by_the_presets_held_out_error():
     """The band is the preset's own held-out MoE figure, and the text output says what the JSON says."""
-    args = ["plan", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--devices", "16", "--global-batch", "64",
-            "--seq-len", "1024", "--set", "layers=4"]
-    res = runner.invoke(app, args + ["--json"])
+    res = runner.invoke(app, PLAN + ["--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     held = load_cluster("dgx-h100").checked("moe_training")
@@ -70,7 +71,7 @@ def test_a_moe_plan_on_dgx_h100_names_its_close_runners_up_by_the_presets_held_o
               if r["fits"] and r["step_time_s"] and r["step_time_s"] <= step * (1 + band)]
     assert within, [(r["summary"], r["step_time_s"], step) for r in out["runners_up"]]
     assert out["close_calls"]["runners_up"] == within and out["close_calls"]["band"] == pytest.approx(band)
-    text = runner.invoke(app, args)
+    text = runner.invoke(app, PLAN)
     assert text.exit_code == 0
     assert f"within {100 * band:.1f} % of the plan's step" in " ".join(text.output.split())
 
@@ -78,9 +79,7 @@ def test_a_moe_plan_on_dgx_h100_names_its_close_runners_up_by_the_presets_held_o
 def test_the_declaration_keeps_the_close_calls_and_passes_its_schema(tmp_path):
     """`plan -o` writes them beside the runners-up; the schema takes them and `validate` accepts the file."""
     path = tmp_path / "plan.yaml"
-    args = ["plan", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--devices", "16", "--global-batch", "64",
-            "--seq-len", "1024", "--set", "layers=4"]
-    assert runner.invoke(app, args + ["-o", str(path)]).exit_code == 0
+    assert runner.invoke(app, PLAN + ["-o", str(path)]).exit_code == 0
     doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     close = doc["close_calls"]
     assert close["runners_up"] and set(close["runners_up"]) <= {r["summary"] for r in doc["runners_up"]}
