@@ -280,7 +280,9 @@ def print_plan(r: dict) -> None:
         if a["name"].startswith("stage"):  # stages of different widths: each its own block of ranks
             console.print(f"  {a['name']}: tp={a['tp']} ({'+'.join(a['levels']) or 'one device'}), "
                           f"{a['size']} devices, ranks {a['ranks'][0]}-{a['ranks'][1]}")
-    console.print(f"recompute: {s['recompute']}; ZeRO-{s['zero']}; micro-batch {s['micro_batch']} "
+    full = s.get("full_recompute_layers", 0) if s["recompute"] != "full" else 0
+    rc = f"full for {full} layers/chunk, {s['recompute']} for the rest" if full else s["recompute"]
+    console.print(f"recompute: {rc}; ZeRO-{s['zero']}; micro-batch {s['micro_batch']} "
                   f"({r['estimate']['microbatches']} per step); sequence parallel: {'yes' if s['sp'] else 'no'}")
     est = dict(r["estimate"])
     est.update({k: r[k] for k in ("model", "cluster", "workload", "accuracy", "assumptions", "warnings") if k in r})

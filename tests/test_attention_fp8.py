@@ -24,7 +24,8 @@ from cost_models.errors import SpecError
 from cost_models.loader import PRESET_DIR, load_text
 from planner.api import _graph_for_costing, make_workload
 from planner.costing.attention import kept_fraction
-from planner.costing.execution import RECIPE_CAST_BYTES, load_execution
+from planner.costing.execution import load_execution
+from planner.costing.stack_choices import RECIPE_CAST_BYTES
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.node_times import NodeTimes
 from planner.errors import InvalidInput

@@ -228,21 +228,27 @@ def test_the_same_plan_file_idle_and_with_both_cores_busy(tmp_path):
     assert idle == busy
 
 
-def test_the_plan_recomputes_fully_the_fewest_layers_that_fit():
-    """Where selective recompute alone is over memory, the search scores the fewest fully recomputed layers per
-    chunk that fit (`_fewest_full_layers`): with a cap between the peaks of 1 and 2 such layers (of 4 per
-    chunk), the plan is selective with 2, not full recompute and not more layers than needed."""
+@pytest.mark.parametrize("beside", ["none", "selective"])
+def test_the_plan_recomputes_fully_the_fewest_layers_that_fit(beside, tmp_path):
+    """Where the stack's recompute alone is over memory, the search scores the fewest fully recomputed layers per
+    chunk that fit (`_fewest_full_layers`), the other layers running what the stack runs beside them
+    (`Execution.full_layers_beside`: Megatron-LM's block method leaves them unrecomputed; a stack that mixes the
+    two granularities recomputes them selectively): with a cap between the peaks of 1 and 2 such layers (of 4 per
+    chunk), the plan takes 2 beside the stack's policy, not full recompute and not more layers than needed."""
     from planner.api import make_workload
 
+    stack = tmp_path / "mixed.toml"
+    stack.write_text('[stack]\nbase = "megatron-core"\n[recompute]\nfull_layers_beside = "selective"\n')
     kw = dict(cluster="dgx-a100", devices=16, global_batch=8, seq_len=2048, overrides=dict(layers=8, hidden=4096,
-              heads=32, vocab=51200))
+              heads=32, vocab=51200), stack=None if beside == "none" else str(stack))
     fixed = dict(tp=8, pp=2, micro_batch=1, vpp=1)
-    peaks = [estimate_model("gpt", recompute="selective", full_recompute_layers=k, sp=True, **fixed, **kw)
+    peaks = [estimate_model("gpt", recompute=beside, full_recompute_layers=k, sp=True, **fixed, **kw)
              ["memory_gib"]["peak"] for k in range(5)]
     assert all(a > b for a, b in zip(peaks, peaks[1:]))  # memory falls with every layer recomputed fully
-    ex = make_workload("train", 8, 2048, "bf16", None).execution
+    ex = make_workload("train", 8, 2048, "bf16", kw["stack"]).execution
+    assert ex.full_layers_beside == beside
     usable = (peaks[1] + peaks[2]) / 2  # GiB a plan may use: between one and two full layers' peaks
     cap = usable / (1.0 - ex.allocator_reserve) + ex.runtime_reserve_gib
     plan = plan_model("gpt", memory_gib=cap, offload=False, mpmd=False, time_limit_s=None, constraints=fixed, **kw)
     s = plan["strategy"]
-    assert (s["recompute"], s["full_recompute_layers"]) == ("selective", 2), s["summary"]
+    assert (s["recompute"], s["full_recompute_layers"]) == (beside, 2), s["summary"]

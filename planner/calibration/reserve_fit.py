@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from planner.calibration.predict import GIB, Prediction
-from planner.costing.execution import MAX_ALLOCATOR_RESERVE
+from planner.costing.stack_choices import MAX_ALLOCATOR_RESERVE
 from planner.errors import InvalidInput
 
 

@@ -17,7 +17,7 @@ import functools
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from cost_models import SpecError
 from cost_models.expert_load import load_imbalance
@@ -27,39 +27,14 @@ from cost_models.memory import StateBytes
 
 from planner.costing.loss import LOSS_KERNELS
 from planner.costing.ring_merge import RING_KINDS
+from planner.costing.stack_choices import (ATTENTION, CUDA_GRAPH_SCOPES, DISPATCHERS, FP8_ATTENTION_RECIPES,
+                                          FULL_LAYERS_BESIDE, MAX_ALLOCATOR_RESERVE, RECIPE_CAST_BYTES,
+                                          RECOMPUTE_MODULES, RECOMPUTE_POLICIES, ROUTINGS, SELECTIVE, Attention,
+                                          Dispatcher, Routing, Selective)
 from planner.errors import InvalidInput
 
 STACK_DIR = Path(__file__).parent / "stacks"
 DEFAULT_STACK = "megatron-core"
-
-Attention = Literal["flash", "materialized"]
-Selective = Literal["modules", "every_other_matmul"]
-Dispatcher = Literal["alltoall", "deepep"]
-Routing = Literal["uniform", "contiguous", "learned"]
-ATTENTION: tuple[str, ...] = ("flash", "materialized")
-SELECTIVE: tuple[str, ...] = ("modules", "every_other_matmul")
-RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj",
-                                      "shared_experts")
-DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
-ROUTINGS: tuple[str, ...] = ("uniform", "contiguous", "learned")
-#: What a stack may capture in CUDA graphs (Megatron-Core's cuda_graph_impl = "full_iteration", or its per-layer
-#: cuda_graph_modules, megatron/core/transformer/transformer_config.py): the whole forward-backward path, or a
-#: layer's attention, dense MLP, MoE block, or the MoE block up to its router and the dispatcher's preprocessing.
-CUDA_GRAPH_SCOPES: tuple[str, ...] = ("full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess")
-#: What a recipe's quantisation moves per element on hardware whose FP8 GEMMs take only TN, and the transposed
-#: copy's part of it (Transformer Engine, transformer_engine/pytorch/csrc/quantizer.cpp): per-tensor current
-#: scaling reads the operand for its amax, reads it again and writes the FP8 copy and its transpose; delayed
-#: scaling takes its amax from history (no first read); MXFP8 and blockwise scaling read once and write a rowwise
-#: and a columnwise copy with their own scales, so nothing to save where FP8 GEMMs take any layout. A stack that
-#: names a recipe without stating its cast bytes takes these.
-RECIPE_CAST_BYTES: dict[str, tuple[float, float]] = {"current": (6.0, 1.0), "delayed": (4.0, 1.0),
-                                                     "mxfp8": (4.0, 0.0), "blockwise": (4.0, 0.0)}
-#: FP8 recipes under which Transformer Engine runs attention in FP8, and the format it runs it in
-#: (transformer_engine/pytorch/attention/dot_product_attention/utils.py, v2.15: per-tensor scales under delayed and
-#: current scaling, MXFP8 under mxfp8 on sm100 with cuDNN 9.21 or later; no fused FP8 attention for blockwise).
-FP8_ATTENTION_RECIPES: dict[str, str] = {"delayed": "fp8", "current": "fp8", "mxfp8": "mxfp8"}
-#: The largest caching-allocator reserve a stack may give (a share of the reserved memory holding no tensor).
-MAX_ALLOCATOR_RESERVE = 0.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,6 +77,9 @@ class Execution:
     # (`stage_costs`); Megatron-Core's [seq, batch, hidden] gathers dim 0 and copies nothing; torch's async TP's fused
     # all-gather-matmul and matmul-reduce-scatter take the layout as views (_symmetric_memory: movedim around chunks)
     # overlaps: each hides behind the compute it runs beside; together they share that compute (see step_time)
+    # parallelism
+    sequence_parallel: bool = True  # tensor parallelism with sequence parallelism (Korthikanti 2022), which a plan
+    # takes wherever tp > 1; false: the stack splits the linears only (DeepSpeed's AutoTP)
     overlap_grad_reduce: bool = True  # data-parallel gradient reduction during the backward pass
     overlap_param_gather: bool = True  # distributed-optimizer parameter all-gather during the next forward
     fsdp_prefetch: bool = True  # ZeRO-3 / FSDP: the next layer's parameters gathered during this layer's compute
@@ -149,6 +127,9 @@ class Execution:
     # recompute
     selective: Selective = "modules"  # what selective recompute means (see planner.costing.recompute)
     recompute_modules: tuple[str, ...] = ("core_attn",)  # with "modules": which (Megatron's --recompute-modules)
+    recompute_policies: tuple[str, ...] = RECOMPUTE_POLICIES  # the recompute settings the stack's framework runs
+    full_layers_beside: str = "selective"  # what a chunk's other layers run beside full recompute of its first k
+    # (`FULL_LAYERS_BESIDE`: "none", "selective", or "off" where the framework cannot recompute only some layers)
     # memory the stack keeps for itself
     allocator_reserve: float = 0.0  # share of the caching allocator's reserved memory that holds no tensor at
     # the peak (fragmentation, cached free blocks): tensors may fill HBM x (1 - it) (`reserved_bytes`)
@@ -174,6 +155,10 @@ class Execution:
             raise InvalidInput(f"stack {self.name}: fp8_attention runs under a per-tensor or MXFP8 recipe "
                                f"({', '.join(FP8_ATTENTION_RECIPES)}), not {self.fp8_recipe} (Transformer Engine has "
                                "no FP8 attention for it); set fp8_attention = false or change fp8_recipe")
+        if self.full_layers_beside not in (*self.recompute_policies, "off"):
+            raise InvalidInput(f"stack {self.name}: full_layers_beside is {self.full_layers_beside!r}, which is not "
+                               f"among its recompute_policies ({', '.join(self.recompute_policies)}); add it there "
+                               "or set full_layers_beside = \"off\"")
         if self.fp8_transpose_bytes > self.fp8_cast_bytes:
             raise InvalidInput(f"stack {self.name}: fp8_transpose_bytes {self.fp8_transpose_bytes:g} is more than "
                                f"fp8_cast_bytes {self.fp8_cast_bytes:g}, of which the transposed copy is a part; "
@@ -268,13 +253,13 @@ _BOOLS = ("fuse_elementwise", "fused_launches", "fuse_sibling_gemms", "tp_layout
           "overlap_param_gather", "fsdp_prefetch", "fsdp_gathered_with_pp", "overlap_tp_comm", "overlap_cp_comm",
           "overlap_ep_comm", "overlap_pp_comm", "overlap_pp_comm_1f1b", "fp8_saves_inputs", "fp8_params",
           "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "fp8_attention", "moe_probs_in_activation",
-          "main_grad_accumulation", "scaled_rope_unfused")
+          "main_grad_accumulation", "scaled_rope_unfused", "sequence_parallel")
 _NUMBERS = ("fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "param_bytes", "grad_bytes",
             "optimizer_bytes", "runtime_reserve_gib", "kernel_efficiency", "tp_overlap_share",
             "moe_expert_load_cv", "moe_capacity_factor", "expert_bias_bytes", "expert_bias_grad_bytes",
             "glu_clamp_bytes", "glu_clamp_grad_bytes", "ep_comm_sm_share")
-_CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS,
-            "loss_kernel": LOSS_KERNELS, "cp_merge": RING_KINDS}
+_CHOICES = {"attention": ATTENTION, "selective": SELECTIVE, "full_layers_beside": FULL_LAYERS_BESIDE,
+            "moe_dispatcher": DISPATCHERS, "moe_routing": ROUTINGS, "loss_kernel": LOSS_KERNELS, "cp_merge": RING_KINDS}
 
 
 _SECTIONS = {
@@ -287,7 +272,8 @@ _SECTIONS = {
     "precision": ("fp8_recipe", "fp8_cast_bytes", "fp8_transpose_bytes", "fp8_weight_bytes", "fp8_saves_inputs",
                   "fp8_params", "fp8_weight_cache", "fp8_all_gather", "fp8_tp_all_gather", "fp8_attention"),
     "states": ("param_bytes", "grad_bytes", "optimizer_bytes", "main_grad_accumulation"),
-    "recompute": ("selective", "recompute_modules"),
+    "recompute": ("selective", "recompute_modules", "recompute_policies", "full_layers_beside"),
+    "parallel": ("sequence_parallel",),
     "memory": ("allocator_reserve", "runtime_reserve_gib"),
     "moe": ("moe_dispatcher", "moe_routing", "moe_group_limit", "moe_groups", "moe_probs_in_activation",
             "moe_expert_load_cv", "moe_capacity_factor"),
@@ -345,6 +331,11 @@ def _value(t: Table, key: str) -> Any:
         if bad or not mods:
             raise t.error(key, f"expected a list of {', '.join(RECOMPUTE_MODULES)}, got {mods!r}")
         return tuple(mods)
+    if key == "recompute_policies":
+        policies = t.texts(key)
+        if not policies or any(p not in RECOMPUTE_POLICIES for p in policies):
+            raise t.error(key, f"expected a list of {', '.join(RECOMPUTE_POLICIES)}, got {policies!r}")
+        return tuple(p for p in RECOMPUTE_POLICIES if p in policies)
     if key == "cuda_graphs":
         return _graph_scopes(t, key)
     if key == "allocator_reserve":
@@ -373,7 +364,7 @@ def _graph_scopes(t: Table, key: str) -> tuple[str, ...]:
 
 
 def _parse(root: Table, default_name: str) -> Execution:
-    root.only("stack", "kernels", "overlap", "precision", "states", "recompute", "memory", "moe")
+    root.only("stack", "kernels", "overlap", "precision", "states", "recompute", "parallel", "memory", "moe")
     meta = root.table("stack")
     meta.only("name", "description", "sources", "base")
     base = meta.text("base", default="")
@@ -394,7 +385,6 @@ def _parse(root: Table, default_name: str) -> Execution:
     return replace(start, **_with_recipe_casts(changes))
 
 
-__all__ = ["CUDA_GRAPH_SCOPES", "DEFAULT_STACK", "FIELDS", "FP8_ATTENTION_RECIPES", "MAX_ALLOCATOR_RESERVE",
-           "RECIPE_CAST_BYTES", "Execution", "attention_fp8_format",
+__all__ = ["DEFAULT_STACK", "FIELDS", "Execution", "attention_fp8_format",
            "load_execution", "parse_execution", "stack_cache_clear", "stack_names", "stays_gathered",
            "with_changes"]

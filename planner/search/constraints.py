@@ -77,6 +77,13 @@ class Constraints:
             if not 0.0 <= frac <= 1.0:
                 raise InvalidInput(f"offload fraction of {cls} must be within 0..1, got {frac}")
 
+    def check_stack(self, execution, training: bool) -> None:
+        """Refuse a --recompute the stack's framework cannot run (`Execution.recompute_policies`)."""
+        if training and self.recompute is not None and self.recompute not in execution.recompute_policies:
+            raise InvalidInput(f"the {execution.name} stack cannot run {self.recompute} recompute (it runs "
+                               f"{', '.join(execution.recompute_policies)}); give --recompute "
+                               f"{' or '.join(execution.recompute_policies)}, or plan with another --stack")
+
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any] | None) -> "Constraints":
         """From a plan file's `constraints:` section or keyword arguments; unknown keys are refused."""

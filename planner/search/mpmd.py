@@ -151,7 +151,8 @@ class ProgramSearch:
             if frugal:
                 zero = 3 if base.dp * base.cp > 1 else base.zero
                 tries += [replace(base, recompute=rc, zero=zero, full_recompute_layers=0)
-                          for rc in ("selective", "full") if (rc, zero) != (base.recompute, base.zero)]
+                          for rc in ("selective", "full") if (rc, zero) != (base.recompute, base.zero)
+                          and rc in wl.execution.recompute_policies]
             out += [v for v in map(scorer.score, tries) if v.fits]
         return out
 

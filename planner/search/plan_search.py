@@ -75,6 +75,8 @@ class _Search:
         self.graph, self.structure, self.cluster, self.workload = graph, structure, cluster, workload
         self.budget, self.layouts, self.c, self.gap = budget, layouts, constraints, gap
         self.report = progress or (lambda msg, frac: None)
+        constraints.check_stack(workload.execution, workload.mode == "train")
+        self.sp = workload.execution.sequence_parallel  # tensor parallelism with sequence parallelism
         self.allow_offload = allow_offload and constraints.offload is None
         self.base_offload = tuple(sorted(constraints.offload or ()))
         # the layout ILP runs to its proven optimum or its work limit (a layout solved short of its optimum says
@@ -220,7 +222,8 @@ class _Search:
         if self.base_offload:  # offload fixed by the user: the leaves keep it, and fitting bounds do not apply
             return bound
         s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
-                     recompute=rc, sp=tp > 1, layouts=self.layouts, stage_layers=grid.chunk_cut(self.layers, pp, vpp))
+                     recompute=rc, sp=tp > 1 and self.sp, layouts=self.layouts,
+                     stage_layers=grid.chunk_cut(self.layers, pp, vpp))
         return fitting_bound_s(self.graph, self.structure, self.scorer.facts,
                                self.reps.costings.get((tp, cp, mb, ep, etp, rc)), self.cluster, self.workload, s,
                                self._zeros(s), bound, self.allow_offload)
@@ -259,10 +262,9 @@ class _Search:
                     self.reps.ep_times(tp, cp, mb, ep, etp, self._widest(cp, tp, mb, etp)), pp, micro, vpp)
                 self._push("schedule", key, max(bound, node.bound_s), refined=True)
 
-    def _recomputes(self) -> list[str]:
-        if not self.training:
-            return ["none"]
-        return [self.c.recompute] if self.c.recompute else ["none", "selective", "full"]
+    def _recomputes(self) -> list[str]:  # in training, what the stack's framework can run (or the one asked)
+        runs = self.workload.execution.recompute_policies if self.training else ("none",)
+        return [self.c.recompute] if self.c.recompute and self.training else [r for r in RECOMPUTES if r in runs]
 
     def _zeros(self, s: Strategy) -> list[int]:
         zeros = [0, 1, 2, 3] if s.dp * s.cp > 1 and self.training else [0]
@@ -275,7 +277,7 @@ class _Search:
         rc = RECOMPUTES[level]
         sched = node.key[:-1]
         base = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
-                        recompute=rc, sp=tp > 1, layouts=self.layouts, offload=self.base_offload,
+                        recompute=rc, sp=tp > 1 and self.sp, layouts=self.layouts, offload=self.base_offload,
                         stage_tp=self.c.stage_tp or (), stage_layers=grid.chunk_cut(self.layers, pp, vpp))
         fitted = self.fitted.setdefault(sched, {})  # ZeRO level -> the least recompute at which it fits
         frugal: Candidate | None = None
@@ -293,7 +295,8 @@ class _Search:
                 frugal = c  # the highest ZeRO level tried keeps least
         if frugal is None or self._closed(node.bound_s):
             return
-        if rc == "selective" and self.c.recompute is None and pp * vpp <= self.layers:
+        beside = self.workload.execution.full_layers_beside  # what the other layers run beside some full ones
+        if rc == beside and self.c.recompute is None and pp * vpp <= self.layers:
             self._fewest_full_layers(frugal.strategy, frugal.peak_bytes)
         if self.allow_offload:
             for variant in offload_variants(frugal, self.hbm):
@@ -351,8 +354,8 @@ class _Search:
                 continue
             seen.add(mesh)
             s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
-                         recompute=b.recompute, zero=b.zero if dp * cp > 1 else 0, sp=tp > 1, layouts=self.layouts,
-                         offload=b.offload, stage_layers=grid.chunk_cut(self.layers, pp, vpp))
+                         recompute=b.recompute, zero=b.zero if dp * cp > 1 else 0, sp=tp > 1 and self.sp,
+                         layouts=self.layouts, offload=b.offload, stage_layers=grid.chunk_cut(self.layers, pp, vpp))
             self._score(s)
 
     def _stage_widths(self) -> None:
@@ -371,23 +374,10 @@ class _Search:
                     self._score(s)
 
 
-def search(
-    graph: Graph,
-    structure: Structure,
-    cluster: Cluster,
-    workload: Workload,
-    *,
-    time_limit_s: float | None = None,
-    progress: Progress | None = None,
-    layouts: str = "searched",
-    allow_offload: bool = True,
-    facts: GraphFacts | None = None,
-    constraints: Constraints = NONE,
-    budget: Budget | None = None,
-    gap: float = DEFAULT_GAP,
-    solver: str = "highs",
-    **_: Any,
-) -> SearchResult:
+def search(graph: Graph, structure: Structure, cluster: Cluster, workload: Workload, *,
+           time_limit_s: float | None = None, progress: Progress | None = None, layouts: str = "searched",
+           allow_offload: bool = True, facts: GraphFacts | None = None, constraints: Constraints = NONE,
+           budget: Budget | None = None, gap: float = DEFAULT_GAP, solver: str = "highs", **_: Any) -> SearchResult:
     """The fastest strategy that fits, the runners-up per mesh, how much work it took and how close to the
     best of the space it is (see the module docstring).
 

@@ -39,7 +39,8 @@ class Representatives:
         the expert folding needs (any data degree the folding allows: it changes no per-layer time)."""
         dp = ep * etp
         s = Strategy(tp=tp, cp=cp, pp=max(1, self.layers), dp=dp, ep=ep, etp=0 if etp == tp else etp,
-                     micro_batch=mb, recompute=recompute, sp=tp > 1, layouts=self.layouts)
+                     micro_batch=mb, recompute=recompute, sp=tp > 1 and self.workload.execution.sequence_parallel,
+                     layouts=self.layouts)
         if self._spread() == 1:
             return s, replace(self.workload, global_batch=dp * mb)
         # the cast spread over so many micro-batches that it is the least any strategy pays: a cache's share, or

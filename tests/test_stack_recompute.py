@@ -1,0 +1,103 @@
+"""What a stack's framework can recompute bounds what `plan` picks (`Execution.recompute_policies` and
+`Execution.full_layers_beside`), so that a plan made for a stack goes out to that stack's launcher.
+
+Megatron-LM takes one --recompute-granularity: full recompute of a chunk's first k layers (method block) leaves the
+rest unrecomputed, never selective; torchtitan applies one checkpointing policy to every block; DeepSpeed checkpoints
+what the model calls, so neither selective recompute nor a count of layers. The launchers refuse what their
+framework cannot run (`tests/test_launch_*.py` hold them to the real frameworks); these tests hold each stack's
+recompute settings to its launcher's, and the plan to its stack's.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from planner.api import plan_model
+from planner.costing.execution import load_execution, parse_execution
+from planner.costing.stack_choices import RECOMPUTE_POLICIES
+from planner.errors import InvalidInput
+from planner.hypershard import Request, declare, declare_plan
+from planner.hypershard.backends import export
+
+TINY = dict(layers=8, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=128)
+#: a stack preset -> the launch backend of its framework
+LAUNCHER = {"megatron-core": "megatron", "megatron-core-2024": "megatron", "megatron-2021": "megatron",
+            "mindspeed": "megatron", "torchtitan": "torchtitan", "deepspeed": "deepspeed"}
+
+
+def _settings():
+    """(recompute, fully recomputed layers a chunk): every policy alone, and two layers beside none or selective."""
+    return [(rc, 0) for rc in RECOMPUTE_POLICIES] + [("none", 2), ("selective", 2)]
+
+
+@pytest.mark.parametrize("stack", sorted(LAUNCHER))
+def test_each_stack_recomputes_what_its_launcher_writes(stack):
+    ex = load_execution(stack)
+    for rc, k in _settings():
+        runs = rc in ex.recompute_policies if k == 0 else ex.full_layers_beside == rc
+        doc = declare("llama3-8b", overrides=TINY, cluster="dgx-h100", devices=8, global_batch=16, seq_len=32,
+                      dp=8, zero=1, recompute=rc, full_recompute_layers=k, stack=stack)
+        if runs:
+            assert export(doc, LAUNCHER[stack])
+        else:
+            with pytest.raises(InvalidInput, match="recompute") as err:
+                export(doc, LAUNCHER[stack])
+            assert "\n" not in str(err.value)
+
+
+_TIGHT = dict(model="gpt", cluster="dgx-a100", overrides=dict(layers=16, hidden=4096, heads=32, vocab=51200))
+
+
+def _tight(stack: str | None, **constraints) -> dict:
+    """A plan that fits only with every layer or some layers recomputed: 16 layers at 8K tokens, 4 sequences a
+    micro-batch, on 8 A100s given 12 GiB (15.4 GiB at its peak without recompute)."""
+    return plan_model(_TIGHT["model"], cluster=_TIGHT["cluster"], devices=8, global_batch=32, seq_len=8192,
+                      memory_gib=12.0, offload=False, mpmd=False, time_limit_s=None, stack=stack,
+                      overrides=_TIGHT["overrides"], constraints=dict(tp=8, micro_batch=4) | constraints)
+
+
+@pytest.mark.parametrize("stack", [None, "torchtitan", "deepspeed"])
+def test_a_plan_that_needs_recompute_goes_out_to_its_stacks_launcher(stack):
+    plan = _tight(stack)
+    s = plan["strategy"]
+    ex = load_execution(stack)
+    assert s["recompute"] in ex.recompute_policies, s["summary"]
+    assert not s["full_recompute_layers"] or s["recompute"] == ex.full_layers_beside, s["summary"]
+    assert s["recompute"] != "none" or s["full_recompute_layers"], s["summary"]  # it had to recompute something
+    doc = declare_plan(plan, Request(model=_TIGHT["model"], cluster=_TIGHT["cluster"], overrides=_TIGHT["overrides"],
+                                     memory_gib=12.0))
+    assert export(doc, LAUNCHER[ex.name])
+
+
+def test_a_recompute_the_stack_cannot_run_is_refused_in_one_sentence():
+    with pytest.raises(InvalidInput, match="the deepspeed stack cannot run selective recompute") as err:
+        _tight("deepspeed", recompute="selective")
+    assert "--recompute none or full" in str(err.value) and "\n" not in str(err.value)
+    run = subprocess.run([sys.executable, "-m", "cli.app", "plan", "llama3-8b", "--cluster", "dgx-h100",
+                          "--devices", "8", "--global-batch", "16", "--seq-len", "1024", "--stack", "deepspeed",
+                          "--recompute", "selective"], capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.count("\n") == 1 and "cannot run selective recompute" in run.stderr
+
+
+@pytest.mark.parametrize("body, words", [
+    ('recompute_policies = ["none", "some"]', "expected a list of none, selective, full"),
+    ('recompute_policies = []', "expected a list of none, selective, full"),
+    ('full_layers_beside = "full"', "expected one of none, selective, off"),
+    ('recompute_policies = ["none", "full"]\nfull_layers_beside = "selective"', "not among its recompute_policies"),
+])
+def test_a_stack_files_recompute_settings_are_checked(body, words):
+    with pytest.raises(InvalidInput, match=words) as err:
+        parse_execution(f'[stack]\nbase = "megatron-core"\n[recompute]\n{body}\n', source="my.toml",
+                        default_name="my")
+    assert "\n" not in str(err.value)
+
+
+def test_a_stack_files_recompute_policies_read_in_one_order():
+    ex = parse_execution('[stack]\nbase = "megatron-core"\n[recompute]\nrecompute_policies = ["full", "none"]\n'
+                         'full_layers_beside = "none"\n', source="my.toml", default_name="my")
+    assert ex.recompute_policies == ("none", "full") and ex.full_layers_beside == "none"
+
