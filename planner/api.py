@@ -13,7 +13,7 @@ import os
 from typing import Any, Mapping
 
 from planner.bounds import zoo_overrides
-from planner.caveats import accuracy, assumptions, check_costed, scale_warnings, uncosted_note
+from planner.caveats import accuracy, assumptions, check_costed, scale_warnings, stack_warnings, uncosted_note
 from planner.costing.attention import attention_regions
 from planner.costing.rotary import scaled_rotary_nodes
 from planner.errors import InvalidInput
@@ -166,7 +166,7 @@ def estimate_model(
     out = est.to_dict()
     out.update(_describe(model, graph, hw, workload, structure, as_shipped=_as_shipped(model, overrides, dims)))
     out["warnings"] = scale_warnings(est.step_time_s, est.microbatches, workload.mode) + unpaired_warnings(
-        strat, workload, mtp_depths(graph, structure))
+        strat, workload, mtp_depths(graph, structure)) + stack_warnings(strat, workload)
     from planner.plan import strategy_dict
 
     out["strategy"] = strategy_dict(strat)

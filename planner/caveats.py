@@ -47,6 +47,30 @@ def scale_warnings(step_time_s: float, microbatches: int, mode: str) -> list[str
             "seconds to minutes of published training steps: --global-batch counts sequences per step"]
 
 
+def stack_warnings(strategy, workload) -> list[str]:
+    """Where a given training strategy runs otherwise than its stack's framework can (`Execution.recompute_policies`,
+    `full_layers_beside`, `sequence_parallel`), in one sentence each: the estimate is of a step it cannot launch."""
+    ex, s = workload.execution, strategy
+    if workload.mode != "train":
+        return []
+    out = []
+    partial = s.full_recompute_layers and s.recompute != "full"
+    if partial and s.recompute != ex.full_layers_beside:
+        how = {"off": "cannot recompute only some layers fully",
+               "none": "recomputes some layers fully only where it recomputes nothing of the others",
+               "selective": "recomputes some layers fully only beside selective recompute of the others"}
+        out.append(f"the {ex.name} stack {how[ex.full_layers_beside]}: this estimate (the first "
+                   f"{s.full_recompute_layers} layers of each chunk fully, {s.recompute} for the rest) is of a step "
+                   "its framework cannot launch")
+    elif s.recompute not in ex.recompute_policies:
+        out.append(f"the {ex.name} stack runs {' or '.join(ex.recompute_policies)} recompute, not {s.recompute}: "
+                   "this estimate is of a step its framework cannot launch")
+    if s.sp and not ex.sequence_parallel:
+        out.append(f"the {ex.name} stack runs tensor parallelism without sequence parallelism: this estimate (with "
+                   "it) is of a step its framework cannot launch")
+    return out
+
+
 #: The clause of a preset's attention basis that says how heads narrower than 128 are costed ("ASSUMPTION (head dims
 #: under 128): ...").
 NARROW_HEADS = "head dims under 128"

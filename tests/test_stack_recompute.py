@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from planner.api import plan_model
+from planner.api import estimate_model, plan_model
 from planner.costing.execution import load_execution, parse_execution
 from planner.costing.stack_choices import RECOMPUTE_POLICIES
 from planner.errors import InvalidInput
@@ -101,3 +101,19 @@ def test_a_stack_files_recompute_policies_read_in_one_order():
                          'full_layers_beside = "none"\n', source="my.toml", default_name="my")
     assert ex.recompute_policies == ("none", "full") and ex.full_layers_beside == "none"
 
+
+@pytest.mark.parametrize("stack, strategy, words", [
+    (None, dict(recompute="selective", full_recompute_layers=2),
+     "megatron-core stack recomputes some layers fully only where it recomputes nothing of the others"),
+    (None, dict(recompute="none", full_recompute_layers=2), None),
+    ("torchtitan", dict(recompute="none", full_recompute_layers=2, sp=True),
+     "torchtitan stack cannot recompute only some layers fully"),
+    ("deepspeed", dict(recompute="selective"), "deepspeed stack runs none or full recompute, not selective"),
+    ("deepspeed", dict(recompute="full", sp=True), "deepspeed stack runs tensor parallelism without sequence"),
+    ("deepspeed", dict(recompute="full", sp=False), None),
+])
+def test_an_estimate_says_when_its_stack_cannot_launch_the_strategy(stack, strategy, words):
+    est = estimate_model("llama3-8b", overrides=TINY, cluster="dgx-h100", devices=8, global_batch=16, seq_len=32,
+                         tp=2, stack=stack, **strategy)
+    said = [w for w in est["warnings"] if "cannot launch" in w]
+    assert (said == []) if words is None else (len(said) == 1 and words in said[0]), said
