@@ -20,7 +20,8 @@ from planner.costing.execution import load_execution, parse_execution
 from planner.costing.stack_choices import RECOMPUTE_POLICIES
 from planner.errors import InvalidInput
 from planner.hypershard import Request, declare, declare_plan
-from planner.hypershard.backends import export
+from planner.hypershard.backends import export, plan_limits
+from planner.search.constraints import Constraints
 
 TINY = dict(layers=8, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=128)
 #: a stack preset -> the launch backend of its framework
@@ -117,3 +118,30 @@ def test_an_estimate_says_when_its_stack_cannot_launch_the_strategy(stack, strat
                          tp=2, stack=stack, **strategy)
     said = [w for w in est["warnings"] if "cannot launch" in w]
     assert (said == []) if words is None else (len(said) == 1 and words in said[0]), said
+
+
+@pytest.mark.parametrize("backend", ["megatron", "torchtitan", "deepspeed", "mindformers"])
+def test_a_plan_searched_for_a_backend_recomputes_as_its_framework_does(backend):
+    """`plan --backend` adds the launch framework's own limits to the stack's (`PLAN_LIMITS`): the default stack's
+    plan of a job that must recompute goes out to each launcher, whose framework may recompute otherwise."""
+    plan = _tight(None, **plan_limits(backend))
+    s = plan["strategy"]
+    limits = Constraints.from_mapping(plan_limits(backend))
+    ex = load_execution(None)
+    assert s["recompute"] in limits.recompute_runs(ex), s["summary"]
+    assert not s["full_recompute_layers"] or s["recompute"] == limits.beside_full_layers(ex), s["summary"]
+    assert not s["sp"] or limits.sequence_parallel_runs(ex), s["summary"]
+    doc = declare_plan(plan, Request(model=_TIGHT["model"], cluster=_TIGHT["cluster"], overrides=_TIGHT["overrides"],
+                                     memory_gib=12.0))
+    assert export(doc, backend)
+
+
+def test_a_launch_frameworks_limits_are_checked_and_written_back():
+    c = Constraints.from_mapping({"recompute_policies": ["full", "none"], "full_layers_beside": "off",
+                                  "sequence_parallel": False})
+    assert c.recompute_policies == ("full", "none") and c.as_section()["recompute_policies"] == ["full", "none"]
+    assert c.unmet(experts=False, inout=False) == ""  # limits of a framework, not knobs the user fixed
+    for bad, words in ((dict(recompute_policies=["some"]), "recompute_policies must be some of"),
+                       (dict(full_layers_beside="all"), "full_layers_beside must be one of")):
+        with pytest.raises(InvalidInput, match=words):
+            Constraints.from_mapping(bad)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from planner.errors import InvalidInput
+from planner.costing.stack_choices import FULL_LAYERS_BESIDE
 from planner.strategy import OFFLOAD_CLASSES, RECOMPUTE_POLICIES, Strategy
 
 _DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "micro_batch", "moe_tp", "moe_etp", "moe_cp", "moe_ep_tp",
@@ -48,6 +49,12 @@ class Constraints:
     #: A model with a linear weight stored [in, out] (GPT-2's Conv1D): its tensor degree (torch's parallel
     #: styles split nn.Linear's [out, in] only).
     inout_tp: int | None = None
+    #: What the launch framework runs, beside what the stack does (a backend's: PLAN_LIMITS): its recompute policies,
+    #: what a chunk's other layers run beside full recompute of its first k ("off": no such mix), and whether its
+    #: tensor parallelism runs with sequence parallelism. A plan takes what both the stack and these allow.
+    recompute_policies: tuple[str, ...] | None = None
+    full_layers_beside: str | None = None
+    sequence_parallel: bool | None = None
 
     def __post_init__(self) -> None:
         for name in _DEGREES:
@@ -56,6 +63,12 @@ class Constraints:
                 raise InvalidInput(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
         if self.recompute is not None and self.recompute not in RECOMPUTE_POLICIES:
             raise InvalidInput(f"--recompute must be one of {', '.join(RECOMPUTE_POLICIES)}, got {self.recompute!r}")
+        if self.recompute_policies is not None and not set(self.recompute_policies) <= set(RECOMPUTE_POLICIES):
+            raise InvalidInput(f"recompute_policies must be some of {', '.join(RECOMPUTE_POLICIES)}, got "
+                               f"{list(self.recompute_policies)}")
+        if self.full_layers_beside not in (None, *FULL_LAYERS_BESIDE):
+            raise InvalidInput(f"full_layers_beside must be one of {', '.join(FULL_LAYERS_BESIDE)}, got "
+                               f"{self.full_layers_beside!r}")
         if self.zero is not None and self.zero not in (0, 1, 2, 3):
             raise InvalidInput(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.stage_tp is not None:
@@ -77,12 +90,28 @@ class Constraints:
             if not 0.0 <= frac <= 1.0:
                 raise InvalidInput(f"offload fraction of {cls} must be within 0..1, got {frac}")
 
+    def recompute_runs(self, execution) -> tuple[str, ...]:
+        """The recompute policies both the stack's framework and the launch framework run."""
+        return tuple(r for r in execution.recompute_policies
+                     if self.recompute_policies is None or r in self.recompute_policies)
+
+    def beside_full_layers(self, execution) -> str:
+        """What a chunk's other layers run beside full recompute of its first k, where both frameworks agree."""
+        agree = self.full_layers_beside in (None, execution.full_layers_beside)
+        return execution.full_layers_beside if agree and execution.full_layers_beside in self.recompute_runs(
+            execution) else "off"
+
+    def sequence_parallel_runs(self, execution) -> bool:
+        """Whether tensor parallelism runs with sequence parallelism on both frameworks."""
+        return execution.sequence_parallel and self.sequence_parallel is not False
+
     def check_stack(self, execution, training: bool) -> None:
-        """Refuse a --recompute the stack's framework cannot run (`Execution.recompute_policies`)."""
-        if training and self.recompute is not None and self.recompute not in execution.recompute_policies:
-            raise InvalidInput(f"the {execution.name} stack cannot run {self.recompute} recompute (it runs "
-                               f"{', '.join(execution.recompute_policies)}); give --recompute "
-                               f"{' or '.join(execution.recompute_policies)}, or plan with another --stack")
+        """Refuse a --recompute the stack's framework, or the launch framework, cannot run."""
+        runs = self.recompute_runs(execution)
+        if training and self.recompute is not None and self.recompute not in runs:
+            whose = f"the {execution.name} stack" + (" with this backend" if self.recompute_policies else "")
+            raise InvalidInput(f"{whose} cannot run {self.recompute} recompute (it runs {', '.join(runs)}); give "
+                               f"--recompute {' or '.join(runs)}, or plan with another --stack")
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any] | None) -> "Constraints":
@@ -100,6 +129,8 @@ class Constraints:
             d["offload"] = tuple(sorted((str(k), float(v)) for k, v in d["offload"].items() if float(v) > 0))
         elif d.get("offload") is not None:
             d["offload"] = tuple(sorted((str(k), float(v)) for k, v in d["offload"] if float(v) > 0))
+        if d.get("recompute_policies") is not None:
+            d["recompute_policies"] = tuple(d["recompute_policies"])
         return cls(**{k: v for k, v in d.items() if v is not None})
 
     def given(self) -> dict[str, Any]:
@@ -146,7 +177,7 @@ class Constraints:
         cp 1 for a model with routed experts"); empty when nothing is fixed."""
         limits = self.kind_limits(experts=experts, inout=inout)
         fixed = ", ".join(f"--{k.replace('_', '-')} {_show(v)}" for k, v in self.given().items()
-                          if k not in _KIND_LIMITS and k != "ends_alone")  # a cut, never what rules a mesh out
+                          if k not in _KIND_LIMITS and k not in _LAUNCH_LIMITS)  # never what rules a mesh out
         held = []
         for prefix, why in (("moe_", "for a model with routed experts"),
                             ("inout_", "for a model with [in, out] linear weights")):
@@ -166,9 +197,13 @@ class Constraints:
             out["stage_tp"] = list(out["stage_tp"])
         if "offload" in out:
             out["offload"] = dict(out["offload"])
+        if "recompute_policies" in out:
+            out["recompute_policies"] = list(out["recompute_policies"])
         return out
 
 
+#: A launch framework's limits that rule out no mesh: a pipeline cut, its recompute, its sequence parallelism.
+_LAUNCH_LIMITS = ("ends_alone", "recompute_policies", "full_layers_beside", "sequence_parallel")
 #: Each model-kind limit: how a sentence names it.
 _KIND_LIMITS = {"moe_tp": "tp {}", "moe_etp": "etp {}", "moe_cp": "cp {}", "moe_ep_tp": "ep {} at tp > 1",
                 "inout_tp": "tp {}"}

@@ -76,7 +76,7 @@ class _Search:
         self.budget, self.layouts, self.c, self.gap = budget, layouts, constraints, gap
         self.report = progress or (lambda msg, frac: None)
         constraints.check_stack(workload.execution, workload.mode == "train")
-        self.sp = workload.execution.sequence_parallel  # tensor parallelism with sequence parallelism
+        self.sp = constraints.sequence_parallel_runs(workload.execution)  # tensor parallelism with it
         self.allow_offload = allow_offload and constraints.offload is None
         self.base_offload = tuple(sorted(constraints.offload or ()))
         # the layout ILP runs to its proven optimum or its work limit (a layout solved short of its optimum says
@@ -97,7 +97,7 @@ class _Search:
         self.best: Candidate | None = None
         self.pruned_bound = math.inf
         self.pruned = 0
-        self.reps = Representatives(self.scorer, workload, self.layers, layouts, budget)
+        self.reps = Representatives(self.scorer, workload, self.layers, layouts, budget, self.sp)
         self.schedules: dict[tuple, float] = {}  # every schedule region seen -> its bound
         self.fitted: dict[tuple, dict[int, int]] = {}  # schedule -> ZeRO level -> least recompute that fits
 
@@ -263,7 +263,7 @@ class _Search:
                 self._push("schedule", key, max(bound, node.bound_s), refined=True)
 
     def _recomputes(self) -> list[str]:  # in training, what the stack's framework can run (or the one asked)
-        runs = self.workload.execution.recompute_policies if self.training else ("none",)
+        runs = self.c.recompute_runs(self.workload.execution) if self.training else ("none",)
         return [self.c.recompute] if self.c.recompute and self.training else [r for r in RECOMPUTES if r in runs]
 
     def _zeros(self, s: Strategy) -> list[int]:
@@ -295,7 +295,7 @@ class _Search:
                 frugal = c  # the highest ZeRO level tried keeps least
         if frugal is None or self._closed(node.bound_s):
             return
-        beside = self.workload.execution.full_layers_beside  # what the other layers run beside some full ones
+        beside = self.c.beside_full_layers(self.workload.execution)  # the other layers' beside some full ones
         if rc == beside and self.c.recompute is None and pp * vpp <= self.layers:
             self._fewest_full_layers(frugal.strategy, frugal.peak_bytes)
         if self.allow_offload:

@@ -28,8 +28,9 @@ CAST_SPREAD = 1 << 20
 class Representatives:
     """Costings of the search's region representatives, and the per-layer times bounds read from them."""
 
-    def __init__(self, scorer, workload: Workload, layers: int, layouts: str, budget: Budget) -> None:
+    def __init__(self, scorer, workload: Workload, layers: int, layouts: str, budget: Budget, sp: bool = True) -> None:
         self.scorer, self.workload, self.layers, self.layouts, self.budget = scorer, workload, layers, layouts, budget
+        self.sp = sp  # tensor parallelism with sequence parallelism (what the stack and the launcher run)
         self.costings: dict[tuple, Any] = {}  # (tp, cp, mb, ep, etp, recompute) -> StageCosts (None: not costable)
         self.exchanges: dict[tuple, Any] = {}  # (tp, cp, mb, ep, etp) -> its expert exchange per MoE block
 
@@ -39,8 +40,7 @@ class Representatives:
         the expert folding needs (any data degree the folding allows: it changes no per-layer time)."""
         dp = ep * etp
         s = Strategy(tp=tp, cp=cp, pp=max(1, self.layers), dp=dp, ep=ep, etp=0 if etp == tp else etp,
-                     micro_batch=mb, recompute=recompute, sp=tp > 1 and self.workload.execution.sequence_parallel,
-                     layouts=self.layouts)
+                     micro_batch=mb, recompute=recompute, sp=tp > 1 and self.sp, layouts=self.layouts)
         if self._spread() == 1:
             return s, replace(self.workload, global_batch=dp * mb)
         # the cast spread over so many micro-batches that it is the least any strategy pays: a cache's share, or

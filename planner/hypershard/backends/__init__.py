@@ -44,11 +44,17 @@ PLAN_LIMITS: dict[str, dict[str, Any]] = {
     # over data-parallel ranks only (so at tp 1), and splits nn.Linear's [out, in] only (backends/torch_refusals.py)
     "torch": {"moe_etp": 1, "moe_cp": 1, "moe_ep_tp": 1, "inout_tp": 1},
     "jax": {"pp": 1, "offload": ()},  # no pipeline runtime on one mesh, no host offload (see backends/jax.py)
-    # the launch formats take no fractions of memory classes off HBM (their exporters list the rest they refuse)
-    "megatron": {"offload": ()},
-    "torchtitan": {"offload": ()},
-    "mindformers": {"offload": (), "ends_alone": False},  # its per-stage offsets give every stage a layer
-    "deepspeed": {"pp": 1, "cp": 1, "offload": ()},  # ZeRO configs have no pipeline or context parallelism
+    # the launch formats take no fractions of memory classes off HBM (their exporters list the rest they refuse), and
+    # each framework recomputes its own way: Megatron-LM's block method leaves the layers past the first k
+    # unrecomputed, torchtitan and DeepSpeed count no layers, MindFormers' select_recompute names MindSpore ops
+    "megatron": {"offload": (), "full_layers_beside": "none"},
+    "torchtitan": {"offload": (), "full_layers_beside": "off"},
+    # its per-stage offsets give every stage a layer
+    "mindformers": {"offload": (), "ends_alone": False, "recompute_policies": ("none", "full"),
+                    "full_layers_beside": "none"},
+    # ZeRO configs have no pipeline or context parallelism; AutoTP splits linears only
+    "deepspeed": {"pp": 1, "cp": 1, "offload": (), "recompute_policies": ("none", "full"), "full_layers_beside": "off",
+                  "sequence_parallel": False},
 }
 
 
