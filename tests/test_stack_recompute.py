@@ -22,6 +22,7 @@ from planner.errors import InvalidInput
 from planner.hypershard import Request, declare, declare_plan
 from planner.hypershard.backends import export, plan_limits
 from planner.search.constraints import Constraints
+from planner.strategy import Strategy
 
 TINY = dict(layers=8, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=128)
 #: a stack preset -> the launch backend of its framework
@@ -141,6 +142,10 @@ def test_a_launch_frameworks_limits_are_checked_and_written_back():
                                   "sequence_parallel": False})
     assert c.recompute_policies == ("full", "none") and c.as_section()["recompute_policies"] == ["full", "none"]
     assert c.unmet(experts=False, inout=False) == ""  # limits of a framework, not knobs the user fixed
+    wide = Strategy(tp=8, pp=2, dp=1, stage_tp=(4, 8), sp=True)
+    assert Constraints().allows(wide, experts=False, inout=False)
+    assert not Constraints(stage_widths=False).allows(wide, experts=False, inout=False)
+    assert all(plan_limits(b)["stage_widths"] is False for b in ("megatron", "torchtitan", "mindformers", "deepspeed"))
     for bad, words in ((dict(recompute_policies=["some"]), "recompute_policies must be some of"),
                        (dict(full_layers_beside="all"), "full_layers_beside must be one of")):
         with pytest.raises(InvalidInput, match=words):

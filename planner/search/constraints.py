@@ -55,6 +55,7 @@ class Constraints:
     recompute_policies: tuple[str, ...] | None = None
     full_layers_beside: str | None = None
     sequence_parallel: bool | None = None
+    stage_widths: bool | None = None  # False: every pipeline stage of one tensor width (no launch config has more)
 
     def __post_init__(self) -> None:
         for name in _DEGREES:
@@ -163,6 +164,8 @@ class Constraints:
             return False
         if self.stage_tp is not None and tuple(s.stage_tp) != self.stage_tp:
             return False
+        if self.stage_widths is False and s.stage_tp:
+            return False
         if self.offload is not None and tuple(sorted(s.offload)) != tuple(sorted(self.offload)):
             return False
         return self.ends_alone is not False or not s.stage_layers or min(s.stage_layers[0], s.stage_layers[-1]) > 0
@@ -203,7 +206,7 @@ class Constraints:
 
 
 #: A launch framework's limits that rule out no mesh: a pipeline cut, its recompute, its sequence parallelism.
-_LAUNCH_LIMITS = ("ends_alone", "recompute_policies", "full_layers_beside", "sequence_parallel")
+_LAUNCH_LIMITS = ("ends_alone", "recompute_policies", "full_layers_beside", "sequence_parallel", "stage_widths")
 #: Each model-kind limit: how a sentence names it.
 _KIND_LIMITS = {"moe_tp": "tp {}", "moe_etp": "etp {}", "moe_cp": "cp {}", "moe_ep_tp": "ep {} at tp > 1",
                 "inout_tp": "tp {}"}

@@ -47,14 +47,15 @@ PLAN_LIMITS: dict[str, dict[str, Any]] = {
     # the launch formats take no fractions of memory classes off HBM (their exporters list the rest they refuse), and
     # each framework recomputes its own way: Megatron-LM's block method leaves the layers past the first k
     # unrecomputed, torchtitan and DeepSpeed count no layers, MindFormers' select_recompute names MindSpore ops
-    "megatron": {"offload": (), "full_layers_beside": "none"},
-    "torchtitan": {"offload": (), "full_layers_beside": "off"},
+    # (and every stage of one tensor width: `launch.common_problems`)
+    "megatron": {"offload": (), "full_layers_beside": "none", "stage_widths": False},
+    "torchtitan": {"offload": (), "full_layers_beside": "off", "stage_widths": False},
     # its per-stage offsets give every stage a layer
     "mindformers": {"offload": (), "ends_alone": False, "recompute_policies": ("none", "full"),
-                    "full_layers_beside": "none"},
+                    "full_layers_beside": "none", "stage_widths": False},
     # ZeRO configs have no pipeline or context parallelism; AutoTP splits linears only
     "deepspeed": {"pp": 1, "cp": 1, "offload": (), "recompute_policies": ("none", "full"), "full_layers_beside": "off",
-                  "sequence_parallel": False},
+                  "sequence_parallel": False, "stage_widths": False},
 }
 
 
