@@ -66,7 +66,8 @@ def mesh_axes(cluster: Cluster, s: Strategy) -> tuple[dict[str, Any], ...]:
             spans = place_group(cluster, width, stride=1) if width > 1 else ()
             axes.append({"name": f"stage{stage}", "size": last - first + 1, "ranks": [first, last], "tp": width,
                          "levels": [f"{sp.level.name}x{sp.participants}" for sp in spans]})
-    if s.ep > 1:  # experts fold onto a stage's tp x cp x dp ranks: etp fastest, then ep, then edp
+    if s.ep > 1 or (s.etp and s.expert_tp != s.tp):  # experts fold onto a stage's tp x cp x dp ranks: etp fastest,
+        # then ep, then edp (an alias of one expert rank says the experts keep out of the tensor axis: etp 1)
         spans = place_group(cluster, s.ep, stride=s.expert_tp)
         axes.append({"name": "ep", "size": s.ep, "stride": s.expert_tp,
                      "within": "tp x cp x dp" if s.expert_tp != s.tp else "dp x cp", "etp": s.expert_tp,

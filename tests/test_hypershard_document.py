@@ -225,3 +225,18 @@ def test_layers_recomputed_fully_per_chunk_are_listed_by_name_and_round_trip(tmp
     back = read_document(str(tmp_path / "r.yaml"))
     assert strategy_of(back).full_recompute_layers == 1
     assert validate_document(back).ok
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_experts_kept_out_of_the_tensor_axis_round_trip_on_any_expert_degree(tmp_path, ep):
+    """etp 1 under tp 2 is written as an ep alias within tp x cp x dp, of size 1 too: read back at ep 1 it had
+    become etp = tp, and the re-score charged the expert-tensor exchange the plan does not run (3.3 s of a 12 s
+    Qwen3-30B step on 16 H100s)."""
+    moe = dict(layers=2, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=64, experts=8, top_k=2)
+    doc = declare("mixtral-8x7b", cluster="dgx-h100", devices=8, global_batch=16, seq_len=64, overrides=moe,
+                  tp=2, ep=ep, etp=1, sp=True, zero=1)
+    write_document(doc, str(tmp_path / "e.yaml"))
+    back = read_document(str(tmp_path / "e.yaml"))
+    s = strategy_of(back)
+    assert (s.ep, s.expert_tp) == (ep, 1)
+    assert validate_document(back).ok

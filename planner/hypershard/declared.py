@@ -82,7 +82,8 @@ def view_strategy(v: Mapping[str, Any]) -> Strategy:
     alias = next((a for a in mesh.get("aliases", []) if a["name"] == "ep"), {"size": 1})
     ep = alias["size"]
     # experts within cp x dp keep the tensor axis (etp = tp, Megatron-Core's default); within tp x cp x dp, etp 1
-    etp = 1 if ep > 1 and axes.get("tp", 1) > 1 and "tp" in alias.get("within", ()) else 0
+    # (also where they are on one expert rank: an alias of size 1)
+    etp = 1 if axes.get("tp", 1) > 1 and "tp" in alias.get("within", ()) else 0
     prog = v["programs"][0]
     chunks = chunk_layers(v)
     sizes = tuple(len(chunks[c]) for c in sorted(chunks))
