@@ -19,8 +19,9 @@ from planner.api import estimate_model, plan_model
 from planner.costing.execution import load_execution, parse_execution
 from planner.costing.stack_choices import RECOMPUTE_POLICIES
 from planner.errors import InvalidInput
-from planner.hypershard import Request, declare, declare_plan
+from planner.hypershard import Request, declare, declare_plan, read_document, write_document
 from planner.hypershard.backends import export, plan_limits
+from planner.hypershard.validate import validate_document
 from planner.search.constraints import Constraints
 from planner.strategy import Strategy
 
@@ -122,9 +123,10 @@ def test_an_estimate_says_when_its_stack_cannot_launch_the_strategy(stack, strat
 
 
 @pytest.mark.parametrize("backend", ["megatron", "torchtitan", "deepspeed", "mindformers"])
-def test_a_plan_searched_for_a_backend_recomputes_as_its_framework_does(backend):
+def test_a_plan_searched_for_a_backend_recomputes_as_its_framework_does(backend, tmp_path):
     """`plan --backend` adds the launch framework's own limits to the stack's (`PLAN_LIMITS`): the default stack's
-    plan of a job that must recompute goes out to each launcher, whose framework may recompute otherwise."""
+    plan of a job that must recompute goes out to each launcher, whose framework may recompute otherwise, and
+    its declaration, which keeps those limits among its constraints, validates."""
     plan = _tight(None, **plan_limits(backend))
     s = plan["strategy"]
     limits = Constraints.from_mapping(plan_limits(backend))
@@ -135,6 +137,8 @@ def test_a_plan_searched_for_a_backend_recomputes_as_its_framework_does(backend)
     doc = declare_plan(plan, Request(model=_TIGHT["model"], cluster=_TIGHT["cluster"], overrides=_TIGHT["overrides"],
                                      memory_gib=12.0))
     assert export(doc, backend)
+    write_document(doc, str(tmp_path / "plan.yaml"))
+    assert validate_document(read_document(str(tmp_path / "plan.yaml"))).ok
 
 
 def test_a_launch_frameworks_limits_are_checked_and_written_back():
