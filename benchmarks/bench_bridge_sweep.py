@@ -61,6 +61,7 @@ from benchmarks.calibration_spec_helpers import (  # noqa: E402
 from planner.calibration import read_runs  # noqa: E402
 from planner.calibration.bridge_sweep import ERRORS, errors_table  # noqa: E402
 from planner.calibration.hardware_pairs import PAIRS, pairs, pairs_table  # noqa: E402
+from planner.calibration.layout_pairs import ratio_error  # noqa: E402
 from planner.calibration.predict import Predictor, predict_all, summarise  # noqa: E402
 from planner.calibration.runs import parse_run  # noqa: E402
 from planner.costing.pipeline_cut import accounted_split  # noqa: E402
@@ -220,6 +221,43 @@ def release_spread(rows: list[dict]) -> str:
             f"{100 * worst:+.1f} % ({b['model']} on {b['hardware']}, {a['release']} -> {b['release']}).")
 
 
+def retuned(items: list, rows: list[dict]) -> str:
+    """How well the estimate follows a preset's retuning: consecutive rows of one job (hardware, model, precision)
+    whose run changed as the estimate reads it (its strategy, stack settings, batch or GPUs; not a renamed preset
+    that runs the same), the estimated ratio of their tokens/s per GPU against the measured one
+    (`layout_pairs.ratio_error`), per kind of job. What a plan's choice between two settings rests on, with the
+    releases' own drift (`release_spread`) in the measured ratio. One sentence."""
+    order = sorted({r["release"] for r in rows}, key=lambda v: tuple(int(x) for x in v.split(".")))
+    jobs = defaultdict(list)
+    for p, _ in scored(items):
+        r = rows[int(re.search(r"rows\[(\d+)\]", p.run.source).group(1))]
+        ran = (json.dumps(p.run.strategy, sort_keys=True), p.run.execution, p.run.global_batch, p.run.devices)
+        jobs[(r["hardware"], r["model"], r["precision"])].append((order.index(r["release"]), ran, p))
+    found = defaultdict(list)
+    for group in jobs.values():
+        group.sort(key=lambda t: t[0])
+        for (ia, pa, a), (ib, pb, b) in zip(group, group[1:]):
+            if pa != pb:
+                per = [p.run.global_batch * p.run.seq_len / p.run.devices for p in (a, b)]
+                measured, estimated = per[1] * a.measured_s / (per[0] * b.measured_s), \
+                    per[1] * a.predicted_s / (per[0] * b.predicted_s)
+                found[a.run.category].append((ratio_error(measured, estimated), (measured > 1) != (estimated > 1),
+                                              a, b))
+    if not found:
+        return ""
+    parts = []
+    for category, got in sorted(found.items()):
+        errs = sorted(e for e, _, _, _ in got)
+        worst = max(got, key=lambda t: t[0])
+        median = (errs[(len(errs) - 1) // 2] + errs[len(errs) // 2]) / 2
+        parts.append(f"{category.split('_')[0]} {len(got)} pairs, {100 * median:.1f} % (median), "
+                     f"{100 * errs[-1]:.1f} % at most ({worst[3].run.model} on {worst[3].run.hardware}, "
+                     f"{worst[2].run.id.split('-')[0]} -> {worst[3].run.id.split('-')[0]}), "
+                     f"{sum(f for _, f, _, _ in got)} flipped")
+    return ("Release to release with the preset retuned (its layout, batch or stack settings changed), the "
+            "estimated change in tokens/s per GPU against the measured one: " + "; ".join(parts) + ".")
+
+
 def later(items: list) -> str:
     """The sentence on the scored rows of releases published after every preset was fitted
     (`calibration_readings.LATER_RELEASES`): the blindest check the sweep has ("" without any)."""
@@ -265,7 +303,10 @@ def main() -> None:
     print("\n".join(table(items)))
     if said := unscored(items):
         print(f"\n{said}")
-    print(f"\n{release_spread(json.loads(DATA.read_text(encoding='utf-8'))['rows'])}")
+    rows = json.loads(DATA.read_text(encoding='utf-8'))['rows']
+    print(f"\n{release_spread(rows)}")
+    if said := retuned(items, rows):
+        print(f"\n{said}")
     if said := later(items):
         print(f"\n{said}")
     if args.rows:

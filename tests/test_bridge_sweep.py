@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_bridge_sweep import DATA, later, release_spread, row_key, run_of, scored, sweep, table, unscored
+from benchmarks.bench_bridge_sweep import (DATA, later, release_spread, retuned, row_key, run_of, scored, sweep, table,
+                                          unscored)
 from planner.calibration import alternate_split, read_runs
 from planner.calibration.bridge_sweep import ERRORS, errors_table, rows_of
 from planner.calibration.predict import Predictor
@@ -98,6 +99,7 @@ def test_readme_shows_the_sweep_as_it_is(swept):
     assert "\n".join(lines) in readme, "the README's sweep table is stale: run benchmarks/bench_bridge_sweep.py"
     assert unscored(swept) in readme, "the README does not say which rows the sweep leaves unscored"
     assert release_spread(ROWS) in readme, "the README's release-to-release spread is stale"
+    assert retuned(swept, ROWS) in readme, "the README's retuned-preset pairs are stale"
 
 
 def test_readme_and_what_ifs_show_the_hardware_pairs_as_they_are(swept):
@@ -264,3 +266,14 @@ def test_readme_states_the_rows_published_after_the_fits_as_they_are(swept):
     assert said.startswith("Published after every preset was fitted (NeMo 26.08), 8 rows"), said
     assert said in README.read_text(encoding="utf-8"), "the README's 26.08 sentence is stale: run bench_bridge_sweep.py"
     assert not any(r.id.startswith("26.08-") for r in read_runs()), "a later release's row is shipped, so not blind"
+
+
+def test_a_retuned_preset_pairs_rows_whose_run_changed(swept):
+    """Retuned pairs are consecutive rows of one job whose run changed as the estimate reads it: a preset renamed or
+    re-read that runs the same is a release's drift (`release_spread`), not a retuning."""
+    said = retuned(swept, ROWS)
+    m = re.search(r"moe (\d+) pairs, ([0-9.]+) % \(median\), ([0-9.]+) % at most \([^)]*\), (\d+) flipped", said)
+    assert m, said
+    pairs, median, worst, flipped = int(m[1]), float(m[2]), float(m[3]), int(m[4])
+    changed = sum(1 for a, b in zip(ROWS, ROWS[1:]) if a.get("preset_fields") != b.get("preset_fields"))
+    assert 20 <= pairs < changed and median <= worst and flipped <= pairs // 10
