@@ -5,6 +5,7 @@ Megatron-LM builds them construct (their __post_init__ validates) with the plan'
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import shlex
@@ -15,7 +16,7 @@ import pytest
 from launch_plans import REFUSES, WRITES, parse_pinned, plan, shape
 from planner.errors import InvalidInput
 from planner.hypershard import strategy_of
-from planner.hypershard.backends import export, launch_config
+from planner.hypershard.backends import export, launch, launch_config
 
 PINNED = json.loads((Path(__file__).parent / "data" / "megatron_arguments.json").read_text())
 
@@ -347,3 +348,18 @@ def test_fp8_attention_goes_out_as_a_note_as_megatron_lm_has_no_flag_for_it(tmp_
     assert any("runs attention in FP8 (fp8_attention), which this Megatron-LM launch does not set" in n for n in notes)
     plain = launch_config(declare("llama3-8b", overrides=TINY, **job), "megatron")["notes"]
     assert not any("fp8_attention" in n for n in plain)
+
+
+@pytest.mark.parametrize("backend, framework", [("megatron", "Megatron-LM"), ("torchtitan", "torchtitan"),
+                                                ("mindformers", "MindFormers")])
+def test_a_norm_scale_split_over_tp_goes_out_with_a_note_that_the_framework_keeps_it_whole(backend, framework):
+    """A searched layout may split a norm's scale over the tensor axis (the estimate costs the partial sums); every
+    launch framework keeps norm weights whole, so its config says it runs otherwise than scored."""
+    doc = copy.deepcopy(plan("3d"))
+    scales = [n for n, e in doc["layouts"]["params"].items() if e.get("op") == "scale"]
+    assert scales and not launch.split_scales(doc)
+    doc["layouts"]["params"][scales[-1]]["dims"] = ["tp"]
+    text = export(doc, backend)
+    text = text if isinstance(text, str) else text.decode()
+    said = f"the declaration splits 1 norm scale over tp ({scales[-1]}); {framework} keeps norm weights whole"
+    assert said in " ".join(line.lstrip("# ") for line in text.splitlines()), text[:600]

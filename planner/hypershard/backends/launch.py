@@ -50,6 +50,7 @@ class Training:
     moe: bool  # routed experts are declared (an ep alias on the mesh)
     execution: Execution  # the stack the plan was scored with: overlaps, FP8 recipe, what selective recompute is
     embedding: str  # how the token embedding is split over tp: "vocab", "hidden" or "whole"
+    split_scales: tuple[str, ...]  # the norm scales the declaration splits over tp (a framework keeps them whole)
     step_s: float | None
     peak_gib: float | None
     mtp: int = 0  # of the layers, the last ones that are multi-token-prediction depths (the declaration's model)
@@ -93,7 +94,7 @@ def training(doc: Mapping[str, Any], backend: str, base_dir: str | None = None) 
         micro_batches=s.micro_batches(_workload(doc)),
         chunks=tuple(len(chunks[c]) for c in sorted(chunks)),
         moe=any(a["name"] == "ep" for a in mesh.get("aliases", [])),
-        execution=_stack(doc, base_dir), embedding=embedding_split(doc),
+        execution=_stack(doc, base_dir), embedding=embedding_split(doc), split_scales=split_scales(doc),
         step_s=est.get("step_time_s"), peak_gib=(est.get("memory_gib") or {}).get("peak"),
         mtp=int(doc["model"].get("mtp_layers", 0)),
     )
@@ -124,6 +125,12 @@ def embedding_split(doc: Mapping[str, Any]) -> str:
                     return name
             return "whole"
     return "whole"
+
+
+def split_scales(doc: Mapping[str, Any]) -> tuple[str, ...]:
+    """The norm scales (op "scale") the declaration splits over tp, by name."""
+    return tuple(name for name, e in doc["layouts"]["params"].items()
+                 if e.get("op") == "scale" and any("tp" in dim_axes(d) for d in e["dims"]))
 
 
 #: A plan feature a format cannot express, and what to do about it.
@@ -206,6 +213,11 @@ def layout_notes(t: Training, framework: str) -> list[str]:
         out.append(f"the declaration splits the token embedding over tp on its hidden dim; {framework} splits it by "
                    "vocabulary (its own layout), so that one all-gather becomes an all-reduce: the estimate scored "
                    "the declared layout")
+    if t.s.tp > 1 and t.split_scales:
+        many = len(t.split_scales) > 1
+        out.append(f"the declaration splits {len(t.split_scales)} norm scale{'s' if many else ''} over tp "
+                   f"({', '.join(t.split_scales[:2])}{', ...' if len(t.split_scales) > 2 else ''}); {framework} keeps "
+                   f"norm weights whole on every tensor rank (its own layout): the estimate scored the declared layout")
     if attention_fp8_format(t):
         out.append(f"the stack runs attention in FP8 (fp8_attention), which this {framework} launch does not set: "
                    "it runs attention in 16 bits, so its attention differs from what the estimate scored (set "
