@@ -20,7 +20,7 @@ from planner.errors import Infeasible, InvalidInput
 from planner.hypershard import Request, declare_plan, declare_serving, write_document
 from planner.hypershard.io import check_output, check_suffix, read_constraints
 from planner.hypershard.backends import LAUNCH, export, plan_limits
-from planner.search.constraints import merge as merge_constraints
+from planner.search.constraints import LAUNCH_LIMITS, merge as merge_constraints
 from planner.strategy import run_lengths
 
 console = render.LiveConsole(highlight=False, soft_wrap=False)
@@ -206,7 +206,10 @@ def plan_cmd(
     if offload:
         fixed["offload"] = parse_offload(offload)
     if constraints_file is not None:
-        fixed = merge_constraints(read_constraints(constraints_file), fixed, constraints_file)
+        from_file = read_constraints(constraints_file)
+        if backend is not None:  # a plan file keeps its own backend's launch limits; --backend brings its own
+            from_file = {k: v for k, v in from_file.items() if k not in LAUNCH_LIMITS}
+        fixed = merge_constraints(from_file, fixed, constraints_file)
     if backend is not None:
         fixed = merge_constraints(plan_limits(backend), fixed, f"--backend {backend}",
                                   "export with another backend")

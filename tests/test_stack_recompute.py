@@ -10,10 +10,12 @@ recompute settings to its launcher's, and the plan to its stack's.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from planner.api import estimate_model, plan_model
 from planner.costing.execution import load_execution, parse_execution
@@ -154,3 +156,21 @@ def test_a_launch_frameworks_limits_are_checked_and_written_back():
                        (dict(full_layers_beside="all"), "full_layers_beside must be one of")):
         with pytest.raises(InvalidInput, match=words):
             Constraints.from_mapping(bad)
+
+
+def test_a_plan_file_of_one_launcher_replans_for_another(tmp_path):
+    """A plan file keeps its backend's launch limits among its constraints; `plan --constraints FILE --backend X`
+    takes X's instead of refusing the two as a disagreement, and keeps the knobs the user fixed."""
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    limits = Constraints.from_mapping(plan_limits("deepspeed") | dict(tp=8, micro_batch=4)).as_section()
+    (tmp_path / "ds.yaml").write_text(yaml.safe_dump({"constraints": limits}))
+    args = ["plan", "gpt", "--cluster", "dgx-a100", "--devices", "8", "--global-batch", "32", "--seq-len", "8192",
+            "--memory-gib", "12", "--no-offload", "--set", "layers=16", "--set", "hidden=4096", "--set", "heads=32",
+            "--set", "vocab=51200", "--constraints", str(tmp_path / "ds.yaml"), "--backend", "megatron", "--json"]
+    run = CliRunner().invoke(app, args)
+    assert run.exit_code == 0, run.output
+    s = json.loads(run.output)["strategy"]
+    assert (s["tp"], s["micro_batch"], s["sp"]) == (8, 4, True)  # the user's knobs kept, megatron's SP taken

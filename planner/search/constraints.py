@@ -180,7 +180,7 @@ class Constraints:
         cp 1 for a model with routed experts"); empty when nothing is fixed."""
         limits = self.kind_limits(experts=experts, inout=inout)
         fixed = ", ".join(f"--{k.replace('_', '-')} {_show(v)}" for k, v in self.given().items()
-                          if k not in _KIND_LIMITS and k not in _LAUNCH_LIMITS)  # never what rules a mesh out
+                          if k not in _KIND_LIMITS and k not in LAUNCH_LIMITS)  # never what rules a mesh out
         held = []
         for prefix, why in (("moe_", "for a model with routed experts"),
                             ("inout_", "for a model with [in, out] linear weights")):
@@ -206,7 +206,7 @@ class Constraints:
 
 
 #: A launch framework's limits that rule out no mesh: a pipeline cut, its recompute, its sequence parallelism.
-_LAUNCH_LIMITS = ("ends_alone", "recompute_policies", "full_layers_beside", "sequence_parallel", "stage_widths")
+LAUNCH_LIMITS = ("ends_alone", "recompute_policies", "full_layers_beside", "sequence_parallel", "stage_widths")
 #: Each model-kind limit: how a sentence names it.
 _KIND_LIMITS = {"moe_tp": "tp {}", "moe_etp": "etp {}", "moe_cp": "cp {}", "moe_ep_tp": "ep {} at tp > 1",
                 "inout_tp": "tp {}"}
