@@ -152,6 +152,10 @@ def test_a_launch_frameworks_limits_are_checked_and_written_back():
     assert Constraints().allows(wide, experts=False, inout=False)
     assert not Constraints(stage_widths=False).allows(wide, experts=False, inout=False)
     assert all(plan_limits(b)["stage_widths"] is False for b in ("megatron", "torchtitan", "mindformers", "deepspeed"))
+    ds = Constraints.from_mapping(plan_limits("deepspeed"))  # AutoEP: experts over data-parallel ranks only
+    assert not ds.allows_mesh(2, 1, 1, 4, 2, 1, experts=True, inout=False)
+    assert ds.allows_mesh(1, 1, 1, 8, 8, 1, experts=True, inout=False) and ds.allows_mesh(2, 1, 1, 4, 1, 1,
+                                                                                         experts=True, inout=False)
     for bad, words in ((dict(recompute_policies=["some"]), "recompute_policies must be some of"),
                        (dict(full_layers_beside="all"), "full_layers_beside must be one of")):
         with pytest.raises(InvalidInput, match=words):

@@ -53,9 +53,10 @@ PLAN_LIMITS: dict[str, dict[str, Any]] = {
     # its per-stage offsets give every stage a layer
     "mindformers": {"offload": (), "ends_alone": False, "recompute_policies": ("none", "full"),
                     "full_layers_beside": "none", "stage_widths": False},
-    # ZeRO configs have no pipeline or context parallelism; AutoTP splits linears only
+    # ZeRO configs have no pipeline or context parallelism; AutoTP splits linears only, and AutoEP folds experts over
+    # data-parallel ranks only (no expert parallelism beside tensor parallelism)
     "deepspeed": {"pp": 1, "cp": 1, "offload": (), "recompute_policies": ("none", "full"), "full_layers_beside": "off",
-                  "sequence_parallel": False, "stage_widths": False},
+                  "sequence_parallel": False, "stage_widths": False, "moe_ep_tp": 1},
 }
 
 
