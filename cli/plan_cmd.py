@@ -112,7 +112,8 @@ def plan_cmd(
         "recompute as the framework runs it (full "
         "recompute of some layers only beside none on megatron and mindformers, not at all on torchtitan and "
         "deepspeed; no selective on mindformers and deepspeed), and deepspeed no pipeline, context or sequence "
-        "parallelism and experts over data-parallel ranks only), and check the plan exports to it.",
+        "parallelism and experts over data-parallel ranks only, torchtitan ZeRO >= 1 beside tp, pp or cp), and "
+        "check the plan exports to it.",
         rich_help_panel=_FIX,
         show_default=False)] = None,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the HyperShard declaration to a "

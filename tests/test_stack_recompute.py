@@ -178,3 +178,14 @@ def test_a_plan_file_of_one_launcher_replans_for_another(tmp_path):
     assert run.exit_code == 0, run.output
     s = json.loads(run.output)["strategy"]
     assert (s["tp"], s["micro_batch"], s["sp"]) == (8, 4, True)  # the user's knobs kept, megatron's SP taken
+
+
+def test_torchtitans_one_dimensional_ddp_keeps_unsharded_data_parallelism_alone():
+    """torchtitan's DDP is one-dimensional: `plan --backend torchtitan` shards data parallelism (ZeRO >= 1) beside
+    tensor, pipeline or context parallelism, as its export requires."""
+    tt = Constraints.from_mapping(plan_limits("torchtitan"))
+    assert not tt.zero_allowed(0, 4, 2) and tt.zero_allowed(1, 4, 2) and tt.zero_allowed(0, 8, 1)
+    plan = plan_model("llama3-8b", cluster="dgx-h100", devices=8, global_batch=16, seq_len=64, overrides=TINY,
+                      offload=False, mpmd=False, time_limit_s=None, stack="torchtitan",
+                      constraints=plan_limits("torchtitan") | dict(tp=2, zero=0))
+    assert plan["strategy"]["dp"] == 1 or plan["strategy"]["zero"] > 0, plan["strategy"]["summary"]

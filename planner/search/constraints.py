@@ -56,6 +56,7 @@ class Constraints:
     full_layers_beside: str | None = None
     sequence_parallel: bool | None = None
     stage_widths: bool | None = None  # False: every pipeline stage of one tensor width (no launch config has more)
+    ddp_alone: bool | None = None  # True: unsharded data parallelism only without tp, pp or cp (torchtitan's DDP)
 
     def __post_init__(self) -> None:
         for name in _DEGREES:
@@ -105,6 +106,10 @@ class Constraints:
     def sequence_parallel_runs(self, execution) -> bool:
         """Whether tensor parallelism runs with sequence parallelism on both frameworks."""
         return execution.sequence_parallel and self.sequence_parallel is not False
+
+    def zero_allowed(self, zero: int, dp: int, model_parallel: int) -> bool:
+        """Whether a ZeRO level keeps the launch framework's limits (`ddp_alone`) at these degrees."""
+        return not (self.ddp_alone and zero == 0 and dp > 1 and model_parallel > 1)
 
     def check_stack(self, execution, training: bool) -> None:
         """Refuse a --recompute the stack's framework, or the launch framework, cannot run."""
@@ -166,6 +171,8 @@ class Constraints:
             return False
         if self.stage_widths is False and s.stage_tp:
             return False
+        if not self.zero_allowed(s.zero, s.dp, s.tp * s.pp * s.cp):
+            return False
         if self.offload is not None and tuple(sorted(s.offload)) != tuple(sorted(self.offload)):
             return False
         return self.ends_alone is not False or not s.stage_layers or min(s.stage_layers[0], s.stage_layers[-1]) > 0
@@ -206,7 +213,8 @@ class Constraints:
 
 
 #: A launch framework's limits that rule out no mesh: a pipeline cut, its recompute, its sequence parallelism.
-LAUNCH_LIMITS = ("ends_alone", "recompute_policies", "full_layers_beside", "sequence_parallel", "stage_widths")
+LAUNCH_LIMITS = ("ends_alone", "recompute_policies", "full_layers_beside", "sequence_parallel", "stage_widths",
+                 "ddp_alone")
 #: Each model-kind limit: how a sentence names it.
 _KIND_LIMITS = {"moe_tp": "tp {}", "moe_etp": "etp {}", "moe_cp": "cp {}", "moe_ep_tp": "ep {} at tp > 1",
                 "inout_tp": "tp {}"}

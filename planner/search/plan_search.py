@@ -268,7 +268,8 @@ class _Search:
 
     def _zeros(self, s: Strategy) -> list[int]:
         zeros = [0, 1, 2, 3] if s.dp * s.cp > 1 and self.training else [0]
-        return [z for z in zeros if self.c.zero is None or z == self.c.zero]
+        return [z for z in zeros if (self.c.zero is None or z == self.c.zero)
+                and self.c.zero_allowed(z, s.dp, s.tp * s.pp * s.cp)]
 
     def _leaves(self, node: _Node) -> None:
         """Score a schedule's strategies at one recompute policy: every ZeRO level that did not fit with less
@@ -356,7 +357,8 @@ class _Search:
             s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
                          recompute=b.recompute, zero=b.zero if dp * cp > 1 else 0, sp=tp > 1 and self.sp,
                          layouts=self.layouts, offload=b.offload, stage_layers=grid.chunk_cut(self.layers, pp, vpp))
-            self._score(s)
+            if self.c.zero_allowed(s.zero, s.dp, s.tp * s.pp * s.cp):
+                self._score(s)
 
     def _stage_widths(self) -> None:
         """Stages of different widths for the best few pipelines: heavy stages get more tensor ranks."""

@@ -49,7 +49,7 @@ PLAN_LIMITS: dict[str, dict[str, Any]] = {
     # unrecomputed, torchtitan and DeepSpeed count no layers, MindFormers' select_recompute names MindSpore ops
     # (and every stage of one tensor width: `launch.common_problems`)
     "megatron": {"offload": (), "full_layers_beside": "none", "stage_widths": False},
-    "torchtitan": {"offload": (), "full_layers_beside": "off", "stage_widths": False},
+    "torchtitan": {"offload": (), "full_layers_beside": "off", "stage_widths": False, "ddp_alone": True},
     # its per-stage offsets give every stage a layer
     "mindformers": {"offload": (), "ends_alone": False, "recompute_policies": ("none", "full"),
                     "full_layers_beside": "none", "stage_widths": False},
