@@ -189,3 +189,16 @@ def test_torchtitans_one_dimensional_ddp_keeps_unsharded_data_parallelism_alone(
                       offload=False, mpmd=False, time_limit_s=None, stack="torchtitan",
                       constraints=plan_limits("torchtitan") | dict(tp=2, zero=0))
     assert plan["strategy"]["dp"] == 1 or plan["strategy"]["zero"] > 0, plan["strategy"]["summary"]
+
+
+def test_a_launcher_runs_selective_recompute_only_as_its_framework_defines_it():
+    """Megatron-LM's selective recompute is its --recompute-modules and torchtitan's its op policy: `plan --backend`
+    takes selective recompute only where the stack means the same (the megatron export refuses torchtitan's)."""
+    tt, mc = load_execution("torchtitan"), load_execution("megatron-core")
+    meg, titan = (Constraints.from_mapping(plan_limits(b)) for b in ("megatron", "torchtitan"))
+    assert "selective" not in meg.recompute_runs(tt) and "selective" in meg.recompute_runs(mc)
+    assert "selective" not in titan.recompute_runs(mc) and "selective" in titan.recompute_runs(tt)
+    with pytest.raises(InvalidInput, match="the torchtitan stack with this backend cannot run selective recompute"):
+        Constraints.from_mapping(plan_limits("megatron") | {"recompute": "selective"}).check_stack(tt, True)
+    with pytest.raises(InvalidInput, match="selective must be one of"):
+        Constraints(selective="ops")

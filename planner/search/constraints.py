@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from planner.errors import InvalidInput
-from planner.costing.stack_choices import FULL_LAYERS_BESIDE
+from planner.costing.stack_choices import FULL_LAYERS_BESIDE, SELECTIVE
 from planner.strategy import OFFLOAD_CLASSES, RECOMPUTE_POLICIES, Strategy
 
 _DEGREES = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "micro_batch", "moe_tp", "moe_etp", "moe_cp", "moe_ep_tp",
@@ -57,6 +57,7 @@ class Constraints:
     sequence_parallel: bool | None = None
     stage_widths: bool | None = None  # False: every pipeline stage of one tensor width (no launch config has more)
     ddp_alone: bool | None = None  # True: unsharded data parallelism only without tp, pp or cp (torchtitan's DDP)
+    selective: str | None = None  # what the launch framework's selective recompute is (`Execution.selective`)
 
     def __post_init__(self) -> None:
         for name in _DEGREES:
@@ -68,6 +69,8 @@ class Constraints:
         if self.recompute_policies is not None and not set(self.recompute_policies) <= set(RECOMPUTE_POLICIES):
             raise InvalidInput(f"recompute_policies must be some of {', '.join(RECOMPUTE_POLICIES)}, got "
                                f"{list(self.recompute_policies)}")
+        if self.selective not in (None, *SELECTIVE):
+            raise InvalidInput(f"selective must be one of {', '.join(SELECTIVE)}, got {self.selective!r}")
         if self.full_layers_beside not in (None, *FULL_LAYERS_BESIDE):
             raise InvalidInput(f"full_layers_beside must be one of {', '.join(FULL_LAYERS_BESIDE)}, got "
                                f"{self.full_layers_beside!r}")
@@ -95,7 +98,8 @@ class Constraints:
     def recompute_runs(self, execution) -> tuple[str, ...]:
         """The recompute policies both the stack's framework and the launch framework run."""
         return tuple(r for r in execution.recompute_policies
-                     if self.recompute_policies is None or r in self.recompute_policies)
+                     if (self.recompute_policies is None or r in self.recompute_policies)
+                     and (r != "selective" or self.selective in (None, execution.selective)))
 
     def beside_full_layers(self, execution) -> str:
         """What a chunk's other layers run beside full recompute of its first k, where both frameworks agree."""
@@ -115,7 +119,8 @@ class Constraints:
         """Refuse a --recompute the stack's framework, or the launch framework, cannot run."""
         runs = self.recompute_runs(execution)
         if training and self.recompute is not None and self.recompute not in runs:
-            whose = f"the {execution.name} stack" + (" with this backend" if self.recompute_policies else "")
+            whose = f"the {execution.name} stack" + (" with this backend" if runs != execution.recompute_policies
+                                                     else "")
             raise InvalidInput(f"{whose} cannot run {self.recompute} recompute (it runs {', '.join(runs)}); give "
                                f"--recompute {' or '.join(runs)}, or plan with another --stack")
 
@@ -214,7 +219,7 @@ class Constraints:
 
 #: A launch framework's limits that rule out no mesh: a pipeline cut, its recompute, its sequence parallelism.
 LAUNCH_LIMITS = ("ends_alone", "recompute_policies", "full_layers_beside", "sequence_parallel", "stage_widths",
-                 "ddp_alone")
+                 "ddp_alone", "selective")
 #: Each model-kind limit: how a sentence names it.
 _KIND_LIMITS = {"moe_tp": "tp {}", "moe_etp": "etp {}", "moe_cp": "cp {}", "moe_ep_tp": "ep {} at tp > 1",
                 "inout_tp": "tp {}"}

@@ -46,10 +46,12 @@ PLAN_LIMITS: dict[str, dict[str, Any]] = {
     "jax": {"pp": 1, "offload": ()},  # no pipeline runtime on one mesh, no host offload (see backends/jax.py)
     # the launch formats take no fractions of memory classes off HBM (their exporters list the rest they refuse), and
     # each framework recomputes its own way: Megatron-LM's block method leaves the layers past the first k
-    # unrecomputed, torchtitan and DeepSpeed count no layers, MindFormers' select_recompute names MindSpore ops
+    # unrecomputed, torchtitan and DeepSpeed count no layers, MindFormers' select_recompute names MindSpore ops;
+    # Megatron-LM's selective recompute is its --recompute-modules, torchtitan's its op policy
     # (and every stage of one tensor width: `launch.common_problems`)
-    "megatron": {"offload": (), "full_layers_beside": "none", "stage_widths": False},
-    "torchtitan": {"offload": (), "full_layers_beside": "off", "stage_widths": False, "ddp_alone": True},
+    "megatron": {"offload": (), "full_layers_beside": "none", "stage_widths": False, "selective": "modules"},
+    "torchtitan": {"offload": (), "full_layers_beside": "off", "stage_widths": False, "ddp_alone": True,
+                   "selective": "every_other_matmul"},
     # its per-stage offsets give every stage a layer
     "mindformers": {"offload": (), "ends_alone": False, "recompute_policies": ("none", "full"),
                     "full_layers_beside": "none", "stage_widths": False},
