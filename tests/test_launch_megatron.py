@@ -363,3 +363,19 @@ def test_a_norm_scale_split_over_tp_goes_out_with_a_note_that_the_framework_keep
     text = text if isinstance(text, str) else text.decode()
     said = f"the declaration splits 1 norm scale over tp ({scales[-1]}); {framework} keeps norm weights whole"
     assert said in " ".join(line.lstrip("# ") for line in text.splitlines()), text[:600]
+
+
+@pytest.mark.parametrize("backend, framework", [("megatron", "Megatron-LM"), ("torchtitan", "torchtitan"),
+                                                ("mindformers", "MindFormers")])
+def test_a_router_split_over_tp_goes_out_with_a_note_that_the_framework_keeps_it_whole(backend, framework):
+    """The declaration marks a MoE router's weight (found from the graph); a searched layout may split it over the
+    experts, where Megatron-LM (a plain Parameter in TopKRouter), torchtitan (NoParallel) and DeepSpeed's AutoTP (it
+    skips the MoE gate) keep it whole on every tensor rank."""
+    doc = copy.deepcopy(plan("moe"))
+    routers = [n for n, e in doc["layouts"]["params"].items() if e.get("router")]
+    assert routers == ["model.layers.*.mlp.gate.weight"]
+    doc["layouts"]["params"][routers[0]]["dims"] = ["tp", None]
+    text = export(doc, backend)
+    text = text if isinstance(text, str) else text.decode()
+    said = f"the declaration splits the MoE router's weight over tp ({routers[0]}); {framework} keeps the router whole"
+    assert said in " ".join(line.lstrip("# ") for line in text.splitlines()), text[:600]

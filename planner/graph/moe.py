@@ -53,6 +53,14 @@ def expert_params(graph: Graph, structure: Structure, index: GraphIndex | None =
     return frozenset(p for f in moe_blocks(graph, index, structure).values() for p in f.params)
 
 
+def router_params(graph: Graph, structure: Structure, index: GraphIndex | None = None) -> frozenset[str]:
+    """The routers' weights of every MoE block (the GEMM whose top-k picks the experts)."""
+    from planner.graph.walk import index_graph
+
+    index = index or index_graph(graph)
+    return frozenset(p for f in moe_blocks(graph, index, structure).values() for p in f.router_params)
+
+
 def token_wide_params(graph: Graph, moe: MoeFacts) -> frozenset[str]:
     """The experts' weights holding one token's width per expert (E x hidden): an output bias (gpt-oss's
     down_proj_bias), or an up projection's bias as wide."""

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from planner.costing.activations import layer_inputs, requires_grad
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
-from planner.graph.moe import expert_params
+from planner.graph.moe import expert_params, router_params
 from planner.hypershard.roles import ParamRole
 from planner.strategy import Strategy
 
@@ -144,11 +144,13 @@ def param_layouts(graph: Graph, structure: Structure, estimated: Mapping[str, Ma
     flat = estimated_by_param(structure, estimated)
     widths = [r.input_shape[-1] for r in roles.values() if r.reads_residual and r.input_shape]
     hidden = max(sorted(set(widths)), key=widths.count) if widths else 0  # the residual stream's width
-    experts = expert_params(graph, structure)
+    experts, routers = expert_params(graph, structure), router_params(graph, structure)
     out: dict[str, dict[str, Any]] = {}
     for p in graph.params:
         shape = graph.tensors[p].shape or ()
         out[p] = param_layout(shape, flat.get(p, "R"), roles[p], s, seq_len, hidden, p in experts)
+        if p in routers:  # a MoE router's weight: launch frameworks keep it whole (`launch.layout_notes`)
+            out[p]["router"] = True
     return out
 
 

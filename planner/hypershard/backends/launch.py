@@ -51,6 +51,7 @@ class Training:
     execution: Execution  # the stack the plan was scored with: overlaps, FP8 recipe, what selective recompute is
     embedding: str  # how the token embedding is split over tp: "vocab", "hidden" or "whole"
     split_scales: tuple[str, ...]  # the norm scales the declaration splits over tp (a framework keeps them whole)
+    split_routers: tuple[str, ...]  # the MoE routers' weights it splits over tp (likewise)
     step_s: float | None
     peak_gib: float | None
     mtp: int = 0  # of the layers, the last ones that are multi-token-prediction depths (the declaration's model)
@@ -95,6 +96,7 @@ def training(doc: Mapping[str, Any], backend: str, base_dir: str | None = None) 
         chunks=tuple(len(chunks[c]) for c in sorted(chunks)),
         moe=any(a["name"] == "ep" for a in mesh.get("aliases", [])),
         execution=_stack(doc, base_dir), embedding=embedding_split(doc), split_scales=split_scales(doc),
+        split_routers=split_params(doc, lambda e: bool(e.get("router"))),
         step_s=est.get("step_time_s"), peak_gib=(est.get("memory_gib") or {}).get("peak"),
         mtp=int(doc["model"].get("mtp_layers", 0)),
     )
@@ -127,10 +129,15 @@ def embedding_split(doc: Mapping[str, Any]) -> str:
     return "whole"
 
 
+def split_params(doc: Mapping[str, Any], which) -> tuple[str, ...]:
+    """The parameters `which` picks (by entry) that the declaration splits over tp, by name."""
+    return tuple(name for name, e in doc["layouts"]["params"].items()
+                 if which(e) and any("tp" in dim_axes(d) for d in e["dims"]))
+
+
 def split_scales(doc: Mapping[str, Any]) -> tuple[str, ...]:
     """The norm scales (op "scale") the declaration splits over tp, by name."""
-    return tuple(name for name, e in doc["layouts"]["params"].items()
-                 if e.get("op") == "scale" and any("tp" in dim_axes(d) for d in e["dims"]))
+    return split_params(doc, lambda e: e.get("op") == "scale")
 
 
 #: A plan feature a format cannot express, and what to do about it.
@@ -205,7 +212,9 @@ def ends_problem(t: Training, doc: Mapping[str, Any]) -> list[Problem]:
 
 def layout_notes(t: Training, framework: str) -> list[str]:
     """Where `framework`'s launch runs otherwise than the estimate scored: declared tensor layouts its tensor
-    parallelism does not run (its own layouts, Megatron-LM's: a vocabulary-split embedding), and attention in FP8,
+    parallelism does not run (its own layouts, Megatron-LM's: a vocabulary-split embedding; norm weights and a MoE
+    router whole on every tensor rank: TopKRouter's weight is a plain Parameter, torchtitan gives the router
+    NoParallel, DeepSpeed's AutoTP skips the MoE gate and replaces linears only), and attention in FP8,
     which no generated launch sets (Megatron-LM leaves fp8_dot_product_attention off its command line:
     megatron/training/arguments.py at d7288711 lists it among the config fields without an argument)."""
     out = []
@@ -218,6 +227,10 @@ def layout_notes(t: Training, framework: str) -> list[str]:
         out.append(f"the declaration splits {len(t.split_scales)} norm scale{'s' if many else ''} over tp "
                    f"({', '.join(t.split_scales[:2])}{', ...' if len(t.split_scales) > 2 else ''}); {framework} keeps "
                    f"norm weights whole on every tensor rank (its own layout): the estimate scored the declared layout")
+    if t.s.tp > 1 and t.split_routers:
+        out.append(f"the declaration splits the MoE router's weight over tp ({t.split_routers[0]}); {framework} "
+                   f"keeps the router whole on every tensor rank (its own layout): the estimate scored the declared "
+                   "layout")
     if attention_fp8_format(t):
         out.append(f"the stack runs attention in FP8 (fp8_attention), which this {framework} launch does not set: "
                    "it runs attention in 16 bits, so its attention differs from what the estimate scored (set "
