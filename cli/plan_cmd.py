@@ -19,7 +19,7 @@ from planner.api import plan_inference, plan_model
 from planner.errors import Infeasible, InvalidInput
 from planner.hypershard import Request, declare_plan, declare_serving, write_document
 from planner.hypershard.io import check_output, check_suffix, read_constraints
-from planner.hypershard.backends import LAUNCH, export, plan_limits
+from planner.hypershard.backends import LAUNCH, export, launch_configs, plan_limits
 from planner.search.constraints import LAUNCH_LIMITS, merge as merge_constraints
 from planner.strategy import run_lengths
 
@@ -233,10 +233,12 @@ def plan_cmd(
                             stack=stack, strict_ops=strict_ops, constraints=fixed, solver=solver)
     request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
                       memory_gib=memory_gib)
+    doc = declare_plan(result, request)
     if backend is not None:
-        _check_exports(declare_plan(result, request), backend)
+        _check_exports(doc, backend)
+    result["launch_configs"] = launch_configs(doc)
     if output:
-        write_document(declare_plan(result, request), output, protect=(model, cluster, stack))
+        write_document(doc, output, protect=(model, cluster, stack))
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
         return
@@ -302,6 +304,8 @@ def print_plan(r: dict) -> None:
             for c in r["runners_up"]), right=("step",), prose=("why it lost",)))
         if r.get("close_calls"):
             console.print(r["close_calls"]["sentence"])
+    if r.get("launch_configs"):
+        console.print(render.launch_line(r["launch_configs"]))
     sr = r["search"]
     bound = f", bound {sr['bound_s']:.4g} s" if sr.get("bound_s") else ""
     console.print(f"searched {sr['evaluated']} strategies over {sr['meshes']} meshes ({sr.get('nodes', 0)} nodes, "

@@ -153,3 +153,18 @@ def progress(message: str) -> Iterator[None]:
         return
     with Console(stderr=True).status(escape(message)):
         yield
+
+
+def launch_line(configs: dict[str, str]) -> str:
+    """One sentence on a training plan's launch configs (`backends.launch_configs`): which backends write it, and
+    what the others cannot express (backends that refuse it alike named together)."""
+    writes = [b for b, why in configs.items() if not why]
+    alike: dict[str, list[str]] = {}
+    for b, why in configs.items():
+        if why:
+            alike.setdefault(why, []).append(b)
+    if not alike:
+        return f"launch configs: {', '.join(writes)} write this plan"
+    parts = ([f"{', '.join(writes)} write{'s' if len(writes) == 1 else ''} this plan"] if writes else []) + [
+        f"{', '.join(bs)} cannot express its {why}" for why, bs in alike.items()]
+    return f"launch configs: {'; '.join(parts)} (plan with --backend B for a plan B writes)"

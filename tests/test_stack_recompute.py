@@ -202,3 +202,22 @@ def test_a_launcher_runs_selective_recompute_only_as_its_framework_defines_it():
         Constraints.from_mapping(plan_limits("megatron") | {"recompute": "selective"}).check_stack(tt, True)
     with pytest.raises(InvalidInput, match="selective must be one of"):
         Constraints(selective="ops")
+
+
+def test_a_plan_says_which_launch_configs_write_it():
+    """`plan` names the training launch backends that write its plan and what the others cannot express, so a
+    plan made without --backend says where it launches (here Megatron-LM's block recompute, which torchtitan and
+    DeepSpeed cannot say)."""
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    args = ["plan", "gpt", "--cluster", "dgx-a100", "--devices", "8", "--global-batch", "32", "--seq-len", "8192",
+            "--memory-gib", "12", "--no-offload", "--set", "layers=16", "--set", "hidden=4096", "--set", "heads=32",
+            "--set", "vocab=51200", "--tp", "8", "--micro-batch", "4"]
+    configs = json.loads(CliRunner().invoke(app, args + ["--json"]).output)["launch_configs"]
+    assert configs["megatron"] == "" and configs["mindformers"] == ""
+    assert configs["torchtitan"].startswith("full recompute of the first") and "\n" not in configs["torchtitan"]
+    text = " ".join(CliRunner().invoke(app, args).output.split())
+    assert "launch configs: megatron, mindformers write this plan; torchtitan cannot express its full recompute" \
+        in text, text[-800:]

@@ -125,6 +125,22 @@ def launch_config(doc: Mapping[str, Any], backend: str, *, base_dir: str | None 
     return {"config": w.config, "notes": list(w.notes)}
 
 
+#: The launch backends of a training plan (vllm and sglang launch serving).
+TRAINING_LAUNCH: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "mindformers")
+
+
+def launch_configs(doc: Mapping[str, Any]) -> dict[str, str]:
+    """Per training launch backend, what of the plan it cannot express ("" where it writes the plan)."""
+    out = {}
+    for b in TRAINING_LAUNCH:
+        try:
+            export(doc, b)
+            out[b] = ""
+        except InvalidInput as exc:  # "the B backend cannot express this plan's WHAT; FIX"
+            out[b] = str(exc).split("this plan's ", 1)[-1].split("; ", 1)[0]
+    return out
+
+
 def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: str | None = None,
                    protect: tuple[str, ...] = ()) -> int:
     """Write the export to `out` atomically (never over an input); returns the bytes written."""
@@ -138,5 +154,6 @@ def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: 
     return write_atomically(out, lambda: export(doc, backend, base_dir=base_dir), protect, "export")
 
 
-__all__ = ["BACKENDS", "FLUSHING", "LAUNCH", "PLAN_LIMITS", "export", "export_to_file", "launch_config", "plan_limits",
+__all__ = ["BACKENDS", "FLUSHING", "LAUNCH", "PLAN_LIMITS", "TRAINING_LAUNCH", "export", "export_to_file",
+           "launch_config", "launch_configs", "plan_limits",
            "suffix"]
