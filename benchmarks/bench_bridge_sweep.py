@@ -48,6 +48,7 @@ import json
 import re
 import sys
 from collections import defaultdict
+from statistics import median
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +62,7 @@ from benchmarks.calibration_spec_helpers import (  # noqa: E402
 from planner.calibration import read_runs  # noqa: E402
 from planner.calibration.bridge_sweep import ERRORS, errors_table  # noqa: E402
 from planner.calibration.hardware_pairs import PAIRS, pairs, pairs_table  # noqa: E402
-from planner.calibration.layout_pairs import ratio_error  # noqa: E402
+from planner.calibration.layout_pairs import Pair  # noqa: E402
 from planner.calibration.predict import Predictor, predict_all, summarise  # noqa: E402
 from planner.calibration.runs import parse_run  # noqa: E402
 from planner.costing.pipeline_cut import accounted_split  # noqa: E402
@@ -213,11 +214,10 @@ def release_spread(rows: list[dict]) -> str:
             changes.append((b["tokens_per_s_per_gpu"] / a["tokens_per_s_per_gpu"] - 1.0, a, b))
     if not changes:
         return ""
-    sizes = sorted(abs(c) for c, _, _ in changes)
+    sizes = [abs(c) for c, _, _ in changes]
     worst, a, b = max(changes, key=lambda t: abs(t[0]))
-    median = (sizes[(len(sizes) - 1) // 2] + sizes[len(sizes) // 2]) / 2
     return (f"Release to release with the preset unchanged, {len(changes)} pairs of rows: tokens/s per GPU moved "
-            f"{100 * median:.1f} % (median), {100 * sum(sizes) / len(sizes):.1f} % (mean), at most "
+            f"{100 * median(sizes):.1f} % (median), {100 * sum(sizes) / len(sizes):.1f} % (mean), at most "
             f"{100 * worst:+.1f} % ({b['model']} on {b['hardware']}, {a['release']} -> {b['release']}).")
 
 
@@ -236,24 +236,19 @@ def retuned(items: list, rows: list[dict]) -> str:
     found = defaultdict(list)
     for group in jobs.values():
         group.sort(key=lambda t: t[0])
-        for (ia, pa, a), (ib, pb, b) in zip(group, group[1:]):
-            if pa != pb:
-                per = [p.run.global_batch * p.run.seq_len / p.run.devices for p in (a, b)]
-                measured, estimated = per[1] * a.measured_s / (per[0] * b.measured_s), \
-                    per[1] * a.predicted_s / (per[0] * b.predicted_s)
-                found[a.run.category].append((ratio_error(measured, estimated), (measured > 1) != (estimated > 1),
-                                              a, b))
+        for (_, ran_a, a), (_, ran_b, b) in zip(group, group[1:]):
+            if ran_a != ran_b:
+                (ma, pa), (mb, pb) = a.tokens_per_s_per_device, b.tokens_per_s_per_device
+                found[a.run.category].append(Pair(b, a, float(mb / ma), float(pb / pa)))
     if not found:
         return ""
     parts = []
     for category, got in sorted(found.items()):
-        errs = sorted(e for e, _, _, _ in got)
-        worst = max(got, key=lambda t: t[0])
-        median = (errs[(len(errs) - 1) // 2] + errs[len(errs) // 2]) / 2
-        parts.append(f"{category.split('_')[0]} {len(got)} pairs, {100 * median:.1f} % (median), "
-                     f"{100 * errs[-1]:.1f} % at most ({worst[3].run.model} on {worst[3].run.hardware}, "
-                     f"{worst[2].run.id.split('-')[0]} -> {worst[3].run.id.split('-')[0]}), "
-                     f"{sum(f for _, f, _, _ in got)} flipped")
+        worst = max(got, key=lambda p: p.error)
+        parts.append(f"{category.split('_')[0]} {len(got)} pairs, {100 * median(p.error for p in got):.1f} % "
+                     f"(median), {100 * worst.error:.1f} % at most ({worst.a.run.model} on {worst.a.run.hardware}, "
+                     f"{worst.b.run.id.split('-')[0]} -> {worst.a.run.id.split('-')[0]}), "
+                     f"{sum(p.flipped for p in got)} flipped")
     return ("Release to release with the preset retuned (its layout, batch or stack settings changed), the "
             "estimated change in tokens/s per GPU against the measured one: " + "; ".join(parts) + ".")
 

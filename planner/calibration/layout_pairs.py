@@ -22,6 +22,7 @@ import itertools
 import json
 import math
 from dataclasses import dataclass
+from statistics import median
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:  # annotations only: estimates read ranking errors through `published` without the predictor
@@ -93,7 +94,7 @@ def summary(found: Iterable[Pair]) -> list[dict]:
     for (category, differs), mine in _by(found, lambda p: (p.a.run.category, p.differs)):
         errs = [p.error for p in mine]
         out.append({"category": category, "differs": differs, "pairs": len(mine),
-                    "tables": len({table_of(p.a) for p in mine}), "median_error": _median(errs),
+                    "tables": len({table_of(p.a) for p in mine}), "median_error": median(errs),
                     "mean_error": sum(errs) / len(errs), "max_error": errs[-1],
                     "flipped": sum(p.flipped for p in mine), "worst": [mine[-1].a.run.id, mine[-1].b.run.id]})
     return out
@@ -105,7 +106,7 @@ def by_category(found: Iterable[Pair]) -> list[dict]:
     out = []
     for category, mine in _by(found, lambda p: p.a.run.category):
         errs = [p.error for p in mine]
-        out.append({"category": category, "pairs": len(mine), "median_error": round(_median(errs), 4),
+        out.append({"category": category, "pairs": len(mine), "median_error": round(median(errs), 4),
                     "max_error": round(errs[-1], 4)})
     return out
 
@@ -116,12 +117,6 @@ def _by(found: Iterable[Pair], key) -> list[tuple]:
     for p in found:
         groups.setdefault(key(p), []).append(p)
     return [(k, sorted(mine, key=lambda p: p.error)) for k, mine in sorted(groups.items())]
-
-
-def _median(ordered: list[float]) -> float:
-    """The median of an ascending, non-empty list."""
-    n = len(ordered)
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def to_dicts(found: Iterable[Pair]) -> list[dict]:
