@@ -35,6 +35,14 @@ class UnboundDimension(InvalidModel):
                          + (f" (or {hint})" if hint else ""))
 
 
+class ExportRefused(InvalidInput):
+    """A backend's format cannot express features of the plan; `what` names them ("activations offload (35%)")."""
+
+    def __init__(self, message: str, what: str) -> None:
+        self.what = what
+        super().__init__(message)
+
+
 class Infeasible(HyperplanError):
     """No strategy fits the request (usually memory); the message says by how much."""
 

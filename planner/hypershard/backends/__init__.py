@@ -15,7 +15,7 @@ import importlib
 from pathlib import Path
 from typing import Any, Mapping
 
-from planner.errors import InvalidInput
+from planner.errors import ExportRefused, InvalidInput
 from planner.hypershard.io import write_atomically
 from planner.hypershard.programs import is_serving
 
@@ -136,8 +136,10 @@ def launch_configs(doc: Mapping[str, Any]) -> dict[str, str]:
         try:
             export(doc, b)
             out[b] = ""
-        except InvalidInput as exc:  # "the B backend cannot express this plan's WHAT; FIX"
-            out[b] = str(exc).split("this plan's ", 1)[-1].split("; ", 1)[0]
+        except ExportRefused as exc:
+            out[b] = exc.what
+        except InvalidInput as exc:  # a refusal of another kind: its sentence, without what to do
+            out[b] = str(exc).split("; ", 1)[0]
     return out
 
 

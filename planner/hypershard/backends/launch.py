@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from planner.costing.execution import Execution, attention_fp8_format, load_execution
-from planner.errors import InvalidInput
+from planner.errors import ExportRefused, InvalidInput
 from planner.hypershard.declared import chunk_layers, strategy_of
 from planner.hypershard.layouts import dim_axes
 from planner.hypershard.programs import is_multi, is_serving
@@ -145,14 +145,14 @@ Problem = tuple[str, str]
 
 
 def refuse(backend: str, problems: list[Problem]) -> None:
-    """Raise InvalidInput naming, in one sentence, every plan feature the backend's format cannot express and
-    what to do (each fix once)."""
+    """Raise ExportRefused (an InvalidInput) naming, in one sentence, every plan feature the backend's format cannot
+    express and what to do (each fix once)."""
     if not problems:
         return
     what = [p[0] for p in problems]
     fixes = list(dict.fromkeys(p[1] for p in problems))
     listed = what[0] if len(what) == 1 else ", ".join(what[:-1]) + " and " + what[-1]
-    raise InvalidInput(f"the {backend} backend cannot express this plan's {listed}; {'; '.join(fixes)}")
+    raise ExportRefused(f"the {backend} backend cannot express this plan's {listed}; {'; '.join(fixes)}", listed)
 
 
 def offload_problems(t: Training, allowed: Mapping[str, str], hint: tuple[tuple[str, ...], str] = ((), "")
