@@ -143,6 +143,8 @@ APEX_ADAM_NOTE = ("optimizer distributed_fused_adam (NeMo-Framework-Launcher con
 LLAMA2_13B = {"hidden": 5120, "layers": 40, "heads": 40, "kv_heads": 40, "ffn": 13824}
 GPT3_20B = {"hidden": 6144, "layers": 44, "heads": 48}
 MOE_BAL = "routing forced balanced and dropless, as the source states: the balanced case this model costs"
+A2A_NOTE = ("NCCL's all-to-all dispatcher: the release's preset for the row sets no flex backend "
+            "(moe_flex_dispatcher_backend None, tests/data/bridge_sweep.json)")
 MOE_BAL_ASSUMED = ("routing taken as forced balanced and dropless, as the table's other rows run it (this row does"
                    " not say): the balanced case this model costs")
 #: The Megatron MoE ModelZoo runs Megatron-LM's own training script: BF16 gradients are accumulated and reduced in

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from benchmarks.calibration_spec_recipes import MODELZOO_GB300, RECIPE_SPECS
 from benchmarks.calibration_spec_helpers import (
-    ACCOUNTED_NOTE, ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT, CUTEDSL_MLP, DSV3_GROUPS,
+    A2A_NOTE, ACCOUNTED_NOTE, ASYNC, AUTOMODEL_MOE, AUTOMODEL_MOE_GRADS, AUTOMODEL_NOTE, DIST_OPT, CUTEDSL_MLP, DSV3_GROUPS,
     DSV3_HYBRIDEP, DSV3_OPT, DSV3_OPT_NOTE, DSV3_ROUTING, FAKE_GATE, FP8_AG, FP8_ATTENTION, GPT3_20B, GT, HYBRIDEP_NOTE,
     HYBRIDEP_OVERLAP, LLAMA2_13B, MC, MLP_ATTENTION_NOTE, MLP_NOTE, MOE_BAL, MOE_BAL_ASSUMED, MX, MZ_GRADS,
     MZ_GRADS_NOTE, MZ_H100, MZ_H100_NOTE, TT, TT_COMPILED_LOSS, TT_COMPILED_LOSS_NOTE, TT_EAGER, TT_EAGER_LOSS,
@@ -78,13 +78,13 @@ SPECS |= table([
                   "(Megatron-Bridge perf_recipes/qwen/h100/qwen3_moe.py)"]),
     bridge("mb2604-qwen3-235b-a22b-256xh100-fp8", "qwen3-235b-a22b", "dgx-h100", 256, 4096, 8192,
            {"tp": 2, "pp": 8, "vpp": 4, "dp": 16, "ep": 32, "etp": 1},
-           execution={"overlap_ep_comm": True, "overlap_tp_comm": False},
+           execution={"overlap_ep_comm": True, "overlap_tp_comm": False, "moe_dispatcher": "alltoall"},
            notes=[MOE_BAL, "expert all-to-all overlapped and TP communication not (overlap_moe_expert_parallel_comm "
-                  "True, tp_comm_overlap False in the recipe: perf_recipes/qwen/h100/qwen3_moe.py)"]),
+                  "True, tp_comm_overlap False in the recipe: perf_recipes/qwen/h100/qwen3_moe.py)", A2A_NOTE]),
     bridge("mb2604-gpt-oss-120b-64xh100-bf16", "gpt-oss-120b", "dgx-h100", 64, 4096, 1280,
            {"pp": 4, "dp": 16, "ep": 8, "etp": 1, "recompute": "selective"}, dtype="bf16",
-           execution={"recompute_modules": ["layernorm", "moe_act"]},
-           notes=[MOE_BAL, "selective recompute of layernorm and the MoE activation, as the recipe sets"]),
+           execution={"recompute_modules": ["layernorm", "moe_act"], "moe_dispatcher": "alltoall"},
+           notes=[MOE_BAL, "selective recompute of layernorm and the MoE activation, as the recipe sets", A2A_NOTE]),
     bridge("mb2509-deepseek-v3-1024xh100-fp8", "deepseek-v3", "dgx-h100", 1024, 4096, 8192,
            {"tp": 2, "pp": 8, "vpp": 4, "dp": 64, "ep": 64, "etp": 1, "recompute": "selective"},
            execution=DSV3_OPT | DSV3_ROUTING | {"overlap_grad_reduce": False, "moe_dispatcher": "deepep",
