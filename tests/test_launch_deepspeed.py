@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from launch_plans import REFUSES, WRITES, plan
+from planner.costing.execution import load_execution
 from planner.errors import InvalidInput
 from planner.hypershard import strategy_of
 from planner.hypershard.backends import export, launch_config
@@ -41,7 +42,8 @@ for case in json.loads(sys.stdin.read()):
                                                                                 z.offload_optimizer.ratio],
                     offload_param=None if z.offload_param is None else str(getattr(z.offload_param.device, "value", z.offload_param.device)),
                     cpu_checkpointing=c.activation_checkpointing_config.cpu_checkpointing,
-                    autotp=c.tensor_parallel_config.autotp_size, autoep=ep.autoep_size if ep.enabled else 1))
+                    autotp=c.tensor_parallel_config.autotp_size, autoep=ep.autoep_size if ep.enabled else 1,
+                    comm=[ep.comm_backend, ep.comm_max_tokens_per_rank] if ep.enabled else None))
 print(json.dumps(out))
 '''
 
@@ -72,6 +74,9 @@ def test_deepspeeds_config_reads_the_plans():
         assert got["offload_param"] == ("cpu" if s.offload_fraction("params") else None)
         assert got["cpu_checkpointing"] == (s.offload_fraction("activations") == 1.0)
         assert (got["autotp"] or 1, got["autoep"]) == (s.tp, s.ep)
+        if s.ep > 1:  # the stack's flex dispatcher goes out as AutoEP's DeepEP transport, sized for a micro-batch
+            flex = load_execution(doc["workload"]["stack"]).moe_dispatcher == "deepep"
+            assert got["comm"] == (["deepep", s.micro_batch * doc["workload"]["seq_len"]] if flex else ["comm", 0])
 
 
 @pytest.mark.parametrize("name, words", list(REFUSES["deepspeed"].items()))

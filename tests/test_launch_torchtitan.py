@@ -7,10 +7,12 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
+import typing
 
 import pytest
 
 from launch_plans import PLANS, REFUSES, WRITES, plan
+from planner.costing.execution import load_execution
 from planner.errors import InvalidInput
 from planner.hypershard import strategy_of
 from planner.hypershard.backends import export, launch_config
@@ -47,6 +49,13 @@ def test_torchtitans_config_manager_reads_the_plan(name, tmp_path):
         tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
         etp=p.expert_tensor_parallel_degree, world_size=doc["cluster"]["devices"])
     assert (dims.ep, dims.etp) == ((s.ep, s.expert_tp) if "moe" in name else (1, 1))
+    # the flex dispatcher the stack costs goes out as torchtitan's DeepEP backend, which its parallelize takes only
+    # with ep > 1 and etp 1 (models/*/infra/parallelize.py); its value is one JobConfig's Literal names
+    dispatcher = load_execution(doc["workload"]["stack"]).moe_dispatcher
+    flex = "moe" in name and s.ep > 1 and s.expert_tp == 1 and dispatcher == "deepep"
+    assert p.expert_parallel_comm_backend == ("deepep" if flex else "standard")
+    hint = typing.get_type_hints(torchtitan("config.job_config").Parallelism)["expert_parallel_comm_backend"]
+    assert p.expert_parallel_comm_backend in typing.get_args(hint)
     t = job.training
     assert (t.global_batch_size, t.seq_len) == (doc["workload"]["global_batch"], doc["workload"]["seq_len"])
     micro = doc["programs"][0]["micro_batches"]
@@ -106,3 +115,13 @@ def test_chunks_are_named_as_torchtitans_own_split_names_them():
         assert _fqns(replace(t, chunks=(layers // parts,) * parts)) == want, key
     for modules in pinned["model_modules"].values():
         assert modules == ["layers", "norm", "output", "tok_embeddings"]
+
+
+def test_deepep_beside_expert_tensor_parallelism_is_said_to_run_slower():
+    """torchtitan 0.2.2 raises NotImplementedError for DeepEP with etp > 1: such a plan goes out on its standard
+    all-to-all, and the launch config says the exchange runs slower than scored; with etp 1 it says nothing."""
+    etp2, etp1 = launch_config(plan("moe"), "torchtitan"), launch_config(plan("moe_etp1"), "torchtitan")
+    assert strategy_of(plan("moe")).expert_tp > 1
+    assert "expert_parallel_comm_backend" not in etp2["config"]["parallelism"]
+    assert any("flex dispatcher" in n and "takes longer than the estimate scored" in n for n in etp2["notes"])
+    assert not any("flex dispatcher" in n for n in etp1["notes"])

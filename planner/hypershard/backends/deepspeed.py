@@ -13,7 +13,10 @@ of deepspeed 0.19.8 from PyPI; the tests build its config models from the file):
   plan offloads all activations of its fully recomputed layers): DeepSpeed's
   checkpointing configures how the model's own checkpointed calls run;
 - tensor_parallel.autotp_size for TP without SP (AutoTP), and
-  expert_parallel (AutoEP) for EP over the data-parallel ranks.
+  expert_parallel (AutoEP) for EP over the data-parallel ranks, through its
+  DeepEP transport (comm_backend "deepep", comm_max_tokens_per_rank a rank's
+  micro-batch of tokens) where the stack's dispatcher is the flex one
+  (deepspeed 0.19.8 module_inject/auto_ep_comm.py, auto_ep_config.py).
 
 DeepSpeed's JSON cannot make pipeline stages (a PipelineModule is the
 model's code), ring-attention context parallelism, sequence parallelism
@@ -94,6 +97,8 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
         cfg["tensor_parallel"] = {"autotp_size": s.tp}
     if s.ep > 1:
         cfg["expert_parallel"] = {"enabled": True, "autoep_size": s.ep, "expert_tensor_parallel_size": s.expert_tp}
+        if launch.flex_exchange(t):  # AutoEP's DeepEP transport, its buffers sized for a rank's micro-batch
+            cfg["expert_parallel"].update(comm_backend="deepep", comm_max_tokens_per_rank=s.micro_batch * t.seq_len)
     return launch.Written(config=cfg, notes=tuple(notes))
 
 

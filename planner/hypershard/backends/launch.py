@@ -238,6 +238,19 @@ def layout_notes(t: Training, framework: str) -> list[str]:
     return out
 
 
+def flex_exchange(t: Training) -> bool:
+    """Whether the plan exchanges MoE tokens between expert-parallel ranks through the stack's flex dispatcher
+    (`Execution.moe_dispatcher` "deepep": a token sent once to each node and rank its experts are on)."""
+    return bool(t.moe) and t.s.ep > 1 and t.execution.moe_dispatcher == "deepep"
+
+
+def alltoall_note(framework: str, why: str) -> str:
+    """The note of a launch that exchanges by an all-to-all of every copy a plan costed with the flex dispatcher."""
+    return (f"the stack sends a MoE layer's tokens through the flex dispatcher (DeepEP: a token once to each node and "
+            f"rank its experts are on), which this {framework} launch does not run ({why}): its all-to-all sends every "
+            "copy, so the expert exchange takes longer than the estimate scored")
+
+
 def header(t: Training, what: str) -> list[str]:
     """The lines opening a generated launch config (without comment marks): what, for which plan, and figures."""
     lines = [f"{what} for {t.model} ({t.params:,} parameters) on {t.devices} devices of {t.cluster}.",

@@ -8,7 +8,9 @@ names as --section.field overrides of a Python config). What the file says:
   for ZeRO 1-3 (fsdp_reshard_after_forward "never" for ZeRO-1/2, whose
   weights stay gathered from forward to backward; "default" for ZeRO-3), or
   data_parallel_replicate_degree (DDP) for ZeRO-0; tensor, context, expert
-  and expert-tensor degrees; the pipeline degree, schedule (1F1B,
+  and expert-tensor degrees (expert_parallel_comm_backend "deepep" where the
+  stack's dispatcher is the flex one and the experts have no tensor split,
+  which torchtitan's DeepEP path refuses); the pipeline degree, schedule (1F1B,
   Interleaved1F1B, GPipe: names of torch.distributed.pipelining), micro-batch
   and module_fqns_per_model_part: each chunk's modules by torchtitan's names
   (tok_embeddings, layers.N, norm, output, as its Llama 3, Llama 4,
@@ -104,6 +106,11 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
                    pipeline_parallel_microbatch_size=s.micro_batch, module_fqns_per_model_part=_fqns(t))
     if t.moe:
         par.update(expert_parallel_degree=s.ep, expert_tensor_parallel_degree=s.expert_tp)
+    if launch.flex_exchange(t) and s.expert_tp == 1:
+        par["expert_parallel_comm_backend"] = "deepep"  # its DeepEP dispatch and combine (ep > 1, etp 1)
+    elif launch.flex_exchange(t):
+        notes.append(launch.alltoall_note("torchtitan", "torchtitan 0.2.2 raises NotImplementedError for DeepEP "
+                                                        "beside expert tensor parallelism"))
     ac = {"mode": "full" if s.recompute == "full" else "selective" if s.recompute == "selective" else "none"}
     if ac["mode"] == "selective":
         ac["selective_ac_option"] = "op"
