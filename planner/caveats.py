@@ -198,6 +198,13 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
         out.append(f"an eager MoE layer's host issue is costed per graph op {per_expert}; the dispatcher's "
                    "preprocessing and its wait for the token counts are not counted (README: every Megatron-Bridge "
                    "row)" + (f"; {evidence}" if evidence else ""))
+    if workload.mode == "train" and moe:
+        how = ("the flex dispatcher's: a token sent once to each node and rank its experts are on (DeepEP, HybridEP)"
+               if ex.moe_dispatcher == "deepep" else "NCCL's all-to-all: every copy of a token sent, a message a peer")
+        out.append(f"the expert exchange between expert-parallel ranks is costed as the {ex.name} stack's dispatcher "
+                   f"sends it, {how}, at the fabric's bus-efficiency curve, which no exchange measurement has fitted "
+                   "(HybridEP's published NVLink rates come to 0.45-0.54 of the link where the curve gives about 0.8: "
+                   "benchmarks/CALIBRATION.md, HybridEP's own rates)")
     if ex.attention == "flash" and hw.attention_plateaus:
         out += attention_assumptions(hw, ex.attention_kernel, fallback=workload.mode == "train")
         out += head_dim_assumptions(hw, head_dims)

@@ -61,3 +61,19 @@ def test_the_default_brings_never_fitted_layouts_near_their_measurements(shared_
 
     with_default, with_alltoall = mean_error(default), mean_error("alltoall")
     assert with_default < 0.12 and with_alltoall > 2.0 * with_default, (with_default, with_alltoall)
+
+
+def test_an_estimate_says_which_exchange_it_costed():
+    """A MoE training estimate states, as an assumption, the dispatcher its stack sends tokens by and that no exchange
+    measurement fitted the rate; the 2024 stack's all-to-all is named as such."""
+    from planner.api import estimate_model
+
+    moe = dict(layers=2, hidden=64, heads=4, kv_heads=4, vocab=128, ffn=64, experts=8, top_k=2)
+    said = {}
+    for stack in ("megatron-core", "megatron-core-2024"):
+        out = estimate_model("mixtral-8x7b", cluster="dgx-h100", devices=8, global_batch=8, seq_len=32,
+                             overrides=moe, stack=stack, ep=8)
+        said[stack] = [a for a in out["assumptions"] if a.startswith("the expert exchange")]
+    assert len(said["megatron-core"]) == 1 and "the flex dispatcher's" in said["megatron-core"][0]
+    assert "NCCL's all-to-all" in said["megatron-core-2024"][0]
+    assert all("no exchange measurement has fitted" in a[0] for a in said.values())
