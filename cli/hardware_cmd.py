@@ -86,8 +86,6 @@ def _print_cluster(c: Cluster) -> None:
                   + (f"; vector {dev.vector_flops_per_s / 1e12:g}" if dev.vector_flops_per_s else
                      "; vector peak unknown (elementwise ops bound by HBM only)")
                   + ("; FP8 GEMMs take any operand layout" if dev.fp8_any_layout else ""))
-    if c.stack:  # the training stack a job on it runs when --stack names none
-        console.print(f"training stack when --stack names none: {c.stack}", markup=False)
     console.print(render.table("interconnect levels (innermost first)", (
         "level", "group", "groups", "GB/s/dir", "latency", "algorithm", "topology", "bus eff.", "link"), (
         (lvl.name, c.group_size(i), c.groups(i), _gbs(lvl.bandwidth_bytes_per_s), render.seconds(lvl.latency_s),

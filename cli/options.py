@@ -54,9 +54,8 @@ Force = Annotated[bool, typer.Option("--force", help="Replace an output file tha
                                      "command is never replaced).")]
 Stack = Annotated[Optional[str], typer.Option(
     "--stack", help="The software stack that runs the training step: megatron-core (today's Megatron-Core / NeMo, "
-                    "the default), megatron-core-2024, megatron-2021, torchtitan, automodel, mindspeed (the default on "
-                    "the Ascend presets, whose hardware files name it), deepspeed, or a stack .toml file (kernels, "
-                    "overlaps, FP8 recipe, optimizer states; see planner/costing/stacks).",
+                    "the default), megatron-core-2024, megatron-2021, torchtitan, automodel, mindspeed, deepspeed, or "
+                    "a stack .toml file (kernels, overlaps, FP8 recipe, optimizer states; see planner/costing/stacks).",
     show_default=False)]
 StrictOps = Annotated[bool, typer.Option(
     "--strict-ops", help="Refuse a graph with ops that have no FLOP rule (custom-domain or unknown ops), instead of "

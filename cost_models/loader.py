@@ -81,7 +81,7 @@ def parse_cluster(data: dict[str, Any], *, source: str, default_name: str) -> Cl
     root = Table(data, "", source)
     root.only("cluster", "device", "levels", "memory_tiers", "efficiency")
     meta = root.table("cluster")
-    meta.only("name", "description", "devices", "sources", "stack")
+    meta.only("name", "description", "devices", "sources")
     name = meta.text("name", default=default_name)
     levels = tuple(_level(t) for t in root.tables("levels", required=True))
     _check_levels(levels, root)
@@ -96,7 +96,6 @@ def parse_cluster(data: dict[str, Any], *, source: str, default_name: str) -> Cl
         memory_tiers=tuple(_tier(t) for t in root.tables("memory_tiers", required=False)),
         n_devices=n_devices,
         sources=tuple(meta.texts("sources")),
-        stack=meta.text("stack", default=""),
         **_efficiency(root.table("efficiency", required=False), device),
     )
 

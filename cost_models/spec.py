@@ -103,8 +103,6 @@ class Cluster:
     memory_efficiency: EfficiencyCurve  # fraction of HBM bandwidth by bytes of one op
     dp_overlap_efficiency: float  # fraction of a compute window that can hide communication beside it
     sources: tuple[str, ...] = ()
-    stack: str = ""  # the training stack that runs on this hardware when none is named (a stack preset name;
-    # "": the planner's default)
     fp8_matmul_efficiency: EfficiencyCurve | None = None  # FP8 GEMMs by FLOPs of one op; None: not measured
     attention_plateaus: tuple[tuple[str, float, float], ...] = ()  # (kernel, forward, backward): fractions of bf16 peak
     attention_basis: str = ""  # where those figures come from: a measurement, or an "ASSUMPTION: ..." carried over

@@ -16,7 +16,6 @@ from planner.bounds import zoo_overrides
 from planner.caveats import accuracy, assumptions, check_costed, scale_warnings, stack_warnings, uncosted_note
 from planner.costing.attention import attention_regions
 from planner.costing.rotary import scaled_rotary_nodes
-from planner.costing.execution import job_stack
 from planner.errors import InvalidInput
 from planner.graph.ir import Graph
 from planner.graph.moe import moe_blocks, token_wide_params
@@ -134,7 +133,7 @@ def estimate_model(
     offload). `dp` defaults to what the devices leave; `devices` defaults to
     the preset's size, or to what the degrees need when `dp` is given.
     `stack` is the software stack that runs it (a preset name or a stack
-    .toml file; default: the cluster's own, else today's Megatron-Core). `strict_ops` refuses a graph
+    .toml file; default: today's Megatron-Core). `strict_ops` refuses a graph
     with ops that have no FLOP rule instead of costing them by bytes moved.
     """
     from cost_models import load_cluster
@@ -145,12 +144,12 @@ def estimate_model(
     from planner.graph.mtp import mtp_depths
     from planner.strategy import Strategy
 
+    workload = make_workload(mode, global_batch, seq_len, dtype, stack)
     stage_tp = tuple(strategy.get("stage_tp") or ())
     inner = (sum(stage_tp) if stage_tp else strategy.get("tp", 1) * strategy.get("pp", 1)) * strategy.get("cp", 1)
     if devices is None and dp is not None:
         devices = inner * dp
     hw = load_cluster(cluster, devices=devices)
-    workload = make_workload(mode, global_batch, seq_len, dtype, job_stack(stack, hw))
     if dp is None:
         dp, rem = divmod(hw.n_devices, inner)
         if rem or dp < 1:
@@ -175,8 +174,7 @@ def estimate_model(
 
 
 def make_workload(mode: str, global_batch: int, seq_len: int, dtype: str, stack: str | None) -> Any:
-    """The job: batch, length and precision, run by `stack` (a preset name or a stack file; None: the default; the
-    callers pass the cluster's own when the user names none: `job_stack`)."""
+    """The job: batch, length and precision, run by `stack` (a preset name or a stack file; None: the default)."""
     from planner.costing.execution import load_execution
     from planner.strategy import Workload
 
@@ -270,8 +268,8 @@ def plan_model(
         if fixed.offload:
             raise InvalidInput("--no-offload with --offload fractions: give one or the other")
         fixed = Constraints.from_mapping({**fixed.given(), "offload": ()})
+    workload = make_workload(mode, global_batch, seq_len, dtype, stack)
     hw = with_memory_cap(load_cluster(cluster, devices=devices), memory_gib)
-    workload = make_workload(mode, global_batch, seq_len, dtype, job_stack(stack, hw))
     graph = _graph_for_costing(model, seq_len, dims, overrides)
     check_costed(graph, strict_ops)
     structure = discover_blocks(graph)

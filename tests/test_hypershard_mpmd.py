@@ -48,13 +48,11 @@ def planned(tmp_path_factory):
     """`plan -o` of a plan HyperMPMD wins: InternVL2-76B with 1568 px images (3,136 image tokens of 4,096) on 128
     CloudMatrix384 dies held to 40 GiB each, nothing offloaded. One program must shard and recompute both the ViT
     and the LLM to fit; as two groups, 40 dies for the encoders and 88 for the backbone, each keeps only its
-    own (112.2 s against 115.4 s a step when this case was chosen; the HyperMPMD search weighs both). Under the
-    megatron-core stack it was chosen for (CloudMatrix384's own default, MindSpeed's, overlaps no gradient reduce,
-    and there one program wins: 151.2 s against 153.8 s)."""
+    own (112.2 s against 115.4 s a step when this case was chosen; the HyperMPMD search weighs both)."""
     folder = tmp_path_factory.mktemp("mpmd")
     args = ["plan", "internvl2-76b", "--set", "vision_image_size=1568", "--cluster", "cloudmatrix384-die",
             "--devices", "128", "--global-batch", "1024", "--seq-len", "4096", "--memory-gib", "40",
-            "--no-offload", "--stack", "megatron-core", "--json", "-o", str(folder / "plan.yaml")]
+            "--no-offload", "--json", "-o", str(folder / "plan.yaml")]
     # the same plan again in a process of its own (this checkout's code, whatever is installed), beside this one:
     # two searches at once, as on a busy machine
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

@@ -94,10 +94,8 @@ def test_a_llama3_70b_plan_exports_to_a_megatron_command_line_with_its_degrees(t
     whose every flag and value Megatron-LM's parser (core_v0.16.1, pinned) takes, with the plan's degrees."""
     from test_launch_megatron import PINNED
 
-    # planned within the launcher's limits (--backend): on CloudMatrix384 the default stack is MindSpeed's, whose
-    # best plan offloads activations by a fraction, which Megatron-LM's arguments cannot say
     p = cli("plan", "llama3-70b", "--cluster", "cloudmatrix384", "--devices", "64", "--global-batch", "256",
-            "--seq-len", "4096", "--backend", "megatron", "--json", "-o", str(tmp_path / "p.yaml"))
+            "--seq-len", "4096", "--json", "-o", str(tmp_path / "p.yaml"))
     assert p.exit_code == 0, p.output
     s = json.loads(p.output)["strategy"]
     r = cli("export", str(tmp_path / "p.yaml"), "--backend", "megatron")

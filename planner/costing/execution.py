@@ -227,17 +227,6 @@ def load_execution(name_or_path: str | None) -> Execution:
     return replace(parse_execution(text, source=path.name, default_name=path.stem), origin=str(name_or_path))
 
 
-def job_stack(stack: str | None, hw) -> str | None:
-    """The stack a job on cluster `hw` runs: the one named, else the one its hardware file names (`Cluster.stack`),
-    else None (the default). A hardware file's unknown stack is refused as the file's mistake."""
-    if stack or not hw.stack:
-        return stack
-    try:
-        return load_execution(hw.stack).origin
-    except InvalidInput as exc:
-        raise InvalidInput(f"{hw.name}'s hardware file names stack = {hw.stack!r}: {exc}") from None
-
-
 @functools.lru_cache(maxsize=None)
 def _preset(name: str) -> Execution:
     return parse_execution((STACK_DIR / f"{name}.toml").read_text(encoding="utf-8"), source=f"{name}.toml",
@@ -396,5 +385,6 @@ def _parse(root: Table, default_name: str) -> Execution:
     return replace(start, **_with_recipe_casts(changes))
 
 
-__all__ = ["DEFAULT_STACK", "FIELDS", "Execution", "attention_fp8_format", "job_stack", "load_execution",
-           "parse_execution", "stack_cache_clear", "stack_names", "stays_gathered", "with_changes"]
+__all__ = ["DEFAULT_STACK", "FIELDS", "Execution", "attention_fp8_format",
+           "load_execution", "parse_execution", "stack_cache_clear", "stack_names", "stays_gathered",
+           "with_changes"]

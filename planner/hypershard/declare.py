@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from planner.costing.execution import job_stack, load_execution
+from planner.costing.execution import load_execution
 from planner.hypershard.declared import score, score_split
 from planner.hypershard.document import Request, build_document
 from planner.strategy import Strategy, Workload
@@ -20,16 +20,9 @@ def declare(model: str, *, cluster: str, global_batch: int, seq_len: int, device
     request = Request(model=model, cluster=cluster, overrides=dict(overrides or {}), dims=dict(dims or {}),
                       memory_gib=memory_gib)
     wl = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
-                  execution=load_execution(_cluster_stack(cluster, stack)))
+                  execution=load_execution(stack))
     sc = score(request, wl, Strategy(**strategy), devices)
     return build_document(sc.plan, sc.graph, sc.structure, request)
-
-
-def _cluster_stack(cluster: str, stack: str | None = None) -> str | None:
-    """The stack a job on `cluster` runs when `stack` names none (`job_stack`)."""
-    from cost_models import load_cluster
-
-    return job_stack(stack, load_cluster(cluster))
 
 
 def _default_dp(kw: dict[str, Any], devices: int) -> None:
@@ -51,8 +44,7 @@ def declare_programs(model: str, *, cluster: str, global_batch: int, seq_len: in
     """
     request = Request(model=model, cluster=cluster, overrides=dict(overrides or {}), dims=dict(dims or {}),
                       memory_gib=memory_gib)
-    wl = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
-                  execution=load_execution(_cluster_stack(cluster)))
+    wl = Workload(mode=mode, global_batch=global_batch, seq_len=seq_len, dtype=dtype)  # type: ignore[arg-type]
     ranks, strategies, first = [], [], 0
     for given in programs:
         kw = dict(given)
