@@ -21,12 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from planner.calibration import read_runs  # noqa: E402
 from planner.calibration.predict import Predictor  # noqa: E402
 from planner.costing.execution import load_execution  # noqa: E402
-
-DISPATCHERS = ("alltoall", "deepep")
+from planner.costing.stack_choices import DISPATCHERS  # noqa: E402
 
 
 def errors(predictor: Predictor, run) -> dict[str, float]:
-    """The run's step-time error with each dispatcher in place of its own."""
+    """The run's step-time error with each dispatcher (`DISPATCHERS`) in place of its own."""
     return {d: predictor.predict(dataclasses.replace(run, execution=dataclasses.replace(
         run.execution, moe_dispatcher=d))).error for d in DISPATCHERS}
 

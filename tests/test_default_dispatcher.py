@@ -9,12 +9,12 @@ default has to be the one those runs ran.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from benchmarks.bench_default_dispatcher import errors
 from planner.calibration import read_runs
 from planner.calibration.predict import Predictor
 from planner.costing.execution import load_execution
@@ -54,12 +54,8 @@ def test_the_default_brings_never_fitted_layouts_near_their_measurements(shared_
             and r.execution.origin == "megatron-core"]
     assert len(runs) >= 10 and all(r.execution.moe_dispatcher == "deepep" for r in runs)
 
-    def mean_error(dispatcher: str) -> float:
-        errors = [abs(predictor.predict(dataclasses.replace(
-            r, execution=dataclasses.replace(r.execution, moe_dispatcher=dispatcher))).error) for r in runs]
-        return sum(errors) / len(errors)
-
-    with_default, with_alltoall = mean_error(default), mean_error("alltoall")
+    table = [errors(predictor, r) for r in runs]  # each run's error with each dispatcher in place of its own
+    with_default, with_alltoall = (sum(abs(e[d]) for e in table) / len(table) for d in (default, "alltoall"))
     assert with_default < 0.12 and with_alltoall > 2.0 * with_default, (with_default, with_alltoall)
 
 

@@ -3,9 +3,10 @@
 A stack file names one of these where a field is a choice: the attention kernel family (`attention`), what
 selective recompute means (`selective`: Megatron's --recompute-modules, or torchtitan's op policy, which keeps
 every other matmul's output), the modules Megatron recomputes (`recompute_modules`), the expert dispatcher
-(`moe_dispatcher`: Megatron's all-to-all or DeepEP's normal kernels), how tokens are routed (`moe_routing`), the
-CUDA graph scopes (`cuda_graphs`), the FP8 recipe's cast bytes, and what the stack's framework can recompute
-(`recompute_policies`, `full_layers_beside`), which bounds the plans `plan` makes for it.
+(`moe_dispatcher`: NCCL's all-to-all, or "deepep": the flex dispatcher, DeepEP or HybridEP, a token sent once to
+each node and rank its experts are on), how tokens are routed (`moe_routing`), the CUDA graph scopes
+(`cuda_graphs`), the FP8 recipe's cast bytes, and what the stack's framework can recompute (`recompute_policies`,
+`full_layers_beside`), which bounds the plans `plan` makes for it.
 """
 
 from __future__ import annotations
