@@ -1,7 +1,7 @@
 """Time `hyperplan plan` end to end (graph build, import, search, final estimate) on the issue's cases, with the
 work it took (nodes: costings and scored strategies) and how close the plan is proven to be (gap to the bound).
 
-Run: python benchmarks/bench_plan.py [--quick] [--mpmd] [--time-limit S] [--cluster NAME] [MODEL ...]
+Run: python benchmarks/bench_plan.py [--quick] [--mpmd] [--time-limit S] [--cluster NAME] [--stack NAME] [MODEL ...]
 Wall time depends on the machine and what else runs on it (the header prints the load average, the cpu column
 the process's own time); the nodes and the plan do not. `--time-limit` (default 600 s) stops a row's search,
 which is then marked INCOMPLETE with the gap it had proven.
@@ -42,10 +42,11 @@ def _option(name: str, default: str | None) -> str | None:
 def main() -> None:
     limit = float(_option("--time-limit", "600"))
     only = _option("--cluster", None)
+    stack = _option("--stack", None)  # None: each preset's default
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     models = args or (MODELS[:1] if "--quick" in sys.argv else MODELS)
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores; "
-          f"--time-limit {limit:g} s per row")
+          f"--time-limit {limit:g} s per row" + (f"; --stack {stack}" if stack else ""))
     print(f"{'model':<16}{'cluster':<16}{'devices':>8}{'wall s':>9}{'cpu s':>8}{'nodes':>7}{'gap':>8}  plan (step s, MFU)")
     for model, cluster, devices, batch in cases(models):
         if only and cluster != only:
@@ -53,7 +54,7 @@ def main() -> None:
         t0, c0 = time.perf_counter(), time.process_time()
         try:
             r = plan_model(model, cluster=cluster, devices=devices, global_batch=batch, seq_len=SEQ,
-                           time_limit_s=limit, mpmd="--mpmd" in sys.argv)
+                           time_limit_s=limit, mpmd="--mpmd" in sys.argv, stack=stack)
         except Exception as exc:  # noqa: BLE001 - one case's failure is a row, not the end of the table
             print(f"{model:<16}{cluster:<16}{devices:>8}  {type(exc).__name__}: {exc}"[:160])
             continue

@@ -40,14 +40,14 @@ def _ends_alone(layers, pp):
     return out
 
 
-def _every_strategy(model, over, cluster, devices, batch, seq):
+def _every_strategy(model, over, cluster, devices, batch, seq, stack=None):
     """Every combination of the searched knobs (the search's cut: even, or interleaved chunks of the layers with the
     embedding and the loss counted as one each; without interleaving also the cuts with either end alone; no
     offload) scored by `estimate`."""
     graph = _graph_for_costing(model, seq, None, over)
     st = discover_blocks(graph)
     hw = load_cluster(cluster, devices=devices)
-    wl = make_workload("train", batch, seq, "bf16", None)
+    wl = make_workload("train", batch, seq, "bf16", stack)
     facts = GraphFacts(graph, st)
     shape = grid.model_shape(graph, st, facts)
     out = []
@@ -65,18 +65,21 @@ def _every_strategy(model, over, cluster, devices, batch, seq):
     return out
 
 
-@pytest.mark.parametrize("model,over,devices,batch,seq,hbm", [
-    (*DENSE_A, 8, 16, 1024, None),
+@pytest.mark.parametrize("model,over,devices,batch,seq,hbm,stack", [
+    (*DENSE_A, 8, 16, 1024, None, None),
     # a cap just under the fastest strategy's peak (DP16 at ZeRO-2): a fifth of the 1626 strategies do not fit,
     # and the plan is ZeRO-3, as fast (gpt: its layout programs solve ~10x faster than a grouped-query llama's)
-    (*DENSE_A, 16, 16, 2048, 0.24),
-    (*MOE, 4, 4, 1024, None),  # the best plan is expert-parallel (DP4·EP2)
+    (*DENSE_A, 16, 16, 2048, 0.24, None),
+    (*MOE, 4, 4, 1024, None, None),  # the best plan is expert-parallel (DP4·EP2)
+    # a stack that overlaps no data-parallel traffic: the bounds count what it leaves exposed (`dp_floor`)
+    (*DENSE_A, 8, 16, 1024, None, "mindspeed"),
+    (*MOE, 4, 4, 1024, None, "mindspeed"),
 ])
-def test_nothing_in_the_space_beats_the_plan_and_the_bound_holds(model, over, devices, batch, seq, hbm):
+def test_nothing_in_the_space_beats_the_plan_and_the_bound_holds(model, over, devices, batch, seq, hbm, stack):
     plan = plan_model(model, cluster="dgx-h100", devices=devices, global_batch=batch, seq_len=seq, overrides=over,
-                      offload=False, mpmd=False, gap=0.0, memory_gib=hbm, time_limit_s=None)
+                      offload=False, mpmd=False, gap=0.0, memory_gib=hbm, time_limit_s=None, stack=stack)
     hw_cap = plan["estimate"]["hbm_gib"]
-    every = _every_strategy(model, over, "dgx-h100", devices, batch, seq)
+    every = _every_strategy(model, over, "dgx-h100", devices, batch, seq, stack)
     fitting = [e.step_time_s for s, e in every if e.memory_bytes["peak"] / 2**30 <= hw_cap]
     assert fitting and (hbm is None or len(fitting) < len(every))  # a cap rules some strategies out
     step = plan["estimate"]["step_time_s"]

@@ -8,13 +8,14 @@ from dataclasses import replace
 import pytest
 
 from cost_models import load_cluster
-from planner.api import _graph_for_costing, estimate_model, plan_model
+from planner.api import _graph_for_costing, estimate_model, make_workload, plan_model
 from planner.errors import InvalidInput
 from planner.costing.estimate import estimate
 from planner.graph.blocks import discover_blocks
 from planner.plan import stage_ranks
 from planner.search import solve as solve_module
 from planner.search.pipeline import WidthCosts, unequal_split
+from planner.search.plan_search import search
 from planner.search.stage_widths import candidate_widths
 from planner.costing.stage_costs import stage_costs
 from planner.strategy import Strategy, Workload
@@ -175,16 +176,17 @@ def test_the_planner_weighs_stages_of_different_widths_where_equal_ones_cannot_s
     """24 H100s and a batch of 4: equal stages need a pipeline depth of 3 (or 6); unequal tensor widths per stage
     let two stages run more replicas. The planner tries them around its best pipelines and ranks them with the
     rest: searched over the whole space (context parallelism at 8192 tokens), TP2·CP4·PP3 beats them here, and
-    an unequal-width plan is among the runners-up, slower, with its stages' devices adding up."""
-    r = plan_model("llama3-8b", cluster="dgx-h100", devices=24, global_batch=4, seq_len=8192, mpmd=False,
-                   stack="torchtitan")
-    unequal = [c for c in r["runners_up"] if len(set(c["strategy"]["stage_tp"])) > 1]
-    assert unequal, [c["summary"] for c in r["runners_up"]]
+    unequal-width plans are among those ranked, slower, with their stages' devices adding up."""
+    graph = _graph_for_costing("llama3-8b", 8192, None, None)
+    result = search(graph, discover_blocks(graph), load_cluster("dgx-h100", devices=24),
+                    make_workload("train", 4, 8192, "bf16", "torchtitan"))
+    unequal = [c for c in result.ranked if len(set(c.strategy.stage_tp)) > 1]
+    assert unequal, [c.strategy.short() for c in result.ranked]
     for c in unequal:
-        st = c["strategy"]
-        assert sum(st["stage_tp"]) * st["dp"] * st["cp"] == 24
-        assert c["step_time_s"] >= r["estimate"]["step_time_s"]
-    print(f"best {r['strategy']['summary']}; unequal stages {unequal[0]['summary']} {unequal[0]['why']}")
+        s = c.strategy
+        assert sum(s.stage_tp) * s.dp * s.cp == 24
+        assert c.step_s >= result.best.step_s
+    print(f"best {result.best.strategy.short()}; unequal stages {unequal[0].strategy.short()} {unequal[0].step_s:.3f} s")
 
 
 def test_a_long_pipeline_of_unequal_stages_reads_in_runs():

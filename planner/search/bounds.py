@@ -123,14 +123,19 @@ def mesh_bound_s(per_sample_s: float, global_batch: int, ranks_per_replica: int,
     return global_batch * per_sample_s * ranks_per_replica / devices
 
 
-def pipeline_bound_s(lt: LayerTimes, pp: int, microbatches: int, vpp: int) -> float:
+def pipeline_bound_s(lt: LayerTimes, pp: int, microbatches: int, vpp: int, spread_s: float = 0.0) -> float:
     """A 1F1B (interleaved when vpp > 1) step of pp stages of these layers, m micro-batches, at the best cut
     (vpp 1: the exact linear partition of the embedding, the layers and the head, so a first stage of the
-    embedding alone or a last of the head alone is among the cuts) or the even cut of pp x vpp chunks."""
+    embedding alone or a last of the head alone is among the cuts) or the even cut of pp x vpp chunks.
+
+    `spread_s`: seconds per micro-batch the stages add over these, in all at least that much whatever the cut
+    (`dp_floor`): the slowest stage then takes at least a pp-th of the layers' and those seconds."""
+    total = lt.total_s + spread_s
     if pp == 1:
-        return microbatches * lt.total_s
+        return microbatches * total
     if vpp == 1:
-        return (microbatches - 1) * least_widest_stage((lt.stem_s, *lt.per_layer_s, lt.head_s), pp) + lt.total_s
+        widest = least_widest_stage((lt.stem_s, *lt.per_layer_s, lt.head_s), pp)
+        return (microbatches - 1) * max(widest, total / pp) + total
     from planner.costing.pipeline_cut import even_split
     from planner.search.grid import chunk_cut
 
@@ -141,7 +146,7 @@ def pipeline_bound_s(lt: LayerTimes, pp: int, microbatches: int, vpp: int) -> fl
         widest = _max_stage(units, (cut[0] + 1, *cut[1:-1], cut[-1] + 1), pp)
     else:
         widest = _max_stage(lt.folded(), even_split(n, pp * vpp), pp)
-    return (microbatches - 1.0 / vpp) * widest + lt.total_s / vpp
+    return (microbatches - 1.0 / vpp) * max(widest, total / pp) + total / vpp
 
 
 def least_widest_stage(per: Sequence[float], pp: int) -> float:

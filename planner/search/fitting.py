@@ -21,14 +21,16 @@ model's states do not fit the devices, every strategy of the region pays for fit
   compute and exposed traffic are at least either), so P = max(pipeline bound, m x that traffic).
 
 Then the step is at least max(P, X) + Y: the pipeline is at least P and at least the window the stream hides
-behind, and the step's tail adds the exposed stream and the optimizer's traffic (`step_time.step_breakdown`).
+behind, and the step's tail adds the exposed stream and the optimizer's traffic (`step_time.step_breakdown`);
+and at least P plus the data-parallel traffic the stack leaves exposed at z (`dp_floor`).
 FP8 training (whose weight copies the floors leave out) gets no such bound.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import Mapping
 
 from cost_models import Cluster
 from cost_models.memory import inflight_microbatches
@@ -39,17 +41,8 @@ from planner.costing.node_times import DTYPE_WIDTH, activation_dtype
 from planner.costing.pipeline_cut import assign_chunks
 from planner.costing.stage_memory import gathered, held_activations, stage_memory, working_copies
 from planner.costing.step_time import HOST_GRAD_BYTES, dp_collective_s, gather_width, host_update_bytes
+from planner.search.dp_floor import Params
 from planner.strategy import Strategy, Workload
-
-@dataclass(frozen=True, slots=True)
-class _Params:
-    """The figures `dp_collective_s` and `gather_width` read of a stage."""
-
-    dense_params: float
-    expert_params: float
-    tp: int
-    fp8_params: float = 0.0
-
 
 def stage_floors(graph, structure, facts, costs, strategy: Strategy, exact: bool) -> list[tuple[float, ...]]:
     """Per stage of the strategy's cut (the search's: even, or `grid.chunk_cut`'s accounted split): (dense, expert)
@@ -105,14 +98,15 @@ def least_offload_s(excess: float, classes: list[tuple[float, float, bool]], ban
 
 
 def fitting_bound_s(graph, structure, facts, costs, cluster: Cluster, workload: Workload, strategy: Strategy,
-                    zeros: list[int], pipeline_s: float, offload: bool) -> float:
-    """The least step over the region's ZeRO levels `zeros` of what fitting adds to `pipeline_s` (see the module
-    docstring); `offload` says whether the region may offload; `costs` is the representative costing of the
-    region's tensor, context, expert degrees, micro-batch and recompute policy (None: none)."""
+                    pipelines: Mapping[int, tuple[float, float]], offload: bool) -> float:
+    """The least step over the region's ZeRO levels of what fitting adds to the pipeline (see the module
+    docstring); `pipelines` gives per ZeRO level the region holds the pipeline bound and the exposed data-parallel
+    tail (`dp_floor.dp_bounds_s`); `offload` says whether the region may offload; `costs` is the representative
+    costing of the region's tensor, context, expert degrees, micro-batch and recompute policy (None: none)."""
     ex = workload.execution
     training = workload.mode == "train"
     if not training or costs is None or workload.dtype != activation_dtype(workload):
-        return pipeline_s
+        return min((p + t for p, t in pipelines.values()), default=math.inf)
     width = DTYPE_WIDTH.get(activation_dtype(workload), 2.0)
     m = strategy.schedule_micro_batches(workload)
     exact = strategy.tp == 1 and strategy.recompute != "selective"
@@ -127,16 +121,16 @@ def fitting_bound_s(graph, structure, facts, costs, cluster: Cluster, workload: 
     # the tier's link at its best (its efficiency curve's highest point, 1 at most)
     link = (tier.bandwidth_bytes_per_s * max(1.0, max(e for _, e in tier.efficiency.points))) if tier else 0.0
     best = math.inf
-    for z in zeros:
+    for z, (pipeline_s, tail_s) in pipelines.items():
         s = replace(strategy, zero=z, offload=())
         floor_s = pipeline_s
         if strategy.pp == 1 and z >= 2 and dp_shard > 1 and not stays_gathered(s, ex):
-            p = _Params(floors[0][0], floors[0][1], strategy.tp)
+            p = Params(floors[0][0], floors[0][1], strategy.tp)
             per_mb = dp_collective_s(cluster, s, p, "reduce_scatter", ex.grad_bytes)
             if z >= 3:
                 per_mb += 2 * dp_collective_s(cluster, s, p, "all_gather", gather_width(p, ex, width))
             floor_s = max(floor_s, m * per_mb)
-        step = floor_s
+        step = max(floor_s, pipeline_s + tail_s)
         for (dense, expert, act, loss, widest), h in zip(floors, held):
             mem = stage_memory(dense, expert, held_activations(act, loss, h), s, True, width, ex,
                                buffers=working_copies(widest, gathered((dense, expert), s), s, ex, True, width))
@@ -156,7 +150,7 @@ def fitting_bound_s(graph, structure, facts, costs, cluster: Cluster, workload: 
             x, y = least_offload_s(excess, classes, link, floor_s)
             step = max(step, max(floor_s, x) + y)
         best = min(best, step)
-    return max(pipeline_s, best)
+    return best
 
 
 __all__ = ["fitting_bound_s", "least_offload_s", "stage_floors"]

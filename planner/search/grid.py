@@ -32,7 +32,7 @@ from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.moe import routed_experts
 from planner.search.constraints import Constraints
-from planner.strategy import Workload
+from planner.strategy import Strategy, Workload
 
 
 def divisors(n: int) -> list[int]:
@@ -154,6 +154,14 @@ def chunk_cut(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
     if vpp == 1 or layers % (pp * vpp) == 0:
         return ()
     return accounted_split(layers, pp * vpp) or ()
+
+
+def schedule_strategy(key: tuple, layers: int, sp: bool, layouts: str, **knobs) -> Strategy:
+    """The strategy of a schedule key (cp, tp, mb, ep, etp, pp, dp, vpp), cut as the search cuts it (`chunk_cut`),
+    with sequence parallelism where tp > 1 and `sp`, and the other `knobs` (recompute, ZeRO, offload...)."""
+    cp, tp, mb, ep, etp, pp, dp, vpp = key
+    return Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
+                    sp=tp > 1 and sp, layouts=layouts, stage_layers=chunk_cut(layers, pp, vpp), **knobs)
 
 
 def no_mesh(cluster: Cluster, workload: Workload, c: Constraints, shape: ModelShape) -> HyperplanError:

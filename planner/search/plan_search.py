@@ -37,7 +37,8 @@ from planner.costing.stage_costs import DTYPE_WIDTH
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.search import grid
-from planner.search.bounds import mesh_bound_s, pipeline_bound_s
+from planner.search.bounds import mesh_bound_s
+from planner.search.dp_floor import dp_bounds_s, meshes_floor_s, model_params
 from planner.search.representatives import Representatives
 from planner.search.budget import DEFAULT_MAX_NODES, Budget
 from planner.search.constraints import NONE, Constraints
@@ -98,6 +99,7 @@ class _Search:
         self.pruned_bound = math.inf
         self.pruned = 0
         self.reps = Representatives(self.scorer, workload, self.layers, layouts, budget, self.sp)
+        self.params = model_params(self.scorer.facts, structure)  # dense and routed-expert: for `dp_floor`
         self.schedules: dict[tuple, float] = {}  # every schedule region seen -> its bound
         self.fitted: dict[tuple, dict[int, int]] = {}  # schedule -> ZeRO level -> least recompute that fits
 
@@ -202,31 +204,47 @@ class _Search:
             mb = max(B // m[3] for m in region)
             ep = max(m[4] for m in region)
             eps = tuple(sorted({m[4] for m in region}))
-            return mesh_bound_s(self.reps.per_sample(1, cp, mb, [(1, cp, 1, 1, ep, 1)], eps), B, cp, n)
+            return mesh_bound_s(self.reps.per_sample(1, cp, mb, [(1, cp, 1, 1, ep, 1)], eps), B, cp, n) + \
+                self._dp_floor(region, None, 0.0)
         cp, tp = key[0], key[1]
         if node.level == "tp":  # the largest micro-batch: no sample costs less
             # the layouts of this tensor and context degree are solved once, at micro-batch 1 (the scorer
             # keeps them for every strategy of the degree), so they are solved at that size first
             self.reps.times(tp, cp, 1, 1, tp)
-            mb = max(B // m[3] for m in region)
-            return mesh_bound_s(self.reps.per_sample(tp, cp, mb, region), B, tp * cp, n)
+            ps = self.reps.per_sample(tp, cp, max(B // m[3] for m in region), region)
+            return mesh_bound_s(ps, B, tp * cp, n) + self._dp_floor(region, None, ps)
         mb = key[2]
         if node.level == "mb":
-            return mesh_bound_s(self.reps.per_sample(tp, cp, mb, region), B, tp * cp, n)
+            ps = self.reps.per_sample(tp, cp, mb, region)
+            return mesh_bound_s(ps, B, tp * cp, n) + self._dp_floor(region, mb, ps)
         ep, etp = key[3], key[4]
         if node.level == "ep":
-            lt = self.reps.ep_times(tp, cp, mb, ep, etp, self._widest(cp, tp, mb, etp))
-            return mesh_bound_s(lt.per_sample_s, B, tp * cp, n)
+            ps = self.reps.ep_times(tp, cp, mb, ep, etp, self._widest(cp, tp, mb, etp)).per_sample_s
+            return mesh_bound_s(ps, B, tp * cp, n) + self._dp_floor(region, mb, ps)
         pp, dp, vpp, rc = key[5], key[6], key[7], RECOMPUTES[key[8]]  # policy: the pipeline at this recompute
-        bound = pipeline_bound_s(self.reps.times(tp, cp, mb, ep, etp, rc), pp, B // (dp * mb), vpp)
+        s = self._schedule_strategy(key[:8], recompute=rc)
+        floors = self._dp_bounds(self.reps.times(tp, cp, mb, ep, etp, rc), s)
         if self.base_offload:  # offload fixed by the user: the leaves keep it, and fitting bounds do not apply
-            return bound
-        s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
-                     recompute=rc, sp=tp > 1 and self.sp, layouts=self.layouts,
-                     stage_layers=grid.chunk_cut(self.layers, pp, vpp))
+            return min((p + t for p, t in floors.values()), default=math.inf)
         return fitting_bound_s(self.graph, self.structure, self.scorer.facts,
                                self.reps.costings.get((tp, cp, mb, ep, etp, rc)), self.cluster, self.workload, s,
-                               self._zeros(s), bound, self.allow_offload)
+                               floors, self.allow_offload)
+
+    def _schedule_strategy(self, key: tuple, **knobs) -> Strategy:
+        return grid.schedule_strategy(key, self.layers, self.sp, self.layouts, **knobs)
+
+    def _dp_bounds(self, lt, s: Strategy) -> dict[int, tuple[float, float]]:
+        """Per ZeRO level the region holds, the pipeline bound of `lt` and the data-parallel tail (`dp_floor`)."""
+        return dp_bounds_s(lt, self.params, self.cluster, self.workload, s, self._zeros(s),
+                           self.workload.global_batch // (s.dp * s.micro_batch))
+
+    def _dp_floor(self, region: list[tuple[int, ...]], mb: int | None, per_sample_s: float) -> float:
+        """What the pipeline's fill and exposed data-parallel traffic add to the mesh bound of a region's meshes at
+        micro-batch `mb` (None: any), from below (`dp_floor.meshes_floor_s`)."""
+        B = self.workload.global_batch
+        return meshes_floor_s(self.params, self.cluster, self.workload, (self._schedule_strategy(
+            (cp, tp, mb or B // dp, ep, etp, pp, dp, 1)) for tp, cp, pp, dp, ep, etp in region), self._zeros,
+            per_sample_s, mb or 1, self.layers)
 
     # -- branching ----------------------------------------------------------------------------------
     def _expand(self, node: _Node) -> None:
@@ -258,8 +276,9 @@ class _Search:
             for vpp in grid.vpp_degrees(self.layers, pp, micro, self.c):
                 key = node.key + (pp, dp, vpp)
                 self.schedules.setdefault(key, node.bound_s)
-                bound = 0.0 if self.c.stage_tp or not self.training else pipeline_bound_s(
-                    self.reps.ep_times(tp, cp, mb, ep, etp, self._widest(cp, tp, mb, etp)), pp, micro, vpp)
+                bound = 0.0 if self.c.stage_tp or not self.training else min((p + t for p, t in self._dp_bounds(
+                    self.reps.ep_times(tp, cp, mb, ep, etp, self._widest(cp, tp, mb, etp)),
+                    self._schedule_strategy(key)).values()), default=math.inf)
                 self._push("schedule", key, max(bound, node.bound_s), refined=True)
 
     def _recomputes(self) -> list[str]:  # in training, what the stack's framework can run (or the one asked)
@@ -274,12 +293,9 @@ class _Search:
     def _leaves(self, node: _Node) -> None:
         """Score a schedule's strategies at one recompute policy: every ZeRO level that did not fit with less
         recompute; where none fits, just enough layers recomputed fully, or just enough offloaded."""
-        cp, tp, mb, ep, etp, pp, dp, vpp, level = node.key
-        rc = RECOMPUTES[level]
-        sched = node.key[:-1]
-        base = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
-                        recompute=rc, sp=tp > 1 and self.sp, layouts=self.layouts, offload=self.base_offload,
-                        stage_tp=self.c.stage_tp or (), stage_layers=grid.chunk_cut(self.layers, pp, vpp))
+        sched, level = node.key[:-1], node.key[-1]
+        rc, pp, vpp = RECOMPUTES[level], sched[5], sched[7]
+        base = self._schedule_strategy(sched, recompute=rc, offload=self.base_offload, stage_tp=self.c.stage_tp or ())
         fitted = self.fitted.setdefault(sched, {})  # ZeRO level -> the least recompute at which it fits
         frugal: Candidate | None = None
         for z in self._zeros(base):
@@ -354,9 +370,8 @@ class _Search:
             if mesh in seen:
                 continue
             seen.add(mesh)
-            s = Strategy(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=0 if etp == tp else etp, vpp=vpp, micro_batch=mb,
-                         recompute=b.recompute, zero=b.zero if dp * cp > 1 else 0, sp=tp > 1 and self.sp,
-                         layouts=self.layouts, offload=b.offload, stage_layers=grid.chunk_cut(self.layers, pp, vpp))
+            s = self._schedule_strategy((cp, tp, mb, ep, etp, pp, dp, vpp), recompute=b.recompute,
+                                        zero=b.zero if dp * cp > 1 else 0, offload=b.offload)
             if self.c.zero_allowed(s.zero, s.dp, s.tp * s.pp * s.cp):
                 self._score(s)
 
