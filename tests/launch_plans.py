@@ -33,6 +33,8 @@ PLANS = {
     "cp": ("llama3-8b", TINY, dict(tp=2, cp=2, dp=2, sp=True)),
     "moe": ("mixtral-8x7b", MOE, dict(tp=2, ep=4, zero=1, sp=True)),
     "moe_etp1": ("mixtral-8x7b", MOE, dict(tp=2, ep=8, etp=1, zero=1, sp=True)),
+    # one NVLink domain over several nodes (18 trays of 4 GPUs): the flex dispatcher's HybridEP backend
+    "moe_nvl72": ("mixtral-8x7b", MOE, dict(tp=2, ep=4, zero=1, sp=True, cluster="gb200-nvl72")),
     "offload": ("llama3-8b", TINY, dict(dp=8, zero=1, offload=(("optimizer", 0.5),))),
     "fp8": ("llama3-8b", TINY, dict(tp=2, dp=4, sp=True, zero=1, dtype="fp8")),
     # planned for the torchtitan stack (its selective recompute, FSDP2)
@@ -66,7 +68,7 @@ PLANS = {
 #: the plans each launch backend writes
 WRITES = {
     "megatron": ["3d", "interleaved", "fsdp", "zero2", "first_last", "layout", "ends_alone", "cp", "moe", "moe_etp1",
-                 "offload", "fp8", "tt_3d", "tt_layout", "tt_ends_alone", "tt_cp", "tt_moe", "tt_fp8", "graphs_full",
+                 "moe_nvl72", "offload", "fp8", "tt_3d", "tt_layout", "tt_ends_alone", "tt_cp", "tt_moe", "tt_fp8", "graphs_full",
                  "graphs_layer"],
     "mindformers": ["3d", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "tt_gpipe", "tt_layout",
                     "ds_tp", "ds_moe"],
@@ -103,7 +105,8 @@ def plan(name: str) -> dict:
     """The declaration of one of PLANS (made once per test process)."""
     model, overrides, strategy = PLANS[name]
     strategy = dict(strategy)
-    common = dict(COMMON, devices=strategy.pop("devices", COMMON["devices"]))
+    common = dict(COMMON, devices=strategy.pop("devices", COMMON["devices"]),
+                  cluster=strategy.pop("cluster", COMMON["cluster"]))
     return declare(model, overrides=overrides, **common, **strategy)
 
 

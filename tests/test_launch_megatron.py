@@ -148,6 +148,20 @@ def test_the_all_to_all_overlap_goes_out_where_megatron_runs_it_as_it_is_costed(
     assert any("needs the interleaved schedule" in n for n in out["notes"])
 
 
+@pytest.mark.launch
+def test_the_flex_dispatcher_goes_out_as_the_backend_its_nvlink_domain_runs(monkeypatch):
+    """8-GPU NVLink nodes (DGX H100): DeepEP, megatron-core's default; one NVLink domain over several nodes (GB200
+    NVL72): HybridEP, the only backend megatron-core runs there and the only one Megatron-Bridge lets on those GPUs.
+    Both parse with the pinned parser and build megatron-core's own TransformerConfig with that backend."""
+    pytest.importorskip("megatron.core")
+    for name, backend in (("moe", "deepep"), ("moe_nvl72", "hybridep")):
+        words = launch_config(plan(name), "megatron")["config"]["args"]
+        assert words[words.index("--moe-flex-dispatcher-backend") + 1] == backend
+        ns, given = parse(words)
+        tc, *_ = core_configs(ns, given, name, monkeypatch)
+        assert (tc.moe_token_dispatcher_type, tc.moe_flex_dispatcher_backend) == ("flex", backend)
+
+
 #: A small DeepSeek-V3 with one multi-token-prediction depth (the zoo's mtp_layers).
 MTP_MODEL = dict(layers=4, dense_layers=1, hidden=64, heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_dim=16,
                  qk_rope_dim=8, v_head_dim=16, ffn=128, expert_ffn=32, experts=8, top_k=2, shared_experts=1, vocab=128,

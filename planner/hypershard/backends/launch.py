@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from cost_models import load_cluster
 from planner.costing.execution import Execution, attention_fp8_format, load_execution
 from planner.errors import ExportRefused, InvalidInput
 from planner.hypershard.declared import chunk_layers, strategy_of
@@ -55,6 +56,7 @@ class Training:
     step_s: float | None
     peak_gib: float | None
     mtp: int = 0  # of the layers, the last ones that are multi-token-prediction depths (the declaration's model)
+    scale_up: int = 8  # devices in one domain of the cluster's innermost interconnect level (NVLink: 8 on a DGX)
 
     @property
     def mode(self) -> str:
@@ -98,7 +100,7 @@ def training(doc: Mapping[str, Any], backend: str, base_dir: str | None = None) 
         execution=_stack(doc, base_dir), embedding=embedding_split(doc), split_scales=split_scales(doc),
         split_routers=split_params(doc, lambda e: bool(e.get("router"))),
         step_s=est.get("step_time_s"), peak_gib=(est.get("memory_gib") or {}).get("peak"),
-        mtp=int(doc["model"].get("mtp_layers", 0)),
+        mtp=int(doc["model"].get("mtp_layers", 0)), scale_up=_scale_up(doc, base_dir),
     )
 
 
@@ -110,11 +112,21 @@ def _workload(doc: Mapping[str, Any]) -> Any:
 
 def _stack(doc: Mapping[str, Any], base_dir: str | None) -> Execution:
     """The declaration's stack: a preset by name, or its file (tried beside the declaration when relative)."""
-    name = doc["workload"].get("stack")
+    return load_execution(_beside(doc["workload"].get("stack"), base_dir))
+
+
+def _scale_up(doc: Mapping[str, Any], base_dir: str | None) -> int:
+    """Devices in one domain of the declaration's cluster's innermost level (all of them when it has one level)."""
+    cluster = load_cluster(_beside(doc["cluster"]["spec"], base_dir), devices=doc["cluster"]["devices"])
+    return cluster.levels[0].group_size or cluster.n_devices
+
+
+def _beside(name: str | None, base_dir: str | None) -> str | None:
+    """A preset name, or a file's path, tried beside the declaration when relative and not found from the cwd."""
     if name and base_dir and not os.path.isabs(name) and not os.path.exists(name):
         near = os.path.join(base_dir, name)
-        name = near if os.path.exists(near) else name
-    return load_execution(name)
+        return near if os.path.exists(near) else name
+    return name
 
 
 def embedding_split(doc: Mapping[str, Any]) -> str:

@@ -170,6 +170,14 @@ def _loss(t: launch.Training) -> list[tuple[str, Any]]:
     return [("--cross-entropy-loss-fusion", None), ("--cross-entropy-fusion-impl", impl)] if impl else []
 
 
+def flex_backend(t: launch.Training) -> str:
+    """The flex dispatcher's backend: DeepEP (Megatron-Core's default) within 8-GPU NVLink nodes, HybridEP where
+    one NVLink domain spans several nodes (GB200/GB300 NVL72): "only hybridep supports the MNNVL case"
+    (TransformerConfig.moe_flex_dispatcher_backend), and Megatron-Bridge refuses DeepEP on those GPUs
+    (training/flex_dispatcher_backend.py, validate_flex_dispatcher_backend, v0.6.0)."""
+    return "hybridep" if t.scale_up > 8 else "deepep"
+
+
 def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Written:
     """The Megatron-LM arguments of a training declaration, as (flag, value) pairs (None: a switch), with the
     environment validate_args asks for and notes (InvalidInput, one sentence, for what it cannot express)."""
@@ -187,7 +195,7 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
         if s.ep > 1:
             args.append(("--moe-token-dispatcher-type", "flex" if ex.moe_dispatcher == "deepep" else "alltoall"))
             if ex.moe_dispatcher == "deepep":
-                args.append(("--moe-flex-dispatcher-backend", "deepep"))
+                args.append(("--moe-flex-dispatcher-backend", flex_backend(t)))
             if unpaired_why(s, ex, mtp) is None:  # weight gradients delayed, except under Megatron-FSDP (moe_pairing)
                 args.append(("--overlap-moe-expert-parallel-comm", None))
                 if delays_wgrad(s):
