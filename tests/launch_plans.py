@@ -64,11 +64,12 @@ PLANS = {
     "widths": ("llama3-8b", TINY, dict(tp=2, pp=2, dp=2, stage_tp=(1, 2), devices=6)),
     "gpipe": ("llama3-8b", TINY, dict(pp=2, dp=4, schedule="gpipe")),
     "activations": ("llama3-8b", TINY, dict(dp=8, offload=(("activations", 0.4),))),
+    "activations_pp": ("llama3-8b", TINY, dict(pp=2, dp=4, offload=(("activations", 0.4),))),
 }
 #: the plans each launch backend writes
 WRITES = {
     "megatron": ["3d", "interleaved", "fsdp", "zero2", "first_last", "layout", "ends_alone", "cp", "moe", "moe_etp1",
-                 "moe_nvl72", "offload", "fp8", "tt_3d", "tt_layout", "tt_ends_alone", "tt_cp", "tt_moe", "tt_fp8", "graphs_full",
+                 "moe_nvl72", "offload", "activations", "fp8", "tt_3d", "tt_layout", "tt_ends_alone", "tt_cp", "tt_moe", "tt_fp8", "graphs_full",
                  "graphs_layer"],
     "mindformers": ["3d", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "tt_gpipe", "tt_layout",
                     "ds_tp", "ds_moe"],
@@ -89,7 +90,8 @@ REFUSES = {
                   "fsdp": "selective or per-layer recompute", "fp8": "FP8 GEMMs", "offload": "optimizer offload (50%)",
                   "activations": "activations offload (40%)"},
     "megatron": {"widths": "pipeline stages of different tensor widths (TP 1+2)", "gpipe": "GPipe schedule",
-                 "activations": "activations offload (40%)", "tt_interleaved": "selective recompute as the torchtitan",
+                 "activations_pp": "activations offload (40%) beside a pipeline",
+                 "tt_interleaved": "selective recompute as the torchtitan",
                  "graphs_moe_full": "a full-iteration CUDA graph of a MoE model",
                  "tt_offload": "params offload (100%)", "tt_gpipe": "GPipe schedule"},
     "torchtitan": {"widths": "pipeline stages of different tensor widths", "interleaved": "unsharded data parallelism",

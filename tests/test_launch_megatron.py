@@ -5,6 +5,7 @@ Megatron-LM builds them construct (their __post_init__ validates) with the plan'
 from __future__ import annotations
 
 import argparse
+import math
 import copy
 import dataclasses
 import json
@@ -36,6 +37,8 @@ def core_args(ns: argparse.Namespace, given: set[str], num_layers: int) -> dict:
     elif "num_layers_per_virtual_pipeline_stage" in args:
         vpp = num_layers // pp // args.pop("num_layers_per_virtual_pipeline_stage")
     args["virtual_pipeline_model_parallel_size"] = vpp if vpp and vpp > 1 else None
+    if args.get("cpu_offloading_num_layers", 0) > 0:  # validate_args turns the layer-level offload on
+        args["cpu_offloading"] = True
     return args
 
 
@@ -93,6 +96,11 @@ def test_megatron_core_configs_take_the_plans_degrees(name, monkeypatch):
     elif s.recompute == "selective":  # the megatron-core stack's modules
         assert tc.recompute_granularity == "selective" and tc.recompute_modules == ["core_attn"]
     assert opt.optimizer_offload_fraction == (s.offload_fraction("optimizer") or opt.optimizer_offload_fraction)
+    if s.offload_fraction("activations"):  # the fewest whole layers that hold the plan's fraction: 4 of 8 for 40 %
+        assert tc.cpu_offloading and tc.cpu_offloading_activations and not tc.cpu_offloading_weights
+        assert tc.cpu_offloading_num_layers == math.ceil(s.offload_fraction("activations") * tc.num_layers)
+    else:
+        assert not tc.cpu_offloading
     chunks = [len(c["layers"]) for st in doc["programs"][0]["stages"] for c in st["chunks"]]
     if name in ("layout", "ends_alone", "tt_ends_alone"):  # the layout's chunks, as Megatron-Core reads them, are
         layout = tc.pipeline_model_parallel_layout.layout  # the plan's; chunk c on rank c mod pp, round c // pp
@@ -160,6 +168,21 @@ def test_the_flex_dispatcher_goes_out_as_the_backend_its_nvlink_domain_runs(monk
         ns, given = parse(words)
         tc, *_ = core_configs(ns, given, name, monkeypatch)
         assert (tc.moe_token_dispatcher_type, tc.moe_flex_dispatcher_backend) == ("flex", backend)
+
+
+def test_offloaded_activations_go_out_as_whole_layers_where_megatron_core_offloads_them():
+    """40 % of 8 layers' activations: Transformer Engine's offload of 4 whole layers, which the notes say moves
+    1.25x the host traffic scored; beside recomputation, megatron-core refuses it, and so does the export."""
+    from launch_plans import COMMON, TINY
+    from planner.hypershard import declare
+
+    out = launch_config(plan("activations"), "megatron")
+    words = out["config"]["args"]
+    assert words[words.index("--cpu-offloading-num-layers") + 1] == "4"
+    assert any("4 of 8 layers (50%) where the plan offloads 40%" in n and "1.25x" in n for n in out["notes"])
+    doc = declare("llama3-8b", overrides=TINY, **COMMON, dp=8, recompute="full", offload=(("activations", 0.4),))
+    with pytest.raises(InvalidInput, match="activations offload \\(40%\\) beside recomputation"):
+        launch_config(doc, "megatron")
 
 
 #: A small DeepSeek-V3 with one multi-token-prediction depth (the zoo's mtp_layers).

@@ -30,19 +30,24 @@ PyPI matches:
   dispatcher, FP8 (--fp8-format, --fp8-recipe, --fp8-param-gather), bf16/fp16;
 - optimizer offload: --optimizer-cpu-offload --optimizer-offload-fraction f
   (with --use-precision-aware-optimizer, which validate_args asks for);
+  activation offload: Transformer Engine's CPU offload of whole layers'
+  activations, --cpu-offloading-num-layers n (the fewest layers that hold the
+  plan's fraction), with one pipeline stage and no recomputation;
 - the stack's CUDA graphs (`megatron_graphs`): --cuda-graph-impl local
   --cuda-graph-scope full_iteration, or transformer_engine with the layer
   modules it names; what megatron-core 0.16.1 refuses or cannot capture is
   refused.
 
 Megatron-LM cannot run: stages of different tensor widths, a GPipe schedule,
-offloaded parameters, gradients or a fraction of activations, selective
+offloaded parameters or gradients, activations offloaded beside a pipeline or
+recomputation, selective
 recompute beside full recompute of some layers, another stack's selective set.
 Those are refused in one sentence before anything is written.
 """
 
 from __future__ import annotations
 
+import math
 import shlex
 from typing import Any, Mapping
 
@@ -61,9 +66,12 @@ _SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem]:
     s, ex = t.s, t.execution
     out = launch.common_problems(t, "1F1B and interleaved 1F1B", mtp=True, graphs=True)
-    out += launch.offload_problems(t, {"optimizer": "fraction"} if s.zero == 1 else {}, (
+    allowed = ({"optimizer": "fraction"} if s.zero == 1 else {}) | {"activations": "fraction"}
+    out += launch.offload_problems(t, allowed, (
         ("params", "grads", "optimizer"), "--zero 1 --offload optimizer=F (Megatron-LM offloads a fraction of the "
                                           "distributed optimizer's states)"))
+    if t.offload("activations") > 0 and (why := _activation_offload_refused(t)):
+        out.append((f"activations offload ({t.offload('activations'):.0%}) {why}", "plan with --no-offload"))
     if s.recompute == "selective" and s.full_recompute_layers:
         out.append((f"full recompute of the first {s.full_recompute_layers} layers of each chunk beside selective "
                     "recompute of the rest (one --recompute-granularity)",
@@ -117,6 +125,29 @@ def _layout(chunks: tuple[int, ...], mtp: int) -> str:
     return "|".join(parts)
 
 
+def offloaded_layers(t: launch.Training) -> int:
+    """The decoder layers whose activations megatron-core's layer-level offload moves to the host for the plan's
+    fraction of them: the fewest that hold it (the layers alike), so the plan's memory holds."""
+    layers = t.layers - t.mtp
+    return math.ceil(t.offload("activations") * layers - 1e-9)
+
+
+def _activation_offload_refused(t: launch.Training) -> str:
+    """Why megatron-core 0.16.1 cannot offload the plan's activations layer by layer (`--cpu-offloading-num-layers`,
+    TransformerConfig.__post_init__: fewer layers than the model's, no pipeline, no recomputation, no CUDA graphs),
+    or ""."""
+    s = t.s
+    if s.pp > 1:
+        return "beside a pipeline (megatron-core offloads activations only with one stage)"
+    if s.recompute != "none" or s.full_recompute_layers:
+        return "beside recomputation (megatron-core offloads activations only without it)"
+    if t.execution.cuda_graphs:
+        return "beside CUDA graphs (megatron-core captures none with it)"
+    if offloaded_layers(t) >= t.layers - t.mtp:
+        return "of every layer (megatron-core keeps at least the last layer's on the device)"
+    return ""
+
+
 def _recompute(t: launch.Training) -> list[tuple[str, Any]]:
     s = t.s
     if s.recompute == "full":
@@ -145,6 +176,8 @@ def _optimizer(t: launch.Training) -> list[tuple[str, Any]]:
     if frac > 0:
         out += [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", frac),
                 ("--use-precision-aware-optimizer", None)]
+    if t.offload("activations") > 0:  # Transformer Engine's CPU offload of whole layers' activations
+        out.append(("--cpu-offloading-num-layers", offloaded_layers(t)))
     return out
 
 
@@ -222,6 +255,11 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     if ex.fp8_params and t.dtype == "fp8" and not _fp8_params(t):
         notes.append("the stack keeps FP8 weights, which Megatron-LM's --fp8-param-gather does only with a "
                      "distributed optimizer or Megatron-FSDP (this plan has neither)")
+    if t.offload("activations") > 0 and offloaded_layers(t) / (t.layers - mtp) > t.offload("activations") + 1e-9:
+        n, frac = offloaded_layers(t), t.offload("activations")
+        notes.append(f"megatron-core offloads whole layers' activations: {n} of {t.layers - mtp} layers "
+                     f"({n / (t.layers - mtp):.0%}) where the plan offloads {frac:.0%}, so a step moves about "
+                     f"{n / (t.layers - mtp) / frac:.2f}x the host traffic the estimate scored")
     return launch.Written(config={"env": env, "args": argv(args), "layers": t.layers - mtp}, notes=tuple(notes))
 
 
