@@ -17,14 +17,16 @@ from planner.hypershard import strategy_of
 from planner.hypershard.backends import export, launch_config
 
 #: Runs DeepSpeedConfig in a process of its own: it asks torch.distributed for the world, so this process makes a
-#: one-rank gloo group, and the data-parallel size comes from an mpu (DeepSpeed's hook for Megatron-style groups).
+#: one-rank gloo group (met at a file, not a probed TCP port another process may take first), and the data-parallel
+#: size comes from an mpu (DeepSpeed's hook for Megatron-style groups).
 _READ = r'''
 import json, os, sys
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
 import deepspeed
 from deepspeed.runtime.config import DeepSpeedConfig
 from deepspeed.module_inject.auto_ep_config import validate_autoep_config
-deepspeed.init_distributed(dist_backend="gloo")
+deepspeed.init_distributed(dist_backend="gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1,
+                           auto_mpi_discovery=False)
 out = []
 for case in json.loads(sys.stdin.read()):
     class Mpu:
@@ -49,20 +51,15 @@ print(json.dumps(out))
 
 
 @pytest.mark.launch
-def test_deepspeeds_config_reads_the_plans():
+def test_deepspeeds_config_reads_the_plans(tmp_path):
     pytest.importorskip("deepspeed")
-    import socket
-
     docs = [plan(n) for n in WRITES["deepspeed"]]
     cases = []
     for doc in docs:
         s = strategy_of(doc)
         cases.append({"config": launch_config(doc, "deepspeed")["config"], "dp": s.dp, "devices": s.devices})
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    run = subprocess.run([sys.executable, "-c", _READ, str(port)], input=json.dumps(cases), capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", _READ, str(tmp_path / "rendezvous")], input=json.dumps(cases),
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     for doc, got in zip(docs, json.loads(run.stdout.strip().splitlines()[-1])):
         s = strategy_of(doc)

@@ -62,13 +62,29 @@ def shapes(cfg: dict) -> dict[str, list[int]]:
     return out | {"model.norm.weight": [h], "lm_head.weight": [v, h]}
 
 
+def _master_port() -> int:
+    """A free TCP port below the kernel's ephemeral range, probed from a start each process draws from its pid: a
+    port bind(0) hands out is ephemeral, and the kernel may give it to another socket (a test worker's gloo
+    connection) before msrun binds it; below the range nothing takes a port unasked."""
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ranges.read_text().split()[0]) if ranges.exists() else 32768
+    span = max(1, low - 20000)
+    for k in range(span):
+        port = 20000 + (os.getpid() * 7 + k) % span
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port in 20000-{low - 1}")
+
+
 def run_workers(doc: dict, tmp_path: Path, env: dict[str, str], phase: str | None = None) -> list[dict]:
     """Two msrun workers on CPU applying `doc`'s exported plan (a serving one: its `phase`); each one's report."""
     (tmp_path / "plan.py").write_text(export(doc, "mindspore"))
     (tmp_path / "shapes.json").write_text(json.dumps(shapes(TINY)))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _master_port()
     cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run", "--worker_num=2", "--local_worker_num=2",
            f"--master_port={port}", f"--log_dir={tmp_path / 'log'}", "--join=True", "--cluster_time_out=120",
            str(ROOT / "tests" / "mindspore_worker.py"), str(tmp_path / "plan.py"), str(tmp_path / "shapes.json"),
