@@ -61,18 +61,21 @@ def exposed_dp_s(totals: tuple[float, float], cluster: Cluster, workload: Worklo
     # the narrowest a weight all-gather can be: FP8 where the stack gathers FP8 weights
     width = 1.0 if ex.fp8_all_gather else DTYPE_WIDTH.get(activation_dtype(workload), 2.0)
     z, gathered = strategy.zero, stays_gathered(strategy, ex)
+    tail: list[tuple[str, float]] = []  # the collectives after the last backward: (kind, bytes per parameter)
+    per_mb = 0.0
     if z <= 1 or gathered:
-        tail = 0.0 if ex.overlap_grad_reduce else _largest(
-            cluster, strategy, mean, "all_reduce" if z == 0 else "reduce_scatter", ex.grad_bytes)
+        if not ex.overlap_grad_reduce:
+            tail.append(("all_reduce" if z == 0 else "reduce_scatter", ex.grad_bytes))
         if z >= 1 and not ex.overlap_param_gather:
-            tail += _largest(cluster, strategy, mean, "all_gather", width)
-        return 0.0, tail
-    per_mb = 0.0 if ex.overlap_grad_reduce else dp_collective_s(cluster, strategy, whole, "reduce_scatter",
-                                                                 ex.grad_bytes)
-    if z >= 3 and not ex.fsdp_prefetch:
-        per_mb += 2 * dp_collective_s(cluster, strategy, whole, "all_gather", width)
-    tail = _largest(cluster, strategy, mean, "all_gather", width) if z == 2 and not ex.overlap_param_gather else 0.0
-    return per_mb, tail
+            tail.append(("all_gather", width))
+    else:
+        if not ex.overlap_grad_reduce:
+            per_mb += dp_collective_s(cluster, strategy, whole, "reduce_scatter", ex.grad_bytes)
+        if z >= 3 and not ex.fsdp_prefetch:
+            per_mb += 2 * dp_collective_s(cluster, strategy, whole, "all_gather", width)
+        if z == 2 and not ex.overlap_param_gather:
+            tail.append(("all_gather", width))
+    return per_mb, _slowest_stage(cluster, strategy, mean, tail)
 
 
 def model_params(facts, structure) -> tuple[float, float]:
@@ -110,11 +113,11 @@ def meshes_floor_s(totals: tuple[float, float], cluster: Cluster, workload: Work
     return best if math.isfinite(best) else 0.0
 
 
-def _largest(cluster: Cluster, strategy: Strategy, mean: Params, kind: str, bytes_per_param: float) -> float:
-    """A collective of the slowest stage, from below: of a pp-th of the dense or of the expert parameters, the
-    longer (the stage that holds the most of one need not hold the most of the other)."""
-    return max(dp_collective_s(cluster, strategy, Params(mean.dense_params, 0.0, mean.tp), kind, bytes_per_param),
-               dp_collective_s(cluster, strategy, Params(0.0, mean.expert_params, mean.tp), kind, bytes_per_param))
+def _slowest_stage(cluster: Cluster, strategy: Strategy, mean: Params, kinds: list[tuple[str, float]]) -> float:
+    """The collectives `kinds` of the slowest stage, from below: of a pp-th of the dense or of the expert
+    parameters, the longer (the stage that holds the most of one need not hold the most of the other)."""
+    return max(sum(dp_collective_s(cluster, strategy, part, kind, width) for kind, width in kinds)
+               for part in (Params(mean.dense_params, 0.0, mean.tp), Params(0.0, mean.expert_params, mean.tp)))
 
 
 def _stage_params(totals: tuple[float, float], strategy: Strategy) -> tuple[Params, Params]:
