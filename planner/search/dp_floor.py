@@ -1,4 +1,4 @@
-"""What the data-parallel traffic a stack does not overlap adds to a step, from below: for the policy regions.
+"""What the data-parallel traffic a stack does not overlap adds to a step, from below: for the branch and bound.
 
 The compute bound (`bounds`) keeps only what runs on a stage's critical path whatever the region chooses, and
 leaves the data-parallel collectives out: under a stack that overlaps them (`Execution.overlap_grad_reduce`,
@@ -22,6 +22,11 @@ over theirs, as `fitting.stage_floors`):
   stage takes at least a pp-th of that beside its compute (`bounds.pipeline_bound_s`'s `spread_s`).
 
 Overlapped traffic adds nothing here: how much of it hides depends on the window the cut leaves it.
+
+The regions above a schedule (context and tensor degree, micro-batch, expert degrees) leave the pipeline and data
+degrees open, and their bound is the work of a step over the devices (`bounds.mesh_bound_s`). To it they add the
+least, over their meshes and ZeRO levels, of the above and the pipeline's fill at the most interleaved chunks a
+stage can hold (`meshes_floor_s`).
 """
 
 from __future__ import annotations
