@@ -56,6 +56,7 @@ PLANS = {
     "ds_offload1": ("llama3-8b", TINY, dict(dp=8, zero=1, offload=(("grads", 1.0), ("optimizer", 1.0)))),
     "ds_tp": ("llama3-8b", TINY, dict(tp=2, dp=4, zero=1)),
     "ds_moe": ("mixtral-8x7b", MOE, dict(dp=8, ep=8, zero=2)),
+    "ds_moe_nvl72": ("mixtral-8x7b", MOE, dict(dp=8, ep=8, zero=2, cluster="gb200-nvl72")),
     # CUDA graphs (Megatron-LM captures them; the others launch eagerly)
     "graphs_full": ("llama3-8b", TINY, dict(tp=2, dp=4, sp=True, zero=1, stack=GRAPHS["full_iteration"])),
     "graphs_moe_full": ("mixtral-8x7b", MOE, dict(ep=8, zero=1, stack=GRAPHS["full_iteration"])),
@@ -73,7 +74,7 @@ WRITES = {
                  "graphs_layer"],
     "mindformers": ["3d", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "tt_gpipe", "tt_layout",
                     "ds_tp", "ds_moe"],
-    "deepspeed": ["zero2", "ds_offload3", "ds_offload1", "ds_tp", "ds_moe", "tt_offload"],
+    "deepspeed": ["zero2", "ds_offload3", "ds_offload1", "ds_tp", "ds_moe", "ds_moe_nvl72", "tt_offload"],
     "torchtitan": ["tt_3d", "tt_interleaved", "tt_layout", "tt_ends_alone", "tt_gpipe", "tt_cp", "tt_moe", "tt_fp8",
                    "tt_offload",
                    "tt_flushes", "3d", "zero2", "moe", "moe_etp1", "fp8"],

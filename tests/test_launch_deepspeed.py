@@ -71,8 +71,10 @@ def test_deepspeeds_config_reads_the_plans(tmp_path):
         assert got["offload_param"] == ("cpu" if s.offload_fraction("params") else None)
         assert got["cpu_checkpointing"] == (s.offload_fraction("activations") == 1.0)
         assert (got["autotp"] or 1, got["autoep"]) == (s.tp, s.ep)
-        if s.ep > 1:  # the stack's flex dispatcher goes out as AutoEP's DeepEP transport, sized for a micro-batch
-            flex = load_execution(doc["workload"]["stack"]).moe_dispatcher == "deepep"
+        if s.ep > 1:  # the stack's flex dispatcher goes out as AutoEP's DeepEP transport, sized for a micro-batch,
+            # where DeepEP runs (not on an NVLink domain over several nodes: launch.deepep_refused)
+            flex = load_execution(doc["workload"]["stack"]).moe_dispatcher == "deepep" and doc["cluster"]["name"] != \
+                "gb200-nvl72"
             assert got["comm"] == (["deepep", s.micro_batch * doc["workload"]["seq_len"]] if flex else ["comm", 0])
 
 
@@ -86,3 +88,13 @@ def test_what_deepspeed_cannot_run_is_refused_in_one_sentence(name, words):
 def test_the_file_is_the_config():
     doc = plan("ds_offload3")
     assert json.loads(export(doc, "deepspeed")) == launch_config(doc, "deepspeed")["config"]
+
+
+def test_deepep_on_an_nvlink_domain_over_nodes_goes_out_as_autoeps_own_exchange():
+    """GB200 NVL72: AutoEP keeps its own all-to-all ("comm", which DeepSpeedConfig reads above), and the notes say
+    the exchange runs slower than scored; on DGX H100 the same plan names DeepEP and says nothing of it."""
+    nvl, dgx = launch_config(plan("ds_moe_nvl72"), "deepspeed"), launch_config(plan("ds_moe"), "deepspeed")
+    assert "comm_backend" not in nvl["config"]["expert_parallel"]
+    assert any("DeepEP does not run" in n and "takes longer than the estimate scored" in n for n in nvl["notes"])
+    assert dgx["config"]["expert_parallel"]["comm_backend"] == "deepep"
+    assert not any("DeepEP does not run" in n for n in dgx["notes"])

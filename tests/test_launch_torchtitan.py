@@ -125,3 +125,18 @@ def test_deepep_beside_expert_tensor_parallelism_is_said_to_run_slower():
     assert "expert_parallel_comm_backend" not in etp2["config"]["parallelism"]
     assert any("flex dispatcher" in n and "takes longer than the estimate scored" in n for n in etp2["notes"])
     assert not any("flex dispatcher" in n for n in etp1["notes"])
+
+
+def test_deepep_on_an_nvlink_domain_over_nodes_goes_out_as_the_all_to_all():
+    """GB200 NVL72 (one NVLink domain over 18 trays): DeepEP does not run there (Megatron-Bridge refuses it on those
+    GPUs), and torchtitan 0.2.2 has no HybridEP backend: the plan goes out on its standard all-to-all, and the launch
+    config says the exchange runs slower than scored."""
+    from launch_plans import COMMON, MOE
+    from planner.hypershard import declare
+
+    doc = declare("mixtral-8x7b", overrides=MOE, **dict(COMMON, cluster="gb200-nvl72"), tp=2, ep=8, etp=1, zero=1,
+                  sp=True)
+    out = launch_config(doc, "torchtitan")
+    assert "expert_parallel_comm_backend" not in out["config"]["parallelism"]
+    assert any("NVLink domain of 72 devices over several nodes DeepEP does not run" in n
+               and "takes longer than the estimate scored" in n for n in out["notes"])

@@ -256,6 +256,17 @@ def flex_exchange(t: Training) -> bool:
     return bool(t.moe) and t.s.ep > 1 and t.execution.moe_dispatcher == "deepep"
 
 
+def deepep_refused(t: Training) -> str:
+    """Why DeepEP's kernels (the flex dispatcher a torchtitan or DeepSpeed launch names) do not run on the plan's
+    cluster, or "": one NVLink domain over several nodes (GB200/GB300 NVL72), where Megatron-Bridge v0.6.0 refuses
+    DeepEP (training/flex_dispatcher_backend.py, validate_flex_dispatcher_backend) and megatron-core runs HybridEP
+    alone (TransformerConfig.moe_flex_dispatcher_backend: "only hybridep supports the MNNVL case")."""
+    if t.scale_up > 8:
+        return (f"on an NVLink domain of {t.scale_up} devices over several nodes DeepEP does not run, and HybridEP, "
+                "which does, is not among its backends")
+    return ""
+
+
 def alltoall_note(framework: str, why: str) -> str:
     """The note of a launch that exchanges by an all-to-all of every copy a plan costed with the flex dispatcher."""
     return (f"the stack sends a MoE layer's tokens through the flex dispatcher (DeepEP: a token once to each node and "

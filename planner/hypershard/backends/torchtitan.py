@@ -107,11 +107,12 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     if t.moe:
         par.update(expert_parallel_degree=s.ep, expert_tensor_parallel_degree=s.expert_tp)
     if launch.flex_exchange(t):
-        if s.expert_tp == 1:
-            par["expert_parallel_comm_backend"] = "deepep"  # its DeepEP dispatch and combine (ep > 1, etp 1)
+        why = launch.deepep_refused(t) or ("" if s.expert_tp == 1 else "torchtitan 0.2.2 raises NotImplementedError "
+                                                                       "for DeepEP beside expert tensor parallelism")
+        if why:
+            notes.append(launch.alltoall_note("torchtitan", why))
         else:
-            notes.append(launch.alltoall_note("torchtitan", "torchtitan 0.2.2 raises NotImplementedError for DeepEP "
-                                                            "beside expert tensor parallelism"))
+            par["expert_parallel_comm_backend"] = "deepep"  # its DeepEP dispatch and combine (ep > 1, etp 1)
     ac = {"mode": "full" if s.recompute == "full" else "selective" if s.recompute == "selective" else "none"}
     if ac["mode"] == "selective":
         ac["selective_ac_option"] = "op"
