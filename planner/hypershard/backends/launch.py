@@ -56,12 +56,19 @@ class Training:
     step_s: float | None
     peak_gib: float | None
     mtp: int = 0  # of the layers, the last ones that are multi-token-prediction depths (the declaration's model)
-    scale_up: int = 8  # devices in one domain of the cluster's innermost interconnect level (NVLink: 8 on a DGX)
+    cluster_spec: str = ""  # the cluster's preset name or hardware file, as the declaration names it (resolved)
 
     @property
     def mode(self) -> str:
         """What the plan runs, as a workload says it (`attention_fp8_format` reads it): a launch config trains."""
         return "train"
+
+    @property
+    def scale_up(self) -> int:
+        """Devices in one domain of the cluster's innermost interconnect level (NVLink: 8 on a DGX; all of them when
+        it has one level), read from its hardware file when asked (a MoE plan's exchange)."""
+        cluster = load_cluster(self.cluster_spec, devices=self.devices)
+        return cluster.levels[0].group_size or cluster.n_devices
 
     @property
     def layers(self) -> int:
@@ -100,7 +107,7 @@ def training(doc: Mapping[str, Any], backend: str, base_dir: str | None = None) 
         execution=_stack(doc, base_dir), embedding=embedding_split(doc), split_scales=split_scales(doc),
         split_routers=split_params(doc, lambda e: bool(e.get("router"))),
         step_s=est.get("step_time_s"), peak_gib=(est.get("memory_gib") or {}).get("peak"),
-        mtp=int(doc["model"].get("mtp_layers", 0)), scale_up=_scale_up(doc, base_dir),
+        mtp=int(doc["model"].get("mtp_layers", 0)), cluster_spec=_beside(doc["cluster"]["spec"], base_dir) or "",
     )
 
 
@@ -113,12 +120,6 @@ def _workload(doc: Mapping[str, Any]) -> Any:
 def _stack(doc: Mapping[str, Any], base_dir: str | None) -> Execution:
     """The declaration's stack: a preset by name, or its file (tried beside the declaration when relative)."""
     return load_execution(_beside(doc["workload"].get("stack"), base_dir))
-
-
-def _scale_up(doc: Mapping[str, Any], base_dir: str | None) -> int:
-    """Devices in one domain of the declaration's cluster's innermost level (all of them when it has one level)."""
-    cluster = load_cluster(_beside(doc["cluster"]["spec"], base_dir), devices=doc["cluster"]["devices"])
-    return cluster.levels[0].group_size or cluster.n_devices
 
 
 def _beside(name: str | None, base_dir: str | None) -> str | None:
@@ -261,8 +262,8 @@ def deepep_refused(t: Training) -> str:
     cluster, or "": one NVLink domain over several nodes (GB200/GB300 NVL72), where Megatron-Bridge v0.6.0 refuses
     DeepEP (training/flex_dispatcher_backend.py, validate_flex_dispatcher_backend) and megatron-core runs HybridEP
     alone (TransformerConfig.moe_flex_dispatcher_backend: "only hybridep supports the MNNVL case")."""
-    if t.scale_up > 8:
-        return (f"on an NVLink domain of {t.scale_up} devices over several nodes DeepEP does not run, and HybridEP, "
+    if (n := t.scale_up) > 8:
+        return (f"on an NVLink domain of {n} devices over several nodes DeepEP does not run, and HybridEP, "
                 "which does, is not among its backends")
     return ""
 
