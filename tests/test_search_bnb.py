@@ -71,9 +71,9 @@ def _every_strategy(model, over, cluster, devices, batch, seq, stack=None):
     # and the plan is ZeRO-3, as fast (gpt: its layout programs solve ~10x faster than a grouped-query llama's)
     (*DENSE_A, 16, 16, 2048, 0.24, None),
     (*MOE, 4, 4, 1024, None, None),  # the best plan is expert-parallel (DP4·EP2)
-    # a stack that overlaps no data-parallel traffic: the bounds count what it leaves exposed (`dp_floor`; a dense
+    # a stack that overlaps no data-parallel traffic: the bounds count what it leaves exposed (`dp_floor`; a MoE
     # model's every bound against every strategy scored: tests/test_search_dp_floor.py)
-    (*MOE, 4, 4, 1024, None, "mindspeed"),
+    (*DENSE_A, 8, 16, 1024, None, "mindspeed"),
 ])
 def test_nothing_in_the_space_beats_the_plan_and_the_bound_holds(model, over, devices, batch, seq, hbm, stack):
     plan = plan_model(model, cluster="dgx-h100", devices=devices, global_batch=batch, seq_len=seq, overrides=over,
