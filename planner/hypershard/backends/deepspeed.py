@@ -97,10 +97,12 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
         cfg["tensor_parallel"] = {"autotp_size": s.tp}
     if s.ep > 1:
         cfg["expert_parallel"] = {"enabled": True, "autoep_size": s.ep, "expert_tensor_parallel_size": s.expert_tp}
-        if launch.flex_exchange(t) and (why := launch.deepep_refused(t)):
-            notes.append(launch.alltoall_note("DeepSpeed", why))
-        elif launch.flex_exchange(t):  # AutoEP's DeepEP transport, its buffers sized for a rank's micro-batch
-            cfg["expert_parallel"].update(comm_backend="deepep", comm_max_tokens_per_rank=s.micro_batch * t.seq_len)
+        if launch.flex_exchange(t):
+            if why := launch.deepep_refused(t):
+                notes.append(launch.alltoall_note("DeepSpeed", why))
+            else:  # AutoEP's DeepEP transport, its buffers sized for a rank's micro-batch
+                cfg["expert_parallel"].update(comm_backend="deepep",
+                                              comm_max_tokens_per_rank=s.micro_batch * t.seq_len)
     return launch.Written(config=cfg, notes=tuple(notes))
 
 

@@ -255,11 +255,11 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     if ex.fp8_params and t.dtype == "fp8" and not _fp8_params(t):
         notes.append("the stack keeps FP8 weights, which Megatron-LM's --fp8-param-gather does only with a "
                      "distributed optimizer or Megatron-FSDP (this plan has neither)")
-    if t.offload("activations") > 0 and offloaded_layers(t) / (t.layers - mtp) > t.offload("activations") + 1e-9:
-        n, frac = offloaded_layers(t), t.offload("activations")
-        notes.append(f"megatron-core offloads whole layers' activations: {n} of {t.layers - mtp} layers "
-                     f"({n / (t.layers - mtp):.0%}) where the plan offloads {frac:.0%}, so a step moves about "
-                     f"{n / (t.layers - mtp) / frac:.2f}x the host traffic the estimate scored")
+    frac = t.offload("activations")
+    if frac > 0 and (moved := offloaded_layers(t) / (t.layers - mtp)) > frac + 1e-9:
+        notes.append(f"megatron-core offloads whole layers' activations: {offloaded_layers(t)} of {t.layers - mtp} "
+                     f"layers ({moved:.0%}) where the plan offloads {frac:.0%}, so a step moves about "
+                     f"{moved / frac:.2f}x the host traffic the estimate scored")
     return launch.Written(config={"env": env, "args": argv(args), "layers": t.layers - mtp}, notes=tuple(notes))
 
 
