@@ -46,9 +46,9 @@ def test_every_strategy_scored_is_at_least_every_bound_over_it(model, over, devi
     bounds, raised = {}, []
     real = plan_search.dp_bounds_s
 
-    def dp_bounds(lt, totals, cluster, wl, s, zeros, m):
-        out = real(lt, totals, cluster, wl, s, zeros, m)
-        plain = pipeline_bound_s(lt, s.pp, m, s.vpp)
+    def dp_bounds(lt, totals, cluster, wl, s, zeros):
+        out = real(lt, totals, cluster, wl, s, zeros)
+        plain = pipeline_bound_s(lt, s.pp, wl.global_batch // (s.dp * s.micro_batch), s.vpp)
         raised.append(min(p + t for p, t in out.values()) > plain * (1 + 1e-6))
         return out
 

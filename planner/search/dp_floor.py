@@ -90,13 +90,13 @@ def model_params(facts, structure) -> tuple[float, float]:
 
 
 def dp_bounds_s(lt: LayerTimes, totals: tuple[float, float], cluster: Cluster, workload: Workload,
-                strategy: Strategy, zeros: Iterable[int], microbatches: int) -> dict[int, tuple[float, float]]:
+                strategy: Strategy, zeros: Iterable[int]) -> dict[int, tuple[float, float]]:
     """Per ZeRO level of `zeros`: (the pipeline bound of `lt` with that level's exposed per-micro-batch traffic
     spread over the stages, the exposed traffic after the last backward): the step is at least their sum."""
-    out = {}
+    out, m = {}, strategy.micro_batches(workload)
     for z in zeros:
         spread, tail = exposed_dp_s(totals, cluster, workload, replace(strategy, zero=z, offload=()))
-        out[z] = (pipeline_bound_s(lt, strategy.pp, microbatches, strategy.vpp, spread), tail)
+        out[z] = (pipeline_bound_s(lt, strategy.pp, m, strategy.vpp, spread), tail)
     return out
 
 

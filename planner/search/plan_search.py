@@ -221,7 +221,7 @@ class _Search:
         if node.level == "ep":
             ps = self.reps.ep_times(tp, cp, mb, ep, etp, self._widest(cp, tp, mb, etp)).per_sample_s
             return mesh_bound_s(ps, B, tp * cp, n) + self._dp_floor(region, mb, ps)
-        pp, dp, vpp, rc = key[5], key[6], key[7], RECOMPUTES[key[8]]  # policy: the pipeline at this recompute
+        rc = RECOMPUTES[key[8]]  # policy: the pipeline at this recompute
         s = self._schedule_strategy(key[:8], recompute=rc)
         floors = self._dp_bounds(self.reps.times(tp, cp, mb, ep, etp, rc), s)
         if self.base_offload:  # offload fixed by the user: the leaves keep it, and fitting bounds do not apply
@@ -235,8 +235,7 @@ class _Search:
 
     def _dp_bounds(self, lt, s: Strategy) -> dict[int, tuple[float, float]]:
         """Per ZeRO level the region holds, the pipeline bound of `lt` and the data-parallel tail (`dp_floor`)."""
-        return dp_bounds_s(lt, self.params, self.cluster, self.workload, s, self._zeros(s),
-                           self.workload.global_batch // (s.dp * s.micro_batch))
+        return dp_bounds_s(lt, self.params, self.cluster, self.workload, s, self._zeros(s))
 
     def _dp_floor(self, region: list[tuple[int, ...]], mb: int | None, per_sample_s: float) -> float:
         """What the pipeline's fill and exposed data-parallel traffic add to the mesh bound of a region's meshes at
