@@ -107,8 +107,10 @@ def plan_cmd(
     backend: Annotated[Optional[str], typer.Option(
         "--backend", help="Search only what this export backend runs (torch: a MoE model at etp 1 and cp 1, its "
         "experts whole on each tensor rank, or split over data-parallel ranks at tp 1; a model whose linear "
-        "weights are stored input-major (GPT-2's Conv1D) at tp 1; jax: no pipeline, no offload; megatron, "
-        "torchtitan, mindformers, deepspeed: no offload, one program, one tensor width for every pipeline stage, "
+        "weights are stored input-major (GPT-2's Conv1D) at tp 1; jax: no pipeline, no offload; torchtitan, "
+        "mindformers, deepspeed: no offload, megatron: optimizer offload with its distributed optimizer (ZeRO-1, or "
+        "one data-parallel rank) and whole layers' activations with one stage and no recompute; all four: one "
+        "program, one tensor width for every pipeline stage, "
         "recompute as the framework runs it (full "
         "recompute of some layers only beside none on megatron and mindformers, not at all on torchtitan and "
         "deepspeed; no selective on mindformers and deepspeed), and deepspeed no pipeline, context or sequence "

@@ -36,6 +36,8 @@ PLANS = {
     # one NVLink domain over several nodes (18 trays of 4 GPUs): the flex dispatcher's HybridEP backend
     "moe_nvl72": ("mixtral-8x7b", MOE, dict(tp=2, ep=4, zero=1, sp=True, cluster="gb200-nvl72")),
     "offload": ("llama3-8b", TINY, dict(dp=8, zero=1, offload=(("optimizer", 0.5),))),
+    # one data-parallel rank: Megatron-LM's distributed optimizer over that rank alone carries the offload
+    "offload_dp1": ("llama3-8b", TINY, dict(tp=4, sp=True, devices=4, offload=(("optimizer", 1.0),))),
     "fp8": ("llama3-8b", TINY, dict(tp=2, dp=4, sp=True, zero=1, dtype="fp8")),
     # planned for the torchtitan stack (its selective recompute, FSDP2)
     "tt_3d": ("llama3-8b", TINY, dict(tp=2, pp=2, dp=2, sp=True, recompute="full", zero=1, stack="torchtitan")),
@@ -70,7 +72,7 @@ PLANS = {
 #: the plans each launch backend writes
 WRITES = {
     "megatron": ["3d", "interleaved", "fsdp", "zero2", "first_last", "layout", "ends_alone", "cp", "moe", "moe_etp1",
-                 "moe_nvl72", "offload", "activations", "fp8", "tt_3d", "tt_layout", "tt_ends_alone", "tt_cp", "tt_moe", "tt_fp8", "graphs_full",
+                 "moe_nvl72", "offload", "offload_dp1", "activations", "fp8", "tt_3d", "tt_layout", "tt_ends_alone", "tt_cp", "tt_moe", "tt_fp8", "graphs_full",
                  "graphs_layer"],
     "mindformers": ["3d", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "tt_gpipe", "tt_layout",
                     "ds_tp", "ds_moe"],

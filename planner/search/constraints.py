@@ -7,8 +7,9 @@ them. With every knob fixed the plan is the estimate of that one strategy.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from planner.errors import InvalidInput
 from planner.costing.stack_choices import FULL_LAYERS_BESIDE, SELECTIVE
@@ -58,6 +59,9 @@ class Constraints:
     stage_widths: bool | None = None  # False: every pipeline stage of one tensor width (no launch config has more)
     ddp_alone: bool | None = None  # True: unsharded data parallelism only without tp, pp or cp (torchtitan's DDP)
     selective: str | None = None  # what the launch framework's selective recompute is (`Execution.selective`)
+    #: Where the launch framework offloads (a backend's: PLAN_LIMITS): per memory class, a condition of
+    #: OFFLOAD_WHEN; a class it does not name is never offloaded. None: wherever the stack offloads.
+    offload_when: tuple[tuple[str, str], ...] | None = None
 
     def __post_init__(self) -> None:
         for name in _DEGREES:
@@ -94,6 +98,16 @@ class Constraints:
                 raise InvalidInput(f"unknown offload class {cls!r}; use one of {', '.join(OFFLOAD_CLASSES)}")
             if not 0.0 <= frac <= 1.0:
                 raise InvalidInput(f"offload fraction of {cls} must be within 0..1, got {frac}")
+        for cls, when in self.offload_when or ():
+            if cls not in OFFLOAD_CLASSES or when not in OFFLOAD_WHEN:
+                raise InvalidInput(f"offload_when {cls}: {when} names no memory class and condition; use classes "
+                                   f"of {', '.join(OFFLOAD_CLASSES)} with one of {', '.join(OFFLOAD_WHEN)}")
+        if self.offload and self.offload_when is not None:
+            runs = dict(self.offload_when)
+            if refused := [cls for cls, _ in self.offload if cls not in runs]:
+                can = " and ".join(runs) or "nothing"
+                raise InvalidInput(f"--offload {refused[0]}: the launch framework offloads {can} only; drop it from "
+                                   "--offload, or export with another backend")
 
     def recompute_runs(self, execution) -> tuple[str, ...]:
         """The recompute policies both the stack's framework and the launch framework run."""
@@ -110,6 +124,15 @@ class Constraints:
     def sequence_parallel_runs(self, execution) -> bool:
         """Whether tensor parallelism runs with sequence parallelism on both frameworks."""
         return execution.sequence_parallel and self.sequence_parallel is not False
+
+    def offload_runs(self, s: Strategy, execution, *, fp8: bool, layers: int) -> bool:
+        """Whether the launch framework offloads what `s` does (`offload_when`; `fp8`: FP8 GEMMs; `layers`: the
+        model's layers)."""
+        if self.offload_when is None:
+            return True
+        when = dict(self.offload_when)
+        return all(frac <= 0 or (cls in when and OFFLOAD_WHEN[when[cls]](s, execution, fp8, layers, frac))
+                   for cls, frac in s.offload)
 
     def zero_allowed(self, zero: int, dp: int, model_parallel: int) -> bool:
         """Whether a ZeRO level keeps the launch framework's limits (`ddp_alone`) at these degrees."""
@@ -142,6 +165,10 @@ class Constraints:
             d["offload"] = tuple(sorted((str(k), float(v)) for k, v in d["offload"] if float(v) > 0))
         if d.get("recompute_policies") is not None:
             d["recompute_policies"] = tuple(d["recompute_policies"])
+        if isinstance(d.get("offload_when"), Mapping):
+            d["offload_when"] = tuple(sorted((str(k), str(v)) for k, v in d["offload_when"].items()))
+        elif d.get("offload_when") is not None:
+            d["offload_when"] = tuple(sorted((str(k), str(v)) for k, v in d["offload_when"]))
         return cls(**{k: v for k, v in d.items() if v is not None})
 
     def given(self) -> dict[str, Any]:
@@ -214,12 +241,39 @@ class Constraints:
             out["offload"] = dict(out["offload"])
         if "recompute_policies" in out:
             out["recompute_policies"] = list(out["recompute_policies"])
+        if "offload_when" in out:
+            out["offload_when"] = dict(out["offload_when"])
         return out
+
+
+def _distributed_optimizer(s: Strategy, execution, fp8: bool, layers: int, frac: float) -> bool:
+    """Megatron-LM's optimizer offload (--optimizer-cpu-offload, arguments.py at core_v0.16.1): it needs the
+    precision-aware optimizer, which needs the distributed optimizer (optimizer_config.py): ZeRO-1, or one
+    data-parallel rank, where it shards over that rank alone; and FP8 weights (--fp8-param-gather) only under
+    delayed scaling."""
+    sharded = s.dp * s.cp > 1
+    fp8_weights = fp8 and execution.fp8_params and s.zero > 0 and sharded
+    return (s.zero == 1 or not sharded) and not (fp8_weights and execution.fp8_recipe != "delayed")
+
+
+def _whole_layers_one_stage(s: Strategy, execution, fp8: bool, layers: int, frac: float) -> bool:
+    """megatron-core's layer-level activation offload (--cpu-offloading-num-layers, TransformerConfig.__post_init__
+    at 0.16.1): one pipeline stage, no recomputation, no CUDA graphs, and the last layer kept on the device."""
+    return (s.pp == 1 and s.recompute == "none" and not s.full_recompute_layers and not execution.cuda_graphs
+            and math.ceil(frac * layers - 1e-9) < layers)
+
+
+#: The conditions a launch framework offloads a memory class under (`Constraints.offload_when`).
+OFFLOAD_WHEN: dict[str, Callable[..., bool]] = {
+    "always": lambda s, execution, fp8, layers, frac: True,
+    "distributed_optimizer": _distributed_optimizer,
+    "whole_layers_one_stage": _whole_layers_one_stage,
+}
 
 
 #: A launch framework's limits that rule out no mesh: a pipeline cut, its recompute, its sequence parallelism.
 LAUNCH_LIMITS = ("ends_alone", "recompute_policies", "full_layers_beside", "sequence_parallel", "stage_widths",
-                 "ddp_alone", "selective")
+                 "ddp_alone", "selective", "offload_when")
 #: Each model-kind limit: how a sentence names it.
 _KIND_LIMITS = {"moe_tp": "tp {}", "moe_etp": "etp {}", "moe_cp": "cp {}", "moe_ep_tp": "ep {} at tp > 1",
                 "inout_tp": "tp {}"}

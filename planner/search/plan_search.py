@@ -43,14 +43,13 @@ from planner.search.representatives import Representatives
 from planner.search.budget import DEFAULT_MAX_NODES, Budget
 from planner.search.constraints import NONE, Constraints
 from planner.search.fitting import fitting_bound_s
-from planner.search.scoring import (Candidate, Progress, Scorer, SearchResult, _key, balanced_cut,
-                                    offload_variants)
+from planner.search.scoring import Candidate, Progress, Scorer, SearchResult, _key, balanced_cut
 from planner.search.solve import WALL_LIMIT_S
 from planner.search.stage_widths import unequal_stage_strategies
+from planner.search.to_fit import fewest_full_layers, offload_variants
 from planner.strategy import Strategy, Workload
 
-__all__ = ["Budget", "Candidate", "Scorer", "SearchResult", "search", "DEFAULT_GAP", "DEFAULT_MAX_NODES",
-           "offload_variants"]
+__all__ = ["Budget", "Candidate", "Scorer", "SearchResult", "search", "DEFAULT_GAP", "DEFAULT_MAX_NODES"]
 
 #: Regions whose bound is within this fraction of the best plan are closed unopened.
 DEFAULT_GAP = 0.01
@@ -174,7 +173,13 @@ class _Search:
         return c
 
     def _score(self, s: Strategy) -> Candidate:
+        if not self._offload_runs(s):  # the launch framework does not offload so (`Constraints.offload_when`)
+            return Candidate(s, math.inf, False, math.inf)
         return self._consider(self.scorer.score(s))
+
+    def _offload_runs(self, s: Strategy) -> bool:
+        fp8 = self.workload.dtype == "fp8"
+        return self.c.offload_runs(s, self.workload.execution, fp8=fp8, layers=self.layers)
 
     # -- bounds -------------------------------------------------------------------------------------
     def _widest(self, cp: int, tp: int, mb: int, etp: int) -> int:
@@ -296,7 +301,7 @@ class _Search:
         rc, pp, vpp = RECOMPUTES[level], sched[5], sched[7]
         base = self._schedule_strategy(sched, recompute=rc, offload=self.base_offload, stage_tp=self.c.stage_tp or ())
         fitted = self.fitted.setdefault(sched, {})  # ZeRO level -> the least recompute at which it fits
-        frugal: Candidate | None = None
+        misses: list[Candidate] = []  # over memory, by ZeRO level: the last keeps least
         for z in self._zeros(base):
             if fitted.get(z, len(RECOMPUTES)) < level:
                 continue  # it fits with less recompute, which is faster
@@ -308,14 +313,16 @@ class _Search:
                 fitted[z] = min(level, fitted.get(z, level))
                 self._balanced(c, node.bound_s)
             elif math.isfinite(c.peak_bytes):
-                frugal = c  # the highest ZeRO level tried keeps least
-        if frugal is None or self._closed(node.bound_s):
+                misses.append(c)
+        if not misses or self._closed(node.bound_s):
             return
         beside = self.c.beside_full_layers(self.workload.execution)  # the other layers' beside some full ones
         if rc == beside and self.c.recompute is None and pp * vpp <= self.layers:
-            self._fewest_full_layers(frugal.strategy, frugal.peak_bytes)
-        if self.allow_offload:
-            for variant in offload_variants(frugal, self.hbm):
+            fewest_full_layers(self._score, misses[-1].strategy, misses[-1].peak_bytes, self.layers,
+                               self.workload.execution.usable_hbm_bytes(self.hbm), lambda c: self._balanced(c, 0.0))
+        if self.allow_offload:  # from the level that keeps least, or each whose offload the launch framework runs
+            tried = misses[-1:] if self.c.offload_when is None else misses[::-1]
+            for variant in (v for c in tried for v in offload_variants(c, self.hbm) if self._offload_runs(v)):
                 if not self._closed(node.bound_s):
                     self._score(variant)
 
@@ -331,27 +338,6 @@ class _Search:
             if split and split not in tried:
                 tried.add(split)
                 self._score(replace(s, stage_layers=split))
-
-    def _fewest_full_layers(self, s: Strategy, peak_bytes: float) -> None:
-        """The fewest fully recomputed layers per chunk that make `s` fit (`peak_bytes`: its peak with none), by
-        regula falsi: first one short of full recompute (where only offload fits, that decides), then the chord
-        of the measured peaks (memory falls by a layer's activations per chunk: for alike layers the chord lands
-        on or just past the fewest), strictly inside the bracket, which decides: the bisection's count."""
-        lo, hi = 0, math.ceil(self.layers / (s.pp * s.vpp))  # lo does not fit; hi is full recompute, its own node
-        limit = self.workload.execution.usable_hbm_bytes(self.hbm)
-        peak = {lo: peak_bytes}
-        while hi - lo > 1:
-            mid = hi - 1  # first the most short of full: if even that does not fit, no fewer do
-            if hi in peak and peak[lo] > peak[hi] >= 0:
-                mid = lo + math.ceil((peak[lo] - limit) / (peak[lo] - peak[hi]) * (hi - lo))
-                mid = min(hi - 1, max(lo + 1, mid))
-            c = self._score(replace(s, full_recompute_layers=mid))
-            peak[mid] = c.peak_bytes
-            if c.fits:
-                hi = mid
-                self._balanced(c, 0.0)
-            else:
-                lo = mid
 
     def _runners_up(self, n: int = 3) -> None:
         """The best plan's policies on the closest other meshes (by bound), when the bound closed them

@@ -1,8 +1,7 @@
 """Scoring one strategy for the search: the analytic step time, whether it fits, and what it keeps.
 
 A `Scorer` shares the graph analysis and the solved layouts (once per tensor-axis size) between all the
-strategies of one search, so a strategy costs one pass over the tied graph; `offload_variants` names the
-strategies that move just enough of a memory class off HBM to fit.
+strategies of one search, so a strategy costs one pass over the tied graph.
 """
 
 from __future__ import annotations
@@ -151,41 +150,6 @@ def _key(c: Candidate, hbm: float) -> tuple:
     if c.fits:
         return (0, c.step_s, c.strategy.pp, c.strategy.tp)
     return (1, c.peak_bytes - hbm, c.step_s)
-
-
-_OFFLOAD_STEP = 0.05
-
-
-def offload_variants(c: Candidate, hbm: float) -> list[Strategy]:
-    """Strategies that move just enough of one memory class (or the optimizer and one more) off HBM to fit.
-
-    Fractions are rounded up to 5% steps; activations first (their traffic hides behind compute), then
-    the optimizer states (ZeRO-Offload: the update runs on the host), then parameters.
-    """
-    mem = c.memory_bytes
-    over = mem.get("peak", 0.0) - 0.99 * hbm
-    if over <= 0 or c.strategy.tp == 0:
-        return []
-    base = dict(c.strategy.offload)
-    out: list[Strategy] = []
-
-    def frac(need: float, have: float) -> float | None:
-        if have <= 0:
-            return None
-        f = math.ceil(need / have / _OFFLOAD_STEP) * _OFFLOAD_STEP
-        return min(1.0, round(f, 2)) if need <= have else None
-
-    for cls in ("activations", "optimizer", "params"):
-        f = frac(over, mem.get(cls, 0.0))
-        if f:
-            out.append(replace(c.strategy, offload=tuple(sorted({**base, cls: f}.items()))))
-    rest = over - mem.get("optimizer", 0.0)
-    if rest > 0 and mem.get("optimizer", 0.0) > 0:
-        for cls in ("activations", "params"):
-            f = frac(rest, mem.get(cls, 0.0))
-            if f:
-                out.append(replace(c.strategy, offload=tuple(sorted({**base, "optimizer": 1.0, cls: f}.items()))))
-    return out
 
 
 def balanced_cut(scorer: Scorer, s: Strategy, empty_ends: bool = False) -> tuple[int, ...] | None:

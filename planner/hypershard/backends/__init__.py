@@ -44,12 +44,14 @@ PLAN_LIMITS: dict[str, dict[str, Any]] = {
     # over data-parallel ranks only (so at tp 1), and splits nn.Linear's [out, in] only (backends/torch_refusals.py)
     "torch": {"moe_etp": 1, "moe_cp": 1, "moe_ep_tp": 1, "inout_tp": 1},
     "jax": {"pp": 1, "offload": ()},  # no pipeline runtime on one mesh, no host offload (see backends/jax.py)
-    # the launch formats take no fractions of memory classes off HBM (their exporters list the rest they refuse), and
-    # each framework recomputes its own way: Megatron-LM's block method leaves the layers past the first k
-    # unrecomputed, torchtitan and DeepSpeed count no layers, MindFormers' select_recompute names MindSpore ops;
-    # Megatron-LM's selective recompute is its --recompute-modules, torchtitan's its op policy
-    # (and every stage of one tensor width: `launch.common_problems`)
-    "megatron": {"offload": (), "full_layers_beside": "none", "stage_widths": False, "selective": "modules"},
+    # the launch formats take no fractions of memory classes off HBM but Megatron-LM's optimizer states (with its
+    # distributed optimizer) and whole layers' activations (one stage, no recompute: backends/megatron.py); their
+    # exporters list the rest they refuse. Each framework recomputes its own way: Megatron-LM's block method leaves
+    # the layers past the first k unrecomputed, torchtitan and DeepSpeed count no layers, MindFormers'
+    # select_recompute names MindSpore ops; Megatron-LM's selective recompute is its --recompute-modules,
+    # torchtitan's its op policy (and every stage of one tensor width: `launch.common_problems`)
+    "megatron": {"offload_when": (("activations", "whole_layers_one_stage"), ("optimizer", "distributed_optimizer")),
+                 "full_layers_beside": "none", "stage_widths": False, "selective": "modules"},
     "torchtitan": {"offload": (), "full_layers_beside": "off", "stage_widths": False, "ddp_alone": True,
                    "selective": "every_other_matmul"},
     # its per-stage offsets give every stage a layer

@@ -29,7 +29,8 @@ PyPI matches:
   --tp-comm-overlap with SP, --overlap-moe-expert-parallel-comm), its MoE
   dispatcher, FP8 (--fp8-format, --fp8-recipe, --fp8-param-gather), bf16/fp16;
 - optimizer offload: --optimizer-cpu-offload --optimizer-offload-fraction f
-  (with --use-precision-aware-optimizer, which validate_args asks for);
+  (with --use-precision-aware-optimizer, which validate_args asks for, and
+  the distributed optimizer it needs: ZeRO-1, or one data-parallel rank);
   activation offload: Transformer Engine's CPU offload of whole layers'
   activations, --cpu-offloading-num-layers n (the fewest layers that hold the
   plan's fraction), with one pipeline stage and no recomputation;
@@ -66,7 +67,7 @@ _SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem]:
     s, ex = t.s, t.execution
     out = launch.common_problems(t, "1F1B and interleaved 1F1B", mtp=True, graphs=True)
-    allowed = ({"optimizer": "fraction"} if s.zero == 1 else {}) | {"activations": "fraction"}
+    allowed = ({"optimizer": "fraction"} if s.zero == 1 or s.dp * s.cp == 1 else {}) | {"activations": "fraction"}
     out += launch.offload_problems(t, allowed, (
         ("params", "grads", "optimizer"), "--zero 1 --offload optimizer=F (Megatron-LM offloads a fraction of the "
                                           "distributed optimizer's states)"))
@@ -162,8 +163,8 @@ def _recompute(t: launch.Training) -> list[tuple[str, Any]]:
 
 def _optimizer(t: launch.Training) -> list[tuple[str, Any]]:
     s, ex, out = t.s, t.execution, []
-    sharded = s.zero and s.dp * s.cp > 1
-    if sharded and s.zero == 1:
+    sharded, frac = s.zero and s.dp * s.cp > 1, t.offload("optimizer")
+    if (sharded and s.zero == 1) or (frac > 0 and s.dp * s.cp == 1):  # offload needs it, over one rank too
         out.append(("--use-distributed-optimizer", None))
     elif sharded:
         out += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", _SHARDING[s.zero]),
@@ -172,7 +173,6 @@ def _optimizer(t: launch.Training) -> list[tuple[str, Any]]:
         out.append(("--overlap-grad-reduce", None))
         if ex.overlap_param_gather and sharded:
             out.append(("--overlap-param-gather", None))
-    frac = t.offload("optimizer")
     if frac > 0:
         out += [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", frac),
                 ("--use-precision-aware-optimizer", None)]

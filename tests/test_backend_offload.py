@@ -1,0 +1,110 @@
+"""`plan --backend megatron` offloads what Megatron-LM offloads, and nothing else (`Constraints.offload_when`).
+
+Megatron-LM core_v0.16.1 moves two things to the host: a fraction of the optimizer's states
+(--optimizer-cpu-offload, which asks the precision-aware optimizer, which asks the distributed optimizer) and the
+activations of whole layers (--cpu-offloading-num-layers, with one pipeline stage, no recomputation and no CUDA
+graphs; megatron-core's TransformerConfig refuses the rest). The export writes exactly those and refuses the rest
+(`tests/test_launch_megatron.py` holds it to megatron-core's configs, `benchmarks/megatron_parser_check.json` to
+Megatron-LM's validate_args); the search now plans them, so a job that fits only with offload gets a plan the
+export writes.
+"""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.app import app
+from planner.api import plan_model
+from planner.costing.execution import load_execution
+from planner.errors import Infeasible, InvalidInput
+from planner.hypershard import declare
+from planner.hypershard.backends import export, plan_limits
+from planner.search.constraints import Constraints
+from planner.strategy import Strategy
+
+#: GPT, 16 layers of width 4096 at 8K tokens on 8 A100s, 32 sequences a step, given little HBM
+MODEL, CLUSTER = "gpt", "dgx-a100"
+SHAPE = dict(layers=16, hidden=4096, heads=32, vocab=51200)
+MEGATRON = Constraints.from_mapping(plan_limits("megatron"))
+
+
+def _plan(memory_gib: float, **limits) -> dict:
+    return plan_model(MODEL, cluster=CLUSTER, devices=8, global_batch=32, seq_len=8192, overrides=SHAPE,
+                      memory_gib=memory_gib, mpmd=False, time_limit_s=None, constraints=plan_limits("megatron") | limits)
+
+
+def _export(s: dict, memory_gib: float) -> str:
+    """The Megatron-LM launch script of a plan's strategy (or a runner-up's), declared as planned."""
+    knobs = dict(tp=s["tp"], pp=s["pp"], dp=s["dp"], cp=s["cp"], vpp=s["vpp"], micro_batch=s["micro_batch"],
+                 recompute=s["recompute"], sp=s["sp"], zero=s["zero"], offload=tuple(sorted(s["offload"].items())),
+                 stage_layers=tuple(s["stage_layers"]), full_recompute_layers=s["full_recompute_layers"])
+    return export(declare(MODEL, cluster=CLUSTER, devices=8, global_batch=32, seq_len=8192, overrides=SHAPE,
+                          memory_gib=memory_gib, **knobs), "megatron")
+
+
+@pytest.mark.parametrize("memory_gib, flag", [(12.0, "--cpu-offloading-num-layers"),
+                                              (6.0, "--optimizer-cpu-offload")])
+def test_a_job_that_fits_only_with_offload_gets_a_plan_megatron_launches(memory_gib, flag):
+    """Under 6 GiB nothing fits without offload (the closest, TP8 with full recompute, needs 6.7 GiB); under 12 GiB
+    offloading 40 % of the activations beats every layout that fits without (3.936 s against 3.946 s when this was
+    written). The plan and every runner-up that fits go out to Megatron-LM as planned."""
+    plan = _plan(memory_gib)
+    s = plan["strategy"]
+    assert s["offload"], s["summary"]
+    text = _export(s, memory_gib)
+    assert flag in text
+    if "optimizer" in s["offload"]:  # one data-parallel rank here: the distributed optimizer shards over it alone
+        assert "--use-distributed-optimizer" in text and "--use-precision-aware-optimizer" in text
+    for r in plan["runners_up"]:
+        if r["fits"]:
+            assert _export(r["strategy"], memory_gib), r["summary"]
+
+
+def test_without_offload_the_tight_job_has_no_plan():
+    with pytest.raises(Infeasible, match="no strategy fits"):
+        _plan(6.0, offload=())
+
+
+def _s(**kw) -> Strategy:
+    return Strategy(**{"tp": 1, "pp": 1, "dp": 8, **kw})
+
+
+@pytest.mark.parametrize("strategy, runs", [
+    (_s(zero=1, offload=(("optimizer", 0.5),)), True),
+    (_s(dp=1, tp=8, zero=0, offload=(("optimizer", 1.0),)), True),  # the distributed optimizer over one rank
+    (_s(zero=0, offload=(("optimizer", 0.5),)), False),  # it would shard the states the plan keeps whole
+    (_s(zero=3, offload=(("optimizer", 0.5),)), False),  # Megatron-FSDP offloads no optimizer states
+    (_s(offload=(("activations", 0.4),)), True),
+    (_s(pp=2, dp=4, offload=(("activations", 0.4),)), False),
+    (_s(recompute="selective", offload=(("activations", 0.4),)), False),
+    (_s(full_recompute_layers=2, offload=(("activations", 0.4),)), False),
+    (_s(offload=(("activations", 1.0),)), False),  # megatron-core keeps the last layer's on the device
+    (_s(zero=3, offload=(("params", 0.5),)), False),
+    (_s(zero=1, offload=(("grads", 1.0),)), False),
+])
+def test_what_megatron_offloads_is_what_its_export_writes(strategy, runs):
+    """The search's conditions and the exporter's refusals agree, case by case (8 layers)."""
+    assert MEGATRON.offload_runs(strategy, load_execution(None), fp8=False, layers=8) is runs
+    assert Constraints().offload_runs(strategy, load_execution(None), fp8=False, layers=8)
+
+
+def test_fp8_weights_offload_their_optimizer_only_under_delayed_scaling():
+    s = _s(zero=1, offload=(("optimizer", 0.5),))
+    ex = load_execution(None)
+    for recipe, runs in (("delayed", True), ("mxfp8", False)):
+        fp8 = ex.__class__(**{**{f: getattr(ex, f) for f in ex.__slots__}, "fp8_params": True, "fp8_recipe": recipe})
+        assert MEGATRON.offload_runs(s, fp8, fp8=True, layers=8) is runs
+        assert MEGATRON.offload_runs(s, fp8, fp8=False, layers=8)  # 16-bit GEMMs keep 16-bit weights
+
+
+def test_an_offload_megatron_cannot_run_is_refused_in_one_sentence():
+    run = CliRunner().invoke(app, ["plan", MODEL, "--cluster", CLUSTER, "--devices", "8", "--global-batch", "32",
+                                   "--seq-len", "8192", "--backend", "megatron", "--offload", "params=0.5"])
+    assert run.exit_code != 0 and "Traceback" not in run.output
+    assert "--offload params: the launch framework offloads activations and optimizer only" in run.output
+    with pytest.raises(InvalidInput, match="offload_when grads: anywhere names no memory class and condition"):
+        Constraints.from_mapping({"offload_when": {"grads": "anywhere"}})
+    section = MEGATRON.as_section()["offload_when"]
+    assert section == {"activations": "whole_layers_one_stage", "optimizer": "distributed_optimizer"}
+    assert Constraints.from_mapping({"offload_when": section}) == MEGATRON.__class__(offload_when=MEGATRON.offload_when)
