@@ -163,6 +163,13 @@ def worst_shortfall(cluster: Cluster, stages_memory, execution: Execution) -> Sh
     return max(short, key=lambda s: (s.tier == "HBM", s.over_bytes), default=None)
 
 
+def retries_layouts(short: Shortfall | None) -> bool:
+    """Whether to solve the layouts again under the integer program's memory rows, which hold HBM only: where a
+    stage is over HBM (`worst_shortfall` names HBM first); a shortfall of the offload tier alone is not one the
+    rows see (what the plan moves there is its offload fractions of what HBM would hold)."""
+    return short is not None and short.tier == "HBM"
+
+
 def check_devices(cluster: Cluster, strategy: Strategy) -> None:
     if strategy.devices != cluster.n_devices:
         s = strategy
@@ -210,7 +217,7 @@ def estimate(
     costs: StageCosts = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
                                     param_pins=param_pins, facts=facts, solver=solver)
     short = worst_shortfall(cluster, (s.memory_bytes for s in costs.stages), workload.execution)
-    if short is not None:  # the fastest layouts do not fit: the fastest that do
+    if retries_layouts(short):  # the fastest layouts do not fit in HBM: the fastest that do
         costs = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
                             param_pins=param_pins, memory_constraint=True, facts=facts, solver=solver)
         short = worst_shortfall(cluster, (s.memory_bytes for s in costs.stages), workload.execution)
@@ -220,7 +227,7 @@ def estimate(
         # scatter, and the activations offload shares the compute that hides them with); where some of it
         # shows, the layouts that weigh the weights' traffic too, if they make a faster step
         alt = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
-                          param_pins=param_pins, memory_constraint=short is not None, facts=facts, solver=solver,
+                          param_pins=param_pins, memory_constraint=retries_layouts(short), facts=facts, solver=solver,
                           weight_traffic=True)
         alt_short = worst_shortfall(cluster, (s.memory_bytes for s in alt.stages), workload.execution)
         alt_bd, alt_step, alt_offload = step_breakdown(alt, cluster, workload, strategy, m)
@@ -259,4 +266,4 @@ def estimate(
 
 
 __all__ = ["Estimate", "Shortfall", "StageEstimate", "check_devices", "check_experts", "estimate", "fits_memory",
-           "memory_shortfall", "worst_shortfall"]
+           "memory_shortfall", "retries_layouts", "worst_shortfall"]

@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 from cost_models import Cluster
 
-from planner.costing.estimate import Shortfall, worst_shortfall
+from planner.costing.estimate import Shortfall, retries_layouts, worst_shortfall
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.stage_costs import StageCosts, stage_costs
 from planner.costing.stage_memory import with_states
@@ -127,8 +127,9 @@ class Scorer:
             usable = self.workload.execution.usable_hbm_bytes(self.cluster.device.hbm_bytes)
             peak = max(st.memory_bytes["peak"] for st in costs.stages)
             bd, step, _ = step_breakdown(costs, self.cluster, self.workload, s, m)
-            if short is not None and self.workload.mode == "train" and s.tp > 1 and peak <= MEMORY_RETRY * usable \
-                    and self.worth(step):  # slower layouts that fit, as `estimate` picks them, when they could win
+            if retries_layouts(short) and self.workload.mode == "train" and s.tp > 1 \
+                    and peak <= MEMORY_RETRY * usable and self.worth(step):  # slower layouts that fit, as
+                # `estimate` picks them, when they could win
                 costs = self.costs(s, memory_constraint=True)
                 short = self._shortfall(costs)
                 bd, step, _ = step_breakdown(costs, self.cluster, self.workload, s, m)
