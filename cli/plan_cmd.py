@@ -19,7 +19,9 @@ from planner.api import plan_inference, plan_model
 from planner.errors import Infeasible, InvalidInput
 from planner.hypershard import Request, declare_plan, declare_serving, write_document
 from planner.hypershard.io import check_output, check_suffix, read_constraints
-from planner.hypershard.backends import LAUNCH, export, launch_configs, plan_limits
+from planner.hypershard.backends import LAUNCH, TRAINING_LAUNCH, export, launch_configs, plan_limits
+from planner.hypershard.backends.launch import mpmd_refusal
+from planner.hypershard.document import DECLARED_MPMD
 from planner.search.constraints import LAUNCH_LIMITS, merge as merge_constraints
 from planner.strategy import run_lengths
 
@@ -120,7 +122,10 @@ def plan_cmd(
         show_default=False)] = None,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Write the HyperShard declaration to a "
                                                   ".yaml or .json file (`hyperplan validate` / `export` read it); "
-                                                  "with --mode infer, prefill and decode as two programs.")] = None,
+                                                  "with --mode infer, prefill and decode as two programs. A "
+                                                  "declaration holds HyperMPMD's encoders | backbone split, so "
+                                                  "with -o (or --backend) the attention | experts split of MoE "
+                                                  "layers is not searched.")] = None,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="HBM a plan may use per device "
                                                         "(default: all of it), e.g. to leave room for the runtime.")] = None,
     no_offload: Annotated[bool, typer.Option("--no-offload", help="Keep everything in HBM: no HyperOffload of "
@@ -231,14 +236,21 @@ def plan_cmd(
 
         result = plan_model(model, cluster=cluster, devices=devices, global_batch=global_batch, seq_len=seq_len,
                             dtype=dtype, time_limit_s=time_limit, overrides=overrides, dims=opt.parse_dims(dim),
-                            progress=progress, memory_gib=memory_gib, offload=not no_offload, mpmd=not no_mpmd,
+                            progress=progress, memory_gib=memory_gib, offload=not no_offload,
+                            # a declaration to write or export holds only the splits it can say
+                            mpmd=not no_mpmd and (DECLARED_MPMD if output or backend else True),
                             stack=stack, strict_ops=strict_ops, constraints=fixed, solver=solver)
     request = Request(model=model, cluster=cluster, overrides=overrides, dims=opt.parse_dims(dim),
                       memory_gib=memory_gib)
-    doc = declare_plan(result, request)
-    if backend is not None:
-        _check_exports(doc, backend)
-    result["launch_configs"] = launch_configs(doc)
+    mp = result.get("mpmd") or {}
+    if mp.get("used") and mp["kind"] not in DECLARED_MPMD:  # printed, not declared (no -o or --backend asked)
+        names = [p["name"] for p in result["programs"]]
+        result["launch_configs"] = {b: mpmd_refusal(b, names) for b in TRAINING_LAUNCH}
+    else:
+        doc = declare_plan(result, request)
+        if backend is not None:
+            _check_exports(doc, backend)
+        result["launch_configs"] = launch_configs(doc)
     if output:
         write_document(doc, output, protect=(model, cluster, stack))
     if as_json:

@@ -228,7 +228,7 @@ def plan_model(
     progress: Any = None,
     memory_gib: float | None = None,
     offload: bool = True,
-    mpmd: bool = True,
+    mpmd: bool | tuple[str, ...] = True,
     stack: str | None = None,
     strict_ops: bool = False,
     constraints: Mapping[str, Any] | None = None,
@@ -240,7 +240,8 @@ def plan_model(
 
     `memory_gib` caps the HBM a plan may use per device (default: all of it);
     `offload=False` keeps everything in HBM (HyperOffload off); `mpmd=False` keeps the whole model one
-    program (no HyperMPMD device groups for encoders beside the backbone); `strict_ops` refuses a graph with
+    program (no HyperMPMD device groups for encoders beside the backbone, or for MoE layers' experts beside
+    their attention), and a tuple of those kinds ("encoders", "experts") searches those only; `strict_ops` refuses a graph with
     ops that have no FLOP rule. `constraints` fixes knobs of the strategy (tp, pp, cp, ep, etp, vpp, dp,
     micro_batch, recompute, zero, stage_tp, offload: `planner.search.constraints.Constraints`) and the search
     chooses the rest (as one program: no MPMD split then). `gap` is how close to the bound the search must
@@ -279,8 +280,9 @@ def plan_model(
     if mpmd and not user.given() and not budget.out():
         from planner.search.mpmd import plan_mpmd
 
-        mp = plan_mpmd(graph, structure, hw, workload, allow_offload=offload,
-                       progress=progress, incumbent_s=result.best.step_s if result.best else None, budget=budget)
+        kinds = {"kinds": mpmd} if isinstance(mpmd, tuple) else {}
+        mp = plan_mpmd(graph, structure, hw, workload, allow_offload=offload, progress=progress,
+                       incumbent_s=result.best.step_s if result.best else None, budget=budget, **kinds)
     if result.best is None and mp is None:
         exc = Infeasible(_infeasible_message(model, hw, result) + (
             f" (not proven: the search stopped by {budget.stopped_by} after {budget.nodes} nodes before any strategy "

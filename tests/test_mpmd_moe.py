@@ -129,3 +129,31 @@ def test_splits_predicted_well_behind_the_single_program_plan_go_unsearched(dsv3
     hopeless = MoeSplitSearch(g, st, cm, wl, split, facts)
     assert hopeless.best(incumbent_s=1e-9) is not None and len(hopeless.scored) == 1
     # without an incumbent the same search goes on to the predicted splits (test_the_chosen_split_... scores them)
+
+
+def test_an_attention_experts_plan_prints_and_one_to_write_is_one_a_declaration_holds(tmp_path):
+    """`plan` of a MoE model whose best plan runs attention and experts as two programs prints it (with what the
+    launch backends say of it) instead of failing on the declaration it did not ask for; with -o, where a
+    declaration holds only the encoders | backbone split, the search leaves that split out and writes the best
+    one-program plan (a torchscript export of a small DeepSeek-V3, 64 sequences of 64 tokens on 8 H100s)."""
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from planner.hypershard import read_document
+    from planner.hypershard.validate import validate_document
+
+    model = str(Path(__file__).parent / "fixtures" / "hf" / "deepseek_v3_ts18_inline_axes.onnx")
+    args = ["plan", model, "--cluster", "dgx-h100", "--devices", "8", "--global-batch", "64", "--seq-len", "64"]
+    run = CliRunner().invoke(app, [*args, "--json"])
+    assert run.exit_code == 0, run.output
+    out = json.loads(run.output)
+    assert out["mpmd"]["used"] and out["mpmd"]["kind"] == "experts"
+    assert [p["name"] for p in out["programs"]] == ["attention", "experts"]
+    assert all("2 programs on their own device groups" in why for why in out["launch_configs"].values())
+    written = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "plan.yaml")])
+    assert written.exit_code == 0, written.output
+    doc = read_document(str(tmp_path / "plan.yaml"))
+    assert len(doc["programs"]) == 1 and validate_document(doc).ok

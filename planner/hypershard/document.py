@@ -35,6 +35,9 @@ from planner.costing.pipeline_cut import assign_chunks, layer_policies
 from planner.strategy import OFFLOAD_CLASSES, Strategy
 
 FORMAT_VERSION = 1
+#: The HyperMPMD splits a declaration holds (`MpmdResult.kind`): encoders | backbone; a plan of attention | experts
+#: programs is planned and printed, but not declared.
+DECLARED_MPMD = ("encoders",)
 PLACEMENT = "rank = sum of coordinate x stride over the axes; the first axis varies fastest"
 PROGRAM_PLACEMENT = "rank = the program's first rank + sum of coordinate x stride over the axes; the first axis varies fastest"
 

@@ -168,15 +168,17 @@ def plan_mpmd(
     progress: Progress | None = None,
     incumbent_s: float | None = None,
     budget: Budget | None = None,
+    kinds: tuple[str, ...] = ("encoders", "experts"),
 ) -> MpmdResult | None:
-    """The fastest multi-program plan (encoders | backbone, or attention | experts in MoE layers), or None
-    when the model has neither; `incumbent_s` is the single-program step to beat, if known; `budget` is the
-    whole plan's (its searches spend from it)."""
+    """The fastest multi-program plan of `kinds` (`MpmdResult.kind`: encoders | backbone, or attention | experts
+    in MoE layers), or None when the model has none; `incumbent_s` is the single-program step to beat, if known;
+    `budget` is the whole plan's (its searches spend from it)."""
     from planner.search.moe_programs import plan_moe_programs
 
     kw = dict(allow_offload=allow_offload, progress=progress, budget=budget or Budget(time_limit_s))
-    results = [r for r in (plan_encoders(graph, structure, cluster, workload, **kw),
-                           plan_moe_programs(graph, structure, cluster, workload, incumbent_s=incumbent_s, **kw))
+    results = [r for r in (plan_encoders(graph, structure, cluster, workload, **kw) if "encoders" in kinds else None,
+                           plan_moe_programs(graph, structure, cluster, workload, incumbent_s=incumbent_s, **kw)
+                           if "experts" in kinds else None)
                if r is not None]
     return min(results, key=lambda r: r.step_s) if results else None
 

@@ -82,6 +82,12 @@ class Training:
         return self.s.offload_fraction(cls)
 
 
+def mpmd_refusal(backend: str, names: list[str]) -> str:
+    """What a launch backend says of a plan of several programs on their own device groups."""
+    return (f"the {backend} backend cannot express a plan of {len(names)} programs on their own device groups "
+            f"(HyperMPMD: {', '.join(names)})")
+
+
 def training(doc: Mapping[str, Any], backend: str, base_dir: str | None = None) -> Training:
     """The plan of a one-program training declaration (InvalidInput, one sentence, for a serving or HyperMPMD
     one)."""
@@ -89,10 +95,8 @@ def training(doc: Mapping[str, Any], backend: str, base_dir: str | None = None) 
         raise InvalidInput(f"the {backend} backend writes a training launch config, and this declaration is of a "
                            "serving plan; export it with --backend vllm or sglang")
     if is_multi(doc):
-        names = ", ".join(p["name"] for p in doc["programs"])
-        raise InvalidInput(f"the {backend} backend cannot express a plan of {len(doc['programs'])} programs on "
-                           f"their own device groups (HyperMPMD: {names}); one launch config runs one program, so "
-                           "plan with --no-mpmd, or export with --backend torch")
+        raise InvalidInput(f"{mpmd_refusal(backend, [p['name'] for p in doc['programs']])}; one launch config runs "
+                           "one program, so plan with --no-mpmd, or export with --backend torch")
     s = strategy_of(doc)
     chunks = chunk_layers(doc)
     est = doc.get("estimate") or {}
