@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Hashable, Mapping
 
 from planner.costing.activations import _CONTRACTIONS
 from planner.costing.loss import LOSS_SUFFIX
@@ -195,16 +195,25 @@ def activation_bytes(facts, structure: Structure, strategy, execution, problem, 
     return out, loss
 
 
-def layout_table(graph: Graph, structure: Structure, problem, choice) -> dict[str, dict[str, str]]:
-    """Per block type, the layout chosen for each parameter (name relative to its block): what a plan prints."""
+def layout_table(structure: Structure, problem, choice, param_keys: Mapping[str, Hashable]
+                 ) -> dict[str, dict[str, str]]:
+    """Per block type, the layout chosen for each parameter: what a plan prints. The first instance's parameters
+    are named relative to their block, and so stand for every instance's; a parameter outside its block's path
+    (an optimised torch export's `val_482`) is named absolutely, in every instance, since the next layer's is
+    another name (`val_250`), tied to it or not (`param_keys`, `tying.tie_keys`: a first layer that builds what
+    the others reuse is not tied to them)."""
+    keys = param_keys
+    by_key = {keys[v.param]: layout_name(v.strategies[choice[v_i]].outputs[0])
+              for v_i, v in enumerate(problem.vars) if v.param}
     out: dict[str, dict[str, str]] = {}
-    by_param = {v.param: layout_name(v.strategies[choice[v_i]].outputs[0]) for v_i, v in enumerate(problem.vars) if v.param}
     for btype in structure.types:
-        blk = structure.block(btype.instances[0])
         rows = {}
-        for p in blk.params:
-            rel = p[len(blk.name) + 1:] if p.startswith(blk.name + ".") else p
-            rows[rel] = by_param.get(p, "R")
+        for k, inst in enumerate(btype.instances):
+            blk = structure.block(inst)
+            for p in blk.params:
+                under = p.startswith(blk.name + ".")
+                if k == 0 or not under:
+                    rows[p[len(blk.name) + 1:] if under else p] = by_key.get(keys[p], "R")
         if rows:
             out[btype.label] = rows
     return out

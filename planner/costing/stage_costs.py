@@ -301,7 +301,7 @@ def stage_costs(
                                 dense, expert, mem, boundary, held, gather, t, fp8_params, kept, widest))
     block_s = {name: p.total() for name, p in parts_of_block.items()}
     return StageCosts(tuple(stages), facts.model_flops_per_sample(),
-                      layout_table(graph, structure, problem, choice), gap, block_s, dict(act_block),
+                      layout_table(structure, problem, choice, facts.param_keys), gap, block_s, dict(act_block),
                       dict(loss_block), block_params, param_layout, facts.mtp_layers(), dict(parts_of_block))
 
 

@@ -1,0 +1,64 @@
+"""A plan of an optimised torch export declares every layer's weights as the estimate laid them out.
+
+torch.onnx.export(dynamo=True) optimises by default, and its optimiser renames weights it folds into the
+contractions (`val_482` in one layer, `val_250` in the next): no longer under the layer's path. The estimate ties
+identical layers and solves one layout for all of them; the declaration took the first layer's table by names
+relative to the layer, so every later layer's renamed weights went out replicated, and `estimate --plan` refused
+the file it had just written (helper sweep of 2026-12-07: smollm3, lfm2, seed_oss, gpt_neox, olmoe).
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from cli.app import app  # noqa: E402
+from planner.api import load_graph  # noqa: E402
+from planner.graph.blocks import discover_blocks  # noqa: E402
+from planner.search.tying import tie_keys  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def optimised(tmp_path_factory) -> str:
+    """A 4-layer Llama exported by the dynamo exporter with its default optimisation."""
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=256, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    path = str(tmp_path_factory.mktemp("opt") / "llama_opt.onnx")
+    dim = torch.export.Dim
+    torch.onnx.export(model, (torch.zeros(2, 16, dtype=torch.long),), path, dynamo=True,
+                      dynamic_shapes={"input_ids": {0: dim("batch"), 1: dim("seq")}})
+    return path
+
+
+def test_tied_layers_renamed_weights_are_declared_as_laid_out_and_the_file_estimates(optimised, tmp_path):
+    g = load_graph(optimised, batch=2, seq_len=16)
+    structure = discover_blocks(g)
+    _, keys = tie_keys(g, structure)
+    groups: dict = {}
+    for p in g.params:
+        groups.setdefault(keys[p], []).append(p)
+    renamed = [ps for ps in groups.values() if len(ps) > 2 and all(p.startswith("val_") for p in ps)]
+    assert renamed, "the optimiser renamed no tied layer's weights: this test no longer covers the case"
+
+    out = tmp_path / "plan.yaml"
+    args = ["plan", optimised, "--dim", "batch=2", "--seq-len", "16", "--cluster", "dgx-h100", "--devices", "8",
+            "--global-batch", "16", "--tp", "4", "-o", str(out)]
+    run = CliRunner().invoke(app, args)
+    assert run.exit_code == 0, run.output
+    layouts = yaml.safe_load(out.read_text())["layouts"]["params"]
+    split = 0
+    for ps in renamed:  # every instance of a tied weight declared alike, and some of them split over tp
+        dims = {str(layouts[p]["dims"]) for p in ps}
+        assert len(dims) == 1, {p: layouts[p]["dims"] for p in ps}
+        split += "tp" in dims.pop()
+    assert split > 0
+    again = CliRunner().invoke(app, ["estimate", optimised, "--dim", "batch=2", "--plan", str(out)])
+    assert again.exit_code == 0, again.output
