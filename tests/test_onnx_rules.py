@@ -92,3 +92,25 @@ def test_value_rules_match_numpy(dims, data):
     assert np.array_equal(gathered, np.take(x, [0, -1], axis=axis))
     shape = value_rules.evaluate("Shape", {"start": 1}, [None], [x.shape], "int64")
     assert list(shape) == dims[1:]
+
+
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=3), st.integers(1, 5), st.data())
+@settings(max_examples=40, deadline=None)
+def test_one_hot_value_rule_matches_onnx_reference(dims, depth, data):
+    """OneHot (negative indices counted from depth, out-of-range ones all `off`, the new axis anywhere) as ONNX's
+    reference implementation computes it."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    indices = np.array(data.draw(st.lists(st.integers(-depth - 1, depth), min_size=int(np.prod(dims)),
+                                          max_size=int(np.prod(dims)))), dtype=np.int64).reshape(dims)
+    axis = data.draw(st.integers(-len(dims) - 1, len(dims)))
+    values = np.array([2, 7], dtype=np.int64)
+    node = helper.make_node("OneHot", ["i", "d", "v"], ["o"], axis=axis)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, onnx.TensorProto.INT64, None)
+                                            for n in "idv"], [helper.make_tensor_value_info("o", onnx.TensorProto.INT64,
+                                                                                            None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    want = ReferenceEvaluator(model).run(None, {"i": indices, "d": np.array(depth), "v": values})[0]
+    got = value_rules.evaluate("OneHot", {"axis": axis}, [indices, np.array(depth), values], [indices.shape], "int64")
+    assert np.array_equal(got, want)

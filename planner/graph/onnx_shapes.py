@@ -26,7 +26,7 @@ _VALUE_OPS = frozenset(
      "Flatten", "Identity", "Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Max", "Min", "Equal", "Less",
      "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor", "Where", "Range", "Expand",
      "ConstantOfShape", "Floor", "Ceil", "Sqrt", "Sign", "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin",
-     "Tile", "Transpose", "Reciprocal", "Pow"}
+     "Tile", "Transpose", "Reciprocal", "Pow", "OneHot"}
 )
 
 _RAW_DTYPES = {1: np.dtype("<f4"), 6: np.dtype("<i4"), 7: np.dtype("<i8"), 11: np.dtype("<f8"), 9: np.dtype("bool")}

@@ -182,7 +182,26 @@ def _evaluate(op: str, attrs: Mapping[str, Any], values: Sequence[Value], out_dt
         if len(values) < 2 or values[1] is None:
             return None
         return np.tile(x, [int(r) for r in values[1].reshape(-1)])
+    if op == "OneHot":
+        return _one_hot(x, attrs, values)
     return None
+
+
+def _one_hot(indices: np.ndarray, attrs: Mapping[str, Any], values: Sequence[Value]) -> Value:
+    """ONNX OneHot: `on` where an index (negative ones counted from `depth`) equals the position along the new
+    axis, else `off` (values = [off, on]); torchscript's exported MoE layers build their experts' repeat counts
+    from one over constants."""
+    if len(values) < 3 or values[1] is None or values[2] is None or values[2].size != 2:
+        return None
+    depth = int(values[1].reshape(-1)[0])
+    if depth < 1 or indices.size * depth > MAX_VALUE_NUMEL:
+        return None
+    idx = indices.astype(np.int64)
+    idx = np.where(idx < 0, idx + depth, idx)
+    hot = idx[..., None] == np.arange(depth)
+    off, on = values[2].reshape(-1)
+    out = np.where(hot, on, off)
+    return np.moveaxis(out, -1, int(attrs.get("axis", -1)) % out.ndim)
 
 
 def _unsqueezed(shape: tuple[int, ...], axes: list[int]) -> list[int]:
