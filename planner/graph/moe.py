@@ -18,7 +18,7 @@ from planner.graph.ir import Graph
 from planner.graph.walk import GraphIndex, is_weight_matmul
 
 _SCORE_OPS = frozenset({"Softmax", "Sigmoid", "Cast", "Identity", "Add", "Mul", "Reshape", "LogSoftmax", "Div",
-                        "Where"})
+                        "Where", "ScatterElements"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +77,13 @@ def moe_facts(graph: Graph, index: GraphIndex, nodes: frozenset[int]) -> MoeFact
 
 
 def _candidates(graph: Graph, index: GraphIndex, nodes: frozenset[int]):
-    """Each TopK among `nodes` over a router's scores, as the MoeFacts it would make."""
+    """Each TopK among `nodes` over a router's scores, as the MoeFacts it would make; and each router whose experts
+    are picked one ArgMax at a time, the scores of those picked before masked out (Phi-3.5-MoE's sparsemixer):
+    as many ArgMaxes over its scores as experts a token takes."""
+    argmaxes: dict[int, list[int]] = {}
     for i in sorted(nodes):
         n = graph.nodes[i]
-        if n.op_type != "TopK" or not n.inputs:
+        if n.op_type not in ("TopK", "ArgMax") or not n.inputs:
             continue
         scores = graph.tensors.get(n.inputs[0])
         picked = graph.tensors.get(n.outputs[0]) if n.outputs else None
@@ -89,22 +92,38 @@ def _candidates(graph: Graph, index: GraphIndex, nodes: frozenset[int]):
         router = _router(graph, index, n.inputs[0], nodes)
         if router is None:
             continue
-        experts, top_k = int(scores.shape[-1]), int(picked.shape[-1])
-        if not 1 <= top_k < experts:
+        if n.op_type == "ArgMax":
+            argmaxes.setdefault(router, []).append(i)
             continue
-        router_params = index.weight_params(graph.nodes[router].inputs)
-        params = frozenset(p for j in nodes for x in graph.nodes[j].inputs if x
-                           for p in index.weight_of.get(x, ()) if p not in router_params
-                           and _is_expert_param(graph, p, experts))
-        if not params:
-            continue
-        expert_nodes = frozenset(j for j in nodes if is_weight_matmul(graph, index, j)
-                                 and index.weight_params(graph.nodes[j].inputs) & params)
-        x = next((graph.tensors.get(y) for y in graph.nodes[router].inputs if y and not index.is_weight(y)), None)
-        hidden = int(x.shape[-1]) if x is not None and x.shape else 0
-        tokens = int(x.numel // hidden) if hidden else 0
-        yield MoeFacts(experts=experts, top_k=top_k, params=params, router_params=router_params,
-                       expert_nodes=expert_nodes, tokens=tokens, hidden=hidden, topk_node=i)
+        found = _facts(graph, index, nodes, router, int(scores.shape[-1]), int(picked.shape[-1]), i)
+        if found is not None:
+            yield found
+    for router, picks in argmaxes.items():
+        experts = int(graph.tensors[graph.nodes[picks[0]].inputs[0]].shape[-1])
+        found = _facts(graph, index, nodes, router, experts, len(picks), picks[0])
+        if found is not None:
+            yield found
+
+
+def _facts(graph: Graph, index: GraphIndex, nodes: frozenset[int], router: int, experts: int, top_k: int,
+           pick: int) -> MoeFacts | None:
+    """The MoeFacts of `router`'s layer, which picks `top_k` of `experts` at node `pick` (None: no routed
+    experts' weights among `nodes`)."""
+    if not 1 <= top_k < experts:
+        return None
+    router_params = index.weight_params(graph.nodes[router].inputs)
+    params = frozenset(p for j in nodes for x in graph.nodes[j].inputs if x
+                       for p in index.weight_of.get(x, ()) if p not in router_params
+                       and _is_expert_param(graph, p, experts))
+    if not params:
+        return None
+    expert_nodes = frozenset(j for j in nodes if is_weight_matmul(graph, index, j)
+                             and index.weight_params(graph.nodes[j].inputs) & params)
+    x = next((graph.tensors.get(y) for y in graph.nodes[router].inputs if y and not index.is_weight(y)), None)
+    hidden = int(x.shape[-1]) if x is not None and x.shape else 0
+    tokens = int(x.numel // hidden) if hidden else 0
+    return MoeFacts(experts=experts, top_k=top_k, params=params, router_params=router_params,
+                    expert_nodes=expert_nodes, tokens=tokens, hidden=hidden, topk_node=pick)
 
 
 def _router(graph: Graph, index: GraphIndex, scores: str, nodes: frozenset[int]) -> int | None:
