@@ -20,7 +20,7 @@ from planner.errors import Infeasible, InvalidInput
 from planner.hypershard import Request, declare_plan, declare_serving, write_document
 from planner.hypershard.io import check_output, check_suffix, read_constraints
 from planner.hypershard.backends import LAUNCH, TRAINING_LAUNCH, export, launch_configs, plan_limits
-from planner.hypershard.backends.launch import mpmd_refusal
+from planner.hypershard.backends.launch import mpmd_what
 from planner.hypershard.document import DECLARED_MPMD
 from planner.search.constraints import LAUNCH_LIMITS, merge as merge_constraints
 from planner.strategy import run_lengths
@@ -245,7 +245,7 @@ def plan_cmd(
     mp = result.get("mpmd") or {}
     if mp.get("used") and mp["kind"] not in DECLARED_MPMD:  # printed, not declared (no -o or --backend asked)
         names = [p["name"] for p in result["programs"]]
-        result["launch_configs"] = {b: mpmd_refusal(b, names) for b in TRAINING_LAUNCH}
+        result["launch_configs"] = dict.fromkeys(TRAINING_LAUNCH, mpmd_what(names))
     else:
         doc = declare_plan(result, request)
         if backend is not None:
@@ -284,6 +284,8 @@ def print_plan(r: dict) -> None:
         est.update({k: r[k] for k in ("model", "cluster", "workload", "accuracy", "assumptions", "warnings") if k in r})
         est["strategy"] = s
         print_estimate(est)
+        if r.get("launch_configs"):
+            console.print(render.launch_line(r["launch_configs"]))
         return
     console.print(f"[bold]plan:[/] {s['summary']}")
     if mp:

@@ -241,7 +241,8 @@ def plan_model(
     `memory_gib` caps the HBM a plan may use per device (default: all of it);
     `offload=False` keeps everything in HBM (HyperOffload off); `mpmd=False` keeps the whole model one
     program (no HyperMPMD device groups for encoders beside the backbone, or for MoE layers' experts beside
-    their attention), and a tuple of those kinds ("encoders", "experts") searches those only; `strict_ops` refuses a graph with
+    their attention), and a tuple of those kinds ("encoders", "experts") searches those only;
+    `strict_ops` refuses a graph with
     ops that have no FLOP rule. `constraints` fixes knobs of the strategy (tp, pp, cp, ep, etp, vpp, dp,
     micro_batch, recompute, zero, stage_tp, offload: `planner.search.constraints.Constraints`) and the search
     chooses the rest (as one program: no MPMD split then). `gap` is how close to the bound the search must

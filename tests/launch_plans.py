@@ -72,7 +72,8 @@ PLANS = {
 #: the plans each launch backend writes
 WRITES = {
     "megatron": ["3d", "interleaved", "fsdp", "zero2", "first_last", "layout", "ends_alone", "cp", "moe", "moe_etp1",
-                 "moe_nvl72", "offload", "offload_dp1", "activations", "fp8", "tt_3d", "tt_layout", "tt_ends_alone", "tt_cp", "tt_moe", "tt_fp8", "graphs_full",
+                 "moe_nvl72", "offload", "offload_dp1", "activations", "fp8", "tt_3d", "tt_layout", "tt_ends_alone",
+                 "tt_cp", "tt_moe", "tt_fp8", "graphs_full",
                  "graphs_layer"],
     "mindformers": ["3d", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "tt_gpipe", "tt_layout",
                     "ds_tp", "ds_moe"],

@@ -31,7 +31,8 @@ MEGATRON = Constraints.from_mapping(plan_limits("megatron"))
 
 def _plan(memory_gib: float, **limits) -> dict:
     return plan_model(MODEL, cluster=CLUSTER, devices=8, global_batch=32, seq_len=8192, overrides=SHAPE,
-                      memory_gib=memory_gib, mpmd=False, time_limit_s=None, constraints=plan_limits("megatron") | limits)
+                      memory_gib=memory_gib, mpmd=False, time_limit_s=None,
+                      constraints=plan_limits("megatron") | limits)
 
 
 def _export(s: dict, memory_gib: float) -> str:
@@ -70,23 +71,44 @@ def _s(**kw) -> Strategy:
     return Strategy(**{"tp": 1, "pp": 1, "dp": 8, **kw})
 
 
-@pytest.mark.parametrize("strategy, runs", [
-    (_s(zero=1, offload=(("optimizer", 0.5),)), True),
-    (_s(dp=1, tp=8, zero=0, offload=(("optimizer", 1.0),)), True),  # the distributed optimizer over one rank
-    (_s(zero=0, offload=(("optimizer", 0.5),)), False),  # it would shard the states the plan keeps whole
-    (_s(zero=3, offload=(("optimizer", 0.5),)), False),  # Megatron-FSDP offloads no optimizer states
-    (_s(offload=(("activations", 0.4),)), True),
-    (_s(pp=2, dp=4, offload=(("activations", 0.4),)), False),
-    (_s(recompute="selective", offload=(("activations", 0.4),)), False),
-    (_s(full_recompute_layers=2, offload=(("activations", 0.4),)), False),
-    (_s(offload=(("activations", 1.0),)), False),  # megatron-core keeps the last layer's on the device
-    (_s(zero=3, offload=(("params", 0.5),)), False),
-    (_s(zero=1, offload=(("grads", 1.0),)), False),
+@pytest.mark.parametrize("knobs", [
+    dict(zero=1, offload=(("optimizer", 0.5),)),
+    dict(dp=1, tp=4, sp=True, zero=0, offload=(("optimizer", 1.0),)),  # the distributed optimizer over one rank
+    dict(zero=0, offload=(("optimizer", 0.5),)),  # it would shard the states the plan keeps whole
+    dict(zero=3, offload=(("optimizer", 0.5),)),  # Megatron-FSDP offloads no optimizer states
+    dict(offload=(("activations", 0.4),)),
+    dict(pp=2, dp=4, offload=(("activations", 0.4),)),
+    dict(recompute="selective", offload=(("activations", 0.4),)),
+    dict(full_recompute_layers=2, offload=(("activations", 0.4),)),
+    dict(offload=(("activations", 1.0),)),  # megatron-core keeps the last layer's on the device
+    dict(zero=3, offload=(("params", 0.5),)),
+    dict(zero=1, offload=(("grads", 1.0),)),
 ])
-def test_what_megatron_offloads_is_what_its_export_writes(strategy, runs):
-    """The search's conditions and the exporter's refusals agree, case by case (8 layers)."""
-    assert MEGATRON.offload_runs(strategy, load_execution(None), fp8=False, layers=8) is runs
-    assert Constraints().offload_runs(strategy, load_execution(None), fp8=False, layers=8)
+def test_what_the_search_offloads_for_megatron_is_what_its_export_writes(knobs):
+    """The search's conditions (`Constraints.offload_refused`) and the exporter's refusals agree, case by case,
+    on an 8-layer Llama: the export writes exactly the strategies the search may plan."""
+    from launch_plans import TINY
+
+    devices = 4 if knobs.get("dp") == 1 else 8
+    doc = declare("llama3-8b", overrides=TINY, cluster="dgx-h100", devices=devices, global_batch=16, seq_len=32,
+                  **knobs)
+    refused = MEGATRON.offload_refused(_s(**knobs), load_execution(None), fp8=False, layers=TINY["layers"])
+    if refused:
+        with pytest.raises(InvalidInput, match="cannot express"):
+            export(doc, "megatron")
+    else:
+        assert "--optimizer-cpu-offload" in export(doc, "megatron") or "optimizer" not in dict(knobs["offload"])
+    assert not Constraints().offload_refused(_s(**knobs), load_execution(None), fp8=False, layers=8)
+
+
+def test_multi_token_prediction_layers_are_not_offloaded_layers():
+    """Megatron-LM builds MTP layers apart from the decoder's, whose last it keeps on the device: DeepSeek-V3 with
+    4 decoder layers and one MTP layer cannot offload 80 % of its activations (4 of 4 decoder layers), which the
+    search, counting 5 layers, had planned and the export then refused."""
+    with pytest.raises(Infeasible, match="never the last layer's"):
+        plan_model("deepseek-v3", cluster="dgx-h100", devices=8, global_batch=16, seq_len=64, mpmd=False,
+                   overrides=dict(layers=4, mtp_layers=1), time_limit_s=None,
+                   constraints=plan_limits("megatron") | dict(tp=8, zero=0, offload=(("activations", 0.8),)))
 
 
 def test_fp8_weights_offload_their_optimizer_only_under_delayed_scaling():
@@ -94,8 +116,8 @@ def test_fp8_weights_offload_their_optimizer_only_under_delayed_scaling():
     ex = load_execution(None)
     for recipe, runs in (("delayed", True), ("mxfp8", False)):
         fp8 = ex.__class__(**{**{f: getattr(ex, f) for f in ex.__slots__}, "fp8_params": True, "fp8_recipe": recipe})
-        assert MEGATRON.offload_runs(s, fp8, fp8=True, layers=8) is runs
-        assert MEGATRON.offload_runs(s, fp8, fp8=False, layers=8)  # 16-bit GEMMs keep 16-bit weights
+        assert bool(MEGATRON.offload_refused(s, fp8, fp8=True, layers=8)) is not runs
+        assert not MEGATRON.offload_refused(s, fp8, fp8=False, layers=8)  # 16-bit GEMMs keep 16-bit weights
 
 
 def test_an_offload_megatron_cannot_run_is_refused_in_one_sentence():

@@ -234,7 +234,7 @@ def test_the_same_plan_file_idle_and_with_both_cores_busy(tmp_path):
 @pytest.mark.parametrize("beside", ["none", "selective"])
 def test_the_plan_recomputes_fully_the_fewest_layers_that_fit(beside, tmp_path):
     """Where the stack's recompute alone is over memory, the search scores the fewest fully recomputed layers per
-    chunk that fit (`_fewest_full_layers`), the other layers running what the stack runs beside them
+    chunk that fit (`to_fit.fewest_full_layers`), the other layers running what the stack runs beside them
     (`Execution.full_layers_beside`: Megatron-LM's block method leaves them unrecomputed; a stack that mixes the
     two granularities recomputes them selectively): with a cap between the peaks of 1 and 2 such layers (of 4 per
     chunk), the plan takes 2 beside the stack's policy, not full recompute and not more layers than needed."""

@@ -198,22 +198,24 @@ def activation_bytes(facts, structure: Structure, strategy, execution, problem, 
 def layout_table(structure: Structure, problem, choice, param_keys: Mapping[str, Hashable]
                  ) -> dict[str, dict[str, str]]:
     """Per block type, the layout chosen for each parameter: what a plan prints. The first instance's parameters
-    are named relative to their block, and so stand for every instance's; a parameter outside its block's path
-    (an optimised torch export's `val_482`) is named absolutely, in every instance, since the next layer's is
-    another name (`val_250`), tied to it or not (`param_keys`, `tying.tie_keys`: a first layer that builds what
-    the others reuse is not tied to them)."""
-    keys = param_keys
-    by_key = {keys[v.param]: layout_name(v.strategies[choice[v_i]].outputs[0])
+    are named relative to their block and stand for the other instances' of the same name; another instance's
+    parameter is named absolutely where its layout differs (a first layer that builds what the others reuse is
+    not tied to them: `param_keys`, `tying.tie_keys`) or where it is outside its block's path (an optimised torch
+    export's `val_482` in one layer is `val_250` in the next)."""
+    by_key = {param_keys[v.param]: layout_name(v.strategies[choice[v_i]].outputs[0])
               for v_i, v in enumerate(problem.vars) if v.param}
     out: dict[str, dict[str, str]] = {}
     for btype in structure.types:
-        rows = {}
+        rows: dict[str, str] = {}
         for k, inst in enumerate(btype.instances):
             blk = structure.block(inst)
             for p in blk.params:
-                under = p.startswith(blk.name + ".")
-                if k == 0 or not under:
-                    rows[p[len(blk.name) + 1:] if under else p] = by_key.get(keys[p], "R")
+                rel = p[len(blk.name) + 1:] if p.startswith(blk.name + ".") else None
+                lay = by_key.get(param_keys[p], "R")
+                if k == 0:
+                    rows[rel or p] = lay
+                elif rel is None or rows.get(rel, "R") != lay:
+                    rows[p] = lay
         if rows:
             out[btype.label] = rows
     return out

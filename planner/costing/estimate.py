@@ -231,7 +231,8 @@ def estimate(
                           weight_traffic=True)
         alt_short = worst_shortfall(cluster, (s.memory_bytes for s in alt.stages), workload.execution)
         alt_bd, alt_step, alt_offload = step_breakdown(alt, cluster, workload, strategy, m)
-        if (alt_short is None, -alt_step) > (short is None, -step):
+        if (alt_short is None, not retries_layouts(alt_short), -alt_step) > \
+                (short is None, not retries_layouts(short), -step):  # fits, then within HBM, then faster
             costs, short, bd, step, offload = alt, alt_short, alt_bd, alt_step, alt_offload
 
     peak = cluster.device.peak_flops(workload.dtype)

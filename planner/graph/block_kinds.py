@@ -30,7 +30,8 @@ def mixer(ops: frozenset[str] | set[str]) -> str:
 
 def block_kind(ops: frozenset[str] | set[str], params: Iterable[str], param_ranks: Sequence[int]) -> str:
     """What a block mostly is, from its op types and its parameters' names and ranks."""
-    routed = "TopK" in ops or ("ArgMax" in ops and max(param_ranks, default=0) >= 3)  # experts stacked [E, ...]
+    # a TopK, or ArgMaxes over masked scores (sparsemixer), beside experts' weights stacked [E, ...]
+    routed = "TopK" in ops or ({"ArgMax", "ScatterElements"} <= ops and max(param_ranks, default=0) >= 3)
     if routed or any("expert" in p.lower() for p in params):
         return "moe"
     mix = mixer(ops)

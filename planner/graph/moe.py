@@ -1,7 +1,9 @@
 """A mixture-of-experts layer, found from its router: how many experts, how many per token, which weights.
 
 The router is a TopK over the scores of a projection whose output width is
-the number of experts E; k is the TopK's output width. Routed-expert weights
+the number of experts E; k is the TopK's output width. A router may instead
+pick one expert per ArgMax over its scores, masking those picked before
+(Phi-3.5-MoE's sparsemixer): k is then its number of ArgMaxes. Routed-expert weights
 are the layer's parameters stacked by expert (leading dim E, other than the
 router's own weight: transformers 5 and our zoo store them that way) or
 named `*.experts.<i>.*` (one module per expert, as transformers 4 and
@@ -32,7 +34,7 @@ class MoeFacts:
     expert_nodes: frozenset[int]  # the contractions that read them
     tokens: int = 0  # tokens routed per forward at the imported batch (rows of the router's input)
     hidden: int = 0  # width of each routed token (what dispatch sends per (token, expert) pair)
-    topk_node: int = -1  # the router's TopK
+    topk_node: int = -1  # the router's TopK (or its first ArgMax)
 
 
 def moe_blocks(graph: Graph, index: GraphIndex, structure: Structure) -> dict[str, MoeFacts]:
@@ -81,6 +83,7 @@ def _candidates(graph: Graph, index: GraphIndex, nodes: frozenset[int]):
     are picked one ArgMax at a time, the scores of those picked before masked out (Phi-3.5-MoE's sparsemixer):
     as many ArgMaxes over its scores as experts a token takes."""
     argmaxes: dict[int, list[int]] = {}
+    topk_routers: set[int] = set()
     for i in sorted(nodes):
         n = graph.nodes[i]
         if n.op_type not in ("TopK", "ArgMax") or not n.inputs:
@@ -92,13 +95,17 @@ def _candidates(graph: Graph, index: GraphIndex, nodes: frozenset[int]):
         router = _router(graph, index, n.inputs[0], nodes)
         if router is None:
             continue
-        if n.op_type == "ArgMax":
-            argmaxes.setdefault(router, []).append(i)
+        if n.op_type == "ArgMax":  # over the experts (the scores' last axis; ONNX's default axis is the first)
+            if int(n.attrs.get("axis", 0)) % len(scores.shape) == len(scores.shape) - 1:
+                argmaxes.setdefault(router, []).append(i)
             continue
         found = _facts(graph, index, nodes, router, int(scores.shape[-1]), int(picked.shape[-1]), i)
         if found is not None:
+            topk_routers.add(router)
             yield found
     for router, picks in argmaxes.items():
+        if router in topk_routers:  # a TopK over the same scores says k itself
+            continue
         experts = int(graph.tensors[graph.nodes[picks[0]].inputs[0]].shape[-1])
         found = _facts(graph, index, nodes, router, experts, len(picks), picks[0])
         if found is not None:
@@ -155,9 +162,9 @@ def _is_expert_param(graph: Graph, name: str, experts: int) -> bool:
 
 
 def routed_region(graph: Graph, index: GraphIndex, nodes: frozenset[int], moe: MoeFacts) -> frozenset[int]:
-    """The nodes of a MoE layer that run on routed tokens: from the router's TopK through the dispatch (sort,
-    gather, pad) and the experts to the combine back into [tokens, hidden] (the first node after the experts
-    whose output has that size). What the expert-parallel model costs instead of the tensor-axis program."""
+    """The nodes of a MoE layer that run on routed tokens: from the router's TopK (or first ArgMax) through the
+    dispatch (sort, gather, pad) and the experts to the combine back into [tokens, hidden] (the first node after
+    the experts whose output has that size). What the expert-parallel model costs instead of the tensor-axis program."""
     def closure(starts, step, stop=None):
         seen, stack = set(), list(starts)
         while stack:

@@ -125,14 +125,18 @@ class Constraints:
         """Whether tensor parallelism runs with sequence parallelism on both frameworks."""
         return execution.sequence_parallel and self.sequence_parallel is not False
 
-    def offload_runs(self, s: Strategy, execution, *, fp8: bool, layers: int) -> bool:
-        """Whether the launch framework offloads what `s` does (`offload_when`; `fp8`: FP8 GEMMs; `layers`: the
-        model's layers)."""
-        if self.offload_when is None:
-            return True
-        when = dict(self.offload_when)
-        return all(frac <= 0 or (cls in when and OFFLOAD_WHEN[when[cls]](s, execution, fp8, layers, frac))
-                   for cls, frac in s.offload)
+    def offload_refused(self, s: Strategy, execution, *, fp8: bool, layers: int) -> str:
+        """Why the launch framework does not offload what `s` does (`offload_when`), or "" where it does; `fp8`:
+        FP8 GEMMs; `layers`: the model's decoder layers (multi-token-prediction ones left out)."""
+        when = dict(self.offload_when or ())
+        for cls, frac in s.offload if self.offload_when is not None else ():
+            if frac <= 0:
+                continue
+            if cls not in when:
+                return f"the launch framework offloads no {cls}"
+            if not OFFLOAD_WHEN[when[cls]](s, execution, fp8, layers, frac):
+                return f"the launch framework offloads {cls} {OFFLOAD_WHY[when[cls]]}"
+        return ""
 
     def zero_allowed(self, zero: int, dp: int, model_parallel: int) -> bool:
         """Whether a ZeRO level keeps the launch framework's limits (`ddp_alone`) at these degrees."""
@@ -165,10 +169,14 @@ class Constraints:
             d["offload"] = tuple(sorted((str(k), float(v)) for k, v in d["offload"] if float(v) > 0))
         if d.get("recompute_policies") is not None:
             d["recompute_policies"] = tuple(d["recompute_policies"])
-        if isinstance(d.get("offload_when"), Mapping):
-            d["offload_when"] = tuple(sorted((str(k), str(v)) for k, v in d["offload_when"].items()))
-        elif d.get("offload_when") is not None:
-            d["offload_when"] = tuple(sorted((str(k), str(v)) for k, v in d["offload_when"]))
+        when = d.get("offload_when")
+        if isinstance(when, Mapping):
+            d["offload_when"] = tuple(sorted((str(k), str(v)) for k, v in when.items()))
+        elif isinstance(when, (list, tuple)) and all(isinstance(e, (list, tuple)) and len(e) == 2 for e in when):
+            d["offload_when"] = tuple(sorted((str(k), str(v)) for k, v in when))
+        elif when is not None:
+            raise InvalidInput(f"offload_when: {when!r} is not a mapping of memory classes to conditions; write it "
+                               "as `offload_when: {optimizer: distributed_optimizer}`")
         return cls(**{k: v for k, v in d.items() if v is not None})
 
     def given(self) -> dict[str, Any]:
@@ -263,6 +271,14 @@ def _whole_layers_one_stage(s: Strategy, execution, fp8: bool, layers: int, frac
             and math.ceil(frac * layers - 1e-9) < layers)
 
 
+#: Each condition, as a sentence ends that says where the launch framework offloads.
+OFFLOAD_WHY = {
+    "always": "always",
+    "distributed_optimizer": "with its distributed optimizer only (ZeRO-1, or one data-parallel rank), and FP8 "
+                             "weights' only under delayed scaling",
+    "whole_layers_one_stage": "of whole layers only, with one pipeline stage, no recompute and no CUDA graphs, and "
+                              "never the last layer's",
+}
 #: The conditions a launch framework offloads a memory class under (`Constraints.offload_when`).
 OFFLOAD_WHEN: dict[str, Callable[..., bool]] = {
     "always": lambda s, execution, fp8, layers, frac: True,

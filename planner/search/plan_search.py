@@ -97,6 +97,7 @@ class _Search:
         self.best: Candidate | None = None
         self.pruned_bound = math.inf
         self.pruned = 0
+        self.refused: Candidate | None = None  # the first strategy whose offload the launch framework refuses
         self.reps = Representatives(self.scorer, workload, self.layers, layouts, budget, self.sp)
         self.params = model_params(self.scorer.facts, structure)  # dense and routed-expert: for `dp_floor`
         self.schedules: dict[tuple, float] = {}  # every schedule region seen -> its bound
@@ -134,7 +135,7 @@ class _Search:
         ranked = tuple(sorted(self.best_by_mesh.values(), key=lambda c: _key(c, self.hbm)))
         best = ranked[0] if ranked and ranked[0].fits else None
         bound = min(best.step_s if best else math.inf, self.pruned_bound, open_bound)
-        return SearchResult(best, ranked, None if best else (ranked[0] if ranked else None), self.scorer.count,
+        return SearchResult(best, ranked, None if best else (ranked[0] if ranked else self.refused), self.scorer.count,
                             len(self.meshes), time.perf_counter() - t0, complete, self.budget.nodes,
                             bound if math.isfinite(bound) else 0.0, self.pruned)
 
@@ -173,13 +174,15 @@ class _Search:
         return c
 
     def _score(self, s: Strategy) -> Candidate:
-        if not self._offload_runs(s):  # the launch framework does not offload so (`Constraints.offload_when`)
-            return Candidate(s, math.inf, False, math.inf)
+        why = self._offload_refused(s)
+        if why:  # the launch framework does not offload so (`Constraints.offload_when`): nothing to score
+            self.refused = self.refused or Candidate(s, math.inf, False, math.inf, note=why)
+            return self.refused
         return self._consider(self.scorer.score(s))
 
-    def _offload_runs(self, s: Strategy) -> bool:
-        fp8 = self.workload.dtype == "fp8"
-        return self.c.offload_runs(s, self.workload.execution, fp8=fp8, layers=self.layers)
+    def _offload_refused(self, s: Strategy) -> str:
+        decoder = self.layers - self.scorer.facts.mtp_layers()  # launch frameworks build MTP layers apart
+        return self.c.offload_refused(s, self.workload.execution, fp8=self.workload.dtype == "fp8", layers=decoder)
 
     # -- bounds -------------------------------------------------------------------------------------
     def _widest(self, cp: int, tp: int, mb: int, etp: int) -> int:
@@ -322,7 +325,7 @@ class _Search:
                                self.workload.execution.usable_hbm_bytes(self.hbm), lambda c: self._balanced(c, 0.0))
         if self.allow_offload:  # from the level that keeps least, or each whose offload the launch framework runs
             tried = misses[-1:] if self.c.offload_when is None else misses[::-1]
-            for variant in (v for c in tried for v in offload_variants(c, self.hbm) if self._offload_runs(v)):
+            for variant in (v for c in tried for v in offload_variants(c, self.hbm) if not self._offload_refused(v)):
                 if not self._closed(node.bound_s):
                     self._score(variant)
 

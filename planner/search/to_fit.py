@@ -54,9 +54,10 @@ def offload_variants(c: Candidate, hbm: float) -> list[Strategy]:
 def fewest_full_layers(score: Callable[[Strategy], Candidate], s: Strategy, peak_bytes: float, layers: int,
                        limit_bytes: float, on_fit: Callable[[Candidate], None]) -> None:
     """Score `s` with the first k layers of each chunk fully recomputed (`peak_bytes`: the peak of `s` with none;
-    `limit_bytes`: the usable HBM; `on_fit` is handed each that fits) while searching the fewest k by regula falsi: first one short of full recompute (where only offload fits, that decides), then the chord of
-    the measured peaks (memory falls by a layer's activations per chunk: for alike layers the chord lands on or
-    just past the fewest), strictly inside the bracket, which decides: the bisection's count."""
+    `limit_bytes`: the usable HBM; `on_fit` is handed each that fits) while searching the fewest k by regula falsi:
+    first one short of full recompute (where only offload fits, that decides), then the chord of the measured peaks
+    (memory falls by a layer's activations per chunk: for alike layers the chord lands on or just past the fewest),
+    strictly inside the bracket, which decides: the bisection's count."""
     lo, hi = 0, math.ceil(layers / (s.pp * s.vpp))  # lo does not fit; hi is full recompute, its own region
     peak = {lo: peak_bytes}
     while hi - lo > 1:

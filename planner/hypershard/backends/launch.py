@@ -82,10 +82,9 @@ class Training:
         return self.s.offload_fraction(cls)
 
 
-def mpmd_refusal(backend: str, names: list[str]) -> str:
-    """What a launch backend says of a plan of several programs on their own device groups."""
-    return (f"the {backend} backend cannot express a plan of {len(names)} programs on their own device groups "
-            f"(HyperMPMD: {', '.join(names)})")
+def mpmd_what(names: list[str]) -> str:
+    """What a launch config cannot express of a plan of several programs on their own device groups."""
+    return f"{len(names)} programs on their own device groups (HyperMPMD: {', '.join(names)})"
 
 
 def training(doc: Mapping[str, Any], backend: str, base_dir: str | None = None) -> Training:
@@ -95,8 +94,9 @@ def training(doc: Mapping[str, Any], backend: str, base_dir: str | None = None) 
         raise InvalidInput(f"the {backend} backend writes a training launch config, and this declaration is of a "
                            "serving plan; export it with --backend vllm or sglang")
     if is_multi(doc):
-        raise InvalidInput(f"{mpmd_refusal(backend, [p['name'] for p in doc['programs']])}; one launch config runs "
-                           "one program, so plan with --no-mpmd, or export with --backend torch")
+        what = mpmd_what([p["name"] for p in doc["programs"]])
+        raise ExportRefused(f"the {backend} backend cannot express a plan of {what}; one launch config runs one "
+                            "program, so plan with --no-mpmd, or export with --backend torch", what)
     s = strategy_of(doc)
     chunks = chunk_layers(doc)
     est = doc.get("estimate") or {}
