@@ -323,9 +323,9 @@ class _Search:
         if rc == beside and self.c.recompute is None and pp * vpp <= self.layers:
             fewest_full_layers(self._score, misses[-1].strategy, misses[-1].peak_bytes, self.layers,
                                self.workload.execution.usable_hbm_bytes(self.hbm), lambda c: self._balanced(c, 0.0))
-        if self.allow_offload:  # from the level that keeps least, or each whose offload the launch framework runs
+        if self.allow_offload:  # from the level that keeps least, or each (`_score` passes what the framework runs)
             tried = misses[-1:] if self.c.offload_when is None else misses[::-1]
-            for variant in (v for c in tried for v in offload_variants(c, self.hbm) if not self._offload_refused(v)):
+            for variant in (v for c in tried for v in offload_variants(c, self.hbm)):
                 if not self._closed(node.bound_s):
                     self._score(variant)
 

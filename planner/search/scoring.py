@@ -127,9 +127,9 @@ class Scorer:
             usable = self.workload.execution.usable_hbm_bytes(self.cluster.device.hbm_bytes)
             peak = max(st.memory_bytes["peak"] for st in costs.stages)
             bd, step, _ = step_breakdown(costs, self.cluster, self.workload, s, m)
+            # slower layouts that fit in HBM, as `estimate` picks them, when they could win
             if retries_layouts(short) and self.workload.mode == "train" and s.tp > 1 \
-                    and peak <= MEMORY_RETRY * usable and self.worth(step):  # slower layouts that fit, as
-                # `estimate` picks them, when they could win
+                    and peak <= MEMORY_RETRY * usable and self.worth(step):
                 costs = self.costs(s, memory_constraint=True)
                 short = self._shortfall(costs)
                 bd, step, _ = step_breakdown(costs, self.cluster, self.workload, s, m)
