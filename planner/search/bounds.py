@@ -32,7 +32,9 @@ its own (`exchange_parts`).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Mapping, Sequence
 
 from planner.costing.block_costs import Parts
@@ -157,23 +159,26 @@ def least_widest_stage(per: Sequence[float], pp: int) -> float:
     if hi <= 0:
         return 0.0
     lo *= 1 - 1e-12  # max(per) and the mean are themselves lower bounds of the answer
+    prefix = list(accumulate(per))
     while hi - lo > 1e-9 * hi:
         mid = 0.5 * (lo + hi)
-        if _stages_needed(per, mid) <= pp:
+        if _fits(prefix, mid, pp):
             hi = mid
         else:
             lo = mid
     return lo
 
 
-def _stages_needed(per: Sequence[float], cap: float) -> int:
-    n, acc = 1, 0.0
-    for x in per:
-        if acc + x > cap:
-            n, acc = n + 1, x
-        else:
-            acc += x
-    return n
+def _fits(prefix: list[float], cap: float, pp: int) -> bool:
+    """Whether filling stages greedily up to `cap` covers every unit (`prefix`: their running sums) in at most pp
+    stages: each stage ends at the last unit whose running sum is within its start's plus the cap."""
+    i, base, n = 0, 0.0, len(prefix)
+    for _ in range(pp):
+        i = bisect_right(prefix, base + cap, i)
+        if i >= n:
+            return True
+        base = prefix[i - 1] if i else base
+    return False
 
 
 def _max_stage(per: Sequence[float], chunk_sizes: Sequence[int], pp: int) -> float:
