@@ -69,11 +69,11 @@ def assign_chunks(structure: Structure, n_chunks: int, sizes: tuple[int, ...] = 
         for _ in range(size):
             out[layers[i].name] = c
             i += 1
-    firsts = [(min(b.nodes) if b.nodes else 0, b.name) for b in layers]
+    firsts = [(structure.first_node(b.name), b.name) for b in layers]
     for b in structure.blocks:
         if b.is_layer:
             continue
-        start = min(b.nodes) if b.nodes else 0
+        start = structure.first_node(b.name)
         prev = [name for first, name in firsts if first <= start]
         out[b.name] = (n_chunks - 1 if prev[-1] == layers[-1].name else out[prev[-1]]) if prev else 0
     return out

@@ -65,7 +65,7 @@ class StageCost:
 class StageCosts:
     stages: tuple[StageCost, ...]
     forward_flops_per_sample: float
-    layouts: Mapping[str, Mapping[str, str]]
+    layout_source: tuple  # (structure, problem, choice, param keys) that `layouts` names, or () for none
     solver_gap: float
     block_s: Mapping[str, float] = field(default_factory=dict)  # forward + backward per micro-batch, per block
     block_act_bytes: Mapping[str, float] = field(default_factory=dict)  # kept for backward, per micro-batch
@@ -74,6 +74,12 @@ class StageCosts:
     param_layouts: Mapping[str, int] = field(default_factory=dict)  # parameter -> dim split over tp, or REPLICATED
     mtp_layers: int = 0  # of the layers, the last ones that are multi-token-prediction depths (`graph.mtp`)
     block_parts: Mapping[str, Parts] = field(default_factory=dict)  # the seconds of `block_s`, by kind, per block
+
+    @property
+    def layouts(self) -> Mapping[str, Mapping[str, str]]:
+        """Per block type, the layout chosen for each parameter (`block_costs.layout_table`), named when asked: an
+        estimate prints them once, where a search costs thousands of strategies that never do."""
+        return layout_table(*self.layout_source) if self.layout_source else {}
 
 
 def stage_costs(
@@ -301,7 +307,7 @@ def stage_costs(
                                 dense, expert, mem, boundary, held, gather, t, fp8_params, kept, widest))
     block_s = {name: p.total() for name, p in parts_of_block.items()}
     return StageCosts(tuple(stages), facts.model_flops_per_sample(),
-                      layout_table(structure, problem, choice, facts.param_keys), gap, block_s, dict(act_block),
+                      (structure, problem, choice, facts.param_keys), gap, block_s, dict(act_block),
                       dict(loss_block), block_params, param_layout, facts.mtp_layers(), dict(parts_of_block))
 
 
@@ -376,7 +382,7 @@ def _unequal_stage_costs(graph: Graph, structure: Structure, cluster: Cluster, w
                                   replace(strategy, tp=w, stage_tp=(), sp=strategy.sp and w > 1), **opts)
     stages = tuple(by_width[w].stages[s] for s, w in enumerate(strategy.stage_tp))
     wide = by_width[widths[0]]
-    return StageCosts(stages, wide.forward_flops_per_sample, wide.layouts,
+    return StageCosts(stages, wide.forward_flops_per_sample, wide.layout_source,
                       max(c.solver_gap for c in by_width.values()), wide.block_s, wide.block_act_bytes,
                       wide.block_loss_bytes, wide.block_params, wide.param_layouts, wide.mtp_layers, wide.block_parts)
 

@@ -95,10 +95,16 @@ class Structure:
     node_block: tuple[int, ...]
     _by_name: Mapping[str, Block] = field(default_factory=dict, repr=False, compare=False)
     _by_type: Mapping[str, BlockType] = field(default_factory=dict, repr=False, compare=False)
+    _first: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", MappingProxyType({b.name: b for b in self.blocks}))
         object.__setattr__(self, "_by_type", MappingProxyType({t.type_id: t for t in self.types}))
+        object.__setattr__(self, "_first", MappingProxyType({b.name: min(b.nodes, default=0) for b in self.blocks}))
+
+    def first_node(self, name: str) -> int:
+        """The first node (in graph order) of the block called `name`, 0 for a block without nodes."""
+        return self._first[name]
 
     def block_of_node(self, i: int) -> Block | None:
         b = self.node_block[i] if 0 <= i < len(self.node_block) else -1
