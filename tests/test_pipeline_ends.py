@@ -9,8 +9,11 @@ even split cannot say that layout (126 layers for 128 chunks); `stage_layers` wi
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner.costing.pipeline_cut import assign_chunks
 from planner.errors import InvalidInput
@@ -183,3 +186,18 @@ def test_the_plan_around_the_405b_recipes_degrees_is_its_layout_with_the_ends_al
     before = estimate_model("llama3-405b", tp=4, pp=16, dp=4, sp=True, zero=1, micro_batch=1,
                             stage_layers=(7,) + (8,) * 14 + (7,), **job)
     assert plan["search"]["bound_s"] <= plan["estimate"]["step_time_s"] < 0.98 * before["step_time_s"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0.0, 10.0), min_size=1, max_size=8), st.integers(1, 5))
+def test_the_least_widest_stage_is_the_linear_partition_bottleneck_from_below(per, pp):
+    """Against every cut of the units into pp contiguous stages (empty ones allowed), counted out: the search's
+    pipeline bound takes the least slowest stage, never above it and within 1e-9 of it."""
+    from planner.search.bounds import least_widest_stage
+
+    n = len(per)
+    exact = min(max(sum(per[a:b]) for a, b in zip((0, *cuts), (*cuts, n)))
+                for cuts in itertools.combinations_with_replacement(range(n + 1), pp - 1))
+    got = least_widest_stage(per, pp)
+    assert got <= exact
+    assert got >= exact * (1 - 1e-8)
