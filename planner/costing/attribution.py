@@ -114,19 +114,21 @@ def add_routed(facts, timer, t: int, again, training: bool, parts: dict[str, Par
     positions = facts.routed_positions
     if not positions.firsts:
         return
-    fwd = np.array([timer.forward(i, t) for i in positions.firsts])
-    bwd = np.array([timer.backward(i, t) for i in positions.firsts]) if training else fwd
-    for name, (nodes, position) in positions.blocks.items():
+    fwd = np.array([timer.forward(i, t) for i in positions.firsts])[positions.positions]
+    n = len(positions.names)
+    f_sum = np.bincount(positions.owners, weights=fwd, minlength=n)
+    if training:
+        bwd = np.array([timer.backward(i, t) for i in positions.firsts])[positions.positions]
+        b_sum = np.bincount(positions.owners, weights=bwd, minlength=n)
+        again_sum = np.bincount(positions.owners, weights=again[positions.nodes] * fwd, minlength=n)
+    for b, name in enumerate(positions.names):
         p = parts[name]
-        f = fwd[position]
-        f_sum = float(f.sum())
-        p.forward += f_sum
-        p.experts_fwd += f_sum
+        p.forward += float(f_sum[b])
+        p.experts_fwd += float(f_sum[b])
         if training:
-            b, again_f = float(bwd[position].sum()), float((again[nodes] * f).sum())
-            p.backward += b
-            p.recompute += again_f
-            p.experts_bwd += b + again_f
+            p.backward += float(b_sum[b])
+            p.recompute += float(again_sum[b])
+            p.experts_bwd += float(b_sum[b]) + float(again_sum[b])
 
 
 __all__ = ["add_routed", "block_parts", "gemm_windows", "var_parts"]

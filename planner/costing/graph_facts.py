@@ -309,23 +309,29 @@ class GraphFacts:
 @dataclass(frozen=True, slots=True)
 class RoutedPositions:
     """The routed nodes of a graph by tied position: the first node of each position (blocks in order, nodes
-    ascending), and per MoE block its routed nodes ascending with the index of their position in `firsts`."""
+    ascending), and, flat over the MoE blocks (`names`) in that order, each routed node, the index of its position
+    in `firsts` and the index of its block in `names`."""
 
     firsts: tuple[int, ...]
-    blocks: dict[str, tuple[np.ndarray, np.ndarray]]
+    names: tuple[str, ...]
+    nodes: np.ndarray
+    positions: np.ndarray
+    owners: np.ndarray
 
 
 def routed_positions(routed: dict[str, frozenset[int]], node_keys: Sequence[Hashable]) -> RoutedPositions:
     """`RoutedPositions` of the routed nodes per block, a position being a node's tie key (`tie_keys`)."""
     firsts: list[int] = []
     index_of: dict[Hashable, int] = {}
-    blocks: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name, nodes in routed.items():
-        order = sorted(nodes)
-        for i in order:
+    nodes: list[int] = []
+    owners: list[int] = []
+    for b, name in enumerate(routed):
+        for i in sorted(routed[name]):
             if node_keys[i] not in index_of:
                 index_of[node_keys[i]] = len(firsts)
                 firsts.append(i)
-        blocks[name] = (np.array(order, dtype=np.int64),
-                        np.array([index_of[node_keys[i]] for i in order], dtype=np.int64))
-    return RoutedPositions(tuple(firsts), blocks)
+            nodes.append(i)
+            owners.append(b)
+    return RoutedPositions(tuple(firsts), tuple(routed), np.array(nodes, dtype=np.int64),
+                           np.array([index_of[node_keys[i]] for i in nodes], dtype=np.int64),
+                           np.array(owners, dtype=np.int64))
