@@ -48,7 +48,8 @@ Devices = Annotated[Optional[int], typer.Option("--devices", help="Devices to us
                                                 "supernodes (default: the preset's size, or what the degrees need).")]
 GlobalBatch = Annotated[int, typer.Option("--global-batch", help="Sequences per training step.", show_default=False)]
 RequiredSeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.", show_default=False)]
-Dtype = Annotated[str, typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 or fp32.")]
+Dtype = Annotated[str, typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 or fp32 to train (fp8: the "
+                                     "stack's FP8 recipe); bf16, fp16, fp8 or int8 weights to serve.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 Force = Annotated[bool, typer.Option("--force", help="Replace an output file that already exists (an input of the "
                                      "command is never replaced).")]

@@ -62,7 +62,7 @@ def plan_cmd(
     tpot_ms: Annotated[Optional[float], typer.Option("--tpot-ms", help="Time per output token target: one "
                                                      "decode step.", rich_help_panel=_INFER,
                                                      show_default=False)] = None,
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV-cache precision: bf16, fp8 or int8.",
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV-cache precision: bf16, fp16, fp8 or int8.",
                                           rich_help_panel=_INFER)] = "bf16",
     uneven_experts: Annotated[bool, typer.Option("--uneven-experts", help="Let a MoE phase spread its routed "
                                                  "experts over any stage width, in uneven ranges (as vLLM and "

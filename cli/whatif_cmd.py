@@ -63,7 +63,7 @@ def whatif_cmd(
                                                      rich_help_panel=_INFER, show_default=False)] = None,
     tpot_ms: Annotated[Optional[float], typer.Option("--tpot-ms", help="Time per output token target.",
                                                      rich_help_panel=_INFER, show_default=False)] = None,
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV-cache precision: bf16, fp8 or int8.",
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV-cache precision: bf16, fp16, fp8 or int8.",
                                           rich_help_panel=_INFER)] = "bf16",
     time_limit: Annotated[Optional[float], typer.Option(
         "--time-limit", help="Seconds each point's search may take (default: no limit but the work budget, which "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from planner import bounds
 from planner.bounds import zoo_overrides
 from planner.caveats import accuracy, assumptions, check_costed, scale_warnings, stack_warnings, uncosted_note
 from planner.costing.attention import attention_regions
@@ -150,6 +151,8 @@ def estimate_model(
     if devices is None and dp is not None:
         devices = inner * dp
     hw = load_cluster(cluster, devices=devices)
+    if mode == "train":
+        bounds.training_dtype(dtype, hw)
     if dp is None:
         dp, rem = divmod(hw.n_devices, inner)
         if rem or dp < 1:
@@ -272,6 +275,8 @@ def plan_model(
         fixed = Constraints.from_mapping({**fixed.given(), "offload": ()})
     workload = make_workload(mode, global_batch, seq_len, dtype, stack)
     hw = with_memory_cap(load_cluster(cluster, devices=devices), memory_gib)
+    if mode == "train":
+        bounds.training_dtype(dtype, hw)
     graph = _graph_for_costing(model, seq_len, dims, overrides)
     check_costed(graph, strict_ops)
     structure = discover_blocks(graph)

@@ -243,6 +243,19 @@ def _host_memory_bytes() -> float | None:
     return None
 
 
+def training_dtype(dtype: str, cluster: Any) -> None:
+    """A training precision the cluster's device has a peak for (an A100 has no fp8); the precision itself is the
+    workload's to check (`Workload`)."""
+    from planner.strategy import TRAIN_DTYPES
+
+    listed = {name for name, _ in cluster.device.peak_flops_per_s}
+    if dtype in TRAIN_DTYPES and dtype not in listed:
+        there = [d for d in TRAIN_DTYPES if d in listed]
+        raise InvalidInput(f"--dtype {dtype}: {cluster.name}'s {cluster.device.name} has no {dtype} peak; train in "
+                           f"{', '.join(there[:-1])} or {there[-1]} there" if len(there) > 1 else
+                           f"--dtype {dtype}: {cluster.name}'s {cluster.device.name} has no {dtype} peak")
+
+
 def request(model: str | os.PathLike, clusters: Any, *, global_batch: int | None = None, seq_len: int | None = None,
             prompt_len: int | None = None, gen_len: int | None = None, batch: int | None = None,
             ttft_ms: float | None = None, tpot_ms: float | None = None, time_limit_s: float | None = None,

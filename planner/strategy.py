@@ -21,6 +21,9 @@ Schedule = Literal["gpipe", "1f1b", "interleaved"]
 RECOMPUTE_POLICIES: tuple[str, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
 OFFLOAD_CLASSES: tuple[str, ...] = ("params", "grads", "optimizer", "activations", "kv_cache")
+#: Precisions a training step runs its GEMMs in (fp8: the stack's FP8 recipe, beside 16-bit attention and norms);
+#: int8 and the like are serving's (`planner.inference`)
+TRAIN_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp32")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +43,9 @@ class Workload:
             raise InvalidInput(f"--global-batch must be at least 1, got {self.global_batch}")
         if self.seq_len < 1:
             raise InvalidInput(f"--seq-len must be at least 1, got {self.seq_len}")
+        if self.mode == "train" and self.dtype not in TRAIN_DTYPES:
+            raise InvalidInput(f"--dtype {self.dtype}: training runs in {', '.join(TRAIN_DTYPES[:-1])} or "
+                               f"{TRAIN_DTYPES[-1]}; give one of those")
 
     @property
     def tokens(self) -> int:

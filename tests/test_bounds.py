@@ -174,3 +174,21 @@ def test_a_step_of_hours_is_flagged_and_a_step_of_seconds_is_not():
     assert long["warnings"] and "--global-batch counts sequences per step" in long["warnings"][0]
     short = json.loads(runner.invoke(app, [*args, "--global-batch", "64"]).stdout)
     assert short["step_time_s"] < 60 and short["warnings"] == []
+
+
+@pytest.mark.parametrize(("command", "dtype", "words"), [
+    ("plan", "int8", "--dtype int8: training runs in bf16, fp16, fp8 or fp32; give one of those"),
+    ("plan", "fp64", "--dtype fp64: training runs in bf16, fp16, fp8 or fp32"),
+    ("estimate", "tf32", "--dtype tf32: training runs in bf16, fp16, fp8 or fp32"),
+    ("whatif", "int8", "--dtype int8: training runs in bf16, fp16, fp8 or fp32"),
+    ("plan", "fp8", "--dtype fp8: dgx-a100's A100-SXM4-80GB has no fp8 peak; train in bf16, fp16 or fp32 there"),
+    ("estimate", "fp8", "has no fp8 peak; train in bf16, fp16 or fp32 there"),
+])
+def test_a_training_precision_is_one_a_stack_trains_in_and_the_device_has(command, dtype, words):
+    """int8, tf32 or fp64 training had planned (and crashed in an exporter's precision table) or estimated a step
+    faster than bf16's; fp8 on an A100 pointed at the device's int8 peak."""
+    args = [command, "gpt", "--layers", "2", "--cluster", "dgx-a100", "--devices", "8", "--global-batch", "8",
+            "--seq-len", "512", "--dtype", dtype] + (["--dp", "8"] if command == "estimate" else [])
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert words in " ".join(r.output.split()) and "Traceback" not in r.output
