@@ -46,3 +46,20 @@ def test_a_model_with_external_weights_exports_from_elsewhere_into_its_own_folde
     assert {t.name: t.raw_data for t in model.graph.initializer} == \
         {t.name: t.raw_data for t in original.graph.initializer}
     assert any(len(n.device_configurations) for n in model.graph.node)  # annotated
+
+
+def test_a_saved_weightless_zoo_file_exports_anywhere(tmp_path, monkeypatch):
+    """`zoo export` writes weightless initializers at '#weightless', which names no file: the annotated model is
+    checked in memory and may be written in any folder."""
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["zoo", "export", "gpt", "--layers", "2", "--seq-len", "256", "-o", "gpt.onnx"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["plan", "gpt.onnx", "--cluster", "dgx-a100", "--devices", "4", "--global-batch", "8",
+                            "--seq-len", "256", "--tp", "2", "-o", "plan.yaml"])
+    assert r.exit_code == 0, r.output
+    (tmp_path / "out").mkdir()
+    r = runner.invoke(app, ["export", "plan.yaml", "--backend", "onnx", "-o", "out/annotated.onnx"])
+    assert r.exit_code == 0, r.output
+    model = onnx.load(str(tmp_path / "out" / "annotated.onnx"), load_external_data=False)
+    onnx.checker.check_model(model)
+    assert any(len(n.device_configurations) for n in model.graph.node)

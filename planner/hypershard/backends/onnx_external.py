@@ -21,12 +21,14 @@ from planner.errors import InvalidInput
 
 
 def external_locations(model: Any) -> list[str]:
-    """The external-data files `model` references (relative to its folder), sorted."""
+    """The external-data files `model` references (relative to its folder), sorted; a location starting with '#'
+    names no file (a weightless model's, `models_zoo.graph_builder.WEIGHTLESS_LOCATION`: the checker reads nothing
+    for it when checking the model in memory)."""
     from onnx.external_data_helper import _get_all_tensors
 
     out = set()
     for t in _get_all_tensors(model):
-        out.update(e.value for e in t.external_data if e.key == "location")
+        out.update(e.value for e in t.external_data if e.key == "location" and not e.value.startswith("#"))
     return sorted(out)
 
 
