@@ -130,3 +130,51 @@ def test_an_offload_megatron_cannot_run_is_refused_in_one_sentence():
     section = MEGATRON.as_section()["offload_when"]
     assert section == {"activations": "whole_layers_one_stage", "optimizer": "distributed_optimizer"}
     assert Constraints.from_mapping({"offload_when": section}) == MEGATRON.__class__(offload_when=MEGATRON.offload_when)
+
+
+_CASES = {
+    "deepspeed": [dict(zero=3, offload=(("optimizer", 0.5),)), dict(zero=1, offload=(("optimizer", 0.5),)),
+                  dict(zero=1, offload=(("optimizer", 1.0),)), dict(zero=0, offload=(("optimizer", 1.0),)),
+                  dict(zero=3, offload=(("params", 1.0),)), dict(zero=3, offload=(("params", 0.5),)),
+                  dict(zero=2, offload=(("params", 1.0),)),
+                  dict(zero=2, offload=(("grads", 1.0), ("optimizer", 1.0))),
+                  dict(zero=3, offload=(("grads", 1.0), ("optimizer", 0.5))),
+                  dict(recompute="full", offload=(("activations", 1.0),)),
+                  dict(recompute="full", offload=(("activations", 0.5),)), dict(offload=(("activations", 1.0),))],
+    "torchtitan": [dict(zero=3, offload=(("grads", 1.0), ("optimizer", 1.0), ("params", 1.0))),
+                   dict(zero=2, offload=(("grads", 1.0), ("optimizer", 1.0), ("params", 1.0))),
+                   dict(zero=3, offload=(("optimizer", 1.0),)),
+                   dict(zero=3, offload=(("grads", 1.0), ("optimizer", 1.0), ("params", 0.5))),
+                   dict(zero=0, offload=(("grads", 1.0), ("optimizer", 1.0), ("params", 1.0))),
+                   dict(zero=3, offload=(("activations", 1.0),))],
+    "mindformers": [dict(offload=(("activations", 1.0),)), dict(offload=(("activations", 0.5),)),
+                    dict(zero=1, offload=(("optimizer", 1.0),))],
+}
+
+
+@pytest.mark.parametrize(("backend", "knobs"), [(b, k) for b, cases in _CASES.items() for k in cases])
+def test_what_the_search_offloads_for_a_launch_backend_is_what_its_export_writes(backend, knobs):
+    """DeepSpeed's ZeRO-Offload, FSDP2's CPU offload (torchtitan) and MindFormers' layer swap: the search's
+    conditions (`plan_limits(backend)`'s offload_when) and each exporter's refusals agree case by case, so `plan
+    --backend` plans the offload its export writes (it had refused any)."""
+    from launch_plans import TINY
+
+    doc = declare("llama3-8b", overrides=TINY, cluster="dgx-h100", devices=8, global_batch=16, seq_len=32, **knobs)
+    limits = Constraints.from_mapping(plan_limits(backend))
+    refused = limits.offload_refused(_s(**knobs), load_execution(None), fp8=False, layers=TINY["layers"])
+    if refused:
+        with pytest.raises(InvalidInput, match="offload"):
+            export(doc, backend)
+    else:
+        assert export(doc, backend)
+
+
+def test_plan_for_deepspeed_takes_the_offload_deepspeed_writes():
+    """The QA case: `plan --backend deepspeed --offload optimizer=1 --zero 3` had been refused as disagreeing with
+    the backend's `offload: ()`."""
+    run = CliRunner().invoke(app, ["plan", "llama3-8b", "--layers", "4", "--hidden", "1024", "--heads", "16",
+                                   "--kv-heads", "4", "--ffn", "4096", "--vocab", "32000", "--cluster", "dgx-h100",
+                                   "--devices", "16", "--global-batch", "64", "--seq-len", "4096", "--backend",
+                                   "deepspeed", "--offload", "optimizer=1", "--zero", "3", "--json"])
+    assert run.exit_code == 0, run.output
+    assert '"optimizer": 1.0' in run.output

@@ -271,19 +271,48 @@ def _whole_layers_one_stage(s: Strategy, execution, fp8: bool, layers: int, frac
             and math.ceil(frac * layers - 1e-9) < layers)
 
 
+def _offloaded(s: Strategy, cls: str) -> float:
+    return dict(s.offload).get(cls, 0.0)
+
+
+def _zero_offload(s: Strategy, execution, fp8: bool, layers: int, frac: float) -> bool:
+    """DeepSpeed's offload_optimizer (zero/offload_config.py, 0.19.8): under ZeRO, all of the states, or a fraction
+    of them (`ratio`) under ZeRO-3 only."""
+    return s.zero >= 1 and (frac == 1.0 or s.zero == 3)
+
+
+def _fsdp_together(s: Strategy, execution, fp8: bool, layers: int, frac: float) -> bool:
+    """FSDP2's CPUOffloadPolicy (torchtitan's training.enable_cpu_offload): the sharded parameters, their gradients
+    and the optimizer's states on the host together, all of them."""
+    return s.zero >= 1 and all(_offloaded(s, c) == 1.0 for c in ("params", "grads", "optimizer"))
+
+
 #: Each condition, as a sentence ends that says where the launch framework offloads.
 OFFLOAD_WHY = {
     "always": "always",
+    "whole": "all of it or none",
     "distributed_optimizer": "with its distributed optimizer only (ZeRO-1, or one data-parallel rank), and FP8 "
                              "weights' only under delayed scaling",
     "whole_layers_one_stage": "of whole layers only, with one pipeline stage, no recompute and no CUDA graphs, and "
                               "never the last layer's",
+    "zero_offload": "under ZeRO only, all of them, or a fraction under ZeRO-3",
+    "zero3_whole": "under ZeRO-3 only, all of them",
+    "with_whole_optimizer": "only all of them, beside all of the optimizer's states",
+    "full_recompute_whole": "only all of them, of fully recomputed layers",
+    "fsdp_together": "only with the parameters, gradients and optimizer states all on the host together, under "
+                     "ZeRO",
 }
 #: The conditions a launch framework offloads a memory class under (`Constraints.offload_when`).
 OFFLOAD_WHEN: dict[str, Callable[..., bool]] = {
     "always": lambda s, execution, fp8, layers, frac: True,
+    "whole": lambda s, execution, fp8, layers, frac: frac == 1.0,
     "distributed_optimizer": _distributed_optimizer,
     "whole_layers_one_stage": _whole_layers_one_stage,
+    "zero_offload": _zero_offload,
+    "zero3_whole": lambda s, execution, fp8, layers, frac: s.zero == 3 and frac == 1.0,
+    "with_whole_optimizer": lambda s, execution, fp8, layers, frac: frac == 1.0 and _offloaded(s, "optimizer") == 1.0,
+    "full_recompute_whole": lambda s, execution, fp8, layers, frac: frac == 1.0 and s.recompute == "full",
+    "fsdp_together": _fsdp_together,
 }
 
 

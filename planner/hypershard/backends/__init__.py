@@ -52,15 +52,22 @@ PLAN_LIMITS: dict[str, dict[str, Any]] = {
     # torchtitan's its op policy (and every stage of one tensor width: `launch.common_problems`)
     "megatron": {"offload_when": (("activations", "whole_layers_one_stage"), ("optimizer", "distributed_optimizer")),
                  "full_layers_beside": "none", "stage_widths": False, "selective": "modules"},
-    "torchtitan": {"offload": (), "full_layers_beside": "off", "stage_widths": False, "ddp_alone": True,
+    # FSDP2 offloads parameters, gradients and optimizer states together (backends/torchtitan.py)
+    "torchtitan": {"offload_when": (("grads", "fsdp_together"), ("optimizer", "fsdp_together"),
+                                    ("params", "fsdp_together")),
+                   "full_layers_beside": "off", "stage_widths": False, "ddp_alone": True,
                    "selective": "every_other_matmul"},
-    # its per-stage offsets give every stage a layer
-    "mindformers": {"offload": (), "ends_alone": False, "recompute_policies": ("none", "full"),
-                    "full_layers_beside": "none", "stage_widths": False},
+    # its per-stage offsets give every stage a layer; swap_config moves whole layers' activations
+    "mindformers": {"offload_when": (("activations", "whole"),), "ends_alone": False,
+                    "recompute_policies": ("none", "full"), "full_layers_beside": "none", "stage_widths": False},
     # ZeRO configs have no pipeline or context parallelism; AutoTP splits linears only, and AutoEP folds experts over
-    # data-parallel ranks only (no expert parallelism beside tensor parallelism)
-    "deepspeed": {"pp": 1, "cp": 1, "offload": (), "recompute_policies": ("none", "full"), "full_layers_beside": "off",
-                  "sequence_parallel": False, "stage_widths": False, "moe_ep_tp": 1},
+    # data-parallel ranks only (no expert parallelism beside tensor parallelism). ZeRO-Offload moves the optimizer's
+    # states (a fraction under ZeRO-3), the parameters under ZeRO-3, the gradients beside all the states, and
+    # cpu_checkpointing the checkpoints of fully recomputed layers (backends/deepspeed.py)
+    "deepspeed": {"pp": 1, "cp": 1, "recompute_policies": ("none", "full"), "full_layers_beside": "off",
+                  "sequence_parallel": False, "stage_widths": False, "moe_ep_tp": 1,
+                  "offload_when": (("activations", "full_recompute_whole"), ("grads", "with_whole_optimizer"),
+                                   ("optimizer", "zero_offload"), ("params", "zero3_whole"))},
 }
 
 
