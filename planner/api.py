@@ -253,11 +253,12 @@ def plan_model(
     search that would take longer (the plan is then marked incomplete; None: no limit but the work); effort is counted in work (`max_nodes`), so the same inputs give the same plan on any machine.
 
     Raises `Infeasible` when nothing fits, saying how much memory the closest
-    strategy needs and about how many devices would hold it.
+    strategy needs and about how many devices would hold it; `SolverTimeout` when
+    the search stopped (--time-limit, or its work budget) before anything fit.
     """
     from cost_models import load_cluster
 
-    from planner.errors import Infeasible
+    from planner.errors import Infeasible, SolverTimeout
     from planner.costing.estimate import estimate
     from planner.graph.blocks import discover_blocks
     from planner.calibration.published import ranking_error
@@ -290,11 +291,11 @@ def plan_model(
         mp = plan_mpmd(graph, structure, hw, workload, allow_offload=offload, progress=progress,
                        incumbent_s=result.best.step_s if result.best else None, budget=budget, **kinds)
     if result.best is None and mp is None:
-        exc = Infeasible(_infeasible_message(model, hw, result) + (
-            f" (not proven: the search stopped by {budget.stopped_by} after {budget.nodes} nodes before any strategy "
-            "fit; raise --time-limit to search on)" if budget.stopped else ""))
-        exc.complete = not budget.stopped  # whatif caches only a proven infeasible
-        raise exc
+        if budget.stopped:  # nothing proven: a timeout (exit 4), which whatif never caches
+            raise SolverTimeout(_infeasible_message(model, hw, result) + (
+                f" (not proven: the search stopped by {budget.stopped_by} after {budget.nodes} nodes before any "
+                "strategy fit; raise --time-limit to search on)"))
+        raise Infeasible(_infeasible_message(model, hw, result))
     out: dict[str, Any]
     if result.best is not None:
         best, est, unfit = fitting_best(result, lambda s: estimate(graph, structure, hw, workload, s, solver=solver))

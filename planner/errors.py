@@ -47,10 +47,10 @@ class Infeasible(HyperplanError):
     """No strategy fits the request (usually memory); the message says by how much."""
 
     exit_code = 3
-    complete = True  # False: the search stopped before it proved that nothing fits (never cached as an answer)
 
 
 class SolverTimeout(HyperplanError):
-    """The solver found no feasible plan within the time limit."""
+    """The search or the layout solver stopped (--time-limit, or its work budget) before any strategy fit: nothing
+    proven either way."""
 
     exit_code = 4

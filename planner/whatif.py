@@ -129,10 +129,9 @@ def _plan_point(task: Mapping[str, Any]) -> dict[str, Any]:
                        global_batch=task["global_batch"], seq_len=task["seq_len"], dtype=task["dtype"],
                        mode=task["mode"], time_limit_s=task["time_limit_s"], overrides=task["overrides"],
                        dims=task["dims"], memory_gib=task["memory_gib"])
-    except Infeasible as exc:  # stopped by the time limit before anything fit: not proven, so never cached
-        return {**rec, "status": "infeasible", "reason": str(exc), "plan": None,
-                "search_complete": getattr(exc, "complete", None)}
-    except SolverTimeout as exc:
+    except Infeasible as exc:  # proven: a search stopped before anything fit raises SolverTimeout
+        return {**rec, "status": "infeasible", "reason": str(exc), "plan": None, "search_complete": True}
+    except SolverTimeout as exc:  # not proven, so never cached
         return {**rec, "status": "timeout", "reason": str(exc), "plan": None}
     except HyperplanError as exc:  # a wrong input: the same at every point, so the sweep stops
         return {**rec, "status": "raise", "reason": str(exc), "plan": None}

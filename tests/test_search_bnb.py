@@ -18,7 +18,7 @@ from planner.api import _graph_for_costing, estimate_model, make_workload, plan_
 from planner.costing.estimate import estimate
 from planner.costing.pipeline_cut import even_split
 from planner.costing.graph_facts import GraphFacts
-from planner.errors import Infeasible, InvalidInput
+from planner.errors import Infeasible, InvalidInput, SolverTimeout
 from planner.graph.blocks import discover_blocks
 from planner.search import grid
 from planner.search.constraints import NONE, Constraints
@@ -188,9 +188,9 @@ def test_a_time_limit_only_stops_and_is_validated():
     assert not cut["search"]["complete"] and "stopped by its work budget" in cut["search"]["optimal_within"]
     assert cut["search"]["bound_s"] <= full["estimate"]["step_time_s"] * (1 + 1e-9)
     assert cut["estimate"]["step_time_s"] >= full["estimate"]["step_time_s"] * (1 - full["search"]["gap"] - 1e-9)
-    with pytest.raises(Infeasible, match="not proven: the search stopped by its work budget") as stopped:
-        plan_model(model, max_nodes=1, **kw)
-    assert stopped.value.complete is False  # so whatif never caches it
+    with pytest.raises(SolverTimeout, match="not proven: the search stopped by its work budget") as stopped:
+        plan_model(model, max_nodes=1, **kw)  # a timeout (exit 4), which whatif never caches
+    assert stopped.value.exit_code == 4
 
 
 def test_an_incomplete_plan_is_never_cached():
