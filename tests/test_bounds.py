@@ -192,3 +192,18 @@ def test_a_training_precision_is_one_a_stack_trains_in_and_the_device_has(comman
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
     assert words in " ".join(r.output.split()) and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(("knobs", "words"), [
+    (["--micro-batch", "64"], "--micro-batch 64 is more than the global batch of 8 sequences; give a divisor of 8"),
+    (["--micro-batch", "3"], "--micro-batch 3 does not divide the global batch of 8 sequences"),
+    (["--pp", "2", "--vpp", "3"], "--pp 2 --vpp 3 makes 6 pipeline chunks, more than the model's 2 layers and its "
+                                  "two ends; lower --vpp or --pp"),
+    (["--ep", "2"], "--ep 2: the model has no routed experts (no MoE layer); drop --ep"),
+])
+def test_fixed_knobs_no_strategy_of_the_model_can_take_are_named(knobs, words):
+    """They had ended as 'no strategy fits ...: no strategy could be built' (exit 3) or as a mesh that keeps them."""
+    r = runner.invoke(app, ["plan", "gpt", "--layers", "2", "--cluster", "dgx-a100", "--devices", "8",
+                            "--global-batch", "8", "--seq-len", "512", *knobs])
+    assert r.exit_code == 2, r.output
+    assert words in " ".join(r.output.split())

@@ -164,6 +164,31 @@ def schedule_strategy(key: tuple, layers: int, sp: bool, layouts: str, **knobs) 
                     sp=tp > 1 and sp, layouts=layouts, stage_layers=chunk_cut(layers, pp, vpp), **knobs)
 
 
+def check_buildable(workload: Workload, c: Constraints, shape: ModelShape) -> None:
+    """InvalidInput, one sentence, where fixed knobs build no strategy of this model and batch whatever the mesh."""
+    if why := _unbuildable(workload, c, shape):
+        raise InvalidInput(why)
+
+
+def _unbuildable(workload: Workload, c: Constraints, shape: ModelShape) -> str:
+    name = {"ep": "--ep", "etp": "--etp"}
+    for knob in ("ep", "etp"):
+        if not shape.experts and (getattr(c, knob) or 1) > 1:
+            return f"{name[knob]} {getattr(c, knob)}: the model has no routed experts (no MoE layer); drop {name[knob]}"
+    chunks = (c.pp or 1) * (c.vpp or 1)
+    ends = 2 if c.ends_alone is not False else 0  # a first and a last chunk of the embedding or the loss alone
+    if chunks > shape.layers + ends and not c.stage_tp:
+        given = " ".join(f"--{k} {v}" for k, v in (("pp", c.pp), ("vpp", c.vpp)) if v)
+        lower = "--vpp or --pp" if c.vpp and c.pp else given.split()[0]
+        return (f"{given} makes {chunks} pipeline chunks, more than the model's {shape.layers} layers"
+                f"{' and its two ends' if ends else ''}; lower {lower}")
+    mb, batch = c.micro_batch, workload.global_batch
+    if mb and (mb > batch or batch % mb):
+        what = "is more than" if mb > batch else "does not divide"
+        return f"--micro-batch {mb} {what} the global batch of {batch} sequences; give a divisor of {batch}"
+    return ""
+
+
 def no_mesh(cluster: Cluster, workload: Workload, c: Constraints, shape: ModelShape) -> HyperplanError:
     """The error when no mesh is left: the constraints it cannot keep, or a batch no data degree divides."""
     keeps = c.unmet(experts=bool(shape.experts), inout=shape.inout)

@@ -106,6 +106,7 @@ class _Search:
     # -- the work ------------------------------------------------------------------------------------
     def run(self) -> SearchResult:
         t0 = time.perf_counter()
+        grid.check_buildable(self.workload, self.c, self.shape)
         if not self.meshes:
             raise grid.no_mesh(self.cluster, self.workload, self.c, self.shape)
         for cp in sorted({m[1] for m in self.meshes}):
