@@ -98,3 +98,18 @@ def test_a_failed_write_leaves_the_old_file_and_no_debris(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv"]
     write_atomically(str(out), lambda: "new\n", (), "CSV")
     assert out.read_text() == "new\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.csv"]
+
+
+def test_a_plan_written_into_another_folder_names_its_model_from_there(tmp_path, monkeypatch):
+    """`plan ../m.onnx -o ../p.yaml` from a subfolder had stored '../m.onnx', which `validate` from the plan's own
+    folder then could not find: a relative model path is written relative to the plan's folder."""
+    shutil.copy(FIXTURES / "gpt2.onnx", tmp_path / "gpt2.onnx")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    r = runner.invoke(app, ["plan", "../gpt2.onnx", *PLAN, "--tp", "1", "-o", "../plan.yaml"])
+    assert r.exit_code == 0, r.output
+    assert "  path: gpt2.onnx\n" in (tmp_path / "plan.yaml").read_text()
+    for where in (tmp_path, tmp_path / "sub"):
+        monkeypatch.chdir(where)
+        r = runner.invoke(app, ["validate", str(tmp_path / "plan.yaml")])
+        assert r.exit_code == 0 and "not valid" not in r.output, r.output

@@ -54,9 +54,22 @@ def dumps(doc: Mapping[str, Any], suffix: str) -> str:
 
 
 def write_document(doc: Mapping[str, Any], path: str, protect: tuple[str, ...] = ()) -> None:
-    """Write YAML or JSON by extension, atomically, never over one of the inputs (`protect`)."""
+    """Write YAML or JSON by extension, atomically, never over one of the inputs (`protect`); a relative model path
+    is written relative to the document's folder (`relocated`)."""
     check_suffix(path)
+    doc = relocated(doc, path)
     write_atomically(path, lambda: dumps(doc, Path(path).suffix), protect, "output")
+
+
+def relocated(doc: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+    """`doc` with a relative model.path (given from the current folder) made relative to the folder of `path`, where
+    the document will be read from: a plan written into another folder still names its model."""
+    m = doc.get("model")
+    model = m.get("path") if isinstance(m, Mapping) else None
+    if not isinstance(model, str) or os.path.isabs(model):
+        return doc
+    rel = os.path.relpath(os.path.abspath(model), os.path.dirname(os.path.abspath(path)))
+    return {**doc, "model": {**m, "path": rel}}
 
 
 def check_output(out: str | os.PathLike, flag: str, *, protect: tuple[Any, ...] = (), force: bool = False,
