@@ -79,3 +79,13 @@ def test_deep_nesting_is_refused_not_a_crash(tmp_path):
         path = tmp_path / "deep.json"
         path.write_text("[" * 100_000 + "]" * 100_000)
         read_document(str(path))
+
+
+def test_an_unknown_cluster_spec_fails_the_cluster_check(doc, tmp_path):
+    """It had passed the cluster row ('16 devices of dgx-h100') and failed the model's."""
+    bad = {**doc, "cluster": {**doc["cluster"], "spec": "nosuch"}}
+    r = _validate(tmp_path, yaml.safe_dump(bad, sort_keys=False))
+    assert r.exit_code == 2
+    lines = r.output.splitlines()
+    assert any(ln.startswith("FAIL  cluster   cluster.spec: unknown hardware 'nosuch'") for ln in lines), r.output
+    assert not any(ln.startswith("  ok  cluster") or ln.startswith("FAIL  model") for ln in lines), r.output

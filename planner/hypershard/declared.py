@@ -44,6 +44,17 @@ def request_of(doc: Mapping[str, Any], base_dir: str | None = None) -> Request:
                    dims=dict(m.get("dims") or {}), memory_gib=c.get("memory_gib"))
 
 
+def cluster_problems(doc: Mapping[str, Any]) -> list[str]:
+    """What is wrong with the declaration's cluster.spec, if its hardware does not load at cluster.devices."""
+    from cost_models import SpecError, load_cluster
+
+    try:
+        load_cluster(doc["cluster"]["spec"], devices=doc["cluster"]["devices"])
+    except (InvalidInput, SpecError) as exc:
+        return [f"cluster.spec: {exc}"]
+    return []
+
+
 def workload_of(doc: Mapping[str, Any]) -> Workload:
     w = doc["workload"]
     return Workload(mode=w["mode"], global_batch=w["global_batch"], seq_len=w["seq_len"], dtype=w["dtype"],

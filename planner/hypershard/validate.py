@@ -27,8 +27,8 @@ from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.moe import expert_params
 from planner.graph.mtp import mtp_depths
-from planner.hypershard.declared import (Scored, chunk_layers, program_parts, program_workloads, request_of,
-                                         score_as, view_strategy, workload_of)
+from planner.hypershard.declared import (Scored, chunk_layers, cluster_problems, program_parts, program_workloads,
+                                         request_of, score_as, view_strategy, workload_of)
 from planner.hypershard.document import Request, build_document, file_sha256
 from planner.hypershard.io import check_schema
 from planner.hypershard.layouts import dim_axes, partial_problems
@@ -94,7 +94,7 @@ def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_di
     multi = len(vs) > 1
     label = [f"{rank_label(doc, k)}: " if multi else "" for k in range(len(vs))]
     rep.add("strategy", [], "; ".join(lab + s.short() for lab, s in zip(label, strategies)))
-    cluster = rank_problems(doc) if multi else []
+    cluster = cluster_problems(doc) + (rank_problems(doc) if multi else [])
     for k, (v, s) in enumerate(zip(vs, strategies)):
         first, _ = ranks_of(doc["programs"][k], doc["cluster"]["devices"])
         cluster += [label[k] + p for p in _cluster_problems(v, s, k, first, multi)]
