@@ -65,7 +65,7 @@ def load_graph(
     what = "a Hugging Face config" if kind == "hf_config" else "a zoo model"
     if dims:
         raise InvalidInput(f"--dim applies to ONNX files, and '{text}' is {what}; "
-                           "use --batch, --seq-len or the architecture options instead")
+                           "use --seq-len or the architecture options (--layers, --hidden, ...) instead")
     zoo_overrides(text, overrides)
     settings = dict(overrides)
     for key, value in (("batch", batch), ("seq_len", seq_len)):
@@ -165,6 +165,10 @@ def estimate_model(
     structure = discover_blocks(graph)
     if solver not in ("highs", "cpsat"):
         raise InvalidInput(f"--solver {solver!r}: use highs or cpsat")
+    chunk = max(strat.stage_layers or (-(-len(structure.layers()) // (strat.pp * strat.vpp)),))
+    if strat.full_recompute_layers > chunk:
+        raise InvalidInput(f"--full-recompute-layers {strat.full_recompute_layers}: a pipeline chunk here holds at "
+                           f"most {chunk} layers; give at most {chunk}, or --recompute full")
     est = estimate(graph, structure, hw, workload, strat, solver=solver)
     out = est.to_dict()
     out.update(_describe(model, graph, hw, workload, structure, as_shipped=_as_shipped(model, overrides, dims)))

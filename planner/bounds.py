@@ -75,6 +75,7 @@ def devices(flag: str, value: int | None) -> int | None:
     """A device count: at least 1, at most `MAX_DEVICES` (None: the preset's size)."""
     if value is None:
         return None
+    whole(flag, value, "a device count")  # at least one, for no reason the upper bound's gives
     return whole(flag, value, "a device count", most=MAX_DEVICES,
                  why="no network joins more: a three-tier fat tree of 128-port switches has 524,288 ports")
 
@@ -106,7 +107,8 @@ def step_tokens(global_batch: int | None, seq_len: int | None) -> None:
     if global_batch is not None and seq_len is not None and global_batch * seq_len > MAX_TOKENS_PER_STEP:
         raise InvalidInput(f"--global-batch {global_batch} x --seq-len {seq_len} = {global_batch * seq_len:,} tokens "
                            f"per step is more than {MAX_TOKENS_PER_STEP:,}, about 70x the largest published "
-                           "training batch (DeepSeek-V3: 63M tokens); give a smaller --global-batch")
+                           "training batch (DeepSeek-V3: 63M tokens); give a smaller "
+                           f"{'--seq-len' if seq_len > MAX_TOKENS_PER_STEP else '--global-batch or --seq-len'}")
 
 
 def zoo_overrides(name: str, overrides: Mapping[str, Any]) -> None:

@@ -112,12 +112,15 @@ class Strategy:
         if self.flushes > 1 and self.pp == 1:
             raise InvalidInput("--flushes (pipeline schedules per step) needs --pp greater than 1; without a "
                                "pipeline the micro-batches already accumulate")
-        if self.stage_layers and (len(self.stage_layers) != self.pp * self.vpp or min(self.stage_layers) < 0
+        if self.stage_layers and len(self.stage_layers) != self.pp * self.vpp:
+            raise InvalidInput(f"stage_layers gives {len(self.stage_layers)} layer counts, one a pipeline chunk, but "
+                               f"pp x vpp = {self.pp * self.vpp}; give --pp (and --vpp) whose product is "
+                               f"{len(self.stage_layers)}, or as many counts as chunks")
+        if self.stage_layers and (min(self.stage_layers) < 0
                                   or min(self.stage_layers[1:-1], default=1) < 1 or max(self.stage_layers) < 1):
             raise InvalidInput(
-                f"stage_layers {run_lengths(self.stage_layers)} ({len(self.stage_layers)} chunks) must give pp x vpp = "
-                f"{self.pp * self.vpp} layer counts, "
-                "positive but for the first and the last chunk, which may hold only the embedding or the loss (0)"
+                f"stage_layers {run_lengths(self.stage_layers)}: layer counts must be positive but for the first and "
+                "the last chunk, which may hold only the embedding or the loss (0)"
             )
         if self.full_recompute_layers < 0:
             raise InvalidInput(f"--full-recompute-layers must be >= 0, got {self.full_recompute_layers}")

@@ -207,3 +207,25 @@ def test_fixed_knobs_no_strategy_of_the_model_can_take_are_named(knobs, words):
                             "--global-batch", "8", "--seq-len", "512", *knobs])
     assert r.exit_code == 2, r.output
     assert words in " ".join(r.output.split())
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["plan", "--devices", "0"], "--devices 0: a device count is at least 1"),
+    (["plan", "--seq-len", str(2**40)], "give a smaller --seq-len"),
+    (["estimate", "--dp", "8", "--dim", "foo=3"], "use --seq-len or the architecture options"),
+    (["estimate", "--dp", "8", "--stage-layers", "1,1"], "stage_layers gives 2 layer counts, one a pipeline chunk, "
+                                                        "but pp x vpp = 1; give --pp (and --vpp) whose product is 2"),
+    (["estimate", "--dp", "8", "--recompute", "selective", "--full-recompute-layers", "50"],
+     "--full-recompute-layers 50: a pipeline chunk here holds at most 2 layers; give at most 2"),
+])
+def test_a_refusal_names_what_to_change(args, words):
+    """The QA round's messages: a device count of 0 had been explained by the largest network, a sequence of 2^40
+    tokens answered with a smaller --global-batch, --dim on a zoo model pointed at a --batch estimate has not, a
+    count of --stage-layers that pp x vpp does not take said nothing of --pp, and more fully recomputed layers than
+    a chunk holds were taken."""
+    base = dict(zip(["--cluster", "--devices", "--global-batch", "--seq-len"], ["dgx-a100", "8", "8", "512"]))
+    given = dict(zip(args[1::2], args[2::2]))
+    flags = [x for k, v in ({**base, **given}).items() for x in (k, v)]
+    r = runner.invoke(app, [args[0], "gpt", "--layers", "2", *flags])
+    assert r.exit_code == 2, r.output
+    assert words in " ".join(r.output.split()) and "no network joins" not in r.output

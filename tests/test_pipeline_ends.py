@@ -88,7 +88,8 @@ def test_estimate_takes_stage_layers_and_refuses_bad_ones_in_one_sentence():
     assert out["strategy"]["stage_layers"] == [0, 2, 2, 0] and "layers/stage 0+2×2+0" in out["strategy"]["summary"]
     even = json.loads(runner.invoke(app, [*base, "--json"]).output)
     assert even["strategy"]["stage_layers"] == [] and out["step_time_s"] < even["step_time_s"]
-    for given, says in (("0,2,2", "(3 chunks) must give pp x vpp = 4 layer counts"),
+    for given, says in (("0,2,2", "gives 3 layer counts, one a pipeline chunk, but pp x vpp = 4; give --pp (and --vpp) whose "
+                                  "product is 3"),
                         ("1,0,3,0", "positive but for the first and the last chunk"),
                         ("0,3*2,0", "the 4 pipeline chunks' layer counts add up to 6, but the model has 4 layers"),
                         ("0,2*x,0", "N*K for K chunks of N, like --stage-layers 0,1*126,0")):
