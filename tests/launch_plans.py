@@ -89,7 +89,7 @@ REFUSES = {
                     "fp8": "FP8 GEMMs", "offload": "optimizer offload (50%)", "activations": "activations offload (40%)",
                     "widths": "pipeline stages of different tensor widths",
                     "graphs_full": "CUDA graphs of full_iteration",
-                    "ends_alone": "a pipeline chunk of no decoder layer"},
+                    "ends_alone": "pipeline chunk of no decoder layer"},
     "deepspeed": {"3d": "2 pipeline stages", "cp": "context parallelism 2", "moe": "sequence parallelism beside tensor",
                   "fsdp": "selective or per-layer recompute", "fp8": "FP8 GEMMs", "offload": "optimizer offload (50%)",
                   "activations": "activations offload (40%)"},

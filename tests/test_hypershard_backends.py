@@ -216,3 +216,21 @@ def test_without_expert_parallelism_the_experts_are_declared_split_as_the_estima
     local = export(declare("mixtral-8x7b", overrides=MOE, tp=2, etp=1, sp=True, **common), "torch")
     assert "MOE_TOKEN_SPLIT = True" in local
     assert "MOE_TOKEN_SPLIT = False" in export(declare("mixtral-8x7b", overrides=MOE, dp=4, **common), "torch")
+
+
+def test_the_jax_refusal_points_at_a_backend_that_writes_the_plan():
+    """GPT's Conv1D weights split over tp at pp 2: jax has no pipeline runtime, and torch splits no [in, out]
+    linear, so jax's refusal names the code backends; a Llama plan, which torch runs, names torch."""
+    from planner.hypershard import declare
+
+    gpt = declare("gpt", overrides=dict(layers=2, hidden=64, heads=4, vocab=128), cluster="dgx-h100", devices=8,
+                  global_batch=16, seq_len=32, tp=2, pp=2, dp=2)
+    with pytest.raises(InvalidInput, match="or export with --backend mindspore or hyper-parallel$"):
+        export(gpt, "jax")
+    with pytest.raises(InvalidInput, match=r"\[in, out\] one \(GPT-2's Conv1D\)"):
+        export(gpt, "torch")
+    llama = declare("llama3-8b", overrides=TINY, cluster="dgx-h100", devices=8, global_batch=16, seq_len=32, tp=2,
+                    pp=2, dp=2)
+    with pytest.raises(InvalidInput, match="or export with --backend torch$"):
+        export(llama, "jax")
+    assert export(llama, "torch")

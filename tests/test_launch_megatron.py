@@ -403,6 +403,21 @@ def test_a_norm_scale_split_over_tp_goes_out_with_a_note_that_the_framework_keep
     assert said in " ".join(line.lstrip("# ") for line in text.splitlines()), text[:600]
 
 
+def test_a_position_table_split_over_tp_is_not_called_a_norm_scale():
+    """GPT adds a learned position table to the token embeddings elementwise (op "scale", two dimensions): split
+    over tp, the note had counted it among the norm scales."""
+    from planner.hypershard import declare
+
+    doc = declare("gpt", overrides={"layers": 2}, cluster="dgx-a100", devices=8, global_batch=32, seq_len=1024, tp=2)
+    params = doc["layouts"]["params"]
+    params["transformer.wpe.weight"]["dims"] = [None, "tp"]
+    params["transformer.ln_f.weight"]["dims"] = ["tp"]
+    notes = " ".join(launch_config(doc, "megatron")["notes"])
+    assert "the declaration splits 1 norm scale over tp (transformer.ln_f.weight)" in notes
+    assert ("the declaration splits transformer.wpe.weight, added elementwise (a learned position table), over tp; "
+            "Megatron-LM keeps it whole") in notes
+
+
 @pytest.mark.parametrize("backend, framework", [("megatron", "Megatron-LM"), ("torchtitan", "torchtitan"),
                                                 ("mindformers", "MindFormers")])
 def test_a_router_split_over_tp_goes_out_with_a_note_that_the_framework_keeps_it_whole(backend, framework):

@@ -174,12 +174,23 @@ def unexpressed(doc: Mapping[str, Any]) -> str | None:
     sizes = common.axis_sizes(doc)
     if sizes.get("pp", 1) > 1 and not common.grouped(doc):
         return (f"the jax backend has no pipeline runtime for {sizes['pp']} equal stages on one mesh (its arrays "
-                "would sit replicated over pp); plan with --pp 1 or --backend jax, or export with --backend torch")
+                f"would sit replicated over pp); plan with --pp 1 or --backend jax, or export with {_elsewhere(doc)}")
     moved = [k for k, v in doc.get("offload", {}).items() if v > 0]
     if moved:
         return (f"the jax backend does not offload to host memory ({', '.join(moved)} offloaded in this plan); "
-                "plan with --no-offload or --backend jax, or export with --backend torch")
+                f"plan with --no-offload or --backend jax, or export with {_elsewhere(doc)}")
     return None
+
+
+def _elsewhere(doc: Mapping[str, Any]) -> str:
+    """The backends that write what this one cannot: torch where its export runs the plan, else the code ones."""
+    from planner.hypershard.backends import torch_refusals
+
+    try:
+        torch_refusals.check(doc)
+    except InvalidInput:
+        return "--backend mindspore or hyper-parallel"
+    return "--backend torch"
 
 
 def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:

@@ -52,6 +52,7 @@ class Training:
     execution: Execution  # the stack the plan was scored with: overlaps, FP8 recipe, what selective recompute is
     embedding: str  # how the token embedding is split over tp: "vocab", "hidden" or "whole"
     split_scales: tuple[str, ...]  # the norm scales the declaration splits over tp (a framework keeps them whole)
+    split_tables: tuple[str, ...]  # tables added elementwise (a learned position table) it splits over tp (likewise)
     split_routers: tuple[str, ...]  # the MoE routers' weights it splits over tp (likewise)
     step_s: float | None
     peak_gib: float | None
@@ -109,6 +110,7 @@ def training(doc: Mapping[str, Any], backend: str, base_dir: str | None = None) 
         chunks=tuple(len(chunks[c]) for c in sorted(chunks)),
         moe=any(a["name"] == "ep" for a in mesh.get("aliases", [])),
         execution=_stack(doc, base_dir), embedding=embedding_split(doc), split_scales=split_scales(doc),
+        split_tables=split_params(doc, lambda e: e.get("op") == "scale" and len(e["dims"]) > 1),
         split_routers=split_params(doc, lambda e: bool(e.get("router"))),
         step_s=est.get("step_time_s"), peak_gib=(est.get("memory_gib") or {}).get("peak"),
         mtp=int(doc["model"].get("mtp_layers", 0)), cluster_spec=_beside(doc["cluster"]["spec"], base_dir) or "",
@@ -153,8 +155,13 @@ def split_params(doc: Mapping[str, Any], which) -> tuple[str, ...]:
 
 
 def split_scales(doc: Mapping[str, Any]) -> tuple[str, ...]:
-    """The norm scales (op "scale") the declaration splits over tp, by name."""
-    return split_params(doc, lambda e: e.get("op") == "scale")
+    """The norm scales (one-dimensional weights of op "scale") the declaration splits over tp, by name: not a
+    linear's bias (a module holding a weight of op "linear" beside it, as torch names them), which a column-parallel
+    linear splits with its output."""
+    params = doc["layouts"]["params"]
+    linears = {name.rsplit(".", 1)[0] for name, e in params.items() if e.get("op") == "linear"}
+    return tuple(name for name in split_params(doc, lambda e: e.get("op") == "scale" and len(e["dims"]) == 1)
+                 if name.rsplit(".", 1)[0] not in linears)
 
 
 #: A plan feature a format cannot express, and what to do about it.
@@ -244,6 +251,10 @@ def layout_notes(t: Training, framework: str) -> list[str]:
         out.append(f"the declaration splits {len(t.split_scales)} norm scale{'s' if many else ''} over tp "
                    f"({', '.join(t.split_scales[:2])}{', ...' if len(t.split_scales) > 2 else ''}); {framework} keeps "
                    f"norm weights whole on every tensor rank (its own layout): the estimate scored the declared layout")
+    if t.s.tp > 1 and t.split_tables:
+        out.append(f"the declaration splits {', '.join(t.split_tables)}, added elementwise (a learned position "
+                   f"table), over tp; {framework} keeps it whole on every tensor rank (its own layout): the estimate "
+                   "scored the declared layout")
     if t.s.tp > 1 and t.split_routers:
         out.append(f"the declaration splits the MoE router's weight over tp ({t.split_routers[0]}); {framework} "
                    f"keeps the router whole on every tensor rank (its own layout): the estimate scored the declared "

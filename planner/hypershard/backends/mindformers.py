@@ -55,7 +55,7 @@ def _problems(t: launch.Training, doc: Mapping[str, Any]) -> list[launch.Problem
     if t.dtype == "fp8":
         out.append(("FP8 GEMMs", "plan with --dtype bf16"))
     if s.pp > 1 and min(t.chunks) < 1:
-        out.append(("a pipeline chunk of no decoder layer (the embedding or the loss alone), which MindFormers' "
+        out.append(("pipeline chunk of no decoder layer (the embedding or the loss alone), which MindFormers' "
                     "per-stage offsets are not written for here",
                     "plan with --backend mindformers, which keeps a layer in every chunk"))
     out += launch.offload_problems(t, {"activations": "whole"}, (("activations",), "--offload activations=1 "
