@@ -11,7 +11,7 @@ stage sums its blocks. `step_time` turns these into a step.
 from __future__ import annotations
 
 from copy import copy
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
 import numpy as np
@@ -65,7 +65,7 @@ class StageCost:
 class StageCosts:
     stages: tuple[StageCost, ...]
     forward_flops_per_sample: float
-    layout_source: tuple  # (structure, problem, choice, param keys) that `layouts` names, or () for none
+    layout_source: tuple = field(compare=False)  # (structure, problem, choice, param keys) `layouts` names, or ()
     solver_gap: float
     block_s: Mapping[str, float] = field(default_factory=dict)  # forward + backward per micro-batch, per block
     block_act_bytes: Mapping[str, float] = field(default_factory=dict)  # kept for backward, per micro-batch
@@ -74,6 +74,13 @@ class StageCosts:
     param_layouts: Mapping[str, int] = field(default_factory=dict)  # parameter -> dim split over tp, or REPLICATED
     mtp_layers: int = 0  # of the layers, the last ones that are multi-token-prediction depths (`graph.mtp`)
     block_parts: Mapping[str, Parts] = field(default_factory=dict)  # the seconds of `block_s`, by kind, per block
+
+    def __eq__(self, other: object) -> bool:
+        """Equal costings: every field and the layouts they name (`layout_source` holds arrays, compared so)."""
+        if not isinstance(other, StageCosts):
+            return NotImplemented
+        same = all(getattr(self, f.name) == getattr(other, f.name) for f in fields(self) if f.compare)
+        return same and self.layouts == other.layouts
 
     @property
     def layouts(self) -> Mapping[str, Mapping[str, str]]:
