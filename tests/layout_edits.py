@@ -6,7 +6,8 @@ import copy
 
 
 def megatron(doc: dict) -> dict:
-    """Megatron-LM's layouts, as a user would write them: column-parallel in, row-parallel out, vocab split.
+    """Megatron-LM's layouts, as a user would write them: column-parallel in, row-parallel out, vocab split, norm
+    weights whole.
 
     At hidden 64 the planner keeps most weights whole (splitting them does not pay), and hand-edited files are
     first-class. The estimate scores declared layouts, so the figures recorded for the planner's own layouts no
@@ -14,7 +15,10 @@ def megatron(doc: dict) -> dict:
     doc = copy.deepcopy(doc)
     doc.pop("estimate", None)
     for name, entry in doc["layouts"]["params"].items():
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
+        if entry["op"] == "scale":  # norm weights whole on every tensor rank
+            entry["dims"] = [None] * len(entry["dims"])
+            entry.pop("output_partial", None)
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
             entry.update(dims=[None, "tp"], output_partial=["tp"])
         elif entry["op"] in ("linear", "embedding"):
             entry["dims"] = ["tp", None]
