@@ -16,6 +16,7 @@ from planner import bounds
 from planner.bounds import zoo_overrides
 from planner.caveats import accuracy, assumptions, check_costed, scale_warnings, stack_warnings, uncosted_note
 from planner.costing.attention import attention_regions
+from planner.costing.pipeline_cut import even_split
 from planner.costing.rotary import scaled_rotary_nodes
 from planner.errors import InvalidInput
 from planner.graph.ir import Graph
@@ -165,7 +166,7 @@ def estimate_model(
     structure = discover_blocks(graph)
     if solver not in ("highs", "cpsat"):
         raise InvalidInput(f"--solver {solver!r}: use highs or cpsat")
-    chunk = max(strat.stage_layers or (-(-len(structure.layers()) // (strat.pp * strat.vpp)),))
+    chunk = max(strat.stage_layers or even_split(len(structure.layers()), strat.pp * strat.vpp))
     if strat.full_recompute_layers > chunk:
         raise InvalidInput(f"--full-recompute-layers {strat.full_recompute_layers}: a pipeline chunk here holds at "
                            f"most {chunk} layers; give at most {chunk}, or --recompute full")

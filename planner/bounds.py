@@ -251,11 +251,11 @@ def training_dtype(dtype: str, cluster: Any) -> None:
     from planner.strategy import TRAIN_DTYPES
 
     listed = {name for name, _ in cluster.device.peak_flops_per_s}
-    if dtype in TRAIN_DTYPES and dtype not in listed:
-        there = [d for d in TRAIN_DTYPES if d in listed]
-        raise InvalidInput(f"--dtype {dtype}: {cluster.name}'s {cluster.device.name} has no {dtype} peak; train in "
-                           f"{', '.join(there[:-1])} or {there[-1]} there" if len(there) > 1 else
-                           f"--dtype {dtype}: {cluster.name}'s {cluster.device.name} has no {dtype} peak")
+    if dtype not in TRAIN_DTYPES or dtype in listed:
+        return
+    there = [d for d in TRAIN_DTYPES if d in listed]
+    instead = f"; train in {', '.join(there[:-1])} or {there[-1]} there" if len(there) > 1 else ""
+    raise InvalidInput(f"--dtype {dtype}: {cluster.name}'s {cluster.device.name} has no {dtype} peak{instead}")
 
 
 def request(model: str | os.PathLike, clusters: Any, *, global_batch: int | None = None, seq_len: int | None = None,

@@ -174,10 +174,12 @@ def _fits(prefix: list[float], cap: float, pp: int) -> bool:
     stages: each stage ends at the last unit whose running sum is within its start's plus the cap."""
     i, base, n = 0, 0.0, len(prefix)
     for _ in range(pp):
-        i = bisect_right(prefix, base + cap, i)
+        start, i = i, bisect_right(prefix, base + cap, i)
         if i >= n:
             return True
-        base = prefix[i - 1] if i else base
+        if i == start:  # the next unit alone is over the cap
+            return False
+        base = prefix[i - 1]
     return False
 
 

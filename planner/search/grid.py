@@ -171,10 +171,9 @@ def check_buildable(workload: Workload, c: Constraints, shape: ModelShape) -> No
 
 
 def _unbuildable(workload: Workload, c: Constraints, shape: ModelShape) -> str:
-    name = {"ep": "--ep", "etp": "--etp"}
     for knob in ("ep", "etp"):
         if not shape.experts and (getattr(c, knob) or 1) > 1:
-            return f"{name[knob]} {getattr(c, knob)}: the model has no routed experts (no MoE layer); drop {name[knob]}"
+            return f"--{knob} {getattr(c, knob)}: the model has no routed experts (no MoE layer); drop --{knob}"
     chunks = (c.pp or 1) * (c.vpp or 1)
     ends = 2 if c.ends_alone is not False else 0  # a first and a last chunk of the embedding or the loss alone
     if chunks > shape.layers + ends and not c.stage_tp:
