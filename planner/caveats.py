@@ -221,8 +221,10 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
                "the dispatcher's SMs as free (DeepEP holds 20 of an H100's 132, which NVIDIA's Megatron-Core MoE "
                "report puts at about 20 % of GEMM efficiency on DeepSeek-V3)")
         out.append("the 1F1B all-to-all overlap pairs two micro-batches' MoE layers as Megatron-Core's schedule does, "
-                   "taking them as alike, each backward as half data and half weight gradient, the host's waits as "
-                   f"none and {sms}" + _witness() + "; " + OVERLAP_PAIRS)
+                   "taking them as alike, each backward as half data and half weight gradient, "
+                   + ("" if "full_iteration" in ex.cuda_graphs else
+                      "each transfer issued once the host has issued the compute before it (an eager step), ")
+                   + f"the dispatcher's token-count syncs as free and {sms}" + _witness() + "; " + OVERLAP_PAIRS)
     if workload.dtype == "fp8" and ex.fp8_recipe in SCALED_BLOCKS:
         out.append(f"{ex.fp8_recipe} GEMMs are costed as per-tensor FP8 ones, at the fp8 plateau, their casts at the "
                    f"stack's {ex.fp8_cast_bytes:g} bytes an element: Megatron-Bridge's Llama 3.1 405B on 256 GB200s runs "

@@ -74,6 +74,18 @@ def test_large_exchanges_wait_on_the_layers_dependencies():
     assert _chain_s(lopsided, 1, 1.0) == pytest.approx(8.0)
 
 
+def test_an_eager_host_issues_each_transfer_after_the_compute_before_it():
+    # run()'s order with the host issuing each kernel as the one before runs: combine bwd [0,2] | pre fwd [0,1];
+    # dgrad [2,3]; dispatch fwd, issued after the dgrad [3,5] | wgrad [3,4]; dispatch bwd, issued after the wgrad,
+    # behind the dispatch fwd [5,7] | experts fwd [5,6]; combine fwd [7,9] | pre dgrad [7,8], wgrad [8,9]: 9 s where
+    # a graph-issued step takes 8 s (above); the small exchanges still hide whole
+    layer = MoELayerTimes(**LAYER, exchange_fwd=4.0, exchange_bwd=4.0)
+    assert paired_s(layer, 1, 1, 1.0, host_ordered=True) == pytest.approx(9.0)
+    assert paired_s(layer, 1, 1, 1.0) == pytest.approx(8.0)
+    small = MoELayerTimes(**LAYER, exchange_fwd=2.0, exchange_bwd=2.0)
+    assert paired_s(small, 1, 1, 1.0, host_ordered=True) == pytest.approx(6.0)
+
+
 def test_each_dependency_of_the_schedule_shows_in_two_layers():
     # worked by hand from run()'s order; each case changes if one dependency or the delayed wgrad goes
     combine_waits_for_dgrad = MoELayerTimes(0.1, 1.0, 2.0, 1.0, 0.2, 6.0)  # 15.1 without that wait

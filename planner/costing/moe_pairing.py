@@ -26,6 +26,13 @@ H100's 132, `Execution.ep_comm_sm_share`): beside them the compute runs at
 the rest of its pace, the exchange at its own. Warm-up forwards and
 cool-down backwards run unpaired.
 
+The host issues the nodes in run()'s order. Eager, it issues each kernel
+as the GPU runs the one before (the host law `NodeTimes` costs, issue added
+in full), so a transfer starts only once the compute issued before it has
+run: the forward's dispatch after the experts' dgrad, the backward's after
+the delayed wgrad. A step replayed from one CUDA graph (Megatron-Core's
+full_iteration scope) is issued whole, and only the data dependencies hold.
+
 Megatron-Core pairs only where its config allows the overlap
 (transformer_config.py): expert parallelism, no pipeline or an interleaved
 one, at most one multi-token-prediction layer and then a pipeline, no full
@@ -109,11 +116,12 @@ def delays_wgrad(strategy) -> bool:
 
 
 def paired_s(layer: MoELayerTimes, layers: float, chunks: int, efficiency: float, delayed: bool = True,
-             sm_share: float = 0.0) -> float:
+             sm_share: float = 0.0, host_ordered: bool = False) -> float:
     """Seconds of `layers` MoE layers of a stage (in `chunks` virtual chunks) running one micro-batch's forward
     beside another's backward (see the module docstring), with the weight gradients `delayed` or not. With
     `sm_share` (`Execution.ep_comm_sm_share`) the exchange's kernels hold that share of the SMs: beside them the
-    compute runs at the rest of its pace and the exchange at its own, in place of the fitted `efficiency`."""
+    compute runs at the rest of its pace and the exchange at its own, in place of the fitted `efficiency`. With
+    `host_ordered` (an eager step) each transfer also waits for the compute issued before it (module docstring)."""
     if layers <= 0:
         return 0.0
     if sm_share > 0.0:
@@ -122,9 +130,9 @@ def paired_s(layer: MoELayerTimes, layers: float, chunks: int, efficiency: float
         pace = 1.0
     per_chunk = layers / max(1, chunks)
     if per_chunk < 1.0:  # chunks hold a layer or none: each pair stands alone
-        return layers * _layer_ends(layer, 1, efficiency, delayed, pace)[0]
+        return layers * _layer_ends(layer, 1, efficiency, delayed, pace, host_ordered)[0]
     n = min(_SIMULATED, int(per_chunk))
-    ends = _layer_ends(layer, n, efficiency, delayed, pace)
+    ends = _layer_ends(layer, n, efficiency, delayed, pace, host_ordered)
     total = ends[-1]
     if per_chunk > n:  # the last simulated layer's increment, repeated
         total += (per_chunk - n) * (ends[-1] - (ends[-2] if n > 1 else 0.0))
@@ -138,12 +146,17 @@ def _chain_s(layer: MoELayerTimes, n: int, efficiency: float, delayed: bool = Tr
 
 @lru_cache(maxsize=4096)
 def _layer_ends(layer: MoELayerTimes, n: int, efficiency: float, delayed: bool,
-                pace: float = 1.0) -> tuple[float, ...]:
-    """When each of `n` paired layers of one chunk has ended on both streams."""
+                pace: float = 1.0, host_ordered: bool = False) -> tuple[float, ...]:
+    """When each of `n` paired layers of one chunk has ended on both streams; `host_ordered`: each transfer is
+    also issued only once the host has issued the compute before it (`paired_s`)."""
     tasks: list[Task] = []
+    issued: list[int | None] = [None]  # the last compute task the host has issued
 
     def add(stream: int, seconds: float, *after: int | None) -> int:
-        tasks.append(Task(stream, seconds, tuple(a for a in after if a is not None)))
+        waits = after + ((issued[0],) if host_ordered and stream == COMM else ())
+        tasks.append(Task(stream, seconds, tuple(sorted({a for a in waits if a is not None}))))
+        if stream == COMPUTE:
+            issued[0] = len(tasks) - 1
         return len(tasks) - 1
 
     d_f = c_f = layer.exchange_fwd / 2
