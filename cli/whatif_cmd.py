@@ -44,8 +44,8 @@ def register(app: typer.Typer) -> None:
 @architecture_options
 def whatif_cmd(
     model: opt.Model,
-    cluster: Annotated[str, typer.Option("--cluster", help="Hardware presets or .toml files, comma-separated: "
-                                         "cloudmatrix384,gb200-nvl72.", show_default=False)],
+    cluster: Annotated[list[str], typer.Option("--cluster", help="Hardware presets or .toml files, comma-separated "
+                                               "or repeated: cloudmatrix384,gb200-nvl72.", show_default=False)],
     devices: Annotated[str, typer.Option("--devices", help="Device counts: 64,128,256, a geometric range "
                                          "64..1024x2, or a stepped range 64..384+64.", show_default=False)],
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Sequences per training step "
@@ -102,7 +102,7 @@ def whatif_cmd(
     Example: hyperplan whatif deepseek-v3 --mode infer --cluster cloudmatrix384 --devices 64..384+64 --prompt-len 4096
     --gen-len 1024 --ttft-ms 2000 --tpot-ms 50 --dtype int8
     """
-    clusters = parse_clusters(cluster)
+    clusters = parse_clusters(",".join(cluster))
     counts = parse_devices(devices)
     _check_output(csv_file, (".csv",), "--csv", (model, *clusters), force)
     bounds.request(model, [load_cluster(c) for c in clusters], devices=max(counts), global_batch=global_batch,

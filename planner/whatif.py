@@ -84,7 +84,8 @@ def _positive(n: int, item: str) -> int:
 
 
 def parse_clusters(text: str) -> tuple[str, ...]:
-    """`'cloudmatrix384,gb200-nvl72'` -> the names (or .toml paths) in the order given, without repeats."""
+    """`'cloudmatrix384,gb200-nvl72'` -> the names (or .toml paths) in the order given, without repeats (the CLI
+    joins repeated --cluster options with commas)."""
     names = [c.strip() for c in str(text).split(",")]
     if not all(names):
         raise InvalidInput(f"--cluster {text!r} has an empty name; "

@@ -262,6 +262,15 @@ def test_cli_table_json_and_csv_round_trip(sweep, cache_root, tmp_path):
     assert "DP2" in table.stdout and "points without a plan" in table.stdout and "nearest: 8 or 16" in table.stdout
 
 
+def test_a_repeated_cluster_option_adds_the_cluster(sweep, cache_root):
+    """`--cluster A --cluster B` sweeps both, as `--cluster A,B` does (it had kept only the last)."""
+    res = _cli(cache_root, "--cluster", "cloudmatrix384-die", "--devices", "1", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [c["name"] for c in doc["clusters"]] == ["cloudmatrix384", "cloudmatrix384-die"]
+    assert sorted({p["cluster"] for p in doc["points"]}) == ["cloudmatrix384", "cloudmatrix384-die"]
+
+
 @pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG"), (".svg", b"<?xml")])
 def test_cli_plot(sweep, cache_root, tmp_path, suffix, magic):
     pytest.importorskip("matplotlib")
