@@ -113,3 +113,28 @@ def test_a_plan_written_into_another_folder_names_its_model_from_there(tmp_path,
         monkeypatch.chdir(where)
         r = runner.invoke(app, ["validate", str(tmp_path / "plan.yaml")])
         assert r.exit_code == 0 and "not valid" not in r.output, r.output
+
+
+def test_a_plan_written_into_another_folder_names_its_hardware_and_stack_files_from_there(tmp_path, monkeypatch):
+    """`--cluster hw/my.toml --stack hw/stack.toml -o out/plan.yaml` had stored the paths as given, so `validate`
+    from the plan's folder found no hardware ('unknown hardware') and stopped: they are written relative to the
+    plan's folder, and a file reads them from wherever it is run; a preset's name stays a name."""
+    (tmp_path / "hw").mkdir()
+    (tmp_path / "out").mkdir()
+    presets = Path(__file__).parents[1]
+    shutil.copy(presets / "cost_models" / "presets" / "dgx-h100.toml", tmp_path / "hw" / "my.toml")
+    shutil.copy(presets / "planner" / "costing" / "stacks" / "megatron-core.toml", tmp_path / "hw" / "stack.toml")
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["plan", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128",
+                            *PLAN[2:], "--cluster", "hw/my.toml", "--stack", "hw/stack.toml", "-o", "out/plan.yaml"])
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "out" / "plan.yaml").read_text()
+    assert "  spec: ../hw/my.toml\n" in text and "  stack: ../hw/stack.toml\n" in text
+    for where in (tmp_path, tmp_path / "out", tmp_path / "hw"):
+        monkeypatch.chdir(where)
+        r = runner.invoke(app, ["validate", str(tmp_path / "out" / "plan.yaml")])
+        assert r.exit_code == 0 and "not valid" not in r.output, r.output
+    r = runner.invoke(app, ["plan", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128",
+                            *PLAN, "-o", str(tmp_path / "out" / "preset.yaml")])
+    assert r.exit_code == 0 and "  spec: dgx-h100\n" in (tmp_path / "out" / "preset.yaml").read_text()
+

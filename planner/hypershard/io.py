@@ -54,22 +54,47 @@ def dumps(doc: Mapping[str, Any], suffix: str) -> str:
 
 
 def write_document(doc: Mapping[str, Any], path: str, protect: tuple[str, ...] = ()) -> None:
-    """Write YAML or JSON by extension, atomically, never over one of the inputs (`protect`); a relative model path
-    is written relative to the document's folder (`relocated`)."""
+    """Write YAML or JSON by extension, atomically, never over one of the inputs (`protect`); the files it names
+    by relative path are written relative to the document's folder (`relocated`)."""
     check_suffix(path)
     doc = relocated(doc, path)
     write_atomically(path, lambda: dumps(doc, Path(path).suffix), protect, "output")
 
 
+#: The fields of a declaration that may name a file by path: its model, its hardware file, its stack file
+FILE_FIELDS = (("model", "path"), ("cluster", "spec"), ("workload", "stack"))
+
+
 def relocated(doc: Mapping[str, Any], path: str) -> Mapping[str, Any]:
-    """`doc` with a relative model.path (given from the current folder) made relative to the folder of `path`, where
-    the document will be read from: a plan written into another folder still names its model."""
-    m = doc.get("model")
-    model = m.get("path") if isinstance(m, Mapping) else None
-    if not isinstance(model, str) or os.path.isabs(model):
-        return doc
-    rel = os.path.relpath(os.path.abspath(model), os.path.dirname(os.path.abspath(path)))
-    return {**doc, "model": {**m, "path": rel}}
+    """`doc` with the files it names by relative path (given from the current folder) made relative to the folder
+    of `path`, where the document will be read from: a plan written into another folder still names its model,
+    hardware and stack files. A cluster or stack that names no file here is a preset's name, kept as it is."""
+    out = dict(doc)
+    folder = os.path.dirname(os.path.abspath(path))
+    for section, key in FILE_FIELDS:
+        part = out.get(section)
+        name = part.get(key) if isinstance(part, Mapping) else None
+        if not isinstance(name, str) or not name or os.path.isabs(name):
+            continue
+        if key != "path" and not os.path.isfile(name):
+            continue
+        out[section] = {**part, key: os.path.relpath(os.path.abspath(name), folder)}
+    return out
+
+
+def anchored(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    """`doc` as read from `path`: a file it names by a relative path that is not there from the current folder
+    but is beside `path` (where `relocated` wrote it from) is named by the path that reaches it from here."""
+    folder = os.path.dirname(os.path.abspath(path))
+    for section, key in FILE_FIELDS:
+        part = doc.get(section)
+        name = part.get(key) if isinstance(part, dict) else None
+        if not isinstance(name, str) or not name or os.path.isabs(name) or os.path.exists(name):
+            continue
+        near = os.path.join(folder, name)
+        if os.path.exists(near):
+            part[key] = os.path.relpath(near)
+    return doc
 
 
 def check_output(out: str | os.PathLike, flag: str, *, protect: tuple[Any, ...] = (), force: bool = False,
@@ -134,7 +159,8 @@ def umask() -> int:
 
 
 def read_document(path: str) -> dict[str, Any]:
-    """Load and schema-check a declaration; InvalidInput with the file and field for anything wrong."""
+    """Load and schema-check a declaration; InvalidInput with the file and field for anything wrong. The files it
+    names by relative path are found from the current folder, else beside it (`anchored`)."""
     p = Path(path)
     if p.suffix.lower() not in SUFFIXES:
         raise InvalidInput(f"{path}: a declaration is a .yaml, .yml or .json file")
@@ -148,7 +174,7 @@ def read_document(path: str) -> dict[str, Any]:
         raise InvalidInput(f"cannot read '{path}' ({exc.strerror or exc}); check the path") from None
     doc = parse(text, p.name, json_format=p.suffix.lower() == ".json")
     check_schema(doc, p.name)
-    return doc
+    return anchored(doc, path)
 
 
 class _DuplicateKey(ValueError):
