@@ -1,0 +1,77 @@
+"""A tied weight TorchScript's exporter stored twice (the embedding table and its folded transpose for the head) is
+read as one parameter, as torch counts it and as the dynamo exporter writes it (planner/graph/onnx_ties.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+from typer.testing import CliRunner
+
+from cli.app import app
+from planner.graph.onnx_import import import_model
+from planner.graph.onnx_ties import tied_copies
+
+HF = Path(__file__).parent / "fixtures" / "hf"
+MANIFEST = json.loads((HF / "manifest.json").read_text())
+runner = CliRunner()
+
+
+def _lm(table: np.ndarray, head: np.ndarray) -> onnx.ModelProto:
+    """ids -> Gather(table) -> MatMul(head): the smallest graph with an embedding and an output head."""
+    v, h = table.shape
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["x"]), helper.make_node("MatMul", ["x", "head"], ["y"])]
+    g = helper.make_graph(nodes, "lm", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", v])],
+                          [numpy_helper.from_array(table, "table"), numpy_helper.from_array(head, "head")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("stem", ["gpt2_ts17_inline_axes", "qwen2_ts17_inline_static"])
+def test_torchscripts_folded_copy_of_a_tied_embedding_counts_once(stem):
+    entry = MANIFEST[stem]
+    g = import_model(HF / entry["files"][0], **entry["bind"])
+    assert sum(g.tensors[p].numel for p in g.params) == entry["torch_param_count"]  # 31,616 and 22,816, not +4,096
+    (copy, (table, flipped)), = tied_copies(g).items()
+    assert copy.startswith("onnx::MatMul_") and flipped and table in g.params and copy not in g.params
+    assert any("stored a tied weight twice" in n for n in g.notes)
+
+
+def test_only_the_same_values_tie(tmp_path):
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((64, 16)).astype(np.float32)
+    tied = import_model(_lm(table, table.T.copy()), batch=1, seq_len=4)
+    assert set(tied.params) == {"table"} and tied_copies(tied) == {"head": ("table", True)}
+    other = import_model(_lm(table, rng.standard_normal((16, 64)).astype(np.float32)), batch=1, seq_len=4)
+    assert set(other.params) == {"table", "head"} and not tied_copies(other)
+    zeros = np.zeros((64, 16), np.float32)  # a weightless export: equal, but nothing says the weights are one
+    assert set(import_model(_lm(zeros, zeros.T.copy()), batch=1, seq_len=4).params) == {"table", "head"}
+    # in external data beside the file, read in place
+    path = tmp_path / "lm.onnx"
+    onnx.save(_lm(table, table.T.copy()), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="lm.onnx.data", size_threshold=0)
+    assert set(import_model(path, batch=1, seq_len=4).params) == {"table"}
+    (tmp_path / "lm.onnx.data").unlink()  # values gone: nothing to compare, both stay
+    assert set(import_model(path, batch=1, seq_len=4).params) == {"table", "head"}
+
+
+def test_the_onnx_export_shards_the_stored_copy_as_its_table(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    r = runner.invoke(app, ["plan", str(HF / "gpt2_ts17_inline_axes.onnx"), "--cluster", "dgx-h100", "--devices", "2",
+                            "--global-batch", "4", "--seq-len", "8", "--tp", "2", "-o", str(plan)])
+    assert r.exit_code == 0, r.output
+    doc = yaml.safe_load(plan.read_text())
+    doc.pop("estimate", None)  # a hand edit: the table split on its hidden dim, whatever the planner chose
+    doc["layouts"]["params"]["transformer.wte.weight"].update(dims=[None, "tp"], partial=[])
+    plan.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = tmp_path / "annotated.onnx"
+    r = runner.invoke(app, ["export", str(plan), "--backend", "onnx", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    head = next(n for n in onnx.load(str(out)).graph.node if n.name == "/lm_head/MatMul")
+    specs = {s.tensor_name: [d.axis for d in s.sharded_dim] for c in head.device_configurations for s in c.sharding_spec}
+    assert specs["onnx::MatMul_657"] == [0]  # the table's hidden dim is the copy's first
