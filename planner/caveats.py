@@ -149,7 +149,7 @@ def head_dim_assumptions(hw: Any, head_dims: Iterable[float]) -> list[str]:
 #: them: benchmarks/bench_overlap_pairs.py, tests/test_overlap_pairs.py).
 OVERLAP_PAIRS = ("timed off and on by NVIDIA it saved 14.7 % of Qwen3-30B's step on 16 H100s with HybridEP and the "
                  "router in CUDA graphs (estimated alike), and eagerly 10.7 % of Qwen3-235B's on 256 H100s with DeepEP "
-                 "(estimated 21 %) and 24 % of Qwen3-30B's with the alltoall dispatcher (estimated 40 %); on 64 "
+                 "(estimated 21 %) and 24 % of Qwen3-30B's with the alltoall dispatcher (estimated 36 %); on 64 "
                  "B200s it cost Qwen3-235B 7.5 %, 'due to CPU overhead' (estimated to save 7 %): README, The overlap "
                  "against its A/B pairs")
 
