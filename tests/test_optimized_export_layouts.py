@@ -4,7 +4,9 @@ torch.onnx.export(dynamo=True) optimises by default, and its optimiser renames w
 contractions (`val_482` in one layer, `val_250` in the next): no longer under the layer's path. The estimate ties
 identical layers and solves one layout for all of them; the declaration took the first layer's table by names
 relative to the layer, so every later layer's renamed weights went out replicated, and `estimate --plan` refused
-the file it had just written (helper sweep of 2026-12-07: smollm3, lfm2, seed_oss, gpt_neox, olmoe).
+the file it had just written (helper sweep of 2026-12-07: smollm3, lfm2, seed_oss, gpt_neox, olmoe). The importer
+now reads each folded weight back under its module's name, [out, in] (planner/graph/onnx_folded.py): the layers'
+weights are named as the model names them, and a tensor-parallel plan exports to torch.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 from cli.app import app  # noqa: E402
 from planner.api import load_graph  # noqa: E402
 from planner.graph.blocks import discover_blocks  # noqa: E402
+from planner.hypershard.patterns import expand  # noqa: E402
 from planner.search.tying import tie_keys  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -45,15 +48,17 @@ def test_tied_layers_renamed_weights_are_declared_as_laid_out_and_the_file_estim
     groups: dict = {}
     for p in g.params:
         groups.setdefault(keys[p], []).append(p)
-    renamed = [ps for ps in groups.values() if len(ps) > 2 and all(p.startswith("val_") for p in ps)]
-    assert renamed, "the optimiser renamed no tied layer's weights: this test no longer covers the case"
+    assert any("folded" in n for n in g.notes), "the optimiser folded no weight: this test no longer covers the case"
+    assert not [p for p in g.params if p.startswith("val_") and len(g.tensors[p].shape) == 2]
+    renamed = [ps for ps in groups.values() if len(ps) > 2 and all(p.endswith("_proj.weight") for p in ps)]
+    assert renamed and all(p.startswith("model.layers.") for ps in renamed for p in ps)
 
     out = tmp_path / "plan.yaml"
     args = ["plan", optimised, "--dim", "batch=2", "--seq-len", "16", "--cluster", "dgx-h100", "--devices", "8",
             "--global-batch", "16", "--tp", "4", "-o", str(out)]
     run = CliRunner().invoke(app, args)
     assert run.exit_code == 0, run.output
-    layouts = yaml.safe_load(out.read_text())["layouts"]["params"]
+    layouts, _, _ = expand(yaml.safe_load(out.read_text())["layouts"]["params"], g.params)
     split = 0
     for ps in renamed:  # every instance of a tied weight declared alike, and some of them split over tp
         dims = {str(layouts[p]["dims"]) for p in ps}
@@ -62,3 +67,19 @@ def test_tied_layers_renamed_weights_are_declared_as_laid_out_and_the_file_estim
     assert split > 0
     again = CliRunner().invoke(app, ["estimate", optimised, "--dim", "batch=2", "--plan", str(out)])
     assert again.exit_code == 0, again.output
+
+
+def test_a_tensor_parallel_plan_of_the_optimised_export_exports_to_torch(optimised, tmp_path):
+    """It had been refused: 'val_152 ... is split as an [in, out] one (GPT-2's Conv1D)' (QA of 2026-12-07)."""
+    out = tmp_path / "plan.yaml"
+    run = CliRunner().invoke(app, ["plan", optimised, "--dim", "batch=2", "--seq-len", "16", "--cluster", "dgx-h100",
+                                   "--devices", "4", "--global-batch", "8", "--tp", "2", "-o", str(out)])
+    assert run.exit_code == 0, run.output
+    layouts, _, _ = expand(yaml.safe_load(out.read_text())["layouts"]["params"],
+                           load_graph(optimised, batch=2, seq_len=16).params)
+    q = layouts["model.layers.0.self_attn.q_proj.weight"]
+    assert q["op"] == "linear" and "tp" in q["dims"]  # the module's weight, split over the tensor ranks
+    run = CliRunner().invoke(app, ["export", str(out), "--backend", "torch", "-o", str(tmp_path / "p.py")])
+    assert run.exit_code == 0, run.output
+    assert "model.layers.*.self_attn.q_proj.weight" in (tmp_path / "p.py").read_text()
+

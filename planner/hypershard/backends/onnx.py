@@ -25,7 +25,7 @@ import os
 from typing import Any, Mapping
 
 from planner.errors import InvalidInput
-from planner.graph.onnx_ties import tied_copies
+from planner.graph.onnx_folded import stored_copies
 from planner.hypershard.backends import common, onnx_external
 from planner.hypershard.declared import split_as_declared, graph_of, request_of, workload_of
 from planner.hypershard.layouts import dim_axes
@@ -149,7 +149,7 @@ def _annotate(model: Any, doc: Mapping[str, Any], graph: Any, structure: Any, co
             for name in list(ch["layers"]) + list(ch.get("blocks", [])):
                 chunk_of[name] = ch["chunk"]
     params, _, _ = expand(doc["layouts"]["params"], graph.params)
-    for copy, (table, flipped) in tied_copies(graph).items():  # the file's stored copy of a tied weight
+    for copy, (table, flipped) in stored_copies(graph).items():  # the file's folded copy of a parameter
         if table in params:
             params[copy] = {"dims": list(params[table]["dims"])[::-1] if flipped else list(params[table]["dims"])}
     boundary: dict[str, list[Any]] = {}

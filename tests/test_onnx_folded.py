@@ -1,5 +1,5 @@
 """A tied weight TorchScript's exporter stored twice (the embedding table and its folded transpose for the head) is
-read as one parameter, as torch counts it and as the dynamo exporter writes it (planner/graph/onnx_ties.py)."""
+read as one parameter, as torch counts it and as the dynamo exporter writes it (planner/graph/onnx_folded.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from cli.app import app
 from planner.graph.onnx_import import import_model
-from planner.graph.onnx_ties import tied_copies
+from planner.graph.onnx_folded import stored_copies
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 MANIFEST = json.loads((HF / "manifest.json").read_text())
@@ -37,7 +37,8 @@ def test_torchscripts_folded_copy_of_a_tied_embedding_counts_once(stem):
     entry = MANIFEST[stem]
     g = import_model(HF / entry["files"][0], **entry["bind"])
     assert sum(g.tensors[p].numel for p in g.params) == entry["torch_param_count"]  # 31,616 and 22,816, not +4,096
-    (copy, (table, flipped)), = tied_copies(g).items()
+    tables = {n.inputs[0] for n in g.nodes if n.op_type == "Gather"}
+    (copy, (table, flipped)), = [(c, t) for c, t in stored_copies(g).items() if t[0] in tables]
     assert copy.startswith("onnx::MatMul_") and flipped and table in g.params and copy not in g.params
     assert any("stored a tied weight twice" in n for n in g.notes)
 
@@ -46,9 +47,9 @@ def test_only_the_same_values_tie(tmp_path):
     rng = np.random.default_rng(0)
     table = rng.standard_normal((64, 16)).astype(np.float32)
     tied = import_model(_lm(table, table.T.copy()), batch=1, seq_len=4)
-    assert set(tied.params) == {"table"} and tied_copies(tied) == {"head": ("table", True)}
+    assert set(tied.params) == {"table"} and stored_copies(tied) == {"head": ("table", True)}
     other = import_model(_lm(table, rng.standard_normal((16, 64)).astype(np.float32)), batch=1, seq_len=4)
-    assert set(other.params) == {"table", "head"} and not tied_copies(other)
+    assert set(other.params) == {"table", "head"} and not stored_copies(other)
     zeros = np.zeros((64, 16), np.float32)  # a weightless export: equal, but nothing says the weights are one
     assert set(import_model(_lm(zeros, zeros.T.copy()), batch=1, seq_len=4).params) == {"table", "head"}
     # in external data beside the file, read in place
@@ -73,5 +74,50 @@ def test_the_onnx_export_shards_the_stored_copy_as_its_table(tmp_path):
     r = runner.invoke(app, ["export", str(plan), "--backend", "onnx", "-o", str(out)])
     assert r.exit_code == 0, r.output
     head = next(n for n in onnx.load(str(out)).graph.node if n.name == "/lm_head/MatMul")
-    specs = {s.tensor_name: [d.axis for d in s.sharded_dim] for c in head.device_configurations for s in c.sharding_spec}
+    specs = {s.tensor_name: [d.axis for d in s.sharded_dim]
+             for c in head.device_configurations for s in c.sharding_spec}
     assert specs["onnx::MatMul_657"] == [0]  # the table's hidden dim is the copy's first
+
+
+def _proj(name: str, signature: str | None = None) -> onnx.ModelProto:
+    """x -> MatMul(W [in, out]) as TorchScript writes nn.Linear q_proj: the transpose folded into `name`."""
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), name)
+    node = helper.make_node("MatMul", ["x", name], ["y"], name="/model/layers.0/self_attn/q_proj/MatMul")
+    g = helper.make_graph([node], "proj", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])], [w])
+    if signature is not None:
+        g.metadata_props.add(key="pkg.torch.export.ExportedProgram.graph_signature", value=signature)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_folded_linear_weight_is_read_as_its_modules_weight():
+    target = "model.layers.0.self_attn.q_proj.weight"
+    g = import_model(_proj("onnx::MatMul_604"), batch=1, seq_len=4)
+    assert list(g.params) == [target] and g.tensors[target].shape == (8, 16)  # [out, in], as nn.Linear holds it
+    assert stored_copies(g) == {"onnx::MatMul_604": (target, True)}
+    assert any("'onnx::MatMul_604' is model.layers.0.self_attn.q_proj.weight" in n for n in g.notes)
+    listed = f"p_q: PARAMETER target='{target}'"
+    assert list(import_model(_proj("val_7", listed), batch=1, seq_len=4).params) == [target]
+    # a signature that does not list the module's weight: the name stays the file's
+    assert list(import_model(_proj("val_7", "p_other: PARAMETER target='other.weight'"), batch=1,
+                             seq_len=4).params) == ["val_7"]
+
+
+def test_the_onnx_export_shards_a_folded_linear_weight_as_its_module_weight(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    r = runner.invoke(app, ["plan", str(HF / "qwen2_ts17_inline_static.onnx"), "--cluster", "dgx-h100", "--devices",
+                            "2", "--global-batch", "4", "--seq-len", "8", "--tp", "2", "-o", str(plan)])
+    assert r.exit_code == 0, r.output
+    doc = yaml.safe_load(plan.read_text())
+    doc.pop("estimate", None)  # a hand edit: q_proj column-parallel, [out, in] split on out
+    name = next(k for k in doc["layouts"]["params"] if k.endswith("self_attn.q_proj.weight"))
+    doc["layouts"]["params"][name].update(dims=["tp", None], partial=[])
+    doc["layouts"]["params"][name].pop("output_partial", None)
+    plan.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = tmp_path / "annotated.onnx"
+    r = runner.invoke(app, ["export", str(plan), "--backend", "onnx", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    q = next(n for n in onnx.load(str(out)).graph.node if n.input and "onnx::MatMul_604" in n.input)
+    specs = {s.tensor_name: [d.axis for d in s.sharded_dim] for c in q.device_configurations for s in c.sharding_spec}
+    assert specs["onnx::MatMul_604"] == [1]  # the file's [in, out] copy: split on its second dim

@@ -1,0 +1,190 @@
+"""Weights an exporter stored as folded copies, read back as the parameters the model trains.
+
+Torch's exporters fold the transpose a module applies to its weight into a
+constant of its own, under a new name and in the other orientation:
+
+- A tied head. A language model whose output head shares the token
+  embedding's weight (GPT-2, Qwen2, Llama 3.2, Gemma: `tie_word_embeddings`)
+  computes its logits with `weight.t()`; `torch.onnx.export(...,
+  dynamo=False)` stores that transpose beside the table (read by a Gather) as
+  a second initializer (read by a MatMul, named like `onnx::MatMul_657`).
+  Read as two, the model counts vocab x hidden parameters twice, with their
+  gradients and optimizer states (Llama 3.2 1B: 263 M of its 1.24 B).
+  `untie` finds the copy by its values (below).
+- A linear layer. `nn.Linear` keeps its weight [out, in] and multiplies by
+  its transpose; TorchScript stores the transpose as `onnx::MatMul_604`, the
+  dynamo exporter's optimiser as `val_152`, [in, out], under no module path.
+  Read as stored, the weight had a name no framework's model has and the
+  orientation of GPT-2's Conv1D, so a tensor-parallel export to torch was
+  refused and jax's and MindSpore's modules named nothing a model holds.
+  `unfold` names each such weight after the module whose MatMul reads it
+  (its node's scope: `model.layers.0.self_attn.q_proj` gives
+  `model.layers.0.self_attn.q_proj.weight`), where the exporter's signature
+  lists that parameter and the file holds no tensor of that name (TorchScript
+  writes no signature: the name must then be free). Only a tensor named as
+  those exporters name what they fold (`FOLDED_NAME`) is renamed.
+
+Either is written as the dynamo exporter writes it unoptimised: the
+parameter, and a Transpose node (an Identity where a tied copy is stored in
+the table's own orientation, as Gemm's transB reads it) whose output keeps
+the file's name, so the ONNX export can annotate the file's tensor
+(`stored_copies`). A tied pair is compared where both values can be read,
+inline or in external data beside the file, at `SAMPLE` positions on fixed
+strides: every sampled element bit-for-bit equal, and the sample not all
+one value (a weightless export's zeros match anything). Weights given as
+graph inputs carry no values: nothing is untied.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+#: Elements compared between a table and a candidate copy (on fixed strides through both)
+SAMPLE = 4096
+#: The names torch's exporters give a constant they folded: TorchScript's `onnx::MatMul_604`, the dynamo
+#: optimiser's `val_152` (a tensor named otherwise is the file's own and keeps its name)
+FOLDED_NAME = re.compile(r"onnx::\w+_\d+|val_\d+")
+#: How the node standing for a stored copy is named: the copy's name and one of these
+TIED, FOLDED = "/tied", "/folded"
+_HEADS = {"MatMul": 1, "Gemm": 1}  # the op and the input slot that reads a head's weight
+
+
+def untie(skel: onnx.ModelProto, original: onnx.ModelProto, scopes: list[str], base_dir: str | None) -> str:
+    """Rewrite in `skel` (the importer's copy; `original` holds the values) each head weight that is a stored copy
+    of an embedding table as a Transpose (or Identity) of that table, inserting the nodes' scopes; a note, or ""."""
+    g = skel.graph
+    inits = {t.name: t for t in original.graph.initializer}
+    tables = {n.input[0] for n in g.node if n.op_type == "Gather" and n.input and n.input[0] in inits
+              and len(inits[n.input[0]].dims) == 2}
+    readers: dict[str, int] = {}
+    for i, n in enumerate(g.node):
+        slot = _HEADS.get(n.op_type)
+        if slot is not None and len(n.input) > slot and n.input[slot] in inits and n.input[slot] not in tables:
+            readers.setdefault(n.input[slot], i)
+    tied = []
+    for copy, first in readers.items():
+        c = inits[copy]
+        for table in sorted(tables):
+            t = inits[table]
+            if c.data_type != t.data_type or len(c.dims) != 2:
+                continue
+            flipped = list(c.dims) == list(t.dims)[::-1]
+            if not flipped and list(c.dims) != list(t.dims):
+                continue
+            if _same_values(t, c, flipped, base_dir):
+                tied.append((copy, table, flipped, first))
+                break
+    if not tied:
+        return ""
+    drop = {copy for copy, *_ in tied}
+    kept = [t for t in g.initializer if t.name not in drop]
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    for copy, table, flipped, first in sorted(tied, key=lambda x: -x[3]):
+        node = (helper.make_node("Transpose", [table], [copy], perm=[1, 0], name=copy + TIED)
+                if flipped else helper.make_node("Identity", [table], [copy], name=copy + TIED))
+        g.node.insert(first, node)
+        scopes.insert(first, scopes[first])
+    pairs = ", ".join(f"'{copy}' as {'the transpose of ' if flipped else ''}'{table}'" for copy, table, flipped, _
+                      in tied)
+    return (f"the exporter stored a tied weight twice (TorchScript folds the head's weight.t()): read {pairs}, one "
+            "parameter, as the model trains it")
+
+
+def unfold(skel: onnx.ModelProto, scopes: list[str], roles: dict[str, str]) -> str:
+    """Rewrite in `skel` each linear weight the exporter folded under a new name ([in, out], read by a MatMul) as
+    its module's `.weight` ([out, in]) and a Transpose (module docstring); `roles`: the exporter's signature
+    (`onnx_params.declared_roles`, empty without one). A note, or ""."""
+    g = skel.graph
+    inits = {t.name: t for t in g.initializer}
+    names = {x for n in g.node for x in (*n.input, *n.output)} | set(inits) | {v.name for v in g.input}
+    found: dict[str, tuple[str, int]] = {}  # folded name -> (the module's weight, its first reader)
+    skip: set[str] = set()
+    for i, n in enumerate(g.node):
+        slot = _HEADS.get(n.op_type)
+        w = n.input[slot] if slot is not None and len(n.input) > slot else ""
+        if w not in inits or not FOLDED_NAME.fullmatch(w) or len(inits[w].dims) != 2 or any(
+                a.name == "transB" and a.i for a in n.attribute):
+            continue
+        target = f"{scopes[i]}.weight" if scopes[i] else ""
+        free = roles.get(target) == "PARAMETER" if roles else bool(target)
+        if not target or not free or target in names or (w in found and found[w][0] != target):
+            skip.add(w)
+        found.setdefault(w, (target, i))
+    targets = [t for w, (t, _) in found.items() if w not in skip]
+    renamed = {w: (t, i) for w, (t, i) in found.items() if w not in skip and targets.count(t) == 1}
+    if not renamed:
+        return ""
+    kept = []
+    for t in g.initializer:
+        if t.name in renamed:
+            shell = onnx.TensorProto(name=renamed[t.name][0], data_type=t.data_type, dims=list(t.dims)[::-1])
+            shell.data_location = onnx.TensorProto.EXTERNAL
+            shell.external_data.add(key="location", value="hyperplan:folded")
+            kept.append(shell)
+        else:
+            kept.append(t)
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    for w, (target, first) in sorted(renamed.items(), key=lambda x: -x[1][1]):
+        g.node.insert(first, helper.make_node("Transpose", [target], [w], perm=[1, 0], name=w + FOLDED))
+        scopes.insert(first, scopes[first])
+    some = sorted(renamed.items(), key=lambda x: x[1][1])[:2]
+    return (f"the exporter folded {len(renamed)} linear weights' transposes into tensors of their own ("
+            + ", ".join(f"'{w}' is {t}" for w, (t, _) in some) + (", ..." if len(renamed) > 2 else "")
+            + "): read as the modules' weights, [out, in] as torch holds them")
+
+
+def stored_copies(graph) -> dict[str, tuple[str, bool]]:
+    """In an imported `Graph`, each file tensor `untie` or `unfold` read as a parameter: that parameter, and
+    whether the file holds it transposed."""
+    return {n.outputs[0]: (n.inputs[0], n.op_type == "Transpose") for n in graph.nodes
+            if n.op_type in ("Transpose", "Identity") and n.name in (n.outputs[0] + TIED, n.outputs[0] + FOLDED)}
+
+
+def _same_values(table: onnx.TensorProto, copy: onnx.TensorProto, flipped: bool, base_dir: str | None) -> bool:
+    a, b = _bits(table, base_dir), _bits(copy, base_dir)
+    if a is None or b is None:
+        return False
+    rows, cols = a.shape
+    k = np.arange(min(SAMPLE, a.size), dtype=np.int64)
+    r, c = (k * 7919) % rows, (k * 104729) % cols  # strides coprime to any dim a model has in practice
+    x = a[r, c]
+    y = b[c, r] if flipped else b[r, c]
+    return bool(np.array_equal(x, y)) and bool(np.any(x != x[0]))
+
+
+def _bits(t: onnx.TensorProto, base_dir: str | None) -> np.ndarray | None:
+    """The tensor's elements as unsigned integers of their width (read, not converted), or None where its values
+    are not here (external data that is missing, or a width numpy cannot view)."""
+    try:
+        width = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    as_bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(width)
+    shape = tuple(int(d) for d in t.dims)
+    if as_bits is None or len(shape) != 2 or 0 in shape:
+        return None
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        info = {e.key: e.value for e in t.external_data}
+        path = os.path.join(base_dir or "", info.get("location", ""))
+        offset, size = int(info.get("offset", 0) or 0), int(np.prod(shape)) * width
+        if not info.get("location") or not os.path.isfile(path) or os.path.getsize(path) < offset + size:
+            return None
+        return np.memmap(path, dtype=as_bits, mode="r", offset=offset, shape=shape)
+    if t.raw_data:
+        if len(t.raw_data) != int(np.prod(shape)) * width:
+            return None
+        return np.frombuffer(t.raw_data, dtype=as_bits).reshape(shape)
+    try:
+        return numpy_helper.to_array(t).view(as_bits).reshape(shape)
+    except (ValueError, TypeError):
+        return None
+
+
+__all__ = ["FOLDED", "SAMPLE", "TIED", "stored_copies", "unfold", "untie"]
