@@ -52,6 +52,8 @@ PLANS = {
     "tt_offload": ("llama3-8b", TINY, dict(dp=8, zero=3, offload=(("grads", 1.0), ("optimizer", 1.0), ("params", 1.0)),
                                           stack="torchtitan")),
     "tt_flushes": ("llama3-8b", TINY, dict(pp=2, dp=4, zero=1, flushes=2, stack="torchtitan")),
+    # one micro-batch of 8 for two stages: 1F1B's order is GPipe's, and torch's Schedule1F1B refuses to run it
+    "tt_few": ("llama3-8b", TINY, dict(tp=2, pp=2, dp=2, sp=True, zero=1, micro_batch=8, stack="torchtitan")),
     # for DeepSpeed: ZeRO-Offload, ZeRO-Infinity-style fractions, AutoTP, AutoEP
     "ds_offload3": ("llama3-8b", TINY, dict(dp=8, zero=3, recompute="full",
                                             offload=(("optimizer", 0.5), ("params", 1.0), ("activations", 1.0)))),
@@ -78,7 +80,7 @@ WRITES = {
     "mindformers": ["3d", "fsdp", "zero2", "first_last", "layout", "cp", "moe", "moe_etp1", "tt_gpipe", "tt_layout",
                     "ds_tp", "ds_moe"],
     "deepspeed": ["zero2", "ds_offload3", "ds_offload1", "ds_tp", "ds_moe", "ds_moe_nvl72", "tt_offload"],
-    "torchtitan": ["tt_3d", "tt_interleaved", "tt_layout", "tt_ends_alone", "tt_gpipe", "tt_cp", "tt_moe", "tt_fp8",
+    "torchtitan": ["tt_few", "tt_3d", "tt_interleaved", "tt_layout", "tt_ends_alone", "tt_gpipe", "tt_cp", "tt_moe", "tt_fp8",
                    "tt_offload",
                    "tt_flushes", "3d", "zero2", "moe", "moe_etp1", "fp8"],
 }

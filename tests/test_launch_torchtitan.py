@@ -140,3 +140,18 @@ def test_deepep_on_an_nvlink_domain_over_nodes_goes_out_as_the_all_to_all():
     assert "expert_parallel_comm_backend" not in out["config"]["parallelism"]
     assert any("NVLink domain of 72 devices over several nodes DeepEP does not run" in n
                and "takes longer than the estimate scored" in n for n in out["notes"])
+
+
+@pytest.mark.launch
+def test_fewer_micro_batches_than_stages_go_out_as_gpipe():
+    """One micro-batch for two stages (QA of 2026-12-07): the TOML had asked for 1F1B, which torch's Schedule1F1B
+    refuses ('Number of microbatches (1) must be greater than or equal to the number of stages (2)')."""
+    from torch.distributed.pipelining import schedules
+
+    cfg = launch_config(plan("tt_few"), "torchtitan")["config"]
+    par, training = cfg["parallelism"], cfg["training"]
+    assert training["local_batch_size"] // par["pipeline_parallel_microbatch_size"] < par["pipeline_parallel_degree"]
+    assert par["pipeline_parallel_schedule"] == "GPipe"
+    assert schedules.get_schedule_class("GPipe") is schedules.ScheduleGPipe  # a name torchtitan's builder resolves
+    assert launch_config(plan("tt_3d"), "torchtitan")["config"]["parallelism"]["pipeline_parallel_schedule"] == "1F1B"
+

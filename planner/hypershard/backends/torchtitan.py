@@ -102,7 +102,12 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
                      "the ZeRO-0 plan)")
     par.update(tensor_parallel_degree=s.tp, context_parallel_degree=s.cp, pipeline_parallel_degree=s.pp)
     if s.pp > 1:
-        par.update(pipeline_parallel_schedule=SCHEDULES["interleaved" if s.vpp > 1 else s.schedule],
+        schedule = "interleaved" if s.vpp > 1 else s.schedule
+        if schedule == "1f1b" and t.global_batch // (s.dp * s.flushes * s.micro_batch) < s.pp:
+            # 1F1B with fewer micro-batches than stages runs every forward first (its warm-up is min(stages - stage
+            # - 1, micro-batches)): GPipe's order, which torch's Schedule1F1B refuses to run (ValueError)
+            schedule = "gpipe"
+        par.update(pipeline_parallel_schedule=SCHEDULES[schedule],
                    pipeline_parallel_microbatch_size=s.micro_batch, module_fqns_per_model_part=_fqns(t))
     if t.moe:
         par.update(expert_parallel_degree=s.ep, expert_tensor_parallel_degree=s.expert_tp)
