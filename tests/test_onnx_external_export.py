@@ -48,6 +48,27 @@ def test_a_model_with_external_weights_exports_from_elsewhere_into_its_own_folde
     assert any(len(n.device_configurations) for n in model.graph.node)  # annotated
 
 
+def test_a_missing_external_data_file_is_named_before_anything_is_written(tmp_path, monkeypatch):
+    """Planning reads no weights, so a model copied without its .data file plans; its ONNX export had then failed
+    inside onnx.checker ('... is not regular file; re-plan, or check the declaration's layouts') (QA)."""
+    shutil.copy(FIXTURES / "llama_gqa_external.onnx", tmp_path / "m.onnx")
+    (tmp_path / "m.onnx.data").write_bytes(b"")  # the location the copy names: created, then removed below
+    monkeypatch.chdir(tmp_path)
+    model = onnx.load("m.onnx", load_external_data=False)
+    for t in model.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = "m.onnx.data"
+    onnx.save(model, "m.onnx")
+    (tmp_path / "m.onnx.data").unlink()
+    r = runner.invoke(app, ["plan", "m.onnx", "--cluster", "dgx-a100", "--devices", "4", "--global-batch", "4",
+                            "--seq-len", "64", "--tp", "2", "-o", "plan.yaml"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["export", "plan.yaml", "--backend", "onnx", "-o", "annotated.onnx"])
+    assert r.exit_code == 2 and "keeps its weights in m.onnx.data, which is not in" in r.output, r.output
+    assert "copy it beside the model" in r.output and not (tmp_path / "annotated.onnx").exists()
+
+
 def test_a_saved_weightless_zoo_file_exports_anywhere(tmp_path, monkeypatch):
     """`zoo export` writes weightless initializers at '#weightless', which names no file: the annotated model is
     checked in memory and may be written in any folder."""

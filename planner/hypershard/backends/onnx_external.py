@@ -63,6 +63,10 @@ def check_target(model_path: str, out: str) -> None:
     if locations and os.path.dirname(os.path.abspath(out)) != home:
         raise InvalidInput(f"-o {out}: {os.path.basename(model_path)} keeps its weights in {', '.join(locations)}, "
                            f"which ONNX reads only from the model's own folder; write the annotated model in {home}")
+    missing = [x for x in locations if not os.path.isfile(os.path.join(home, x))]
+    if missing:  # planning never reads the weights; the annotated model references them, and onnx.checker reads them
+        raise InvalidInput(f"{os.path.basename(model_path)} keeps its weights in {missing[0]}, which is not in {home}; "
+                           "copy it beside the model (the annotated model references it)")
 
 
 __all__ = ["check", "check_target", "external_locations"]
