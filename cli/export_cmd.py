@@ -61,6 +61,7 @@ def export_cmd(
             suffix(backend)  # an unknown backend is named as such
             raise InvalidInput(f"the {backend} backend writes a file: give -o FILE (launch configs, which are "
                                f"printed without -o: {', '.join(LAUNCH)})")
+        refuse_invalid(doc, file, base_dir)
         if as_json:
             typer.echo(json.dumps({"backend": backend, "declaration": file,
                                    **launch_config(doc, backend, base_dir=base_dir)}, indent=2))
@@ -68,6 +69,7 @@ def export_cmd(
             typer.echo(export(doc, backend, base_dir=base_dir), nl=False)
         return
     check_output(output, "-o", protect=inputs, force=force, noun=f"{backend} export")
+    refuse_invalid(doc, file, base_dir)
     with render.progress(f"exporting {file} to {backend} ..."):
         size = export_to_file(doc, backend, output, base_dir=base_dir, protect=inputs)
     if as_json:
@@ -75,6 +77,21 @@ def export_cmd(
                               indent=2, sort_keys=True))
         return
     console.print(f"{backend} export written to {escape(output)} ({render.nbytes(size)})")
+
+
+def refuse_invalid(doc: dict, file: str, base_dir: str) -> None:
+    """Before writing: a training declaration passes validate's checks of itself (cluster, model, pipeline,
+    layouts; not the re-estimate), so no launch config goes out of a file validate refuses."""
+    from planner.hypershard.programs import is_serving
+    from planner.hypershard.validate import validate_document
+
+    if is_serving(doc):
+        return
+    bad = next((c for c in validate_document(doc, os.path.basename(file), base_dir, through="layouts").checks
+                if not c.ok), None)
+    if bad is not None:
+        raise InvalidInput(f"{file} does not validate ({bad.name}: {bad.detail}); fix it (`hyperplan validate "
+                           f"{file}` lists every check), then export")
 
 
 def declared_inputs(doc: dict, base_dir: str) -> tuple[str, ...]:

@@ -88,6 +88,25 @@ def test_launch_errors_are_one_line(plans, tmp_path):
         assert len(r.output.strip().splitlines()) == 1
 
 
+def test_a_declaration_validate_refuses_is_not_exported(plans, tmp_path):
+    """A hand edit that validate refuses (a tp axis of 3 on 8 devices) had gone out as a Megatron command line,
+    exit 0, with --tensor-model-parallel-size 3 (QA of 2026-12-07): export checks what validate checks first."""
+    import yaml
+
+    doc = yaml.safe_load((plans / "train.yaml").read_text())
+    axes = next(m for m in doc["meshes"] if m["name"] == "world")["axes"]
+    next(a for a in axes if a["name"] == "tp")["size"] = 3
+    bad = tmp_path / "edited.yaml"
+    bad.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert cli("validate", str(bad)).exit_code != 0
+    for args in (["--backend", "megatron"], ["--backend", "torch", "-o", str(tmp_path / "p.py")]):
+        r = cli("export", str(bad), *args)
+        assert r.exit_code == 2, r.output
+        assert "does not validate (cluster:" in r.output and "then export" in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+    assert not (tmp_path / "p.py").exists()
+
+
 @pytest.mark.slow
 def test_a_llama3_70b_plan_exports_to_a_megatron_command_line_with_its_degrees(tmp_path):
     """The issue's acceptance: plan llama3-70b -o p.yaml, then export p.yaml --backend megatron prints a command line

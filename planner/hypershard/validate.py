@@ -70,8 +70,10 @@ class Report:
                 "warnings": list(self.warnings), "estimate": self.estimate}
 
 
-def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_dir: str | None = None) -> Report:
-    """Run every check; InvalidInput only when the file cannot be read as a declaration at all."""
+def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_dir: str | None = None,
+                      through: str = "estimate") -> Report:
+    """Run every check (through "layouts": the declaration's own consistency, not its re-estimate); InvalidInput only
+    when the file cannot be read as a declaration at all."""
     check_schema(doc, name)
     if is_serving(doc):  # a serving plan: prefill and decode programs
         from planner.hypershard.serving_check import validate_serving
@@ -125,6 +127,8 @@ def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_di
     entries = sum(len(v["layouts"]["params"]) for v in vs)
     if not rep.add("layouts", list(dict.fromkeys(layouts)), f"{len(graph.params)} parameters, {entries} entries"):
         return rep  # an estimate of other layouts than the declared ones would not be this file's
+    if through == "layouts":
+        return rep
     try:
         scored = score_as(doc, request, workload, doc["cluster"]["devices"])
     except (InvalidInput, SpecError) as exc:
