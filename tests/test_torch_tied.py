@@ -79,3 +79,28 @@ def test_a_split_conv1d_weight_is_refused_in_one_sentence():
     with pytest.raises(InvalidInput, match=r"splits linear weights stored \[out, in\] \(nn.Linear\), and "
                                            r"transformer.h.\*.attn.c_attn.weight \(in .*\) is split as an \[in, out\]"):
         export(doc, "torch")
+
+
+def test_a_head_tied_to_a_hidden_split_embedding_gives_whole_logits():
+    """Qwen2's tied head under TP2 with sequence parallelism, its embedding split on the hidden dim: the head is
+    row-parallel and its logits had left as a DTensor split by sequence, which the loss refused ('mixed
+    torch.Tensor and DTensor') and a pipeline's last stage cut to half the sequence (QA of 2026-12-07)."""
+    from torch import nn
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,
+                                                   SequenceParallel)
+
+    from planner.hypershard.backends.torch_tp import TP_SRC
+
+    table = {"op": "embedding", "dims": [None, "tp"], "input": ["dp", None]}
+    ns = dict(nn=nn, Replicate=Replicate, Shard=Shard, ColwiseParallel=ColwiseParallel, RowwiseParallel=RowwiseParallel,
+              PrepareModuleOutput=PrepareModuleOutput, SequenceParallel=SequenceParallel, SEQUENCE_PARALLEL=True,
+              layout_of=lambda name: table)
+    exec(TP_SRC, ns)  # the generated module's own source
+    head = ns["_as_used_by"](table, nn.Linear(8, 16, bias=False), True)
+    style = ns["_style"](head)
+    assert isinstance(style, RowwiseParallel)
+    assert style.output_layouts == (Replicate(),) and style.use_local_output  # whole logits, a plain tensor
+    assert style.input_layouts == (Shard(1),)  # the stream arrives split by sequence
+    lookup = ns["_style"](ns["_as_used_by"](table, nn.Embedding(16, 8), False))
+    assert isinstance(lookup, ColwiseParallel)

@@ -7,7 +7,8 @@ dim ColwiseParallel; under sequence parallelism norms on the residual stream are
 stream stays a DTensor split by sequence (Korthikanti et al. 2022). A weight the model holds under two names
 (a head tied to its embedding) is declared once; each module using it takes the style of its own op
 (`_as_used_by`), so the lookup splits the vocabulary as a RowwiseParallel embedding and the head as a
-ColwiseParallel linear. The styles assume torch's conventions (nn.Linear weights [out, in]); `_check` says
+ColwiseParallel linear; a lookup split on the hidden dim makes the head a RowwiseParallel linear, whose logits
+leave whole (a plain tensor, not the stream's sequence split: the loss and the pipeline read whole logits). The styles assume torch's conventions (nn.Linear weights [out, in]); `_check` says
 so in one sentence where a module breaks them.
 """
 
@@ -34,6 +35,8 @@ def _style(entry):
     stream = Shard(1) if SEQUENCE_PARALLEL else Replicate()
     arrives = Shard(1) if _seq_split(entry) else Replicate()
     if op == "linear" and dim is not None:
+        if entry.get("output_partial") and entry.get("model_output"):  # the logits leave whole, as a tensor
+            return RowwiseParallel(input_layouts=arrives, output_layouts=Replicate(), use_local_output=True)
         if entry.get("output_partial"):
             return RowwiseParallel(output_layouts=stream, use_local_output=not SEQUENCE_PARALLEL)
         if entry.get("model_output"):
