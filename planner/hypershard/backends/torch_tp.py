@@ -7,8 +7,9 @@ dim ColwiseParallel; under sequence parallelism norms on the residual stream are
 stream stays a DTensor split by sequence (Korthikanti et al. 2022). A weight the model holds under two names
 (a head tied to its embedding) is declared once; each module using it takes the style of its own op
 (`_as_used_by`), so the lookup splits the vocabulary as a RowwiseParallel embedding and the head as a
-ColwiseParallel linear; a lookup split on the hidden dim makes the head a RowwiseParallel linear, whose logits
-leave whole (a plain tensor, not the stream's sequence split: the loss and the pipeline read whole logits). The styles assume torch's conventions (nn.Linear weights [out, in]); `_check` says
+ColwiseParallel linear; a lookup split on the hidden dim makes the head a RowwiseParallel linear, whose
+logits leave whole (a plain tensor, not the stream's sequence split: the loss and the pipeline read whole
+logits). The styles assume torch's conventions (nn.Linear weights [out, in]); `_check` says
 so in one sentence where a module breaks them.
 """
 
