@@ -121,3 +121,20 @@ def test_the_onnx_export_shards_a_folded_linear_weight_as_its_module_weight(tmp_
     q = next(n for n in onnx.load(str(out)).graph.node if n.input and "onnx::MatMul_604" in n.input)
     specs = {s.tensor_name: [d.axis for d in s.sharded_dim] for c in q.device_configurations for s in c.sharding_spec}
     assert specs["onnx::MatMul_604"] == [1]  # the file's [in, out] copy: split on its second dim
+
+
+def test_a_torch_export_refuses_expert_parallelism_over_renamed_stacked_experts(tmp_path):
+    """The optimiser renames stacked expert weights too ([experts, in, out], read through a Gather: no module's
+    `.weight` to name them after); the torch module places them by the model's names, so an expert-parallel plan
+    of such a file had exported, exit 0, and failed when run ('... experts.gate_up_proj has no layout') (QA)."""
+    from planner.errors import InvalidInput
+    from planner.hypershard import declare
+    from planner.hypershard.backends import export
+
+    entry = MANIFEST["deepseek_v3_dyn18_inline_auto_opt"]
+    doc = declare(str(HF / entry["files"][0]), cluster="dgx-h100", devices=2, global_batch=4,
+                  seq_len=entry["bind"]["seq_len"], ep=2, dims=entry["dims"])
+    assert any(k.startswith("val_") and len(e["dims"]) == 3 for k, e in doc["layouts"]["params"].items())
+    with pytest.raises(InvalidInput, match=r"places a MoE layer's stacked expert weights by their module's names, "
+                                           r"and the exporter renamed val_\d+"):
+        export(doc, "torch")

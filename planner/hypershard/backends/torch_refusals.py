@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from planner.errors import InvalidInput
+from planner.graph.onnx_folded import FOLDED_NAME
 from planner.hypershard.backends import common
 from planner.hypershard.layouts import dim_axes
 from planner.hypershard.pins import REPLICATED, tp_layout
@@ -32,6 +33,11 @@ def check(doc: Mapping[str, Any]) -> None:
         ep, tp, cp = sizes.get("ep", 1), sizes.get("tp", 1), sizes.get("cp", 1)
         params = v["layouts"]["params"]
         stacked = stacked_experts(v)
+        renamed = [p for p, e in params.items() if len(e["dims"]) == 3 and FOLDED_NAME.fullmatch(p)]
+        if ep > 1 and renamed:  # the module applies layouts by the model's own names, which these are not
+            raise InvalidInput(f"the torch backend places a MoE layer's stacked expert weights by their module's "
+                               f"names, and the exporter renamed {renamed[0]} (in {where}); plan from the model's "
+                               f"config.json, or {_ELSEWHERE}")
         if ep > 1 and (multi or cp > 1 or tp > 1):
             what = "several programs" if multi else f"cp {cp}" if cp > 1 else f"tp {tp}, so it spans tensor ranks"
             raise InvalidInput(f"the torch backend runs expert parallelism over the data-parallel ranks of one "
