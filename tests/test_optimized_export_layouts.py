@@ -83,3 +83,28 @@ def test_a_tensor_parallel_plan_of_the_optimised_export_exports_to_torch(optimis
     assert run.exit_code == 0, run.output
     assert "model.layers.*.self_attn.q_proj.weight" in (tmp_path / "p.py").read_text()
 
+
+
+@pytest.mark.parametrize("dynamo", [True, False])
+def test_a_freshly_initialised_model_counts_every_norm_weight(dynamo, tmp_path):
+    """Both exporters keep one tensor for equal constants, so a model built from its config and exported before
+    training (its norm weights all ones) had read as one norm weight for every layer: 106,560 parameters against
+    torch's 106,816, and under TorchScript its layers no longer alike (QA of 2026-12-07)."""
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=256, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    path = str(tmp_path / "fresh.onnx")
+    ids, mask = torch.zeros(2, 16, dtype=torch.long), torch.ones(2, 16, dtype=torch.long)
+    if dynamo:
+        torch.onnx.export(model, (ids,), path, dynamo=True,
+                          dynamic_shapes={"input_ids": {0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")}})
+    else:  # TorchScript traces transformers 5's masks only with an attention mask given
+        torch.onnx.export(model, (ids,), path, dynamo=False, kwargs={"attention_mask": mask},
+                          input_names=["input_ids", "attention_mask"])
+    g = load_graph(path, batch=2, seq_len=16)
+    assert g.param_count == model.num_parameters() == 106_816
+    assert any("stored equal parameters once" in n for n in g.notes)
+    structure = discover_blocks(g)
+    assert [len(b.params) for b in structure.layers()] == [9, 9]  # each layer's two norms its own
+    assert [t.count for t in structure.types if t.count > 1] == [2]  # the two layers are one repeated type

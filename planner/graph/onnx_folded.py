@@ -140,6 +140,68 @@ def unfold(skel: onnx.ModelProto, scopes: list[str], roles: dict[str, str]) -> s
             + "): read as the modules' weights, [out, in] as torch holds them")
 
 
+#: Ops that read a module's own elementwise parameter, and by input slot which one it is (None: any slot)
+_SCALES = {"Mul": (None, ".weight"), "Add": (None, ".bias"), "LayerNormalization": (1, ".weight"),
+           "SimplifiedLayerNormalization": (1, ".weight"), "RMSNormalization": (1, ".weight")}
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
+
+
+def unshare(skel: onnx.ModelProto, scopes: list[str], roles: dict[str, str]) -> str:
+    """Give each module its own copy of a vector parameter the exporter stored once for several modules: both
+    exporters keep one initializer for equal constants, so a freshly initialised model's norm weights (all ones)
+    and biases (all zeros) come out as one tensor read by every layer's norm, its parameter count short and its
+    layers no longer alike. A vector read elementwise (`_SCALES`) from two or more module scopes becomes, for each
+    reader, `{scope}.weight` (or `.bias`), where the exporter's signature lists that parameter (without one, where
+    the name is free); a note, or ""."""
+    g = skel.graph
+    inits = {t.name: t for t in g.initializer}
+    names = {x for n in g.node for x in (*n.input, *n.output)} | set(inits) | {v.name for v in g.input}
+    readers: dict[str, dict[int, str]] = {}
+    # TorchScript hands the one tensor to the other modules through Identity nodes of no scope
+    alias = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Identity" and n.input and n.input[0] in inits}
+    for i, n in enumerate(g.node):
+        slot, suffix = _SCALES.get(n.op_type, (-1, ""))
+        for k, x in enumerate(n.input):
+            x = alias.get(x, x)
+            t = inits.get(x)
+            if t is not None and (slot is None or k == slot) and len(t.dims) == 1 and t.dims[0] > 1 \
+                    and t.data_type in _FLOATS and scopes[i]:
+                readers.setdefault(x, {})[i] = scopes[i] + suffix
+    made, dropped = [], set()
+    for w, targets in readers.items():
+        new = {i: t for i, t in targets.items() if t != w}
+        wanted = set(new.values())
+        if len(set(targets.values())) < 2 or not all(
+                (roles.get(t) == "PARAMETER") if roles else (t not in names or alias.get(t) == w) for t in wanted):
+            continue
+        for t in sorted(wanted):
+            shell = onnx.TensorProto(name=t, data_type=inits[w].data_type, dims=list(inits[w].dims))
+            shell.data_location = onnx.TensorProto.EXTERNAL
+            shell.external_data.add(key="location", value="hyperplan:unshared")
+            g.initializer.append(shell)
+            names.add(t)
+        for i, t in new.items():
+            node = g.node[i]
+            node.input[:] = [t if alias.get(x, x) == w else x for x in node.input]
+        made.append((w, len(targets)))
+        dropped.update(t for t in wanted if alias.get(t) == w)  # an Identity TorchScript named as the parameter
+    keep = [k for k, n in enumerate(g.node) if not (n.op_type == "Identity" and n.output[0] in dropped)]
+    if len(keep) < len(g.node):
+        nodes, kept_scopes = [g.node[k] for k in keep], [scopes[k] for k in keep]
+        fresh = [onnx.NodeProto() for _ in nodes]
+        for a, b in zip(fresh, nodes):
+            a.CopyFrom(b)
+        del g.node[:]
+        g.node.extend(fresh)
+        scopes[:] = kept_scopes
+    if not made:
+        return ""
+    w, n = made[0]
+    return (f"the exporter stored equal parameters once ('{w}' for {n} modules' norms"
+            + (f", and {len(made) - 1} more" if len(made) > 1 else "") + "): read as each module's own, as the "
+            "model trains them")
+
+
 def stored_copies(graph) -> dict[str, tuple[str, bool]]:
     """In an imported `Graph`, each file tensor `untie` or `unfold` read as a parameter: that parameter, and
     whether the file holds it transposed."""
@@ -187,4 +249,4 @@ def _bits(t: onnx.TensorProto, base_dir: str | None) -> np.ndarray | None:
         return None
 
 
-__all__ = ["FOLDED", "SAMPLE", "TIED", "stored_copies", "unfold", "untie"]
+__all__ = ["FOLDED", "FOLDED_NAME", "SAMPLE", "TIED", "stored_copies", "unfold", "unshare", "untie"]

@@ -27,7 +27,7 @@ from planner.graph.onnx_read import nested_refs, read_model, skeleton, topo_orde
 from planner.graph.onnx_scopes import inline_functions, node_scope
 from planner.graph.onnx_shapes import Shapes, collect, propagate, write_back
 from planner.graph.onnx_subgraphs import control_flow_cost, is_control_flow
-from planner.graph.onnx_folded import unfold, untie
+from planner.graph.onnx_folded import unfold, unshare, untie
 from planner.graph.op_cost_tables import VIEW_OPS
 from planner.graph.op_costs import OpCost, node_cost, read_once
 from planner.graph.shape_rules import is_full, merge
@@ -52,8 +52,10 @@ def import_model(source: str | os.PathLike | onnx.ModelProto, *, dims: Mapping[s
     base_dir = os.path.dirname(os.path.abspath(os.fspath(source))) if isinstance(source, (str, os.PathLike)) else None
     if note := untie(skel, model, scopes, base_dir):
         notes.append(note)
-    if note := unfold(skel, scopes, declared_roles(model.graph)):
-        notes.append(note)
+    roles = declared_roles(model.graph)
+    for note in (unfold(skel, scopes, roles), unshare(skel, scopes, roles)):
+        if note:
+            notes.append(note)
     skel, scopes, note = inline_functions(skel, scopes)
     if note:
         notes.append(note)
