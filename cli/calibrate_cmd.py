@@ -145,8 +145,11 @@ def _print(result, output: Optional[Path], plot: Optional[Path]) -> None:
         console.print(f"{hw}: {note}")
     if result.fit is not None:
         values = ", ".join(f"{k} {v:g}" for k, v in result.fit.values.items())
-        console.print(f"fitted {result.fit.hardware} on {len(result.fit.runs)} runs in {result.fit.evaluations} "
-                      f"evaluations: {values}")
+        runs = len(result.fit.runs)
+        console.print(f"fitted {result.fit.hardware} on {runs} run{'s' if runs != 1 else ''} in "
+                      f"{result.fit.evaluations} evaluations: {values}")
+        if bound := result.fit.bound_sentence():
+            console.print(f"warning: {bound}")
         if output is not None:
             console.print(f"wrote {output}")
     if plot is not None:

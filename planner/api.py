@@ -172,7 +172,8 @@ def estimate_model(
                            f"most {chunk} layers; give at most {chunk}, or --recompute full")
     est = estimate(graph, structure, hw, workload, strat, solver=solver)
     out = est.to_dict()
-    out.update(_describe(model, graph, hw, workload, structure, as_shipped=_as_shipped(model, overrides, dims)))
+    out.update(_describe(model, graph, hw, workload, structure, as_shipped=_as_shipped(model, overrides, dims),
+                         cp=strat.cp))
     out["warnings"] = scale_warnings(est.step_time_s, est.microbatches, workload.mode) + unpaired_warnings(
         strat, workload, mtp_depths(graph, structure)) + stack_warnings(strat, workload)
     from planner.plan import strategy_dict
@@ -197,9 +198,9 @@ def _as_shipped(model: str | os.PathLike, overrides: Mapping[str, Any] | None, d
 
 
 def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, structure: Any,
-              as_shipped: bool = False) -> dict[str, Any]:
+              as_shipped: bool = False, cp: int | None = None) -> dict[str, Any]:
     """What an estimate rests on and how far off it may be; `as_shipped`: the model is a zoo name without overrides
-    (its own published runs are then cited)."""
+    (its own published runs are then cited); `cp`: the layout's context-parallel degree, None when not one."""
     moe = any(t.kind == "moe" for t in structure.types)
     ex, index = workload.execution, index_graph(graph)
     biased = moe and ex.expert_bias_bytes > 0 and any(
@@ -216,7 +217,7 @@ def _describe(model: str | os.PathLike, graph: Graph, hw: Any, workload: Any, st
                      "dtype": workload.dtype, "stack": workload.execution.origin or workload.execution.name,
                      "allocator_reserve": workload.execution.allocator_reserve},
         "assumptions": assumptions(hw, workload, {r.head_dim for r in regions}, moe, biased,
-                                   any(r.window for r in regions), eager_rope)
+                                   any(r.window for r in regions), eager_rope, cp is None or cp > 1)
         + ([uncosted_note(graph)] if graph.uncosted()["ops"] else []),
     }
 
@@ -335,7 +336,10 @@ def plan_model(
         else:
             mpmd_info["used"] = False
         out["mpmd"] = mpmd_info
-    out.update(_describe(model, graph, hw, workload, structure, as_shipped=_as_shipped(model, overrides, dims)))
+    programs = out.get("programs") or [out]  # an MPMD plan's programs, each with its strategy
+    cp = max(int((p.get("strategy") or {}).get("cp", 1)) for p in programs)
+    out.update(_describe(model, graph, hw, workload, structure, as_shipped=_as_shipped(model, overrides, dims),
+                         cp=cp))
     out["warnings"] = scale_warnings(out["estimate"]["step_time_s"], out["estimate"].get("microbatches", 1),
                                      workload.mode)
     acc = out.get("accuracy")

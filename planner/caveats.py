@@ -173,11 +173,13 @@ SCALED_BLOCKS = ("mxfp8", "blockwise")
 
 
 def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bool = False,
-                expert_bias: bool = False, windowed: bool = False, eager_rope: bool = False) -> list[str]:
+                expert_bias: bool = False, windowed: bool = False, eager_rope: bool = False,
+                context_parallel: bool = True) -> list[str]:
     """What the figures rest on that no measurement of this hardware and stack has checked (`head_dims`: the
     model's attention head dims; `moe`: it routes tokens to experts; `expert_bias`: its experts carry an output
     bias the stack adds beside their GEMM; `windowed`: some of its attention is a sliding window; `eager_rope`: the
-    stack runs its YaRN-scaled rotary embedding as eager ops)."""
+    stack runs its YaRN-scaled rotary embedding as eager ops; `context_parallel`: the layout may split the
+    sequence, False when it is known not to)."""
     out = hardware_assumptions(hw, workload.dtype)
     ex = workload.execution
     if eager_rope:
@@ -235,7 +237,7 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
         out.append(f"the {ex.name} stack replays {', '.join(ex.cuda_graphs)} from CUDA graphs: those kernels are "
                    "costed without the host's issue" + (" (a MoE layer's whole part before its experts, router and "
                                                         "dispatcher preprocessing alike)" if router else ""))
-    if workload.mode == "train" and ex.attention == "flash":
+    if workload.mode == "train" and ex.attention == "flash" and context_parallel:
         out.append(f"a layout with context parallelism pays the {ex.name} stack's ring merges beside its attention "
                    "kernels as Transformer Engine's p2p ring runs them (a kernel, an exchange and the merges a step; "
                    "benchmarks/CALIBRATION.md: context parallelism's ring merges)" if ex.cp_merge == "te_p2p" else

@@ -209,6 +209,23 @@ def test_fixed_knobs_no_strategy_of_the_model_can_take_are_named(knobs, words):
     assert words in " ".join(r.output.split())
 
 
+def test_a_tensor_degree_that_does_not_split_the_sequence_is_refused_under_sequence_parallelism(tmp_path):
+    """--tp 8 on 2,047 tokens had planned with sequence parallelism, validated, and gone out as a Megatron command
+    line its own check refuses (QA of 2026-12-07)."""
+    r = runner.invoke(app, ["plan", "gpt", "--layers", "2", "--cluster", "dgx-a100", "--devices", "8",
+                            "--global-batch", "8", "--seq-len", "510", "--tp", "4"])
+    assert r.exit_code == 2, r.output
+    assert "--tp 4: sequence parallelism splits each sequence over the tensor ranks, and 510 tokens do not split " \
+           "into 4" in " ".join(r.output.split())
+    out = tmp_path / "p.yaml"
+    r = runner.invoke(app, ["plan", "gpt", "--layers", "2", "--cluster", "dgx-a100", "--devices", "8",
+                            "--global-batch", "8", "--seq-len", "512", "--tp", "4", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    out.write_text(out.read_text().replace("seq_len: 512", "seq_len: 510"))
+    r = runner.invoke(app, ["validate", str(out)])
+    assert r.exit_code != 0 and "510 tokens do not split into 4" in " ".join(r.output.split()), r.output
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["plan", "--devices", "0"], "--devices 0: a device count is at least 1"),
     (["plan", "--seq-len", str(2**40)], "give a smaller --seq-len"),

@@ -59,6 +59,27 @@ def test_refitting_the_a100_preset_on_its_rows_gives_the_shipped_plateau(tmp_pat
     assert out.read_text(encoding="utf-8") == before
 
 
+def test_a_value_the_fit_leaves_at_its_bound_is_said(tmp_path):
+    """Three copies of an 8-GPU Llama-3-8B FP8 row at TP 1, 2 and 4 measured faster than the model can make them:
+    the FP8 plateau ends at 1.0, the top of its range, and had been written without a word (QA of 2026-12-07)."""
+    row = next(r.raw for r in read_runs() if r.id == "nemo2407-llama3-8b-8-h100-fp8")
+    rows = []
+    for i, (tp, tps) in enumerate([(1, 12000), (2, 11000), (4, 9000)]):
+        x = json.loads(json.dumps(row))
+        x.update(id=f"my-{i}", measured={"tokens_per_s_per_device": tps})
+        x.pop("table", None)
+        x["strategy"] = {k: v for k, v in x["strategy"].items() if k != "dp"} | {"tp": tp}
+        rows.append(x)
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"runs": rows}))
+    res = CliRunner().invoke(app, ["calibrate", str(path), "--fit", "my-0,my-1", "--json"])
+    assert res.exit_code == 0, res.output
+    fitted = json.loads(res.output)["fit"]
+    assert fitted["values"]["fp8_matmul_plateau"] == 1.0 and fitted["at_bound"] == ["fp8_matmul_plateau"]
+    text = CliRunner().invoke(app, ["calibrate", str(path), "--fit", "my-0,my-1"], terminal_width=200)
+    assert "warning: fp8_matmul_plateau 1: at the end of the range the fit allows" in " ".join(text.output.split())
+
+
 def test_the_fit_starts_from_the_text_it_is_given(a100_runs):
     """A start text whose memory plateau (which five runs do not fit) differs from the installed one: the fit takes
     the text's value, makes up for the slower memory-bound ops with a higher GEMM plateau, and the written file

@@ -223,6 +223,10 @@ _ROW = {"id": "a", "hardware": "dgx-a100", "devices": 8, "model": "gpt", "overri
     ({"known_regression": True}, "known_regression must be the publisher's sentence"),
     ({"never_fitted": 1}, "never_fitted must say why no fit may use the run"),
     ({"measured": {"step_s": 0.05, "memory_gib": 60}}, "unknown field 'memory_gib'.*the row's own memory_gib field"),
+    # QA of 2026-12-07: tp 0 had crashed (ZeroDivisionError), sp "false" had read as true, any category passed
+    ({"strategy": {"tp": 0}}, r"strategy.tp must be an integer of at least 1, got 0"),
+    ({"strategy": {"tp": 2, "sp": "false"}}, r"strategy.sp must be true or false, got 'false'"),
+    ({"category": "foo"}, "category must be one of training, dense_training, moe_training, got 'foo'"),
 ])
 def test_bad_rows_are_refused_with_one_sentence(tmp_path, change, words):
     with pytest.raises(InvalidInput, match=words):

@@ -119,3 +119,18 @@ def test_every_training_estimate_says_how_context_parallelism_is_costed(stack, s
     work = dataclasses.replace(make_workload("train", 8, SEQ, "bf16", None), execution=load_execution(stack))
     said = [a for a in assumptions(load_cluster("dgx-h100", devices=8), work) if "context parallelism" in a]
     assert len(said) == 1 and says in said[0]
+
+
+def test_the_ring_merges_assumption_is_said_only_where_the_layout_may_split_the_sequence():
+    """It had been printed for every estimate and plan, DP8 and TP8 ones too (QA of 2026-12-07)."""
+    from planner.api import estimate_model, plan_model
+
+    job = dict(cluster="dgx-h100", devices=8, global_batch=16, seq_len=2048, overrides=dict(layers=2))
+
+    def said(out):
+        return any("a layout with context parallelism" in a for a in out["assumptions"])
+
+    assert not said(estimate_model("llama3-8b", **job))
+    assert said(estimate_model("llama3-8b", cp=2, **job))
+    planned = plan_model("llama3-8b", **job)
+    assert said(planned) == (planned["strategy"].get("cp", 1) > 1)

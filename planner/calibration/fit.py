@@ -60,6 +60,16 @@ class Fit:
     predictions: tuple[Prediction, ...]
     evaluations: int
     tied: tuple[str, ...] = ()  # of `values`, those set from another by a fixed ratio (`fit`'s `ties`), not fitted
+    bounded: tuple[str, ...] = ()  # of `values`, those the fit left at a bound of their range (`PARAMETERS`): the
+    # runs ask for more (or less) than the model allows, so the value is not pinned by them
+
+    def bound_sentence(self) -> str:
+        """One sentence on the values a fit left at a bound of their range, or ""."""
+        if not self.bounded:
+            return ""
+        return (f"{', '.join(f'{n} {self.values[n]:g}' for n in self.bounded)}: at the end of the range the fit "
+                "allows, so the runs ask for more than the model gives there and do not pin it; check those runs "
+                "(their layout, stack and measurement) before trusting the file")
 
 
 #: Fit runs needed before the per-kernel overhead and the overlap efficiency are fitted too (with fewer, a fit
@@ -161,7 +171,8 @@ def fit(runs: Sequence[Run], base: Cluster, predictor: Predictor | None = None,
     values = {k: round(v, 3) for k, v in with_ties({n: round(float(v), 3) for n, v in zip(names, sol.x)}).items()}
     hw = cluster_of(values)
     preds = tuple(predictor.predict(r, hw.scaled(r.devices)) for r in runs_of(values))
-    return Fit(base.name, values, tuple(r.id for r in runs), preds, calls[0], tuple(ties))
+    bounded = tuple(n for n, x in zip(names, sol.x) if min(x - spec[n][1], spec[n][2] - x) < 1e-3 * spec[n][2])
+    return Fit(base.name, values, tuple(r.id for r in runs), preds, calls[0], tuple(ties), bounded)
 
 
 def preset_values(c: Cluster) -> dict[str, float]:

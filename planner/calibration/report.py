@@ -80,7 +80,7 @@ class CalibrationResult:
                "hardware": dict(sorted(self.notes.items()))}
         if self.fit is not None:
             out["fit"] = {"hardware": self.fit.hardware, "values": self.fit.values, "runs": list(self.fit.runs),
-                          "evaluations": self.fit.evaluations}
+                          "evaluations": self.fit.evaluations, "at_bound": list(self.fit.bounded)}
         return out
 
 

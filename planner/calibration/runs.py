@@ -53,6 +53,11 @@ from planner.strategy import RECOMPUTE_POLICIES, Strategy
 
 STRATEGY_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "recompute", "full_recompute_layers",
                  "sp", "zero", "schedule", "stage_layers", "offload", "flushes")
+#: The integer strategy keys of a row and the least each may be (etp 0: the tensor degree, Megatron-Core's default)
+_COUNTS = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 0, "vpp": 1, "zero": 0, "flushes": 1,
+           "full_recompute_layers": 0}
+#: The kinds of job a row measures (`hyperplan calibrate --category`)
+CATEGORIES = ("training", "dense_training", "moe_training")
 ROW_KEYS = ("id", "source", "hardware", "devices", "model", "overrides", "seq_len", "global_batch", "dtype", "stack",
             "execution", "strategy", "measured", "memory_gib", "category", "notes", "known_regression",
             "never_fitted", "table")
@@ -148,6 +153,14 @@ def parse_run(row: Any, *, where: str, origin: str = "", order: int = 0) -> Run:
         raise InvalidInput(f"{where}: strategy.micro_batch must be a positive integer or {LARGEST_FITTING!r}")
     if strategy.get("recompute", "none") not in RECOMPUTE_POLICIES:
         raise InvalidInput(f"{where}: strategy.recompute must be one of {', '.join(RECOMPUTE_POLICIES)}")
+    for key, least in _COUNTS.items():
+        v = strategy.get(key, least)
+        if isinstance(v, bool) or not isinstance(v, int) or v < least:
+            raise InvalidInput(f"{where}: strategy.{key} must be an integer of at least {least}, got {v!r}")
+    if not isinstance(strategy.get("sp", False), bool):
+        raise InvalidInput(f"{where}: strategy.sp must be true or false, got {strategy['sp']!r}")
+    if row.get("category", "training") not in CATEGORIES:
+        raise InvalidInput(f"{where}: category must be one of {', '.join(CATEGORIES)}, got {row['category']!r}")
     devices = _count(row, "devices", where)
     seq, batch = _count(row, "seq_len", where), _count(row, "global_batch", where)
     measured = row.get("measured")

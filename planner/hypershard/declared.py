@@ -195,7 +195,7 @@ def score(request: Request, workload: Workload, strategy: Strategy, devices: int
         est = estimate(graph, structure, hw, workload, strategy, param_pins=pins)
     plan = {"strategy": strategy_dict(strategy), "mesh": list(mesh_axes(hw, strategy)), "estimate": est.to_dict()}
     plan.update(_describe(request.model, graph, hw, workload, structure,
-                          as_shipped=_as_shipped(request.model, request.overrides, request.dims)))
+                          as_shipped=_as_shipped(request.model, request.overrides, request.dims), cp=strategy.cp))
     return Scored(graph, structure, request, plan, edited)
 
 

@@ -72,8 +72,7 @@ class Report:
 
 def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_dir: str | None = None,
                       through: str = "estimate") -> Report:
-    """Run every check (through "layouts": the declaration's own consistency, not its re-estimate); InvalidInput only
-    when the file cannot be read as a declaration at all."""
+    """Run every check (`through` "layouts": not the re-estimate); InvalidInput only for an unreadable file."""
     check_schema(doc, name)
     if is_serving(doc):  # a serving plan: prefill and decode programs
         from planner.hypershard.serving_check import validate_serving
@@ -95,7 +94,10 @@ def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_di
         return rep
     multi = len(vs) > 1
     label = [f"{rank_label(doc, k)}: " if multi else "" for k in range(len(vs))]
-    rep.add("strategy", [], "; ".join(lab + s.short() for lab, s in zip(label, strategies)))
+    uneven = [f"{lab}sequence parallelism splits each sequence over tp {s.tp}, and {workload.seq_len} tokens do not "
+              f"split into {s.tp}" for lab, s in zip(label, strategies) if s.sp and workload.seq_len % s.tp]
+    if not rep.add("strategy", uneven, "; ".join(lab + s.short() for lab, s in zip(label, strategies))):
+        return rep
     cluster = cluster_problems(doc) + (rank_problems(doc) if multi else [])
     for k, (v, s) in enumerate(zip(vs, strategies)):
         first, _ = ranks_of(doc["programs"][k], doc["cluster"]["devices"])
@@ -125,9 +127,8 @@ def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_di
         f"{lab}{s.pp} stage(s) x {s.vpp} chunk(s), {mb} micro-batches of {s.micro_batch}"
         for lab, s, mb in zip(label, strategies, m_batches)))
     entries = sum(len(v["layouts"]["params"]) for v in vs)
-    if not rep.add("layouts", list(dict.fromkeys(layouts)), f"{len(graph.params)} parameters, {entries} entries"):
-        return rep  # an estimate of other layouts than the declared ones would not be this file's
-    if through == "layouts":
+    layouts_ok = rep.add("layouts", list(dict.fromkeys(layouts)), f"{len(graph.params)} parameters, {entries} entries")
+    if not layouts_ok or through == "layouts":  # an estimate of other layouts than the declared ones is not the file's
         return rep
     try:
         scored = score_as(doc, request, workload, doc["cluster"]["devices"])

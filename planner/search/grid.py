@@ -181,6 +181,11 @@ def _unbuildable(workload: Workload, c: Constraints, shape: ModelShape) -> str:
         lower = "--vpp or --pp" if c.vpp and c.pp else given.split()[0]
         return (f"{given} makes {chunks} pipeline chunks, more than the model's {shape.layers} layers"
                 f"{' and its two ends' if ends else ''}; lower {lower}")
+    tp = c.tp or 1
+    if tp > 1 and workload.seq_len % tp and c.sequence_parallel_runs(workload.execution):
+        return (f"--tp {tp}: sequence parallelism splits each sequence over the tensor ranks, and {workload.seq_len} "
+                f"tokens do not split into {tp} (the launch would refuse it); give a --seq-len divisible by {tp}, or "
+                "another --tp")
     mb, batch = c.micro_batch, workload.global_batch
     if mb and (mb > batch or batch % mb):
         what = "is more than" if mb > batch else "does not divide"
