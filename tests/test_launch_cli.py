@@ -69,6 +69,9 @@ def test_a_serving_plan_prints_a_command_per_server(plans, backend):
     program = {"vllm": "vllm serve", "sglang": "python -m sglang.launch_server"}[backend]
     j = json.loads(cli("export", str(plans / "serve.yaml"), "--backend", backend, "--json").output)
     assert r.output.count(program) == len(j["config"]["commands"]) >= 1
+    # planned with --layers 2 and the like: the command serves the checkpoint as it is, and says so (QA)
+    assert any("its architecture overridden" in n and "layers 2" in n for n in j["notes"])
+    assert "# Note: this plan is of the model with" in r.output
 
 
 def test_launch_errors_are_one_line(plans, tmp_path):

@@ -81,6 +81,17 @@ def serving(doc: Mapping[str, Any], backend: str) -> Serving:
                    kv_dtype=w["kv_dtype"], estimate=doc.get("estimate") or {})
 
 
+def override_notes(doc: Mapping[str, Any]) -> list[str]:
+    """A note when the plan is of a model whose architecture was changed (`--layers 4`...): the command serves the
+    checkpoint as it is, which is not the model planned."""
+    changed = (doc.get("model") or {}).get("overrides") or {}
+    if not changed:
+        return []
+    said = ", ".join(f"{k} {v}" for k, v in sorted(changed.items()))
+    return [f"this plan is of the model with {said} (its architecture overridden); the command serves $MODEL's "
+            "checkpoint as it is, so serve a checkpoint of that architecture, or re-plan the model unchanged"]
+
+
 def common_problems(sv: Serving) -> list[Problem]:
     """What neither engine's arguments say: an offloaded share of the KV cache, an int8 KV cache."""
     out = [(f"KV-cache offload ({p.kv_offload:.0%} of {p.name}'s cache on the host)", "plan with --no-offload")

@@ -57,7 +57,7 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
                   "plan without --uneven-experts") for p in sv.phases if p.experts and p.experts % p.ep]
     launch.refuse("sglang", problems)
     node = launch.node_size(doc, base_dir)
-    notes = []
+    notes = sl.override_notes(doc)
     if any(p.experts and p.dp > 1 for p in sv.servers):
         notes.append("DP attention is SGLang's for DeepSeek and Qwen MoE models")
     if any("--nnodes" in _argv(sv, p, node) for p in sv.servers):

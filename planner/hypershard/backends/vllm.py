@@ -48,7 +48,7 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     """The vLLM commands (one per server) as data; InvalidInput, one sentence, for what vLLM cannot serve."""
     sv = sl.serving(doc, "vllm")
     launch.refuse("vllm", sl.common_problems(sv))
-    notes = []
+    notes = sl.override_notes(doc)
     if sv.dtype == "int8":
         notes.append("int8 weights: serve an int8 (w8a8) checkpoint; vLLM reads its quantization from the "
                      "checkpoint's config")
