@@ -290,6 +290,7 @@ def accuracy(hw: Any, workload: Any, moe: bool, model: str | None = None) -> dic
     out["sentence"], source = checked_sentence(hw, category)
     if source:
         out["transferred_from"] = source
+    model = model if model and _is_preset(hw) else None  # its runs' errors were computed with the preset's fit
     published = runs_of(model, hw.name) if model else []
     if published:
         out["published"] = [{k: r[k] for k in ("id", "devices", "group", "error")} for r in published]
@@ -299,6 +300,19 @@ def accuracy(hw: Any, workload: Any, moe: bool, model: str | None = None) -> dic
         out["bridge_sweep"] = [{k: r[k] for k in ("id", "micro_batch", "cuda_graphs", "error")} for r in swept]
         out["bridge_sweep_sentence"] = bridge_sweep.cited(model, hw.name, swept)
     return out
+
+
+def _is_preset(hw: Any) -> bool:
+    """Whether `hw` carries its preset's efficiency: a file of the preset's name fitted to a user's own runs (`hyperplan
+    calibrate --fit -o`) is not what the shipped runs' recorded errors were computed with."""
+    from cost_models import load_cluster
+    from cost_models.loader import preset_names
+
+    if hw.name not in preset_names():
+        return False
+    preset = load_cluster(hw.name)
+    return all(getattr(hw, k) == getattr(preset, k) for k in ("matmul_plateau", "fp8_matmul_plateau", "memory_plateau",
+                                                              "kernel_overhead_s", "host_overhead_s", "fitted_on"))
 
 
 __all__ = ["LONG_STEP_S", "accuracy", "assumptions", "attention_assumptions", "check_costed", "checked_sentence",
