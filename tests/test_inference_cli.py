@@ -180,6 +180,31 @@ def test_co_located_decode_takes_the_largest_batch_that_meets_the_tpot_target():
     assert seen(dec.batch) <= 0.015 < seen(dec.batch + 1)
 
 
+def test_co_located_decode_keeps_its_cache_beside_a_prefill():
+    """Co-located, a prefill runs while decode's cache stays resident: the plan had checked each phase alone, and a
+    Qwen3-30B prefill filling 71.9 of 72 GiB sat beside a decode cache of 18 GiB (QA of 2026-12-07). The plan's
+    prefill memory and decode cache now fit together, and one more decode sequence would not, or the TPOT stops it."""
+    from cost_models import load_cluster
+    from planner.inference.phase_cost import StepModel
+    from planner.inference.plan import co_located, plan_serving
+    from planner.inference.search import phase_plan
+    from planner.inference.serve import load_profile, serving_options
+    from planner.search.program_groups import group_cluster
+
+    hw = load_cluster("dgx-h100", devices=16)
+    profile = load_profile("qwen3-30b-a3b", overrides={"layers": 4})
+    serving = serving_options(prompt_len=1024, gen_len=512, batch=None, ttft_ms=500, tpot_ms=20, dtype="fp8",
+                              kv_dtype="fp8", offload=False)
+    plan, _ = plan_serving(profile, hw, serving, disaggregate=False)
+    pre, dec = plan.prefill, plan.decode
+    usable = pre.step.usable_bytes
+    assert pre.memory_bytes["total"] + dec.memory_bytes["kv_cache"] <= usable
+    model = StepModel(profile, group_cluster(hw, 16), dec.layout, serving.precision)
+    more = phase_plan(model, serving, "decode", dec.batch + 1, dec.kv_offload)
+    assert (pre.memory_bytes["total"] + more.memory_bytes["kv_cache"] > usable
+            or more.latency_s / co_located(pre, more, serving, 16).decode_share > 0.020)
+
+
 def test_a_hardware_file_without_attention_figures_is_refused_for_serving(tmp_path):
     from cost_models.loader import PRESET_DIR
 

@@ -97,29 +97,35 @@ def _co_located(profile: Profile, cluster: Cluster, serving: Serving, n: int) ->
     best = None
     hw = cluster.scaled(n)
     for lay in layouts(profile, hw, n, serving.even_experts):
-        pre = best_phase(profile, cluster, serving, "prefill", n, only=lay)
-        if pre is None:
-            continue
-        dec = _decode_beside(profile, cluster, serving, n, lay, pre)
-        if dec is None:
-            continue
-        plan = co_located(pre, dec, serving, n)
-        if best is None or plan.requests_per_s > best.requests_per_s * (1 + 1e-9):
-            best = plan
+        top = best_phase(profile, cluster, serving, "prefill", n, only=lay)
+        cap = top.batch if top is not None else 0
+        while cap >= 1:  # a smaller prefill batch leaves decode's cache more room: each quarter of the largest
+            pre = top if cap == top.batch else best_phase(profile, cluster, serving, "prefill", n, only=lay,
+                                                          within=lambda p, c=cap: p.batch <= c and _in_ttft(p, serving))
+            dec = _decode_beside(profile, cluster, serving, n, lay, pre) if pre is not None else None
+            plan = co_located(pre, dec, serving, n) if dec is not None else None
+            if plan is not None and (best is None or plan.requests_per_s > best.requests_per_s * (1 + 1e-9)):
+                best = plan
+            cap //= 4
     return best
+
+
+def _in_ttft(pre: PhasePlan, serving: Serving) -> bool:
+    return serving.ttft_s is None or pre.latency_s <= serving.ttft_s
 
 
 def _decode_beside(profile: Profile, cluster: Cluster, serving: Serving, n: int, lay: Layout,
                    pre: PhasePlan) -> PhasePlan | None:
-    """Decode's plan on layout `lay` beside prefill `pre`, at the largest batch whose time per token as a request
-    sees it (a step's latency over the share of time decode gets) meets --tpot-ms (None if none does). That time
+    """Decode's plan on layout `lay` beside prefill `pre`, at the largest batch whose cache fits in HBM beside
+    prefill's memory and whose time per token as a request sees it (a step's latency over the share of time decode
+    gets) meets --tpot-ms (None if none does). That time
     is the step's latency plus prefill's time in proportion to the batch, so it grows with the batch: the largest
     batch meeting it is found by bisection, exactly."""
-    if serving.tpot_s is None:
-        return best_phase(profile, cluster, serving, "decode", n, only=lay)
-
     def meets(dec: PhasePlan) -> bool:
-        return dec.latency_s <= serving.tpot_s * co_located(pre, dec, serving, n).decode_share
+        # decode's cache stays in HBM while a prefill runs beside it: prefill's memory and that cache together fit
+        if pre.memory_bytes["total"] + dec.memory_bytes["kv_cache"] > pre.step.usable_bytes:
+            return False
+        return serving.tpot_s is None or dec.latency_s <= serving.tpot_s * co_located(pre, dec, serving, n).decode_share
 
     return best_phase(profile, cluster, serving, "decode", n, only=lay, within=meets)
 
