@@ -44,6 +44,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from planner.graph.onnx_read import shell
+
 #: Elements compared between a table and a candidate copy (on fixed strides through both)
 SAMPLE = 4096
 #: The names torch's exporters give a constant they folded: TorchScript's `onnx::MatMul_604`, the dynamo
@@ -102,7 +104,7 @@ def unfold(skel: onnx.ModelProto, scopes: list[str], roles: dict[str, str]) -> s
     (`onnx_params.declared_roles`, empty without one). A note, or ""."""
     g = skel.graph
     inits = {t.name: t for t in g.initializer}
-    names = {x for n in g.node for x in (*n.input, *n.output)} | set(inits) | {v.name for v in g.input}
+    names = _tensor_names(g)
     found: dict[str, tuple[str, int]] = {}  # folded name -> (the module's weight, its first reader)
     skip: set[str] = set()
     for i, n in enumerate(g.node):
@@ -120,15 +122,8 @@ def unfold(skel: onnx.ModelProto, scopes: list[str], roles: dict[str, str]) -> s
     renamed = {w: (t, i) for w, (t, i) in found.items() if w not in skip and targets.count(t) == 1}
     if not renamed:
         return ""
-    kept = []
-    for t in g.initializer:
-        if t.name in renamed:
-            shell = onnx.TensorProto(name=renamed[t.name][0], data_type=t.data_type, dims=list(t.dims)[::-1])
-            shell.data_location = onnx.TensorProto.EXTERNAL
-            shell.external_data.add(key="location", value="hyperplan:folded")
-            kept.append(shell)
-        else:
-            kept.append(t)
+    kept = [shell(renamed[t.name][0], t.data_type, list(t.dims)[::-1]) if t.name in renamed else t
+            for t in g.initializer]
     del g.initializer[:]
     g.initializer.extend(kept)
     for w, (target, first) in sorted(renamed.items(), key=lambda x: -x[1][1]):
@@ -155,7 +150,7 @@ def unshare(skel: onnx.ModelProto, scopes: list[str], roles: dict[str, str]) -> 
     the name is free); a note, or ""."""
     g = skel.graph
     inits = {t.name: t for t in g.initializer}
-    names = {x for n in g.node for x in (*n.input, *n.output)} | set(inits) | {v.name for v in g.input}
+    names = _tensor_names(g)
     readers: dict[str, dict[int, str]] = {}
     # TorchScript hands the one tensor to the other modules through Identity nodes of no scope
     alias = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Identity" and n.input and n.input[0] in inits}
@@ -175,31 +170,29 @@ def unshare(skel: onnx.ModelProto, scopes: list[str], roles: dict[str, str]) -> 
                 (roles.get(t) == "PARAMETER") if roles else (t not in names or alias.get(t) == w) for t in wanted):
             continue
         for t in sorted(wanted):
-            shell = onnx.TensorProto(name=t, data_type=inits[w].data_type, dims=list(inits[w].dims))
-            shell.data_location = onnx.TensorProto.EXTERNAL
-            shell.external_data.add(key="location", value="hyperplan:unshared")
-            g.initializer.append(shell)
+            g.initializer.append(shell(t, inits[w].data_type, inits[w].dims))
             names.add(t)
         for i, t in new.items():
             node = g.node[i]
             node.input[:] = [t if alias.get(x, x) == w else x for x in node.input]
         made.append((w, len(targets)))
         dropped.update(t for t in wanted if alias.get(t) == w)  # an Identity TorchScript named as the parameter
-    keep = [k for k, n in enumerate(g.node) if not (n.op_type == "Identity" and n.output[0] in dropped)]
-    if len(keep) < len(g.node):
-        nodes, kept_scopes = [g.node[k] for k in keep], [scopes[k] for k in keep]
-        fresh = [onnx.NodeProto() for _ in nodes]
-        for a, b in zip(fresh, nodes):
-            a.CopyFrom(b)
-        del g.node[:]
-        g.node.extend(fresh)
-        scopes[:] = kept_scopes
+    for k in reversed(range(len(g.node))):
+        if g.node[k].op_type == "Identity" and g.node[k].output[0] in dropped:
+            del g.node[k]
+            del scopes[k]
     if not made:
         return ""
     w, n = made[0]
     return (f"the exporter stored equal parameters once ('{w}' for {n} modules' norms"
             + (f", and {len(made) - 1} more" if len(made) > 1 else "") + "): read as each module's own, as the "
             "model trains them")
+
+
+def _tensor_names(g: onnx.GraphProto) -> set[str]:
+    """Every tensor name the graph uses: node inputs and outputs, initializers, graph inputs."""
+    return ({x for n in g.node for x in (*n.input, *n.output)} | {t.name for t in g.initializer}
+            | {v.name for v in g.input})
 
 
 def stored_copies(graph) -> dict[str, tuple[str, bool]]:

@@ -93,12 +93,17 @@ def _big(t: onnx.TensorProto) -> bool:
     return numel > limit
 
 
+def shell(name: str, data_type: int, dims) -> onnx.TensorProto:
+    """An initializer of this name, type and dims with its data left out (marked external so checkers accept it)."""
+    out = onnx.TensorProto(name=name, data_type=data_type, dims=list(dims))
+    out.data_location = onnx.TensorProto.EXTERNAL
+    out.external_data.add(key="location", value=_STRIPPED)
+    return out
+
+
 def _shell(t: onnx.TensorProto) -> onnx.TensorProto:
-    """Same name, type and dims, data left out (marked external so checkers accept it)."""
-    shell = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
-    shell.data_location = onnx.TensorProto.EXTERNAL
-    shell.external_data.add(key="location", value=_STRIPPED)
-    return shell
+    """Same name, type and dims, data left out."""
+    return shell(t.name, t.data_type, t.dims)
 
 
 def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -103,7 +103,7 @@ def written(doc: Mapping[str, Any], base_dir: str | None = None) -> launch.Writt
     par.update(tensor_parallel_degree=s.tp, context_parallel_degree=s.cp, pipeline_parallel_degree=s.pp)
     if s.pp > 1:
         schedule = "interleaved" if s.vpp > 1 else s.schedule
-        if schedule == "1f1b" and t.global_batch // (s.dp * s.flushes * s.micro_batch) < s.pp:
+        if schedule == "1f1b" and t.micro_batches // s.flushes < s.pp:  # micro-batches of one schedule
             # 1F1B with fewer micro-batches than stages runs every forward first (its warm-up is min(stages - stage
             # - 1, micro-batches)): GPipe's order, which torch's Schedule1F1B refuses to run (ValueError)
             schedule = "gpipe"
