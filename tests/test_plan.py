@@ -127,3 +127,23 @@ def test_a_runner_up_scored_as_fast_as_the_plan_says_so_rather_than_negative_slo
     assert why_slower(faster, win, 11.0).startswith("9.1% faster by its search score")
     slow = Candidate(Strategy(tp=2, dp=4), 12.1, True, 0.0, {"compute": 11.0, "tp_comm": 1.1})
     assert why_slower(slow, win, 11.0) == "10.0% slower (compute +1 s, tp_comm +100 ms)"
+
+
+def test_a_runner_up_said_not_to_fit_does_not_fit_at_micro_batch_1_either():
+    """The runners-up table names each other mesh with a strategy of it. On 8 H100s the search scored PP2·DP4 only
+    at micro-batch 16, which needs 455 GiB, and the table said the mesh "does not fit"; at micro-batch 2 it fits
+    (14.2 s). A row that does not fit must not fit at the smallest micro-batch either; a row that fits must fit
+    when estimated on its own."""
+    kw = dict(cluster="dgx-h100", devices=8, global_batch=128, seq_len=8192)
+    planned = plan_model("llama3-8b", **kw)
+    assert len(planned["runners_up"]) == 3
+    for r in planned["runners_up"]:
+        s = r["strategy"]
+        knobs = dict(tp=s["tp"], pp=s["pp"], dp=s["dp"], cp=s["cp"], vpp=s["vpp"], recompute=s["recompute"],
+                     sp=s["sp"], zero=s["zero"], offload=tuple(sorted(s["offload"].items())),
+                     full_recompute_layers=s["full_recompute_layers"], layouts=s["layouts"], schedule=s["schedule"])
+        alone = estimate_model("llama3-8b", micro_batch=s["micro_batch"], stage_layers=tuple(s["stage_layers"]),
+                               **knobs, **kw)
+        assert alone["fits"] == r["fits"], r["summary"]
+        if not r["fits"]:
+            assert not estimate_model("llama3-8b", micro_batch=1, **knobs, **kw)["fits"], r["summary"]

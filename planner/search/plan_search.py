@@ -40,6 +40,7 @@ from planner.search import grid
 from planner.search.bounds import mesh_bound_s
 from planner.search.dp_floor import dp_bounds_s, meshes_floor_s, model_params
 from planner.search.representatives import Representatives
+from planner.search.runners_up import closest_unscored, smaller_micro_batches
 from planner.search.budget import DEFAULT_MAX_NODES, Budget
 from planner.search.constraints import NONE, Constraints
 from planner.search.fitting import fitting_bound_s
@@ -344,25 +345,24 @@ class _Search:
                 self._score(replace(s, stage_layers=split))
 
     def _runners_up(self, n: int = 3) -> None:
-        """The best plan's policies on the closest other meshes (by bound), when the bound closed them
-        unscored: so the plan can say why they lost."""
+        """So the plan can say why the other meshes lost (`runners_up`): the best plan's policies on the closest
+        meshes the bound closed unscored, and a shown strategy that does not fit at smaller micro-batches."""
         if self.best is None or self.c.stage_tp:  # fixed stage widths: no other mesh keeps them
             return
         b = self.best.strategy
-        others = sorted((bound, key) for key, bound in self.schedules.items()
-                        if (key[1], key[0], key[5], key[6], key[3], key[4]) not in self.best_by_mesh)
-        seen: set[tuple] = set()
-        for bound, (cp, tp, mb, ep, etp, pp, dp, vpp) in others:
-            mesh = (tp, cp, pp, dp, ep, etp)
-            if len(seen) >= n or self.budget.out():
+        for key in closest_unscored(self.schedules, self.best_by_mesh, n):
+            s = self._schedule_strategy(key, recompute=b.recompute, zero=b.zero if key[6] * key[0] > 1 else 0,
+                                        offload=b.offload)
+            if self.budget.out():
                 return
-            if mesh in seen:
-                continue
-            seen.add(mesh)
-            s = self._schedule_strategy((cp, tp, mb, ep, etp, pp, dp, vpp), recompute=b.recompute,
-                                        zero=b.zero if dp * cp > 1 else 0, offload=b.offload)
             if self.c.zero_allowed(s.zero, s.dp, s.tp * s.pp * s.cp):
                 self._score(s)
+        shown = sorted((c for c in self.best_by_mesh.values() if c.mesh != self.best.mesh),
+                       key=lambda c: _key(c, self.hbm))[:n]
+        for c in (c for c in shown if not c.fits):
+            for s in smaller_micro_batches(c.strategy, self.workload.global_batch, self.c):
+                if self.budget.out() or self._score(s).fits:
+                    break
 
     def _stage_widths(self) -> None:
         """Stages of different widths for the best few pipelines: heavy stages get more tensor ranks."""
