@@ -33,7 +33,28 @@ US = 1e-6
 
 def preset_names() -> list[str]:
     """Names of the bundled presets, sorted."""
-    return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
+    return list(_preset_names())
+
+
+@functools.cache
+def _preset_names() -> tuple[str, ...]:  # the package's own files: read once
+    return tuple(sorted(p.stem for p in PRESET_DIR.glob("*.toml")))
+
+
+#: The fields a hardware fit sets (`hyperplan calibrate --fit`): a file that differs from its preset in any of them
+#: is a fit of its own.
+FIT_FIELDS = ("matmul_plateau", "fp8_matmul_plateau", "memory_plateau", "kernel_overhead_s", "host_overhead_s",
+              "fitted_on")
+
+
+def carries_preset_fit(cluster: Cluster) -> bool:
+    """Whether `cluster` is a preset with that preset's fit, so that the shipped runs' and deployments' recorded
+    errors, computed with that fit, speak for it: a file of a preset's name fitted to a user's own runs (`hyperplan
+    calibrate --fit -o` keeps the name) is not."""
+    if cluster.name not in _preset_names():
+        return False
+    preset = _load_preset(cluster.name)
+    return all(getattr(cluster, k) == getattr(preset, k) for k in FIT_FIELDS)
 
 
 def load_cluster(name_or_path: str, devices: int | None = None) -> Cluster:
@@ -96,8 +117,18 @@ def parse_cluster(data: dict[str, Any], *, source: str, default_name: str) -> Cl
         memory_tiers=tuple(_tier(t) for t in root.tables("memory_tiers", required=False)),
         n_devices=n_devices,
         sources=tuple(meta.texts("sources")),
-        **_efficiency(root.table("efficiency", required=False), device),
+        **_efficiency(_efficiency_table(root), device),
     )
+
+
+def _efficiency_table(root: Table) -> Table:
+    """The [efficiency] table, which a hardware file must give: without it every kernel would be costed at the
+    device's peak, and `hyperplan calibrate --fit` has no table to write a fit into."""
+    if "efficiency" not in root.data:
+        raise root.error("efficiency", "missing: without it every kernel would be costed at the device's peak; copy "
+                         "the [efficiency] table of the closest preset (cost_models/presets/) and fit it to your own "
+                         "runs with `hyperplan calibrate RUNS.json --fit RUN,RUN -o FILE`")
+    return root.table("efficiency")
 
 
 def _pairs_by_name(eff, key: str, what: str, most: float, names: tuple[str, ...] = ()) -> tuple:
@@ -162,6 +193,10 @@ def _efficiency(eff: Table, device: Device) -> dict[str, Any]:
         if "fp8_matmul_plateau" in eff.data:
             raise eff.error("fp8_matmul_plateau", "needs the law's parameters (matmul_plateau, memory_plateau, "
                                                   "kernel_overhead_us)")
+        for key in ("matmul", "memory"):
+            if key not in eff.data:  # else the curve would be 1: every kernel at the peak, unstated
+                raise eff.error(key, "missing; give the overhead law's matmul_plateau, memory_plateau and "
+                                     "kernel_overhead_us, or matmul and memory efficiencies by size")
         matmul, memory = eff.curve("matmul"), eff.curve("memory")
     # per kernel (file order: the first is the device's default flash kernel), then per FP8 format
     attention = _pairs_by_name(eff, "attention", "fractions of the bf16 peak", 1.0)

@@ -8,8 +8,9 @@ from collections.abc import Iterable
 
 from typing import Any
 
-from cost_models import load_cluster, preset_names
+from cost_models import load_cluster
 from cost_models.accuracy import WORDS, unchecked
+from cost_models.loader import carries_preset_fit
 from cost_models.compute import MEASURED_HEAD_DIM
 
 from planner.costing.execution import attention_fp8_format
@@ -229,8 +230,8 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
                    + f"the dispatcher's token-count syncs as free and {sms}" + _witness() + "; " + OVERLAP_PAIRS)
     if workload.dtype == "fp8" and ex.fp8_recipe in SCALED_BLOCKS:
         out.append(f"{ex.fp8_recipe} GEMMs are costed as per-tensor FP8 ones, at the fp8 plateau, their casts at the "
-                   f"stack's {ex.fp8_cast_bytes:g} bytes an element: Megatron-Bridge's Llama 3.1 405B on 256 GB200s runs "
-                   "7 % slower in MXFP8 than in per-tensor FP8 on the same TP4·PP16 (benchmarks/CALIBRATION.md: "
+                   f"stack's {ex.fp8_cast_bytes:g} bytes an element: Megatron-Bridge's Llama 3.1 405B on 256 GB200s "
+                   "runs 7 % slower in MXFP8 than in per-tensor FP8 on the same TP4·PP16 (benchmarks/CALIBRATION.md: "
                    "GB200's Llama 3 70B)")
     if workload.mode == "train" and ex.cuda_graphs:
         router = {"moe_router", "moe_preprocess"} & set(ex.cuda_graphs)
@@ -258,13 +259,13 @@ def checked_sentence(hw: Any, category: str) -> tuple[str, str]:
     preset it cited ("" if none)."""
     h = hw.checked(category)
     if h is not None:
-        return h.sentence(hw.name, hw.name in preset_names()), ""
+        return h.sentence(hw.name, carries_preset_fit(hw)), ""  # a user's fit of a preset: its runs are not ours
     from planner.calibration.bridge_sweep import never_fitted
 
     said = unchecked(hw.name, category)
     source = load_cluster(hw.transferred_from).checked(category) if hw.transferred_from else None
     if source is None:
-        swept = never_fitted(hw.name, category) if hw.name in preset_names() else ""
+        swept = never_fitted(hw.name, category) if carries_preset_fit(hw) else ""
         return (f"no held-out {WORDS.get(category, category)} run on {hw.name} among the shipped ones; {swept}"
                 if swept else said), ""
     return (f"{said} (its efficiency is {hw.transferred_from}'s fit, with "
@@ -290,7 +291,7 @@ def accuracy(hw: Any, workload: Any, moe: bool, model: str | None = None) -> dic
     out["sentence"], source = checked_sentence(hw, category)
     if source:
         out["transferred_from"] = source
-    model = model if model and _is_preset(hw) else None  # its runs' errors were computed with the preset's fit
+    model = model if model and carries_preset_fit(hw) else None  # its runs' errors are of the preset's fit
     published = runs_of(model, hw.name) if model else []
     if published:
         out["published"] = [{k: r[k] for k in ("id", "devices", "group", "error")} for r in published]
@@ -300,19 +301,6 @@ def accuracy(hw: Any, workload: Any, moe: bool, model: str | None = None) -> dic
         out["bridge_sweep"] = [{k: r[k] for k in ("id", "micro_batch", "cuda_graphs", "error")} for r in swept]
         out["bridge_sweep_sentence"] = bridge_sweep.cited(model, hw.name, swept)
     return out
-
-
-def _is_preset(hw: Any) -> bool:
-    """Whether `hw` carries its preset's efficiency: a file of the preset's name fitted to a user's own runs (`hyperplan
-    calibrate --fit -o`) is not what the shipped runs' recorded errors were computed with."""
-    from cost_models import load_cluster
-    from cost_models.loader import preset_names
-
-    if hw.name not in preset_names():
-        return False
-    preset = load_cluster(hw.name)
-    return all(getattr(hw, k) == getattr(preset, k) for k in ("matmul_plateau", "fp8_matmul_plateau", "memory_plateau",
-                                                              "kernel_overhead_s", "host_overhead_s", "fitted_on"))
 
 
 __all__ = ["LONG_STEP_S", "accuracy", "assumptions", "attention_assumptions", "check_costed", "checked_sentence",

@@ -158,6 +158,39 @@ def test_an_fp8_estimate_says_when_it_costs_block_scaling_as_per_tensor():
         assert not [a for a in assumptions(load_cluster("gb200-nvl72"), work) if "per-tensor FP8" in a]
 
 
+def test_a_users_fit_under_a_presets_name_is_not_checked_by_the_shipped_runs(tmp_path):
+    """`hyperplan calibrate --fit -o` keeps the preset's name. The shipped runs' and deployments' errors were
+    computed with the preset's fit, so the file's `checked` lines neither point at them nor quote them."""
+    from cost_models.loader import PRESET_DIR
+
+    text = (PRESET_DIR / "dgx-h100.toml").read_text(encoding="utf-8")
+    mine = tmp_path / "my-h100.toml"
+    mine.write_text(re.sub(r"(?m)^matmul_plateau = .*$", "matmul_plateau = 0.61", text), encoding="utf-8")
+    preset = " ".join(runner.invoke(app, ["hardware", "show", "dgx-h100"], env=ENV).output.split())
+    shown = runner.invoke(app, ["hardware", "show", str(mine)], env=ENV)
+    assert shown.exit_code == 0, shown.output
+    out = " ".join(shown.output.split())
+    assert "(hyperplan calibrate --hardware dgx-h100)" in preset
+    assert "hyperplan calibrate --hardware" not in out
+    assert "checked (serving): published serving deployment" not in out
+    assert ("checked (serving): this file's efficiency is not the shipped dgx-h100's: the published serving "
+            "deployments were compared with the shipped fit, and none checks this one") in out
+
+
+def test_a_file_without_efficiency_is_refused_not_shown_at_the_peak(tmp_path):
+    """Without [efficiency] every curve would be 1: `hardware show` printed "matmul efficiency by FLOPs: 1" and an
+    estimate under materialised attention ran every kernel at the peak."""
+    from cost_models.loader import PRESET_DIR
+
+    text = (PRESET_DIR / "dgx-h100.toml").read_text(encoding="utf-8")
+    path = tmp_path / "bare.toml"
+    path.write_text(text[:text.index("\n[efficiency]") + 1], encoding="utf-8")
+    shown = runner.invoke(app, ["hardware", "show", str(path)], env=ENV)
+    assert shown.exit_code == 2 and "Traceback" not in shown.output
+    assert "bare.toml: efficiency: missing: without it every kernel would be costed at the device's peak" in \
+        " ".join(shown.stderr.split())
+
+
 def test_errors_are_one_line_and_exit_2(tmp_path):
     bad = runner.invoke(app, ["hardware", "show", "dgx-a100", "--devices", "12"], env=ENV)
     assert bad.exit_code == 2

@@ -65,12 +65,14 @@ MALFORMED = [
     ("devices = 160", 'devices = "many"', 'cluster.devices: expected an integer of at least 1, got "many"'),
     ("sources = [", "sources = [3, ", "cluster.sources: expected a list of strings"),
     ("[efficiency]", "[efficiencies]", "efficiencies: unknown field"),
-    (_LAW, "matmul = [[3.16e7, 0.010], [1e7, 0.003]]\n",
+    (_LAW, "matmul = [[3.16e7, 0.010], [1e7, 0.003]]\nmemory = 0.8\n",
      "efficiency.matmul[1]: sizes must increase, got 1e+07 after 3.16e+07"),
-    (_LAW, "matmul = [[1e7, 1.05]]\n",
+    (_LAW, "matmul = [[1e7, 1.05]]\nmemory = 0.8\n",
      "efficiency.matmul[0]: expected [size, efficiency] with size > 0 and efficiency in (0, 1], "
      "got [10000000.0, 1.05]"),
-    (_LAW, "memory = [[1e5], [3.16e5, 0.1]]\n", "efficiency.memory[0]: expected [size, efficiency]"),
+    (_LAW, "matmul = 0.8\nmemory = [[1e5], [3.16e5, 0.1]]\n", "efficiency.memory[0]: expected [size, efficiency]"),
+    (_LAW, "memory = 0.8\n", "efficiency.matmul: missing; give the overhead law's matmul_plateau"),
+    (_EFFICIENCY, "", "efficiency: missing: without it every kernel would be costed at the device's peak"),
     ("matmul_plateau = 0.75", "matmul_plateau = 1.2", "efficiency.matmul_plateau: expected a number in (0, 1], got 1.2"),
     ("kernel_overhead_us = 9.8", "kernel_overhead_us = -1",
      "efficiency.kernel_overhead_us: expected a positive number, got -1"),
@@ -169,6 +171,9 @@ group_size = 72
 bandwidth_gb_s = 900
 latency_us = 1
 algorithm = "ring"
+[efficiency]
+matmul = 0.5
+memory = 0.5
 """
     path = _write(tmp_path, text)
     assert load_cluster(path).memory_tiers == ()

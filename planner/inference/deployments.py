@@ -19,6 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from cost_models.loader import carries_preset_fit, preset_names
+
 ERRORS = Path(__file__).parent / "deployment_errors.json"
 
 
@@ -81,6 +83,10 @@ def serving_accuracy(hw: Any) -> dict[str, Any]:
     """How far off a serving estimate on `hw` may be, by the published deployments: the ones on `hw` that are
     compared, then those on clusters that share its efficiency fit; or that none checks it. The dict an estimate
     carries as `accuracy` (`sentence`: one line)."""
+    if hw.name in preset_names() and not carries_preset_fit(hw):  # a user's fit under a preset's name
+        return {"category": "serving", "deployments": 0, "compared": [], "sentence": (
+            f"this file's efficiency is not the shipped {hw.name}'s: the published serving deployments were compared "
+            "with the shipped fit, and none checks this one")}
     fit = fit_of(hw.name, {}, hw.transferred_from)
     own = [r for r in _rows() if r["cluster"] == hw.name]
     kin = [r for r in _rows() if r["cluster"] != hw.name and r["fit_of"] == fit]
