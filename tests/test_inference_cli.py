@@ -205,6 +205,30 @@ def test_co_located_decode_keeps_its_cache_beside_a_prefill():
             or more.latency_s / co_located(pre, more, serving, 16).decode_share > 0.020)
 
 
+def test_a_fixed_batch_co_located_keeps_decodes_cache_beside_a_prefill_too():
+    """With --batch (no latency targets) the co-located plan had skipped the test above: at batch 240 of 8K-token
+    prompts a Qwen3-30B prefill and decode's cache needed 72.7 GiB of 72 together. Now batch 232 fits together and
+    240 is refused, saying which memory binds."""
+    from cost_models import load_cluster
+    from planner.errors import Infeasible
+    from planner.inference.plan import plan_serving
+    from planner.inference.serve import load_profile, serving_options
+
+    hw = load_cluster("dgx-h100", devices=16)
+    profile = load_profile("qwen3-30b-a3b", overrides={"layers": 4})
+
+    def at(batch: int):
+        serving = serving_options(prompt_len=8192, gen_len=512, batch=batch, ttft_ms=None, tpot_ms=None,
+                                  dtype="fp8", kv_dtype="fp8", offload=False)
+        return plan_serving(profile, hw, serving, disaggregate=False)[0]
+
+    plan = at(232)
+    assert plan.prefill.memory_bytes["total"] + plan.decode.memory_bytes["kv_cache"] <= plan.prefill.step.usable_bytes
+    with pytest.raises(Infeasible, match=r"--batch 240 does not fit on 16 devices of dgx-h100: even on .* a prefill "
+                                         r"beside decode's cache \(co-located\) needs 72.7 GiB per device"):
+        at(240)
+
+
 def test_a_hardware_file_without_attention_figures_is_refused_for_serving(tmp_path):
     from cost_models.loader import PRESET_DIR
 

@@ -121,13 +121,13 @@ def _decode_beside(profile: Profile, cluster: Cluster, serving: Serving, n: int,
     gets) meets --tpot-ms (None if none does). That time
     is the step's latency plus prefill's time in proportion to the batch, so it grows with the batch: the largest
     batch meeting it is found by bisection, exactly."""
+    def room(dec: PhasePlan) -> bool:  # decode's cache stays in HBM while a prefill runs beside it
+        return pre.memory_bytes["total"] + dec.memory_bytes["kv_cache"] <= pre.step.usable_bytes
+
     def meets(dec: PhasePlan) -> bool:
-        # decode's cache stays in HBM while a prefill runs beside it: prefill's memory and that cache together fit
-        if pre.memory_bytes["total"] + dec.memory_bytes["kv_cache"] > pre.step.usable_bytes:
-            return False
         return serving.tpot_s is None or dec.latency_s <= serving.tpot_s * co_located(pre, dec, serving, n).decode_share
 
-    return best_phase(profile, cluster, serving, "decode", n, only=lay, within=meets)
+    return best_phase(profile, cluster, serving, "decode", n, only=lay, within=meets, beside=room)
 
 
 def _why_not(profile: Profile, cluster: Cluster, serving: Serving) -> str:
@@ -139,13 +139,22 @@ def _why_not(profile: Profile, cluster: Cluster, serving: Serving) -> str:
                 "stage's tp x dp devices must divide them, with pp 1, 2, 4 or 8; pick a device count that is such a "
                 "stage times pp, or allow uneven expert ranges (--uneven-experts)")
     lay = max(candidates, key=lambda l: (l.tp * l.pp, l.tp))
-    p = phase_plan(StepModel(profile, cluster, lay, serving.precision), serving, "decode", serving.batch or 1)
+    model = StepModel(profile, cluster, lay, serving.precision)
+    p = phase_plan(model, serving, "decode", serving.batch or 1)
     need = p.memory_bytes["total"] / GIB
     have = p.step.usable_bytes / GIB
     if need > have:
         return (f"{profile.name} does not fit on {n} devices of {cluster.name}: even {lay.short()} at batch "
                 f"{p.batch} needs {gib(need)} per device and {gib(have)} are usable; add devices, use a "
                 "1-byte --dtype (fp8 or int8), or a shorter --prompt-len/--gen-len")
+    if serving.batch is not None:  # no latency target: memory stops the batch, alone or co-located
+        pre = phase_plan(model, serving, "prefill", serving.batch)
+        alone = pre.memory_bytes["total"] / GIB
+        together = alone + p.memory_bytes["kv_cache"] / GIB
+        what = (f"its prefill needs {gib(alone)}" if alone > have else
+                f"a prefill beside decode's cache (co-located) needs {gib(together)}")
+        return (f"--batch {serving.batch} does not fit on {n} devices of {cluster.name}: even on {lay.short()} "
+                f"{what} per device and {gib(have)} are usable; lower --batch, or add devices")
     what = []
     if serving.ttft_s is not None:
         what.append(f"--ttft-ms {serving.ttft_s * 1e3:g}")

@@ -106,16 +106,18 @@ def layouts(profile: Profile, cluster: Cluster, n: int, even_experts: bool = Tru
 
 
 def best_phase(profile: Profile, cluster: Cluster, serving: Serving, phase: Phase, n: int,
-               only: Layout | None = None, within: Callable[[PhasePlan], bool] | None = None) -> PhasePlan | None:
+               only: Layout | None = None, within: Callable[[PhasePlan], bool] | None = None,
+               beside: Callable[[PhasePlan], bool] | None = None) -> PhasePlan | None:
     """The layout and batch of highest throughput per device on `n` devices (None if nothing fits); `within`,
-    when given, is the latency test a plan must pass in place of the phase's target (true up to some batch)."""
+    when given, is the latency test a plan must pass in place of the phase's target (true up to some batch), and
+    `beside` a memory test it must pass too, at a fixed --batch as well (what runs beside it leaves it room)."""
     hw = group_cluster(cluster, n)
     best: PhasePlan | None = None
     offloads = (0.0,) + (OFFLOAD_FRACTIONS if phase == "decode" and serving.offload and hw.memory_tiers else ())
     for lay in [only] if only else layouts(profile, hw, n, serving.even_experts):
         model = StepModel(profile, hw, lay, serving.precision)
         for f in offloads:
-            plan, memory_bound = _best_batch(model, serving, phase, f, within)
+            plan, memory_bound = _best_batch(model, serving, phase, f, within, beside)
             if plan is not None and (best is None or plan.tokens_per_s_per_device
                                      > best.tokens_per_s_per_device * (1 + 1e-9)):
                 best = plan
@@ -125,25 +127,34 @@ def best_phase(profile: Profile, cluster: Cluster, serving: Serving, phase: Phas
 
 
 def _best_batch(model: StepModel, serving: Serving, phase: Phase, f: float,
-                within: Callable[[PhasePlan], bool] | None = None) -> tuple[PhasePlan | None, bool]:
+                within: Callable[[PhasePlan], bool] | None = None,
+                beside: Callable[[PhasePlan], bool] | None = None) -> tuple[PhasePlan | None, bool]:
     """(the plan at the largest feasible batch, whether memory rather than latency bounds that batch); `within`
-    as `best_phase` takes it."""
+    and `beside` as `best_phase` takes them."""
     target = serving.ttft_s if phase == "prefill" else serving.tpot_s
+
+    def room(b: int) -> PhasePlan | None:  # the plan at batch b if it fits in memory
+        if not _fits(model, serving, phase, b, f):
+            return None
+        plan = phase_plan(model, serving, phase, b, f)
+        return plan if beside is None or beside(plan) else None
+
     if serving.batch is not None:
-        fits = _fits(model, serving, phase, serving.batch, f)
-        return (phase_plan(model, serving, phase, serving.batch, f) if fits else None), not fits
+        plan = room(serving.batch)
+        return plan, plan is None
 
     def ok(b: int) -> bool:
-        if not _fits(model, serving, phase, b, f):
+        plan = room(b)
+        if plan is None:
             return False
         if within is not None:
-            return within(phase_plan(model, serving, phase, b, f))
-        return target is None or phase_plan(model, serving, phase, b, f).latency_s <= target
+            return within(plan)
+        return target is None or plan.latency_s <= target
 
     b = _largest(ok)
     if not b:
-        return None, not _fits(model, serving, phase, 1, f)
-    return phase_plan(model, serving, phase, b, f), not _fits(model, serving, phase, b + 1, f)
+        return None, room(1) is None
+    return phase_plan(model, serving, phase, b, f), room(b + 1) is None
 
 
 def _fits(model: StepModel, serving: Serving, phase: Phase, batch: int, f: float) -> bool:
