@@ -135,6 +135,23 @@ def test_offloading_the_optimizer_moves_memory_and_costs_traffic():
     assert base["offload"] == {}
 
 
+def test_offloaded_parameters_pass_through_an_hbm_staging_buffer():
+    """A GEMM reads its weight from HBM: offloading half the parameters frees half of them, but the offloaded half
+    of the layer computed and of the one prefetched is copied back in. By hand for a GPT layer of hidden 8192 on
+    TP8 (12 h^2 weights and 13 h vectors; 7 h of them, QKV's and fc1's biases, split): 8 layers' params in bf16,
+    half of them offloaded, leave the other half plus 2 x half a layer of staging."""
+    kw = dict(cluster="dgx-a100", devices=8, global_batch=8, seq_len=2048, tp=8, recompute="full",
+              overrides=dict(layers=8, hidden=8192, heads=64, vocab=51200))
+    base = estimate_model("gpt", **kw)
+    off = estimate_model("gpt", offload=(("params", 0.5),), **kw)
+    h = 8192
+    layer = (12 * h * h + 7 * h) / 8 + 6 * h  # per device: the split weights and biases, the replicated vectors
+    gib = 2**30
+    assert off["memory_gib"]["params"] == pytest.approx(base["memory_gib"]["params"] / 2)
+    assert off["memory_gib"]["buffers"] - base["memory_gib"]["buffers"] == pytest.approx(2 * 0.5 * layer * 2 / gib,
+                                                                                         rel=1e-9)
+
+
 @pytest.mark.parametrize("kw,words", [
     (dict(tp=3), "does not divide"),
     (dict(global_batch=3, micro_batch=2), "micro-batches"),

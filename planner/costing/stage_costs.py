@@ -59,6 +59,7 @@ class StageCost:
     fp8_params: float = 0.0  # per device, of dense_params + expert_params: the weights that feed FP8 GEMMs
     activation_bytes: float = 0.0  # kept for backward at the stage's peak (all in-flight micro-batches), before offload
     widest_params: float = 0.0  # the largest layer's parameters ZeRO-3 gathers at once (`working_copies`)
+    layer_params: float = 0.0  # the largest layer's parameters per device (what offloaded ones are staged by)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +289,7 @@ def stage_costs(
         dense = expert = 0.0
         acts = loss = 0.0
         boundary = gather = 0.0
-        widest = 0.0  # the largest layer's sharded parameters per device: what ZeRO-3 gathers at once
+        widest = layer = 0.0  # the largest layer's sharded parameters per device (what ZeRO-3 gathers), all of them
         fp8_params = 0.0
         for name in names:
             parts.add(parts_of_block[name])
@@ -296,7 +297,7 @@ def stage_costs(
             loss += loss_block.get(name, 0.0)
             dense += block_params[name][0]
             expert += block_params[name][1]
-            widest = max(widest, gathered(block_params[name], strategy))
+            widest, layer = max(widest, gathered(block_params[name], strategy)), max(layer, sum(block_params[name]))
             b = per_block[name]
             boundary, gather = max(boundary, b.boundary), max(gather, b.gather)
             fp8_params += b.dense_fp8 + numels[name][2] / experts
@@ -306,12 +307,12 @@ def stage_costs(
         kept = held_activations(acts, loss, held)
         mem = stage_memory(dense, expert, kept, strategy, training, width, execution,
                            buffers=working_copies(widest, gathered((dense, expert), strategy), strategy, execution,
-                                                  training, width),
+                                                  training, width, layer),
                            fp8_params=fp8_params)
         fwd = parts.forward + parts.tp_fwd + parts.cp_fwd + parts.ep_fwd
         bwd = parts.backward + parts.recompute + parts.tp_bwd + parts.cp_bwd + parts.ep_bwd
         stages.append(StageCost(s, tuple(n for n in names if structure.block(n).is_layer), parts, fwd, bwd,
-                                dense, expert, mem, boundary, held, gather, t, fp8_params, kept, widest))
+                                dense, expert, mem, boundary, held, gather, t, fp8_params, kept, widest, layer))
     block_s = {name: p.total() for name, p in parts_of_block.items()}
     return StageCosts(tuple(stages), facts.model_flops_per_sample(),
                       (structure, problem, choice, facts.param_keys), gap, block_s, dict(act_block),

@@ -31,17 +31,29 @@ def gathered(params: tuple[float, float], strategy: Strategy) -> float:
 
 
 def working_copies(widest_layer: float, stage_params: float, strategy: Strategy, execution: Execution,
-                   training: bool, width: float) -> float:
+                   training: bool, width: float, layer_params: float = 0.0) -> float:
     """Bytes per device beyond the sharded states: under ZeRO-3 the gathered weights of the layer being
     computed and of the one prefetched (FSDP2's default, Zhao et al. 2023 section 3.3) and, in backward,
     that layer's unsharded gradient before its reduce-scatter; the whole stage's weights and gradients
-    when they stay gathered over the step (`Execution.fsdp_gathered_with_pp`)."""
+    when they stay gathered over the step (`Execution.fsdp_gathered_with_pp`). Those hold what offloaded
+    parameters are copied back into; without them, the offloaded share of those layers' weights and of one
+    layer's gradient is staged in HBM (`offload_staging`, of the largest layer's `layer_params`)."""
     if not (training and strategy.zero >= 3 and strategy.dp * strategy.cp > 1):
-        return 0.0
+        return offload_staging(layer_params, strategy, execution, width)
     if strategy.pp > 1 and execution.fsdp_gathered_with_pp:
         return stage_params * (width + execution.grad_bytes)
     layers = 2 if execution.fsdp_prefetch else 1
     return widest_layer * (layers * width + execution.grad_bytes)
+
+
+def offload_staging(layer_params: float, strategy: Strategy, execution: Execution, width: float) -> float:
+    """HBM bytes that offloaded parameters and gradients pass through: a GEMM reads its weight from HBM, so the
+    offloaded share of the layer computed and of the one prefetched is copied in (as ZeRO-Infinity's parameter
+    prefetch and FSDP2's CPUOffloadPolicy, which copies a layer's shards in before it gathers them, do), and the
+    offloaded share of one layer's gradient is written there before it is copied out. ASSUMPTION: two layers'
+    weights, as FSDP2's default prefetch of one layer holds (Zhao et al. 2023 section 3.3)."""
+    params, grads = strategy.offload_fraction("params"), strategy.offload_fraction("grads")
+    return layer_params * (2.0 * width * params + execution.grad_bytes * grads)
 
 
 def held_activations(per_micro_batch: float, loss: float, held: float) -> float:
@@ -95,7 +107,7 @@ def with_states(costs: "StageCosts", strategy: Strategy, workload: Workload) -> 
         replace(st, memory_bytes=stage_memory(
             st.dense_params, st.expert_params, st.activation_bytes, strategy, training, width, ex,
             buffers=working_copies(st.widest_params, gathered((st.dense_params, st.expert_params), strategy),
-                                   strategy, ex, training, width),
+                                   strategy, ex, training, width, st.layer_params),
             fp8_params=st.fp8_params))
         for st in costs.stages)
     return replace(costs, stages=stages)
