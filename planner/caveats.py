@@ -191,7 +191,7 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
         out.append(f"the experts' output bias is costed at the {ex.name} stack's {ex.expert_bias_bytes:g} bytes an "
                    f"element of the routed rows forward, {ex.expert_bias_grad_bytes:g} backward (Megatron-Core adds it "
                    "expert by expert through fp32), the loop's per-expert launches not charged")
-    if workload.mode == "train" and moe and "full_iteration" not in ex.cuda_graphs:
+    if workload.mode == "train" and moe and not ex.whole_step_graph:
         from planner.calibration.bridge_sweep import eager_moe
 
         evidence = eager_moe()
@@ -225,7 +225,7 @@ def assumptions(hw: Any, workload: Any, head_dims: Iterable[float] = (), moe: bo
                "report puts at about 20 % of GEMM efficiency on DeepSeek-V3)")
         out.append("the 1F1B all-to-all overlap pairs two micro-batches' MoE layers as Megatron-Core's schedule does, "
                    "taking them as alike, each backward as half data and half weight gradient, "
-                   + ("" if "full_iteration" in ex.cuda_graphs else
+                   + ("" if ex.whole_step_graph else
                       "each transfer issued once the host has issued the compute before it (an eager step), ")
                    + f"the dispatcher's token-count syncs as free and {sms}" + _witness() + "; " + OVERLAP_PAIRS)
     if workload.dtype == "fp8" and ex.fp8_recipe in SCALED_BLOCKS:

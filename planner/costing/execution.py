@@ -165,6 +165,11 @@ class Execution:
                                "lower it, or raise fp8_cast_bytes")
 
     @property
+    def whole_step_graph(self) -> bool:
+        """Whether the whole training step replays from one CUDA graph (scope "full_iteration"): no host issue."""
+        return "full_iteration" in self.cuda_graphs
+
+    @property
     def state(self) -> StateBytes:
         return StateBytes(param_bytes=self.param_bytes, grad_bytes=self.grad_bytes,
                           optimizer_bytes=self.optimizer_bytes)

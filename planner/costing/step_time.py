@@ -98,8 +98,7 @@ def stage_step(s: StageCost, cluster: Cluster, workload: Workload, strategy: Str
         layer = MoELayerTimes((p.moe_fwd - p.experts_fwd) / n, p.experts_fwd / n, (p.moe_bwd - p.experts_bwd) / n,
                               p.experts_bwd / n, p.ep_fwd / n, p.ep_bwd / n)
         saved = max(0.0, n * layer.unpaired_s - paired_s(layer, n, strategy.vpp, eta, delays_wgrad(strategy),
-                                                          ex.ep_comm_sm_share,
-                                                          "full_iteration" not in ex.cuda_graphs))
+                                                          ex.ep_comm_sm_share, not ex.whole_step_graph))
         # overlaps share one compute window: the pair's two phases, less what the others hid in them
         saved = min(saved, max(0.0, eta * (fwd_c + bwd_c) - sum(hidden_by_phase)))
         exposed["ep"] = max(0.0, exposed["ep"] - saved)
