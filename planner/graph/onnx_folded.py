@@ -24,10 +24,18 @@ constant of its own, under a new name and in the other orientation:
   writes no signature: the name must then be free). Only a tensor named as
   those exporters name what they fold (`FOLDED_NAME`) is renamed.
 
-Either is written as the dynamo exporter writes it unoptimised: the
-parameter, and a Transpose node (an Identity where a tied copy is stored in
-the table's own orientation, as Gemm's transB reads it) whose output keeps
-the file's name, so the ONNX export can annotate the file's tensor
+- A weight read as it is. The dynamo exporter's optimiser also renames
+  tensors it did not change: a MoE layer's stacked expert weights
+  ([experts, out, in], indexed by expert: GatherND) come out as `val_353`.
+  `unrename` gives such a tensor back its parameter's name where the reading
+  node's torch.export record (`pkg.torch.onnx.fx_node`) takes that
+  parameter's placeholder as the tensor it gathers from.
+
+Each is written as the dynamo exporter writes it unoptimised: the
+parameter, and a Transpose node (an Identity where the file's tensor is in
+the parameter's own orientation: a renamed one, or a tied copy as Gemm's
+transB reads it) whose output keeps the file's name, so the ONNX export can
+annotate the file's tensor
 (`stored_copies`). A tied pair is compared where both values can be read,
 inline or in external data beside the file, at `SAMPLE` positions on fixed
 strides: every sampled element bit-for-bit equal, and the sample not all
@@ -96,6 +104,47 @@ def untie(skel: onnx.ModelProto, original: onnx.ModelProto, scopes: list[str], b
                       in tied)
     return (f"the exporter stored a tied weight twice (TorchScript folds the head's weight.t()): read {pairs}, one "
             "parameter, as the model trains it")
+
+
+#: The node metadata where the dynamo exporter records the torch.export node an ONNX node lowers
+FX_NODE_KEY = "pkg.torch.onnx.fx_node"
+#: Its first argument, where that is a placeholder: "call_function[target=torch.ops.aten.index.Tensor](args =
+#: (%p_model_layers_0_mlp_experts_gate_up_proj, [%view_8])..."
+_FX_FIRST_ARG = re.compile(r"\(args = \(%(\w+)[,)]")
+#: Ops that read their first input as data, element for element as stored (gathers and slices by expert)
+_AS_STORED = {"Gather": 0, "GatherND": 0, "GatherElements": 0, "Slice": 0}
+
+
+def unrename(skel: onnx.ModelProto, original: onnx.ModelProto, scopes: list[str], placeholders: dict[str, str]) -> str:
+    """Give back its parameter's name to each tensor the dynamo exporter's optimiser renamed unchanged (module
+    docstring); `placeholders`: the signature's placeholders (`onnx_params.declared_placeholders`). Run first,
+    while `skel`'s nodes are `original`'s one for one. A note, or ""."""
+    g = skel.graph
+    inits = {t.name for t in g.initializer}
+    names = _tensor_names(g)
+    found: dict[str, tuple[set[str], int]] = {}  # file name -> (the parameters its readers gather from, first reader)
+    for i, (n, record) in enumerate(zip(g.node, original.graph.node)):
+        w = n.input[0] if n.op_type in _AS_STORED and n.input else ""
+        if w not in inits or not FOLDED_NAME.fullmatch(w):
+            continue
+        fx = next((p.value for p in record.metadata_props if p.key == FX_NODE_KEY), "")
+        arg = _FX_FIRST_ARG.search(fx)
+        found.setdefault(w, (set(), i))[0].add(placeholders.get(arg.group(1), "") if arg else "")
+    one = {w: next(iter(t)) for w, (t, _) in found.items() if len(t) == 1}
+    targets = list(one.values())
+    renamed = {w: t for w, t in one.items() if t and t not in names and targets.count(t) == 1}
+    if not renamed:
+        return ""
+    for t in g.initializer:
+        t.name = renamed.get(t.name, t.name)
+    for w, target in sorted(renamed.items(), key=lambda x: -found[x[0]][1]):
+        first = found[w][1]
+        g.node.insert(first, helper.make_node("Identity", [target], [w], name=w + FOLDED))
+        scopes.insert(first, scopes[first])
+    some = sorted(renamed.items())[:2]
+    return (f"the exporter renamed {len(renamed)} weights it reads as stored ("
+            + ", ".join(f"'{w}' is {t}" for w, t in some) + (", ..." if len(renamed) > 2 else "")
+            + "): read under the parameters' names")
 
 
 def unfold(skel: onnx.ModelProto, scopes: list[str], roles: dict[str, str]) -> str:
@@ -242,4 +291,4 @@ def _bits(t: onnx.TensorProto, base_dir: str | None) -> np.ndarray | None:
         return None
 
 
-__all__ = ["FOLDED", "FOLDED_NAME", "SAMPLE", "TIED", "stored_copies", "unfold", "unshare", "untie"]
+__all__ = ["FOLDED", "FOLDED_NAME", "SAMPLE", "TIED", "stored_copies", "unfold", "unrename", "unshare", "untie"]

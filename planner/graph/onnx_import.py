@@ -21,13 +21,13 @@ import onnx.numpy_helper
 from planner.errors import InvalidInput, InvalidModel, UnboundDimension
 from planner.graph import onnx_dims
 from planner.graph.ir import Graph, Node, Tensor
-from planner.graph.onnx_params import (attrs_of, consumed_names, declared_roles, find_params, folded_nodes,
-                                      steering_only)
+from planner.graph.onnx_params import (attrs_of, consumed_names, declared_placeholders, declared_roles, find_params,
+                                      folded_nodes, steering_only)
 from planner.graph.onnx_read import nested_refs, read_model, skeleton, topo_order
 from planner.graph.onnx_scopes import inline_functions, node_scope
 from planner.graph.onnx_shapes import Shapes, collect, propagate, write_back
 from planner.graph.onnx_subgraphs import control_flow_cost, is_control_flow
-from planner.graph.onnx_folded import unfold, unshare, untie
+from planner.graph.onnx_folded import unfold, unrename, unshare, untie
 from planner.graph.op_cost_tables import VIEW_OPS
 from planner.graph.op_costs import OpCost, node_cost, read_once
 from planner.graph.shape_rules import is_full, merge
@@ -50,6 +50,8 @@ def import_model(source: str | os.PathLike | onnx.ModelProto, *, dims: Mapping[s
     scopes = [node_scope(n) for n in model.graph.node]
     skel = skeleton(model)
     base_dir = os.path.dirname(os.path.abspath(os.fspath(source))) if isinstance(source, (str, os.PathLike)) else None
+    if note := unrename(skel, model, scopes, declared_placeholders(model.graph)):
+        notes.append(note)
     if note := untie(skel, model, scopes, base_dir):
         notes.append(note)
     roles = declared_roles(model.graph)

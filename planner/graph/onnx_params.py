@@ -62,6 +62,7 @@ def _numel(shape: PShape) -> int | None:
 
 SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
 _SIGNATURE_LINE = re.compile(r"\b(PARAMETER|BUFFER|CONSTANT_TENSOR)\s+target='([^']+)'")
+_PLACEHOLDER_LINE = re.compile(r"(\w+):\s*(PARAMETER|BUFFER|CONSTANT_TENSOR)\s+target='([^']+)'")
 
 
 def declared_roles(graph: onnx.GraphProto) -> dict[str, str]:
@@ -69,6 +70,15 @@ def declared_roles(graph: onnx.GraphProto) -> dict[str, str]:
     for prop in graph.metadata_props:
         if prop.key == SIGNATURE_KEY:
             return {m.group(2): m.group(1) for m in _SIGNATURE_LINE.finditer(prop.value)}
+    return {}
+
+
+def declared_placeholders(graph: onnx.GraphProto) -> dict[str, str]:
+    """torch.export placeholder -> the parameter it stands for ('p_model_layers_0_mlp_experts_down_proj' ->
+    'model.layers.0.mlp.experts.down_proj'), from the exporter's signature, if any."""
+    for prop in graph.metadata_props:
+        if prop.key == SIGNATURE_KEY:
+            return {m.group(1): m.group(3) for m in _PLACEHOLDER_LINE.finditer(prop.value) if m.group(2) == "PARAMETER"}
     return {}
 
 
