@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tests.layout_edits import megatron  # noqa: E402
-from tests.torch_runs import launch, ok  # noqa: E402
+from tests.torch_runs import launch, ok, spread_experts  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -69,12 +69,7 @@ def _tiny_mixtral():
                         num_attention_heads=4, num_key_value_heads=4, num_local_experts=EXPERTS,
                         num_experts_per_tok=2, max_position_embeddings=64, use_cache=False,
                         attn_implementation="eager")
-    model = MixtralForCausalLM(cfg).float()
-    with torch.no_grad():  # experts at 0.2, so that their outputs and gradients stand well above the tolerance
-        for p in model.parameters():
-            if p.dim() == 3:
-                p.normal_(0.0, 0.2)
-    return model
+    return spread_experts(MixtralForCausalLM(cfg).float())
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 onnx = pytest.importorskip("onnx")
 
 from planner.api import load_graph  # noqa: E402
-from tests.torch_runs import launch, ok  # noqa: E402
+from tests.torch_runs import launch, ok, spread_experts  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -32,12 +32,7 @@ def _tiny_qwen3_moe():
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                       vocab_size=VOCAB, num_experts=EXPERTS, num_experts_per_tok=2, use_cache=False,
                                       experts_implementation="batched_mm", attn_implementation="eager")
-    model = transformers.Qwen3MoeForCausalLM(cfg).float()
-    with torch.no_grad():  # experts at 0.2, so that their outputs and gradients stand well above the tolerance
-        for p in model.parameters():
-            if p.dim() == 3:
-                p.normal_(0.0, 0.2)
-    return model
+    return spread_experts(transformers.Qwen3MoeForCausalLM(cfg).float())
 
 
 @pytest.fixture(scope="module")

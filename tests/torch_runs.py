@@ -1,7 +1,7 @@
 """Exported torch plans run for real: declared, written, validated and exported, then applied to a fresh
 Hugging Face model in every process of one gloo group on the CPU, each plan's loss and gradients recorded
 against the single-process run's. Shared by tests/test_hypershard_torch.py (a tiny Llama) and
-tests/test_torch_experts.py (a tiny Mixtral)."""
+tests/test_torch_experts.py (a tiny Mixtral) and tests/test_torch_renamed_experts.py (a Qwen3-MoE's ONNX export)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,18 @@ from tests.layout_edits import megatron
 
 #: name -> (strategy, hand-edited to Megatron's layouts (or by this function), run as a pipeline)
 Scenarios = Mapping[str, tuple[dict, bool | Callable[[dict], dict], bool]]
+
+
+def spread_experts(model):
+    """`model` with its stacked expert weights drawn at 0.2, so that their outputs and gradients stand well above
+    the tolerance."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 3:
+                p.normal_(0.0, 0.2)
+    return model
 
 
 def clean(name: str) -> str:
