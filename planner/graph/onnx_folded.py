@@ -29,7 +29,9 @@ constant of its own, under a new name and in the other orientation:
   ([experts, out, in], indexed by expert: GatherND) come out as `val_353`.
   `unrename` gives such a tensor back its parameter's name where the reading
   node's torch.export record (`pkg.torch.onnx.fx_node`) takes that
-  parameter's placeholder as the tensor it gathers from.
+  parameter's placeholder as the tensor it gathers from; one tensor that
+  stands for several such parameters, equal at export (GPT-OSS's zero expert
+  biases), gives each its own copy.
 
 Each is written as the dynamo exporter writes it unoptimised: the
 parameter, and a Transpose node (an Identity where the file's tensor is in
@@ -122,28 +124,37 @@ def unrename(skel: onnx.ModelProto, original: onnx.ModelProto, scopes: list[str]
     g = skel.graph
     inits = {t.name for t in g.initializer}
     names = _tensor_names(g)
-    found: dict[str, tuple[set[str], int]] = {}  # file name -> (the parameters its readers gather from, first reader)
+    found: dict[str, dict[int, str]] = {}  # file name -> its gathering readers -> the parameter each gathers from
     for i, (n, record) in enumerate(zip(g.node, original.graph.node)):
         w = n.input[0] if n.op_type in _AS_STORED and n.input else ""
         if w not in inits or not FOLDED_NAME.fullmatch(w):
             continue
         fx = next((p.value for p in record.metadata_props if p.key == FX_NODE_KEY), "")
         arg = _FX_FIRST_ARG.search(fx)
-        found.setdefault(w, (set(), i))[0].add(placeholders.get(arg.group(1), "") if arg else "")
-    one = {w: next(iter(t)) for w, (t, _) in found.items() if len(t) == 1}
-    targets = list(one.values())
-    renamed = {w: t for w, t in one.items() if t and t not in names and targets.count(t) == 1}
+        found.setdefault(w, {})[i] = placeholders.get(arg.group(1), "") if arg else ""
+    claimed = [t for readers in found.values() for t in set(readers.values())]
+    renamed = {w: readers for w, readers in found.items()
+               if all(t and t not in names and claimed.count(t) == 1 for t in readers.values())}
     if not renamed:
         return ""
+    dims = {t.name: (t.data_type, list(t.dims)) for t in g.initializer}
+    shared = {w for w, readers in renamed.items() if len(set(readers.values())) > 1}
+    for w in sorted(shared):  # equal values stored once for several parameters (zeros): a copy each
+        for t in sorted(set(renamed[w].values())):
+            g.initializer.append(shell(t, *dims[w]))
+        for i, t in renamed[w].items():
+            g.node[i].input[0] = t
+    single = {w: next(iter(r.values())) for w, r in renamed.items() if w not in shared}
     for t in g.initializer:
-        t.name = renamed.get(t.name, t.name)
-    for w, target in sorted(renamed.items(), key=lambda x: -found[x[0]][1]):
-        first = found[w][1]
+        t.name = single.get(t.name, t.name)
+    for w, target in sorted(single.items(), key=lambda x: -min(renamed[x[0]])):
+        first = min(renamed[w])
         g.node.insert(first, helper.make_node("Identity", [target], [w], name=w + FOLDED))
         scopes.insert(first, scopes[first])
-    some = sorted(renamed.items())[:2]
-    return (f"the exporter renamed {len(renamed)} weights it reads as stored ("
-            + ", ".join(f"'{w}' is {t}" for w, t in some) + (", ..." if len(renamed) > 2 else "")
+    some = sorted((w, t) for w, r in renamed.items() for t in sorted(set(r.values())))
+    return (f"the exporter renamed {len(some)} weights it reads as stored ("
+            + ", ".join(f"'{w}' is {t}" for w, t in some[:2]) + (", ..." if len(some) > 2 else "")
+            + (f"; {len(shared)} of its tensors stood for several, equal at export" if shared else "")
             + "): read under the parameters' names")
 
 
