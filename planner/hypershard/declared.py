@@ -18,6 +18,7 @@ from planner.errors import InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.hypershard.document import Request, file_sha256
+from planner.hypershard.io import beside
 from planner.hypershard.pins import check_activations, declared_pins, estimator_pins
 from planner.hypershard.programs import is_multi, is_serving, rank_problems, ranks_of, view, views
 from planner.hypershard.stages import declared_widths, device_problem
@@ -30,10 +31,7 @@ def request_of(doc: Mapping[str, Any], base_dir: str | None = None) -> Request:
     """The model and cluster to rebuild; a relative model path is tried from the cwd, then beside the file."""
     m, c = doc["model"], doc["cluster"]
     if m["source"] in ("file", "hf_config"):
-        path = m["path"]
-        if not os.path.exists(path) and base_dir and not os.path.isabs(path):
-            near = os.path.join(base_dir, path)
-            path = near if os.path.exists(near) else path
+        path = beside(m["path"], base_dir)
         if not os.path.exists(path):
             what = "model file" if m["source"] == "file" else "Hugging Face config"
             raise InvalidInput(f"{what} '{m['path']}' named by the declaration does not exist; "

@@ -82,6 +82,15 @@ def relocated(doc: Mapping[str, Any], path: str) -> Mapping[str, Any]:
     return out
 
 
+def beside(name: str | None, base_dir: str | None) -> str | None:
+    """A file a document names by relative path, from the current folder, else from `base_dir` (the document's
+    folder) where it is there; a preset's name, or a file found neither way, as it is."""
+    if name and base_dir and not os.path.isabs(name) and not os.path.exists(name):
+        near = os.path.join(base_dir, name)
+        return near if os.path.exists(near) else name
+    return name
+
+
 def anchored(doc: dict[str, Any], path: str) -> dict[str, Any]:
     """`doc` as read from `path`: a file it names by a relative path that is not there from the current folder
     but is beside `path` (where `relocated` wrote it from) is named by the path that reaches it from here."""
@@ -89,10 +98,7 @@ def anchored(doc: dict[str, Any], path: str) -> dict[str, Any]:
     for section, key in FILE_FIELDS:
         part = doc.get(section)
         name = part.get(key) if isinstance(part, dict) else None
-        if not isinstance(name, str) or not name or os.path.isabs(name) or os.path.exists(name):
-            continue
-        near = os.path.join(folder, name)
-        if os.path.exists(near):
+        if isinstance(name, str) and (near := beside(name, folder)) != name:
             part[key] = os.path.relpath(near)
     return doc
 

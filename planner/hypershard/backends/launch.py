@@ -13,7 +13,6 @@ vllm and sglang backends (`serving_launch`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -21,6 +20,7 @@ from cost_models import load_cluster
 from planner.costing.execution import Execution, attention_fp8_format, load_execution
 from planner.errors import ExportRefused, InvalidInput
 from planner.hypershard.declared import chunk_layers, strategy_of
+from planner.hypershard.io import beside
 from planner.hypershard.layouts import dim_axes
 from planner.hypershard.programs import is_multi, is_serving
 from planner.strategy import Strategy
@@ -113,7 +113,7 @@ def training(doc: Mapping[str, Any], backend: str, base_dir: str | None = None) 
         split_tables=split_params(doc, lambda e: e.get("op") == "scale" and len(e["dims"]) > 1),
         split_routers=split_params(doc, lambda e: bool(e.get("router"))),
         step_s=est.get("step_time_s"), peak_gib=(est.get("memory_gib") or {}).get("peak"),
-        mtp=int(doc["model"].get("mtp_layers", 0)), cluster_spec=_beside(doc["cluster"]["spec"], base_dir) or "",
+        mtp=int(doc["model"].get("mtp_layers", 0)), cluster_spec=beside(doc["cluster"]["spec"], base_dir) or "",
     )
 
 
@@ -125,15 +125,7 @@ def _workload(doc: Mapping[str, Any]) -> Any:
 
 def _stack(doc: Mapping[str, Any], base_dir: str | None) -> Execution:
     """The declaration's stack: a preset by name, or its file (tried beside the declaration when relative)."""
-    return load_execution(_beside(doc["workload"].get("stack"), base_dir))
-
-
-def _beside(name: str | None, base_dir: str | None) -> str | None:
-    """A preset name, or a file's path, tried beside the declaration when relative and not found from the cwd."""
-    if name and base_dir and not os.path.isabs(name) and not os.path.exists(name):
-        near = os.path.join(base_dir, name)
-        return near if os.path.exists(near) else name
-    return name
+    return load_execution(beside(doc["workload"].get("stack"), base_dir))
 
 
 def embedding_split(doc: Mapping[str, Any]) -> str:
@@ -307,11 +299,8 @@ def node_size(doc: Mapping[str, Any], base_dir: str | None = None) -> int | None
     cannot be loaded here."""
     from cost_models import SpecError, load_cluster
 
-    spec = doc["cluster"]["spec"]
-    if base_dir and not os.path.isabs(spec) and not os.path.exists(spec) and os.path.exists(os.path.join(base_dir, spec)):
-        spec = os.path.join(base_dir, spec)
     try:
-        hw = load_cluster(spec, devices=doc["cluster"]["devices"])
+        hw = load_cluster(beside(doc["cluster"]["spec"], base_dir), devices=doc["cluster"]["devices"])
     except (SpecError, InvalidInput, OSError):
         return None
     size = hw.levels[0].group_size if hw.levels else None
