@@ -111,8 +111,9 @@ def untie(skel: onnx.ModelProto, original: onnx.ModelProto, scopes: list[str], b
 #: The node metadata where the dynamo exporter records the torch.export node an ONNX node lowers
 FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 #: Its first argument, where that is a placeholder: "call_function[target=torch.ops.aten.index.Tensor](args =
-#: (%p_model_layers_0_mlp_experts_gate_up_proj, [%view_8])..."
-_FX_FIRST_ARG = re.compile(r"\(args = \(%(\w+)[,)]")
+#: (%p_model_layers_0_mlp_experts_gate_up_proj, [%view_8])...". Not where an index skips the leading dim
+#: ("[None, %idx]"): the lowering may then transpose the tensor before it gathers, and the copy be transposed.
+_FX_FIRST_ARG = re.compile(r"\(args = \(%(\w+)(?:\)|, (?!\[None))")
 #: Ops that read their first input as data, element for element as stored (gathers and slices by expert)
 _AS_STORED = {"Gather": 0, "GatherND": 0, "GatherElements": 0, "Slice": 0}
 
