@@ -138,3 +138,19 @@ def test_a_torch_export_refuses_expert_parallelism_over_renamed_stacked_experts(
     with pytest.raises(InvalidInput, match=r"places a MoE layer's stacked expert weights by their module's names, "
                                            r"and the exporter renamed val_\d+"):
         export(doc, "torch")
+
+
+def test_folded_weights_given_as_graph_inputs_are_read_as_the_modules_weights():
+    """TorchScript with export_params=False declares each weight as a graph input, the folded linear ones under
+    `onnx::MatMul_704` [in, out] as it stores them inline: read as the modules' weights, [out, in]."""
+    entry = MANIFEST["llama_ts17_inputs_axes"]
+    g = import_model(HF / entry["files"][0], **entry["bind"])
+    assert sum(g.tensors[p].numel for p in g.params) == entry["torch_param_count"]
+    assert not [p for p in g.params if p.startswith("onnx::")]
+    torch_params = entry["torch_params"]
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                 "model.layers.1.mlp.down_proj.weight"):
+        assert name in g.params and g.tensors[name].numel == torch_params[name]
+    k = g.tensors["model.layers.0.self_attn.k_proj.weight"].shape
+    assert k[0] < k[1]  # [out, in]: 2 key-value heads of 8 out of a hidden of 32
+    assert stored_copies(g)["onnx::MatMul_711"] == ("model.layers.0.self_attn.k_proj.weight", True)

@@ -12,7 +12,8 @@ constant of its own, under a new name and in the other orientation:
   gradients and optimizer states (Llama 3.2 1B: 263 M of its 1.24 B).
   `untie` finds the copy by its values (below).
 - A linear layer. `nn.Linear` keeps its weight [out, in] and multiplies by
-  its transpose; TorchScript stores the transpose as `onnx::MatMul_604`, the
+  its transpose; TorchScript stores the transpose (or, without the weights,
+  `export_params=False`, declares it as a graph input) as `onnx::MatMul_604`, the
   dynamo exporter's optimiser as `val_152`, [in, out], under no module path.
   Read as stored, the weight had a name no framework's model has and the
   orientation of GPT-2's Conv1D, so a tensor-parallel export to torch was
@@ -165,13 +166,14 @@ def unfold(skel: onnx.ModelProto, scopes: list[str], roles: dict[str, str]) -> s
     (`onnx_params.declared_roles`, empty without one). A note, or ""."""
     g = skel.graph
     inits = {t.name: t for t in g.initializer}
+    bare = {vi.name: vi for vi in g.input if vi.name not in inits and len(vi.type.tensor_type.shape.dim) == 2}
     names = _tensor_names(g)
     found: dict[str, tuple[str, int]] = {}  # folded name -> (the module's weight, its first reader)
     skip: set[str] = set()
     for i, n in enumerate(g.node):
         slot = _HEADS.get(n.op_type)
         w = n.input[slot] if slot is not None and len(n.input) > slot else ""
-        if w not in inits or not FOLDED_NAME.fullmatch(w) or len(inits[w].dims) != 2 or any(
+        if not FOLDED_NAME.fullmatch(w) or not (w in bare or (w in inits and len(inits[w].dims) == 2)) or any(
                 a.name == "transB" and a.i for a in n.attribute):
             continue
         target = f"{scopes[i]}.weight" if scopes[i] else ""
@@ -187,6 +189,15 @@ def unfold(skel: onnx.ModelProto, scopes: list[str], roles: dict[str, str]) -> s
             for t in g.initializer]
     del g.initializer[:]
     g.initializer.extend(kept)
+    for w in sorted(set(renamed) & set(bare)):  # a weight given as a graph input (export_params=False): its entry
+        vi = bare[w]
+        vi.name = renamed[w][0]
+        dims = vi.type.tensor_type.shape.dim
+        flipped = [onnx.TensorShapeProto.Dimension() for _ in dims]
+        for new, old in zip(flipped, reversed(list(dims))):
+            new.CopyFrom(old)
+        del dims[:]
+        dims.extend(flipped)
     for w, (target, first) in sorted(renamed.items(), key=lambda x: -x[1][1]):
         g.node.insert(first, helper.make_node("Transpose", [target], [w], perm=[1, 0], name=w + FOLDED))
         scopes.insert(first, scopes[first])
