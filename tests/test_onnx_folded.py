@@ -154,3 +154,33 @@ def test_folded_weights_given_as_graph_inputs_are_read_as_the_modules_weights():
     k = g.tensors["model.layers.0.self_attn.k_proj.weight"].shape
     assert k[0] < k[1]  # [out, in]: 2 key-value heads of 8 out of a hidden of 32
     assert stored_copies(g)["onnx::MatMul_711"] == ("model.layers.0.self_attn.k_proj.weight", True)
+
+
+def _gathers(signature: str, records: list[str]) -> onnx.ModelProto:
+    """Two layers' expert-bias gathers reading one tensor `val_245` (zeros: equal at export, stored once), each node
+    carrying the torch.export record the dynamo exporter writes (`records`)."""
+    nodes = [helper.make_node("GatherND", ["val_245", "idx"], [f"b{k}"], name=f"node_GatherND_{k}") for k in (0, 1)]
+    for node, record in zip(nodes, records):
+        node.metadata_props.add(key="pkg.torch.onnx.fx_node", value=record)
+    nodes.append(helper.make_node("Add", ["b0", "b1"], ["y"]))
+    g = helper.make_graph(nodes, "gathers", [helper.make_tensor_value_info("idx", TensorProto.INT64, ["n", 1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])],
+                          [numpy_helper.from_array(np.zeros((4, 8), np.float32), "val_245")])
+    g.metadata_props.add(key="pkg.torch.export.ExportedProgram.graph_signature", value=signature)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_one_renamed_tensor_read_as_two_parameters_gives_each_its_own():
+    """GPT-OSS's expert biases are zeros at initialisation: the dynamo exporter (torch 2.13) stores both layers' as
+    one `val_245`, each layer's gather recording its own parameter. Each is read as that parameter."""
+    names = [f"model.layers.{k}.mlp.experts.gate_up_proj_bias" for k in (0, 1)]
+    signature = "\n".join(f"p_model_layers_{k}_mlp_experts_gate_up_proj_bias: PARAMETER target='{n}'"
+                          for k, n in enumerate(names))
+    records = [f"%index_{k} : [num_users=1] = call_function[target=torch.ops.aten.index.Tensor](args = "
+               f"(%p_model_layers_{k}_mlp_experts_gate_up_proj_bias, [%view_7]), kwargs = {{}})" for k in (0, 1)]
+    g = import_model(_gathers(signature, records), dims={"n": 3})
+    assert sorted(g.params) == names and all(g.tensors[n].shape == (4, 8) for n in names)
+    assert any("1 of its tensors stood for several, equal at export" in n for n in g.notes)
+    # an index past the leading dim may be lowered through a transpose the optimiser folded: names stay the file's
+    past = [r.replace("[%view_7]", "[None, %view_7]") for r in records]
+    assert list(import_model(_gathers(signature, past), dims={"n": 3}).params) == ["val_245"]

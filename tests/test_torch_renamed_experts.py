@@ -65,25 +65,6 @@ def test_renamed_stacked_experts_are_read_as_the_parameters_torch_holds(exported
     assert any("the exporter renamed 4 weights it reads as stored" in n for n in g.notes)
 
 
-def test_equal_expert_biases_stored_once_are_read_as_each_layers_own(tmp_path):
-    """GPT-OSS's experts carry biases, zeros at initialisation: the exporter stores them once (`val_245` read by both
-    layers' gathers of `gate_up_proj_bias`), so each layer reads its own copy, under its own name."""
-    torch.manual_seed(0)
-    cfg = transformers.GptOssConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                    num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, num_local_experts=EXPERTS,
-                                    num_experts_per_tok=2, use_cache=False, experts_implementation="batched_mm")
-    model = transformers.GptOssForCausalLM(cfg).eval()
-    path = str(tmp_path / "gpt_oss.onnx")
-    dim = torch.export.Dim
-    torch.onnx.export(model, (torch.zeros(2, SEQ, dtype=torch.long),), path, dynamo=True,
-                      dynamic_shapes={"input_ids": {0: dim("batch"), 1: dim("seq")}})
-    g = load_graph(path, batch=2, seq_len=SEQ)
-    experts = {n: tuple(p.shape) for n, p in model.named_parameters() if ".experts." in n}
-    assert len(experts) == 8 and {p: g.tensors[p].shape for p in g.params if ".experts." in p} == experts
-    assert not [p for p in g.params if p.startswith("val_")]
-    assert any("2 of its tensors stood for several, equal at export" in n for n in g.notes)
-
-
 def test_an_expert_parallel_plan_of_the_export_matches_the_single_process_run(exported, tmp_path):
     scenarios = {"ep2_zero1": (dict(zero=1, ep=2), False, False)}
     runs = launch(tmp_path, WORLD, scenarios, exported, None, _tiny_qwen3_moe, (BATCH, SEQ, VOCAB))
