@@ -360,7 +360,7 @@ class _Search:
         shown = sorted((c for c in self.best_by_mesh.values() if c.mesh != self.best.mesh),
                        key=lambda c: _key(c, self.hbm))[:n]
         for c in (c for c in shown if not c.fits):
-            for s in smaller_micro_batches(c.strategy, self.workload.global_batch, self.c):
+            for s in smaller_micro_batches(c.strategy, self.workload.global_batch, self.c, self.base_offload):
                 if self.budget.out() or self._score(s).fits:
                     break
 

@@ -34,11 +34,15 @@ def closest_unscored(schedules: dict[tuple, float], scored: set[tuple] | dict, n
     return out
 
 
-def smaller_micro_batches(s: Strategy, global_batch: int, c: Constraints) -> Iterator[Strategy]:
-    """`s` at each smaller micro-batch the constraints allow, largest first, its other knobs kept (an interleaved
-    schedule only where the micro-batches still come in whole rounds of its stages)."""
+def smaller_micro_batches(s: Strategy, global_batch: int, c: Constraints,
+                          base_offload: tuple = ()) -> Iterator[Strategy]:
+    """`s` at each smaller micro-batch the constraints allow, largest first (an interleaved schedule only where the
+    micro-batches still come in whole rounds of its stages): first without the offload the search added to fit it
+    at its own micro-batch (`base_offload`: what the user fixed), then with it."""
     for mb in sorted((d for d in grid.micro_batches(global_batch // s.dp, c) if d < s.micro_batch), reverse=True):
         if s.vpp == 1 or (global_batch // (s.dp * mb)) % s.pp == 0:
+            if tuple(s.offload) != tuple(base_offload):
+                yield replace(s, micro_batch=mb, offload=tuple(base_offload))
             yield replace(s, micro_batch=mb)
 
 
