@@ -116,7 +116,7 @@ FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 #: ("[None, %idx]"): the lowering may then transpose the tensor before it gathers, and the copy be transposed.
 _FX_FIRST_ARG = re.compile(r"\(args = \(%(\w+)(?:\)|, (?!\[None))")
 #: Ops that read their first input as data, element for element as stored (gathers and slices by expert)
-_AS_STORED = {"Gather": 0, "GatherND": 0, "GatherElements": 0, "Slice": 0}
+_AS_STORED = frozenset({"Gather", "GatherND", "GatherElements", "Slice"})
 
 
 def unrename(skel: onnx.ModelProto, original: onnx.ModelProto, scopes: list[str], placeholders: dict[str, str]) -> str:
@@ -124,12 +124,12 @@ def unrename(skel: onnx.ModelProto, original: onnx.ModelProto, scopes: list[str]
     docstring); `placeholders`: the signature's placeholders (`onnx_params.declared_placeholders`). Run first,
     while `skel`'s nodes are `original`'s one for one. A note, or ""."""
     g = skel.graph
-    inits = {t.name for t in g.initializer}
+    stored = {t.name: (t.data_type, list(t.dims)) for t in g.initializer}
     names = _tensor_names(g)
     found: dict[str, dict[int, str]] = {}  # file name -> its gathering readers -> the parameter each gathers from
     for i, (n, record) in enumerate(zip(g.node, original.graph.node)):
         w = n.input[0] if n.op_type in _AS_STORED and n.input else ""
-        if w not in inits or not FOLDED_NAME.fullmatch(w):
+        if w not in stored or not FOLDED_NAME.fullmatch(w):
             continue
         fx = next((p.value for p in record.metadata_props if p.key == FX_NODE_KEY), "")
         arg = _FX_FIRST_ARG.search(fx)
@@ -139,11 +139,10 @@ def unrename(skel: onnx.ModelProto, original: onnx.ModelProto, scopes: list[str]
                if all(t and t not in names and claimed.count(t) == 1 for t in readers.values())}
     if not renamed:
         return ""
-    dims = {t.name: (t.data_type, list(t.dims)) for t in g.initializer}
     shared = {w for w, readers in renamed.items() if len(set(readers.values())) > 1}
     for w in sorted(shared):  # equal values stored once for several parameters (zeros): a copy each
         for t in sorted(set(renamed[w].values())):
-            g.initializer.append(shell(t, *dims[w]))
+            g.initializer.append(shell(t, *stored[w]))
         for i, t in renamed[w].items():
             g.node[i].input[0] = t
     single = {w: next(iter(r.values())) for w, r in renamed.items() if w not in shared}

@@ -9,15 +9,15 @@ closest unscored meshes (`closest_unscored`), and smaller micro-batches of a sho
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import replace
-from typing import Iterator
 
 from planner.search import grid
 from planner.search.constraints import Constraints
 from planner.strategy import Strategy
 
 
-def closest_unscored(schedules: dict[tuple, float], scored: set[tuple] | dict, n: int) -> list[tuple]:
+def closest_unscored(schedules: Mapping[tuple, float], scored: Container[tuple], n: int) -> list[tuple]:
     """The schedule keys (cp, tp, mb, ep, etp, pp, dp, vpp) of least bound of up to `n` meshes (tp, cp, pp, dp, ep,
     etp) not in `scored`, one per mesh, closest first."""
     out: list[tuple] = []
