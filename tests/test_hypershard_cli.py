@@ -81,6 +81,21 @@ def test_export_writes_each_backend(planned, tmp_path, backend, name):
     assert f"{backend} export written" in r.output and (tmp_path / name).stat().st_size > 1000
 
 
+def test_an_onnx_export_imports_the_model_once(planned, tmp_path, monkeypatch):
+    """validate's checks before writing and the annotation itself read one graph: the export does not import the
+    model a second time (it did, through the uncached loader)."""
+    import planner.api
+
+    folder, _ = planned
+    calls = []
+    real = planner.api.load_graph
+    monkeypatch.setattr(planner.api, "_GRAPHS", {})
+    monkeypatch.setattr(planner.api, "load_graph", lambda *a, **k: calls.append(a) or real(*a, **k))
+    r = runner.invoke(app, ["export", str(folder / "plan.yaml"), "--backend", "onnx", "-o", str(tmp_path / "p.onnx")])
+    assert r.exit_code == 0, r.output
+    assert len(calls) == 1
+
+
 def test_errors_are_one_line(planned, tmp_path):
     folder, _ = planned
     (tmp_path / "bad.yaml").write_text("hypershard: 2\n")

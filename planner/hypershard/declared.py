@@ -285,13 +285,13 @@ def score_as(doc: Mapping[str, Any], request: Request, workload: Workload, devic
 
 
 def graph_of(doc: Mapping[str, Any], base_dir: str | None = None) -> tuple[Graph, Structure]:
-    """The declaration's model as the planner sees it (graph and blocks), without scoring it."""
-    from planner.api import load_graph
+    """The declaration's model as the planner sees it (graph and blocks), without scoring it: the graph
+    remembered for the process, so an export after validate's checks does not import the model again."""
+    from planner.api import _graph_for_costing
     from planner.graph.blocks import discover_blocks
 
     req = request_of(doc, base_dir)
-    graph = load_graph(req.model, batch=1, seq_len=doc["workload"]["seq_len"], dims=dict(req.dims) or None,
-                       overrides=req.overrides)
+    graph = _graph_for_costing(req.model, doc["workload"]["seq_len"], dict(req.dims) or None, req.overrides)
     return graph, discover_blocks(graph)
 
 
