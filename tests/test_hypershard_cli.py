@@ -81,16 +81,26 @@ def test_export_writes_each_backend(planned, tmp_path, backend, name):
     assert f"{backend} export written" in r.output and (tmp_path / name).stat().st_size > 1000
 
 
-def test_an_onnx_export_imports_the_model_once(planned, tmp_path, monkeypatch):
-    """validate's checks before writing and the annotation itself read one graph: the export does not import the
-    model a second time (it did, through the uncached loader)."""
+def _imports(monkeypatch) -> list:
+    """The model imports (`load_graph` calls) of what runs next, with the process's graph store emptied."""
     import planner.api
 
-    folder, _ = planned
-    calls = []
+    calls: list = []
     real = planner.api.load_graph
     monkeypatch.setattr(planner.api, "_GRAPHS", {})
     monkeypatch.setattr(planner.api, "load_graph", lambda *a, **k: calls.append(a) or real(*a, **k))
+    return calls
+
+
+def test_plan_and_an_onnx_export_import_the_model_once(planned, tmp_path, monkeypatch):
+    """The search and the declaration it writes, and validate's checks before an export and the annotation itself,
+    each read one graph: neither command imports the model a second time (both did, through the uncached loader)."""
+    folder, _ = planned
+    calls = _imports(monkeypatch)
+    r = runner.invoke(app, ["plan", *MODEL, *WHERE, "-o", str(tmp_path / "again.yaml")])
+    assert r.exit_code == 0, r.output
+    assert len(calls) == 1
+    calls = _imports(monkeypatch)
     r = runner.invoke(app, ["export", str(folder / "plan.yaml"), "--backend", "onnx", "-o", str(tmp_path / "p.onnx")])
     assert r.exit_code == 0, r.output
     assert len(calls) == 1

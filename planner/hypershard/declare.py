@@ -58,13 +58,13 @@ def declare_programs(model: str, *, cluster: str, global_batch: int, seq_len: in
 
 
 def declare_plan(plan: Mapping[str, Any], request: Request) -> dict[str, Any]:
-    """The declaration of a `plan_model` result (rebuilds the graph it was planned on); several programs when
-    HyperMPMD won."""
-    from planner.api import load_graph
+    """The declaration of a `plan_model` result, on the graph it was planned on (remembered for the process, so
+    `plan -o` does not import the model twice); several programs when HyperMPMD won."""
+    from planner.api import _graph_for_costing
     from planner.graph.blocks import discover_blocks
 
-    graph = load_graph(request.model, batch=1, seq_len=plan["workload"]["seq_len"], dims=dict(request.dims) or None,
-                       overrides=request.overrides)
+    graph = _graph_for_costing(request.model, plan["workload"]["seq_len"], dict(request.dims) or None,
+                               request.overrides)
     return build_document(plan, graph, discover_blocks(graph), request)
 
 
