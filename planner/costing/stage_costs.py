@@ -170,10 +170,11 @@ def stage_costs(
     node_keys, param_keys = facts.node_keys, facts.param_keys
     space = ("megatron_sp" if strategy.sp else "megatron") if style == "megatron" else style
     skey = (t, space, training)
-    # the program and its vars' seconds depend on the tensor axis, the micro-batch, the context degree and which
-    # nodes run again, not on the expert degrees (the routed experts are detached) or the pipeline; with a stack
-    # that casts FP8 weights once per step, also on the micro-batches the cast is spread over
-    tkey = (skey, strategy.sp, cp, strategy.micro_batch, workload.seq_len, workload.dtype, execution, cluster,
+    # the program and its vars' seconds depend on the tensor axis, the micro-batch, the context degree and which nodes
+    # run again, not on the expert degrees (the routed experts are detached) or the pipeline; with a stack that casts
+    # FP8 weights once per step, also on the micro-batches the cast is spread over
+    hardware = (cluster.scaled(1), tp_spans)  # the device count reaches the program only through tp_spans
+    tkey = (skey, strategy.sp, cp, strategy.micro_batch, workload.seq_len, workload.dtype, execution, hardware,
             again.tobytes(), timer.weight_casts)
     if tkey not in facts.priced:
         if skey not in facts.skeletons:
@@ -193,7 +194,7 @@ def stage_costs(
                    strategy.offload_fraction("optimizer"))
     gap = 0.0
     constrain = training and memory_constraint
-    ckey = (skey, strategy.sp, cp, workload.seq_len, workload.dtype, execution, cluster)
+    ckey = (skey, strategy.sp, cp, workload.seq_len, workload.dtype, execution, hardware)
     if not facts.reuse_layouts:
         ckey += (strategy.micro_batch, strategy.recompute, strategy.full_recompute_layers, constrain, opt_key)
         if constrain:
@@ -205,8 +206,8 @@ def stage_costs(
     if solver != "highs":
         ckey += (solver,)
     weight_traffic = weight_traffic and training and strategy.zero >= 3 and strategy.dp * cp > 1
-    if weight_traffic:
-        ckey += ("weight_traffic", strategy.dp, strategy.zero)
+    if weight_traffic:  # the data-parallel group's placement: the whole cluster
+        ckey += ("weight_traffic", strategy.dp, strategy.zero, cluster)
     if t == 1:
         choice = tuple(0 for _ in problem.vars)
     elif ckey in facts.choices:
