@@ -38,8 +38,8 @@ def test_torchscripts_folded_copy_of_a_tied_embedding_counts_once(stem):
     g = import_model(HF / entry["files"][0], **entry["bind"])
     assert sum(g.tensors[p].numel for p in g.params) == entry["torch_param_count"]  # 31,616 and 22,816, not +4,096
     tables = {n.inputs[0] for n in g.nodes if n.op_type == "Gather"}
-    (copy, (table, flipped)), = [(c, t) for c, t in stored_copies(g).items() if t[0] in tables]
-    assert copy.startswith("onnx::MatMul_") and flipped and table in g.params and copy not in g.params
+    (copy, (table, how)), = [(c, t) for c, t in stored_copies(g).items() if t[0] in tables]
+    assert copy.startswith("onnx::MatMul_") and how == "Transpose" and table in g.params and copy not in g.params
     assert any("stored a tied weight twice" in n for n in g.notes)
 
 
@@ -47,7 +47,7 @@ def test_only_the_same_values_tie(tmp_path):
     rng = np.random.default_rng(0)
     table = rng.standard_normal((64, 16)).astype(np.float32)
     tied = import_model(_lm(table, table.T.copy()), batch=1, seq_len=4)
-    assert set(tied.params) == {"table"} and stored_copies(tied) == {"head": ("table", True)}
+    assert set(tied.params) == {"table"} and stored_copies(tied) == {"head": ("table", "Transpose")}
     other = import_model(_lm(table, rng.standard_normal((16, 64)).astype(np.float32)), batch=1, seq_len=4)
     assert set(other.params) == {"table", "head"} and not stored_copies(other)
     zeros = np.zeros((64, 16), np.float32)  # a weightless export: equal, but nothing says the weights are one
@@ -95,7 +95,7 @@ def test_a_folded_linear_weight_is_read_as_its_modules_weight():
     target = "model.layers.0.self_attn.q_proj.weight"
     g = import_model(_proj("onnx::MatMul_604"), batch=1, seq_len=4)
     assert list(g.params) == [target] and g.tensors[target].shape == (8, 16)  # [out, in], as nn.Linear holds it
-    assert stored_copies(g) == {"onnx::MatMul_604": (target, True)}
+    assert stored_copies(g) == {"onnx::MatMul_604": (target, "Transpose")}
     assert any("'onnx::MatMul_604' is model.layers.0.self_attn.q_proj.weight" in n for n in g.notes)
     listed = f"p_q: PARAMETER target='{target}'"
     assert list(import_model(_proj("val_7", listed), batch=1, seq_len=4).params) == [target]
@@ -153,7 +153,7 @@ def test_folded_weights_given_as_graph_inputs_are_read_as_the_modules_weights():
         assert name in g.params and g.tensors[name].numel == torch_params[name]
     k = g.tensors["model.layers.0.self_attn.k_proj.weight"].shape
     assert k[0] < k[1]  # [out, in]: 2 key-value heads of 8 out of a hidden of 32
-    assert stored_copies(g)["onnx::MatMul_711"] == ("model.layers.0.self_attn.k_proj.weight", True)
+    assert stored_copies(g)["onnx::MatMul_711"] == ("model.layers.0.self_attn.k_proj.weight", "Transpose")
 
 
 def _gathers(signature: str, records: list[str]) -> onnx.ModelProto:
@@ -184,3 +184,28 @@ def test_one_renamed_tensor_read_as_two_parameters_gives_each_its_own():
     # an index past the leading dim may be lowered through a transpose the optimiser folded: names stay the file's
     past = [r.replace("[%view_7]", "[None, %view_7]") for r in records]
     assert list(import_model(_gathers(signature, past), dims={"n": 3}).params) == ["val_245"]
+
+
+def test_a_parameter_read_through_a_folded_view_is_counted_and_its_onnx_export_splits_the_views_dim(tmp_path):
+    """torch.onnx.export's default (dynamo, optimize=True) folds GPT-OSS's attention sinks, [heads], viewed as
+    [1, heads, 1, 1], into a constant `view_3` the signature does not list: read as the sinks, the file's count is
+    torch's (27,760, 8 short without), and a tensor-parallel plan's split of a sink's heads annotates the view's dim
+    1, where the heads are."""
+    stem = "gpt_oss_dyn20_inline_named_opt"
+    entry, path = MANIFEST[stem], HF / MANIFEST[stem]["files"][0]
+    g = import_model(path, **entry["bind"])
+    assert g.param_count == entry["torch_param_count"] == 27_760
+    assert g.tensors["model.layers.0.self_attn.sinks"].shape == (4,)  # torch's shape
+    assert stored_copies(g)["view_3"] == ("model.layers.0.self_attn.sinks", "Reshape")
+    r = runner.invoke(app, ["plan", str(path), "--cluster", "dgx-a100", "--devices", "2", "--global-batch", "4",
+                            "--seq-len", "8", "--tp", "2", "-o", str(tmp_path / "p.yaml")])
+    assert r.exit_code == 0, r.output
+    layouts = yaml.safe_load((tmp_path / "p.yaml").read_text())["layouts"]["params"]
+    assert layouts["model.layers.*.self_attn.sinks"]["dims"] == ["tp"]
+    r = runner.invoke(app, ["export", str(tmp_path / "p.yaml"), "--backend", "onnx", "-o", str(tmp_path / "p.onnx")])
+    assert r.exit_code == 0, r.output
+    model = onnx.load(str(tmp_path / "p.onnx"), load_external_data=False)
+    specs = [s for n in model.graph.node for c in n.device_configurations for s in c.sharding_spec
+             if s.tensor_name == "view_3"]
+    assert specs and all([(d.axis, d.simple_sharding[0].num_shards) for d in s.sharded_dim] == [(1, 2)]
+                         for s in specs)

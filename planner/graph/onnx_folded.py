@@ -34,11 +34,19 @@ constant of its own, under a new name and in the other orientation:
   stands for several such parameters, equal at export (GPT-OSS's zero expert
   biases), gives each its own copy.
 
+- A parameter read only through a view. The optimiser folds the view into
+  a constant named after it (GPT-OSS's attention sinks, [heads], stored as
+  `view_3`, [1, heads, 1, 1], read by an Expand); the parameter is in no
+  tensor of the file and had gone uncounted. `unview` reads such a constant
+  as the one parameter of its readers' module scope that the signature lists
+  and no tensor holds (one of each in that scope, or nothing is read).
+
 Each is written as the dynamo exporter writes it unoptimised: the
 parameter, and a Transpose node (an Identity where the file's tensor is in
 the parameter's own orientation: a renamed one, or a tied copy as Gemm's
-transB reads it) whose output keeps the file's name, so the ONNX export can
-annotate the file's tensor
+transB reads it; a Reshape for a folded view, the parameter's dims the
+view's but its unit ones, an assumption its note states) whose output keeps
+the file's name, so the ONNX export can annotate the file's tensor
 (`stored_copies`). A tied pair is compared where both values can be read,
 inline or in external data beside the file, at `SAMPLE` positions on fixed
 strides: every sampled element bit-for-bit equal, and the sample not all
@@ -260,17 +268,57 @@ def unshare(skel: onnx.ModelProto, scopes: list[str], roles: dict[str, str]) -> 
             "model trains them")
 
 
+#: How torch.export names a view's output (`view_3`, `unsqueeze_12`): a folded view keeps that name in the file
+_VIEW_NAME = re.compile(r"(?:view|_unsafe_view|reshape|unsqueeze|squeeze|expand|permute|t|transpose)_\d+")
+
+
+def unview(skel: onnx.ModelProto, scopes: list[str], placeholders: dict[str, str]) -> str:
+    """Read each constant the dynamo exporter's optimiser folded from a view of a parameter as that parameter
+    (module docstring); `placeholders`: the signature's (`onnx_params.declared_placeholders`). Run after the other
+    readings, so that a parameter they restored is not missing. A note, or ""."""
+    g = skel.graph
+    names = _tensor_names(g)
+    missing: dict[str, list[str]] = {}  # module scope -> the parameters of it the signature lists and no tensor holds
+    for target in sorted(set(placeholders.values()) - names):
+        missing.setdefault(target.rpartition(".")[0], []).append(target)
+    inits = {t.name: t for t in g.initializer}
+    readers: dict[str, list[int]] = {}
+    for i, n in enumerate(g.node):
+        for x in dict.fromkeys(n.input):
+            if x in inits and _VIEW_NAME.fullmatch(x) and inits[x].data_type in _FLOATS:
+                readers.setdefault(x, []).append(i)
+    folded: dict[str, list[str]] = {}  # module scope -> the folded views its nodes alone read
+    for w, idx in readers.items():
+        if len({scopes[i] for i in idx}) == 1:
+            folded.setdefault(scopes[idx[0]], []).append(w)
+    found = {ws[0]: missing[sc][0] for sc, ws in folded.items() if len(ws) == 1 and len(missing.get(sc, ())) == 1}
+    if not found:
+        return ""
+    for w, target in sorted(found.items(), key=lambda x: -readers[x[0]][0]):
+        t, first = inits[w], readers[w][0]
+        g.initializer.remove(t)
+        g.initializer.append(shell(target, t.data_type, [d for d in t.dims if d != 1] or [1]))
+        g.initializer.append(numpy_helper.from_array(np.array(list(t.dims), dtype=np.int64), w + FOLDED))
+        g.node.insert(first, helper.make_node("Reshape", [target, w + FOLDED], [w], name=w + FOLDED))
+        scopes.insert(first, scopes[first])
+    some = sorted(found.items())
+    return (f"the exporter folded {len(some)} parameters read through a view into constants ("
+            + ", ".join(f"'{w}' is {t}" for w, t in some[:2]) + (", ..." if len(some) > 2 else "")
+            + "): read as the parameters, each of the view's dims but its unit ones (ASSUMPTION: torch's shape)")
+
+
 def _tensor_names(g: onnx.GraphProto) -> set[str]:
     """Every tensor name the graph uses: node inputs and outputs, initializers, graph inputs."""
     return ({x for n in g.node for x in (*n.input, *n.output)} | {t.name for t in g.initializer}
             | {v.name for v in g.input})
 
 
-def stored_copies(graph) -> dict[str, tuple[str, bool]]:
-    """In an imported `Graph`, each file tensor `untie` or `unfold` read as a parameter: that parameter, and
-    whether the file holds it transposed."""
-    return {n.outputs[0]: (n.inputs[0], n.op_type == "Transpose") for n in graph.nodes
-            if n.op_type in ("Transpose", "Identity") and n.name in (n.outputs[0] + TIED, n.outputs[0] + FOLDED)}
+def stored_copies(graph) -> dict[str, tuple[str, str]]:
+    """In an imported `Graph`, each file tensor `untie`, `unfold`, `unrename` or `unview` read as a parameter: that
+    parameter, and how the file holds it: "Identity" (as it is), "Transpose" or "Reshape" (with unit dims)."""
+    return {n.outputs[0]: (n.inputs[0], n.op_type) for n in graph.nodes
+            if n.op_type in ("Transpose", "Identity", "Reshape") and n.name in (n.outputs[0] + TIED,
+                                                                             n.outputs[0] + FOLDED)}
 
 
 def _same_values(table: onnx.TensorProto, copy: onnx.TensorProto, flipped: bool, base_dir: str | None) -> bool:
@@ -313,4 +361,5 @@ def _bits(t: onnx.TensorProto, base_dir: str | None) -> np.ndarray | None:
         return None
 
 
-__all__ = ["FOLDED", "FOLDED_NAME", "SAMPLE", "TIED", "stored_copies", "unfold", "unrename", "unshare", "untie"]
+__all__ = ["FOLDED", "FOLDED_NAME", "SAMPLE", "TIED", "stored_copies", "unfold", "unrename", "unshare", "untie",
+           "unview"]

@@ -27,7 +27,7 @@ from planner.graph.onnx_read import nested_refs, read_model, skeleton, topo_orde
 from planner.graph.onnx_scopes import inline_functions, node_scope
 from planner.graph.onnx_shapes import Shapes, collect, propagate, write_back
 from planner.graph.onnx_subgraphs import control_flow_cost, is_control_flow
-from planner.graph.onnx_folded import unfold, unrename, unshare, untie
+from planner.graph.onnx_folded import unfold, unrename, unshare, untie, unview
 from planner.graph.op_cost_tables import VIEW_OPS
 from planner.graph.op_costs import OpCost, node_cost, read_once
 from planner.graph.shape_rules import is_full, merge
@@ -55,7 +55,8 @@ def import_model(source: str | os.PathLike | onnx.ModelProto, *, dims: Mapping[s
     if note := untie(skel, model, scopes, base_dir):
         notes.append(note)
     roles = declared_roles(model.graph)
-    for note in (unfold(skel, scopes, roles), unshare(skel, scopes, roles)):
+    for note in (unfold(skel, scopes, roles), unshare(skel, scopes, roles),
+                 unview(skel, scopes, declared_placeholders(model.graph))):
         if note:
             notes.append(note)
     skel, scopes, note = inline_functions(skel, scopes)

@@ -149,9 +149,13 @@ def _annotate(model: Any, doc: Mapping[str, Any], graph: Any, structure: Any, co
             for name in list(ch["layers"]) + list(ch.get("blocks", [])):
                 chunk_of[name] = ch["chunk"]
     params, _, _ = expand(doc["layouts"]["params"], graph.params)
-    for copy, (table, flipped) in stored_copies(graph).items():  # the file's folded copy of a parameter
+    for copy, (table, how) in stored_copies(graph).items():  # the file's folded copy of a parameter
         if table in params:
-            params[copy] = {"dims": list(params[table]["dims"])[::-1] if flipped else list(params[table]["dims"])}
+            dims = list(params[table]["dims"])
+            if how == "Reshape":  # the parameter's dims, and the view's unit dims whole
+                left = iter(dims)
+                dims = [None if size == 1 else next(left, None) for size in graph.tensors[copy].shape]
+            params[copy] = {"dims": dims[::-1] if how == "Transpose" else dims}
     boundary: dict[str, list[Any]] = {}
     acts = doc["layouts"].get("activations", {})
     for b in structure.layers():
