@@ -37,7 +37,7 @@ from planner.hypershard.backends.module_src import CHUNKS_SRC, LAYERS_SRC, chunk
 from planner.hypershard.backends.torch_experts import EXPERTS_SRC
 from planner.hypershard.backends.torch_moe_tp import MOE_TP_SRC
 from planner.hypershard.backends.torch_tied import TIED_SRC
-from planner.hypershard.backends.torch_tp import TP_SRC
+from planner.hypershard.backends.torch_tp import TP_SRC, own_param
 from planner.hypershard.backends.torch_widths import WIDTH_SRC
 from planner.hypershard.layouts import dim_axes
 
@@ -139,6 +139,7 @@ def parallelize(model, mesh, tied=None):
         tied = _tied_names(model) if tied is None else tied
         local = [path for path, _ in _moe_blocks(model)] if MOE_TOKEN_SPLIT else []  # whole on each tensor rank
         parallelize_module(model, mesh["tp"], tp_plan(model, tied, local))
+        shard_own_params(model, mesh["tp"], local)
         _retie(model, tied)
     apply_local_tokens(model, mesh)
     apply_expert_parallel(model, mesh)
@@ -223,11 +224,13 @@ def _mesh(doc: Mapping[str, Any]) -> list[tuple[str, int]]:
 
 
 def _not_expressed(doc: Mapping[str, Any]) -> list[str]:
-    """Declared layouts the styles cannot apply: splits of other ops than linear and embedding."""
+    """Declared layouts the export cannot apply: splits of other ops than linear and embedding, but a module's own
+    parameter (`own_param`, which `shard_own_params` splits)."""
     out = []
     for pattern, e in doc["layouts"]["params"].items():
         split = [d for d, spec in enumerate(e["dims"]) if "tp" in dim_axes(spec)]
-        if split and e.get("op") not in ("linear", "embedding") and not pattern.endswith(".bias"):
+        if split and e.get("op") not in ("linear", "embedding") and not pattern.endswith(".bias") \
+                and not own_param(pattern, e):
             out.append(pattern)
     return out
 
@@ -275,7 +278,7 @@ def render(doc: Mapping[str, Any], *, base_dir: str | None = None) -> str:
              "from torch.distributed.device_mesh import " + ("DeviceMesh" if multi else "init_device_mesh"),
              "from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard",
              "from torch.distributed.nn.functional import all_to_all_single",
-             "from torch.distributed.tensor import DTensor, Replicate, Shard",
+             "from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor",
              "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,",
              "                                               SequenceParallel, parallelize_module)",
              "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts", ""]

@@ -10,12 +10,23 @@ stream stays a DTensor split by sequence (Korthikanti et al. 2022). A weight the
 ColwiseParallel linear; a lookup split on the hidden dim makes the head a RowwiseParallel linear, whose
 logits leave whole (a plain tensor, not the stream's sequence split: the loss and the pipeline read whole
 logits). The styles assume torch's conventions (nn.Linear weights [out, in]); `_check` says
-so in one sentence where a module breaks them.
+so in one sentence where a module breaks them. A module's own parameter split over tp that no style takes
+(GPT-OSS's attention sinks, one a head) is split as declared and read as this rank's shard (`shard_own_params`).
 """
 
 from __future__ import annotations
 
-#: The generated source; it uses SEQUENCE_PARALLEL and `layout_of` (and `_tied_names` where given ties).
+import inspect
+
+
+def own_param(name, entry):
+    """A module's own vector, not a weight or bias a parallel style splits (GPT-OSS's attention sinks, one a head)."""
+    last = name.rsplit(".", 1)[-1]
+    return entry.get("op") == "other" and len(entry["dims"]) == 1 and last != "weight" and not last.endswith("bias")
+
+
+#: The generated source; it uses SEQUENCE_PARALLEL and `layout_of` (and `_tied_names` where given ties), and
+#: `own_param` (its source appended: the export's refusals read the same rule).
 TP_SRC = r'''
 def _axes(spec):
     return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
@@ -106,6 +117,27 @@ def tp_plan(model, tied=(), whole=()):
     return plan
 
 
+def _local_view(module, args, name):
+    module.__dict__[name] = module._parameters[name].to_local()  # read before the parameter: this rank's shard
+
+
+def shard_own_params(model, mesh, whole=()):
+    """Each module's own parameter declared split over tp (`own_param`: GPT-OSS's attention sinks, one a head)
+    becomes a DTensor split as declared, and its module reads this rank's shard, a plain tensor beside the heads
+    the rank computes (its gradient flows back into the DTensor); not in `whole`'s modules (MoE blocks run whole)."""
+    for path, module in model.named_modules():
+        if any(path == w or path.startswith(w + ".") for w in whole):
+            continue
+        for name, p in list(module._parameters.items()):
+            full = f"{path}.{name}" if path else name
+            entry = None if p is None or isinstance(p, DTensor) else _declared(full)
+            dim = None if entry is None or not own_param(full, entry) else _tp_dim(entry)
+            if dim is not None:
+                split = distribute_tensor(p.detach(), mesh, [Shard(dim)])
+                module._parameters[name] = nn.Parameter(split, requires_grad=p.requires_grad)
+                module.register_forward_pre_hook(partial(_local_view, name=name))
+
+
 def _check(path, module, entry):
     """The styles assume torch's conventions: nn.Linear weights are [out, in], nn.Embedding's [vocab, dim]."""
     dim = _tp_dim(entry)
@@ -118,4 +150,6 @@ def _check(path, module, entry):
         raise ValueError(f"{path} ({type(module).__name__}) is declared as a split embedding but is no nn.Embedding")
 '''
 
-__all__ = ["TP_SRC"]
+TP_SRC += "\n\n" + inspect.getsource(own_param)
+
+__all__ = ["TP_SRC", "own_param"]
