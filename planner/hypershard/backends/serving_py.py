@@ -66,6 +66,7 @@ def parallelize(model, mesh, rank):
     """The bound phase's plan on `model`: tensor parallelism over the mesh's tp axis, then `rank`'s experts."""
     if dict(MESH)["tp"] > 1:
         parallelize_module(model, mesh["tp"], tp_plan(model))
+        shard_own_params(model, mesh["tp"])
     if EXPERTS:
         shard_experts(model, rank)
     return model
@@ -162,8 +163,9 @@ def render_torch(doc: Mapping[str, Any]) -> str:
     head = ['"""' + sc.header(doc, "PyTorch serving plan (DeviceMesh, DTensor tensor parallelism, experts)")
             + f"\n\nApply inside an initialised process group:\n\n{_USE}    mesh = build_mesh(\"cuda\")\n"
             "    model = parallelize(model, mesh, torch.distributed.get_rank())\n\"\"\"", "",
-            "from __future__ import annotations", "", "import fnmatch", "", "import torch", "from torch import nn",
-            "from torch.distributed.device_mesh import DeviceMesh", "from torch.distributed.tensor import Replicate, Shard",
+            "from __future__ import annotations", "", "import fnmatch", "from functools import partial", "",
+            "import torch", "from torch import nn", "from torch.distributed.device_mesh import DeviceMesh",
+            "from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor",
             "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,",
             "                                               SequenceParallel, parallelize_module)", "",
             "SEQUENCE_PARALLEL = False  # serving keeps the residual stream whole between layers", ""]
