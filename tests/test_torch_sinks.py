@@ -1,7 +1,8 @@
-"""A tensor-parallel training plan of GPT-OSS runs in torch: its attention sinks (one a head, a parameter of the
-attention module itself, which no torch parallel style splits) are split with the heads as declared.
+"""Tensor-parallel training and serving plans of GPT-OSS run in torch: its attention sinks (one a head, a parameter
+of the attention module itself, which no torch parallel style splits) are split with the heads as declared (the
+serving layouts, read from the graph, split them with the heads since `serving_layouts._per_head_vectors`).
 
-The plan is made from `torch.onnx.export`'s default export (dynamo, optimised), where the sinks come out folded
+The plans are made from `torch.onnx.export`'s default export (dynamo, optimised), where the sinks come out folded
 into views (`onnx_folded.unview`), and applied to a fresh transformers model of the same config (the optimised
 fixture's) on two gloo ranks.
 Before `shard_own_params` the sinks stayed whole beside each rank's two heads of four and the attention's
@@ -10,7 +11,9 @@ concatenation failed ("Expected size 2 but got size 4").
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from planner.hypershard import read_document, write_document  # noqa: E402
+from planner.hypershard.backends import export_to_file  # noqa: E402
+from planner.hypershard.serving_doc import declare_serving_phases  # noqa: E402
+from tests.forked import run_forked  # noqa: E402
 from tests.torch_runs import launch, ok  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -77,3 +84,48 @@ def test_a_tensor_parallel_plan_splits_the_sinks_with_the_heads_and_matches_one_
     not_expressed = next(line for line in plan.splitlines() if line.startswith("NOT_EXPRESSED = "))
     assert "'model.layers.*.self_attn.sinks': {'dims': ['tp']" in plan and "sinks" not in not_expressed
 
+
+
+
+def _serve(rank: int, folder: str) -> None:
+    """The decode plan on this rank; its first attention layer (the sinks' module) run on the inputs the whole
+    model gave it in one process. The serving module places the routed experts and leaves their exchange to the
+    engine (`serving_py.shard_experts`), so the MoE blocks are not run."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=WORLD)
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    seen = {}
+    ref = _tiny_gpt_oss()
+    ref.model.layers[0].self_attn.register_forward_hook(
+        lambda m, args, kwargs, out: seen.update(args=args, kwargs=kwargs, out=out[0]), with_kwargs=True)
+    with torch.no_grad():
+        ref(ids)
+    spec = importlib.util.spec_from_file_location("serve_plan", os.path.join(folder, "serve.py"))
+    plan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plan)
+    plan.use_program("decode")
+    model = plan.parallelize(_tiny_gpt_oss(), plan.build_mesh("cpu"), rank)
+    attention = model.model.layers[0].self_attn
+    with torch.no_grad():
+        out = attention(*seen["args"], **seen["kwargs"])[0]
+    sinks = attention._parameters["sinks"]  # the DTensor (the module reads its local shard)
+    res = {"err": float((out - seen["out"]).abs().max()), "sinks": list(sinks.to_local().shape)}
+    with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+        json.dump(res, f)
+    dist.destroy_process_group()
+
+
+def test_a_tensor_parallel_serving_plan_splits_the_sinks_with_the_heads(exported, tmp_path):
+    """Read from the graph, the serving layouts split the sinks as the heads (they had declared them whole, and
+    the attention's concatenation failed); the layer's output is the single process's."""
+    doc = declare_serving_phases(exported, cluster="dgx-h100", prompt_len=SEQ, gen_len=4,
+                                 prefill=dict(tp=2, batch=2), decode=dict(tp=2, batch=2), mode="co-located")
+    write_document(doc, str(tmp_path / "serve.yaml"))
+    export_to_file(read_document(str(tmp_path / "serve.yaml")), "torch", str(tmp_path / "serve.py"))
+    assert "'model.layers.*.self_attn.sinks': {'dims': ['tp']" in (tmp_path / "serve.py").read_text()
+    assert run_forked(_serve, [(r, str(tmp_path)) for r in range(WORLD)], 120) == [0] * WORLD
+    for r in range(WORLD):
+        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert res["err"] < 1e-5 and res["sinks"] == [2], res  # two sinks of four, with the rank's two heads

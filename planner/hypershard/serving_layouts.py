@@ -18,7 +18,13 @@ the graph tells (Shoeybi et al. 2019, Megatron-LM section 3):
   the experts), as vLLM and SGLang keep them (ReplicatedLinear);
 - the vocabulary projection is column-parallel with its logits gathered;
   the embedding table splits its vocabulary (the masked lookup is summed);
-- stacked routed experts split their expert dim over `ep`.
+- stacked routed experts split their expert dim over `ep`;
+- a vector whose values land on the dim a column-parallel projection's
+  output is split on, further on between it and the next projection, splits
+  with it: GPT-OSS's attention sinks, one a head, joined to the scores
+  (`_per_head_vectors`, the split dim followed through views, transposes
+  and the attention's own matmuls); a QK-norm's weight, on the head dim's
+  inner extent, stays whole.
 
 A dim that `tp` does not divide stays whole. Norm weights stay whole.
 """
@@ -34,6 +40,7 @@ from planner.hypershard.roles import ParamRole, param_roles, residual_tensors
 from planner.graph.walk import GraphIndex, index_graph, is_weight_matmul
 from planner.graph.moe import moe_facts
 from planner.costing.node_work import MATRIX_OPS
+from planner.search.tensor_layout import view_dim_map
 
 #: Ops that normalise over a tensor's last dim: a column shard of it could not run them alone.
 _NORMS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "LayerNormalization", "RMSNormalization",
@@ -136,6 +143,7 @@ def serving_param_layouts(graph: Graph, structure: Structure, tp: int, ep: int) 
             if split is not None and not partial:
                 column_nodes.add(i)
     column_outputs = {graph.nodes[i].outputs[0] for i in column_nodes}
+    per_head = _per_head_vectors(graph, index, column_outputs, residual) if tp > 1 else set()
     out: dict[str, dict[str, Any]] = {}
     for p in graph.params:
         role = roles[p]
@@ -155,7 +163,8 @@ def serving_param_layouts(graph: Graph, structure: Structure, tp: int, ep: int) 
             d = role.partial_dim
             if shape[d] >= tp and shape[d] % tp == 0:
                 dims[d] = "tp"
-        elif tp > 1 and len(shape) == 1 and _is_column_bias(graph, index, p, column_outputs) and shape[0] % tp == 0:
+        elif tp > 1 and len(shape) == 1 and shape[0] % tp == 0 and (
+                _is_column_bias(graph, index, p, column_outputs) or p in per_head):
             dims[0] = "tp"
         if role.model_output:
             entry["model_output"] = True
@@ -170,6 +179,76 @@ def _is_column_bias(graph: Graph, index: GraphIndex, p: str, column_outputs: set
         if node.op_type == "Add" and any(x in column_outputs for x in node.inputs if x and x != p):
             return True
     return False
+
+
+_VIEWS = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Flatten"})
+#: Ops after which the split dim cannot be followed (a reduction or selection may run over it)
+_OPAQUE = frozenset({"Gather", "GatherND", "GatherElements", "ScatterND", "TopK", "ArgMax", "Shape"})
+
+
+def _carry(graph: Graph, node, x: str, dim: int, out: str) -> int | None:
+    """Where dim `dim` of input `x` of `node` lands in its output `out` (None: nowhere that can be followed)."""
+    ti, to = graph.tensors.get(x), graph.tensors.get(out)
+    if node.op_type == "SequenceAt" and x == node.inputs[0]:  # a chunk of a split sequence (below)
+        return dim
+    if node.op_type == "SplitToSequence" and ti is not None and ti.shape:  # chunks along another dim keep it
+        return None if node.attrs.get("axis", 0) % len(ti.shape) == dim else dim
+    if ti is None or to is None or ti.shape is None or to.shape is None or node.op_type in _OPAQUE \
+            or node.op_type.startswith("Reduce"):
+        return None
+    if node.op_type in _VIEWS:
+        return next((j for j, i in sorted(view_dim_map(ti.shape, to.shape).items()) if i == dim), None)
+    if node.op_type == "Transpose":
+        perm = list(node.attrs.get("perm") or reversed(range(len(ti.shape))))
+        return perm.index(dim) if dim in perm else None
+    if node.op_type in MATRIX_OPS and dim == len(ti.shape) - (1 if node.inputs.index(x) == 0 else 2):
+        return None  # the contracted dim
+    if node.op_type == "Split" and (node.attrs.get("axis", 0) % len(ti.shape)) == dim:
+        return None
+    j = dim + len(to.shape) - len(ti.shape)  # elementwise, broadcast from the right
+    return j if 0 <= j < len(to.shape) and to.shape[j] == ti.shape[dim] else None
+
+
+def _follow(graph: Graph, index: GraphIndex, starts: Mapping[str, int], stop) -> dict[str, int]:
+    """Each tensor reached from `starts` (tensor -> dim) with the dim it carries, not past nodes `stop` names."""
+    seen = dict(starts)
+    frontier = deque(starts.items())
+    while frontier:
+        name, dim = frontier.popleft()
+        for j in index.consumers.get(name, ()):
+            if stop(j):
+                continue
+            for out in graph.nodes[j].outputs:
+                carried = _carry(graph, graph.nodes[j], name, dim, out) if out and out not in seen else None
+                if carried is not None:
+                    seen[out] = carried
+                    frontier.append((out, carried))
+    return seen
+
+
+def _per_head_vectors(graph: Graph, index: GraphIndex, column_outputs: set[str], residual: set[str]) -> set[str]:
+    """Vector parameters a node joins to a tensor split as a column-parallel output is, on its split dim (counted
+    from the right): their values are one a head. The split is followed from each column output (its last dim)
+    to the next projection or the residual stream; the vector's dim from the parameter through its views."""
+    def stop(j: int) -> bool:
+        node = graph.nodes[j]
+        return is_weight_matmul(graph, index, j) or (node.op_type == "Add" and any(o in residual for o in node.outputs))
+
+    split = _follow(graph, index, {x: len(graph.tensors[x].shape or (0,)) - 1 for x in column_outputs
+                                   if graph.tensors.get(x) is not None and graph.tensors[x].shape}, stop)
+    out = set()
+    for p in graph.params:
+        if len(graph.tensors[p].shape or ()) != 1 or p in index.consumers and any(
+                is_weight_matmul(graph, index, j) for j in index.consumers[p]):
+            continue
+        mine = _follow(graph, index, {p: 0}, lambda j: graph.nodes[j].op_type not in _VIEWS | {"Expand", "Cast"})
+        for x, dim in mine.items():
+            rank = len(graph.tensors[x].shape or ())
+            for j in index.consumers.get(x, ()):
+                for y in graph.nodes[j].inputs:
+                    if y != x and y in split and len(graph.tensors[y].shape or ()) - split[y] == rank - dim:
+                        out.add(p)
+    return out
 
 
 def uses_of(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
