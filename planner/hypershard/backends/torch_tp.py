@@ -26,7 +26,7 @@ def own_param(name, entry):
 
 
 #: The generated source; it uses SEQUENCE_PARALLEL and `layout_of` (and `_tied_names` where given ties), and
-#: `own_param` (its source appended: the export's refusals read the same rule).
+#: `own_param` (its source appended: the export's NOT_EXPRESSED list reads the same rule).
 TP_SRC = r'''
 def _axes(spec):
     return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
