@@ -101,13 +101,18 @@ def _entry(model, path, module, tied):
     return _as_used_by(entry, module, getattr(model, "get_output_embeddings", lambda: None)() is module)
 
 
+def _inside(path, modules):
+    """Whether module `path` is one of `modules` or a submodule of one."""
+    return any(path == m or path.startswith(m + ".") for m in modules)
+
+
 def tp_plan(model, tied=(), whole=()):
     """Module path -> parallel style for every module with a weight: torchtitan's plan, built from the layouts
     (`whole`: paths of modules whose every weight stays whole, and the weights of their submodules)."""
     plan = {}
     for path, module in model.named_modules():
         weight = module._parameters.get("weight") if path else None
-        if weight is None or any(path == w or path.startswith(w + ".") for w in whole):
+        if weight is None or _inside(path, whole):
             continue
         entry = _entry(model, path, module, tied)
         style = _style(entry)
@@ -126,7 +131,7 @@ def shard_own_params(model, mesh, whole=()):
     becomes a DTensor split as declared, and its module reads this rank's shard, a plain tensor beside the heads
     the rank computes (its gradient flows back into the DTensor); not in `whole`'s modules (MoE blocks run whole)."""
     for path, module in model.named_modules():
-        if any(path == w or path.startswith(w + ".") for w in whole):
+        if _inside(path, whole):
             continue
         for name, p in list(module._parameters.items()):
             full = f"{path}.{name}" if path else name
