@@ -1,11 +1,9 @@
 """Per-stage costs of one strategy: time per micro-batch by kind, and memory per device.
 
-The graph is costed once per strategy: op times at the micro-batch and
-shard they run on, tensor-parallel layouts from the intra-op solver,
-context- and expert-parallel traffic per attention core and MoE layer, and
-the tensors each op keeps for backward (with recompute and layouts applied).
-Layers are then cut into pipeline stages (and interleaved chunks), and each
-stage sums its blocks. `step_time` turns these into a step.
+The graph is costed once per strategy: op times at the micro-batch and shard they run on, tensor-parallel layouts
+from the intra-op solver, context- and expert-parallel traffic per attention core and MoE layer, and the tensors each
+op keeps for backward (with recompute and layouts applied). Layers are then cut into pipeline stages (and interleaved
+chunks), and each stage sums its blocks. `step_time` turns these into a step.
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ from planner.costing.stage_memory import gathered, held_activations, stage_memor
 from planner.errors import Infeasible, InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
+from planner.search.charges import edge_costs
 from planner.search.intra_op import IMPOSSIBLE_S, detach
 from planner.search.skeleton import build_skeleton, price
 from planner.search.solve import WALL_LIMIT_S, solve_intra_op
@@ -213,6 +212,8 @@ def stage_costs(
     elif ckey in facts.choices:
         choice, gap = facts.choices[ckey]
     else:
+        if problem.edge_costs is None:  # priced once for every solve of this program, which adds only unary costs
+            problem.edge_costs = edge_costs(problem)
         program = copy(problem)  # the shared priced program stays as priced: this solve's charges go on a copy
         program.unary = list(problem.unary)
         if training:  # only the program reads them: a cached choice needs none
@@ -308,8 +309,7 @@ def stage_costs(
         kept = held_activations(acts, loss, held)
         mem = stage_memory(dense, expert, kept, strategy, training, width, execution,
                            buffers=working_copies(widest, gathered((dense, expert), strategy), strategy, execution,
-                                                  training, width, layer),
-                           fp8_params=fp8_params)
+                                                  training, width, layer), fp8_params=fp8_params)
         fwd = parts.forward + parts.tp_fwd + parts.cp_fwd + parts.ep_fwd
         bwd = parts.backward + parts.recompute + parts.tp_bwd + parts.cp_bwd + parts.ep_bwd
         stages.append(StageCost(s, tuple(n for n in names if structure.block(n).is_layer), parts, fwd, bwd,

@@ -209,10 +209,31 @@ def breakdown(problem: IntraOpProblem, choice: Sequence[int]) -> dict[str, float
     return dict(sorted(out.items()))
 
 
+@dataclass(frozen=True, slots=True)
+class EdgeCosts:
+    """What a program's edges, graph outputs and read-by-many tensors cost, gathered for its solvers: the pairs of
+    vars (`pair_costs`), each var's own diagonal and outputs' all-reduces, and each group's program, in the order
+    of `IntraOpProblem.groups`. None of it reads `unary` or `memory`."""
+
+    pairs: dict[tuple[int, int], np.ndarray]
+    selfs: dict[int, np.ndarray]  # same-position edges (`self_costs`)
+    sinks: dict[int, np.ndarray]  # pending sums on graph outputs (`IntraOpProblem.sink_costs`)
+    groups: tuple[GroupProgram, ...]
+
+
+def edge_costs(problem: IntraOpProblem) -> EdgeCosts:
+    """The program's `EdgeCosts`: as priced with it (`IntraOpProblem.edge_costs`, set by the owner of a program
+    solved many times over with other unary costs or memory rows), else computed now."""
+    if problem.edge_costs is not None:
+        return problem.edge_costs
+    return EdgeCosts(pair_costs(problem), self_costs(problem), problem.sink_costs(),
+                     tuple(group_program(problem, src, out, idx) for src, out, idx in problem.groups))
+
+
 def total_cost(problem: IntraOpProblem, choice: Sequence[int]) -> float:
     """Seconds of an assignment (strategy index per var): the objective the solvers minimise."""
     return breakdown(problem, choice)["total"]
 
 
-__all__ = ["Charge", "GroupProgram", "HIDDEN_CHARGE", "HIDEABLE", "breakdown", "edge_charges", "edge_matrix", "gemm_s",
+__all__ = ["Charge", "EdgeCosts", "GroupProgram", "HIDDEN_CHARGE", "HIDEABLE", "breakdown", "edge_charges", "edge_costs", "edge_matrix", "gemm_s",
            "group_charges", "group_program", "hidden_s", "hide_caps", "pair_costs", "self_costs", "total_cost"]

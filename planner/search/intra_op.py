@@ -100,6 +100,9 @@ class IntraOpProblem:
     overlap: float = 0.0
     overlap_share: float = 1.0  # at most this share of each collective hides (the stack's tp_overlap_share)
     gemm: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    #: The edges' costs (`charges.EdgeCosts`) as priced once by the owner of a program it solves many times over
+    #: with other unary costs or memory rows, after its last change to anything else; None: each solve prices them.
+    edge_costs: object | None = None
 
     def sink_costs(self) -> dict[int, np.ndarray]:
         """Per var, the all-reduce a graph output left as a pending sum still needs, per strategy."""

@@ -22,7 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from planner.errors import Infeasible, SolverTimeout
-from planner.search.charges import HIDDEN_CHARGE, group_program, hide_caps, pair_costs, self_costs, total_cost
+from planner.search.charges import HIDDEN_CHARGE, EdgeCosts, edge_costs, hide_caps, total_cost
 from planner.search.intra_op import IntraOpProblem
 
 _NS = 1e9
@@ -67,14 +67,15 @@ def _native_stdout_silenced():
         os.close(saved)
 
 
-def _costs(problem: IntraOpProblem) -> tuple[list[np.ndarray], dict[tuple[int, int], np.ndarray]]:
-    """Per-var costs (op time, same-position edges, graph outputs) and the costs of pairs of vars."""
+def _costs(problem: IntraOpProblem) -> tuple[list[np.ndarray], EdgeCosts]:
+    """Per-var costs (op time, same-position edges, graph outputs), and the program's `EdgeCosts`."""
+    edges = edge_costs(problem)
     unary = [u.astype(float).copy() for u in problem.unary]
-    for v, d in self_costs(problem).items():
+    for v, d in edges.selfs.items():
         unary[v] = unary[v] + d
-    for v, d in problem.sink_costs().items():
+    for v, d in edges.sinks.items():
         unary[v] = unary[v] + d
-    return unary, pair_costs(problem)
+    return unary, edges
 
 
 def _separable(m: np.ndarray) -> bool:
@@ -116,7 +117,7 @@ def solve_intra_op_cpsat(
     t0 = time.perf_counter()
     fixed = dict(fixed or {})
     n = len(problem.vars)
-    unary, pairs = _costs(problem)
+    unary, edges = _costs(problem)
 
     # variables: one-hot strategy per var
     model = cp_model.CpModel()
@@ -134,7 +135,7 @@ def solve_intra_op_cpsat(
     terms: list[tuple[object, int]] = []
     const = 0.0
     # edges: separable pairs fold into per-op costs; the rest get linearised edge variables
-    for (a, b), m in sorted(pairs.items()):
+    for (a, b), m in sorted(edges.pairs.items()):
         if m.shape[0] == 1 or m.shape[1] == 1 or _separable(m):
             unary[a] = unary[a] + (m[:, 0] - m[0, 0])
             unary[b] = unary[b] + m[0, :]
@@ -152,8 +153,7 @@ def solve_intra_op_cpsat(
     # read-by-many tensors: one move per distinct layout asked (forward), one per distinct gradient layout;
     # what the readers' GEMMs hide of each (collective, pass) is at most the stack's share of its seconds and
     # overlap x the window
-    for src, out, idx in problem.groups:
-        prog = group_program(problem, src, out, idx)
+    for (src, out, idx), prog in zip(problem.groups, edges.groups):
         offered: dict[tuple[str, bool], list[tuple[object, int]]] = {}
         for d_i, (askers, per_producer) in enumerate(prog.demands):
             z = model.NewBoolVar(f"z{src}_{out}_{d_i}")
@@ -258,7 +258,7 @@ def solve_intra_op_highs(
     t0 = time.perf_counter()
     fixed = dict(fixed or {})
     n = len(problem.vars)
-    unary, pairs = _costs(problem)
+    unary, edges = _costs(problem)
 
     # variables: one-hot x first, then auxiliaries appended as we go
     cost: list[float] = []
@@ -290,7 +290,7 @@ def solve_intra_op_highs(
     for v in range(n):
         row([(c, 1.0) for c in x[v]], 1.0, 1.0)
     # edges: separable pairs fold into per-op costs; the rest get edge variables tied to both one-hots
-    for (a, b), m in sorted(pairs.items()):
+    for (a, b), m in sorted(edges.pairs.items()):
         if m.shape[0] == 1 or m.shape[1] == 1 or _separable(m):
             unary[a] = unary[a] + (m[:, 0] - m[0, 0])
             unary[b] = unary[b] + m[0, :]
@@ -303,8 +303,7 @@ def solve_intra_op_highs(
     # read-by-many tensors: z >= each reader's one-hot that asks a layout; w >= z + x_producer - 1; what the
     # readers' GEMMs hide of each (collective, pass): h <= the share offered, h <= overlap x the window (a bound)
     hides: dict[int, float] = {}  # hide var -> its most (overlap x the window, ns)
-    for src, out, idx in problem.groups:
-        prog = group_program(problem, src, out, idx)
+    for (src, out, idx), prog in zip(problem.groups, edges.groups):
         offered: dict[tuple[str, bool], list[tuple[int, float]]] = {}
         for askers, per_producer in prog.demands:
             z = new_var(0.0)
