@@ -96,11 +96,11 @@ def test_the_fit_starts_from_the_text_it_is_given(a100_runs):
     ids = _efficiency(installed)["fitted_on"]
     start = installed.replace("memory_plateau = 0.741", "memory_plateau = 0.5")
     assert start != installed
-    base = calibrate_runs(a100_runs, fit=ids)
     res = calibrate_runs(a100_runs, fit=ids, start_text=start)
-    assert "memory_plateau" not in base.fit.values  # not fitted: the text decides it
+    assert "memory_plateau" not in res.fit.values  # not fitted: the text decides it
     assert _efficiency(res.fitted_text)["memory_plateau"] == 0.5
-    assert res.fit.values["matmul_plateau"] > base.fit.values["matmul_plateau"] + 0.005
+    # the installed text's fit on the same runs gives the shipped plateau (the refit test above, within 0.002)
+    assert res.fit.values["matmul_plateau"] > _efficiency(installed)["matmul_plateau"] + 0.007
 
 
 def test_a_dry_run_of_fit_presets_writes_no_file(capsys):
