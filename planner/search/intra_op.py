@@ -18,12 +18,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Callable, Hashable, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, Literal, Sequence
 
 import numpy as np
 
 from planner.search.reshard import IMPOSSIBLE, conjugate, grad_layout, transition
 from planner.search.space import ANY, PARTIAL, OpStrategy
+
+if TYPE_CHECKING:  # charges reads this module's problem
+    from planner.search.charges import EdgeCosts
 
 #: Seconds charged for a transition no collective can make; large enough never to be chosen.
 IMPOSSIBLE_S = 1.0e3
@@ -102,7 +105,7 @@ class IntraOpProblem:
     gemm: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     #: The edges' costs (`charges.EdgeCosts`) as priced once by the owner of a program it solves many times over
     #: with other unary costs or memory rows, after its last change to anything else; None: each solve prices them.
-    edge_costs: object | None = None
+    edge_costs: EdgeCosts | None = None
 
     def sink_costs(self) -> dict[int, np.ndarray]:
         """Per var, the all-reduce a graph output left as a pending sum still needs, per strategy."""
