@@ -199,3 +199,39 @@ def test_a_memory_budget_makes_the_solver_shard_weights(backend):
     split = solve_intra_op(prob, backend=backend)
     for st in stages:
         assert sum(m[c] for m, c in zip(st, split.choice)) <= prob.memory_budget
+
+
+def test_a_priced_programs_edge_costs_stay_those_of_its_edges_after_many_solves():
+    """A priced layout program keeps its edges' costs from its first solve (`IntraOpProblem.edge_costs`) for every
+    later solve of it, which may only add unary costs or memory rows: after solves for two ZeRO stages, two
+    micro-batch counts and the memory constraint, they are still what its edges cost, matrix for matrix."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from cost_models import load_cluster
+    from planner.api import make_workload
+    from planner.costing.graph_facts import GraphFacts
+    from planner.costing.stage_costs import stage_costs
+    from planner.search.charges import edge_costs
+    from planner.strategy import Strategy
+
+    g = load_graph("gpt", batch=1, seq_len=1024, overrides=dict(layers=2, hidden=512, heads=8, vocab=8000))
+    st = discover_blocks(g)
+    facts = GraphFacts(g, st)
+    cluster = load_cluster("dgx-h100", devices=8)
+    solves = 0
+    for zero, batch, fit in ((0, 16, False), (1, 16, True), (3, 32, True)):
+        s = Strategy(tp=2, dp=4, micro_batch=2, zero=zero, sp=True, layouts="searched")
+        stage_costs(g, st, cluster, make_workload("train", batch, 1024, "bf16", None), s, facts=facts,
+                    memory_constraint=fit, weight_traffic=zero == 3)
+        solves = len(facts.choices)
+    priced = [p for p, _ in facts.priced.values() if p.edge_costs is not None]
+    assert priced and solves > len(priced)  # programs solved more than once
+    for problem in priced:
+        kept, fresh = problem.edge_costs, edge_costs(replace(problem, edge_costs=None))
+        assert kept.pairs.keys() == fresh.pairs.keys() and kept.selfs.keys() == fresh.selfs.keys()
+        assert all(np.array_equal(kept.pairs[k], fresh.pairs[k]) for k in kept.pairs)
+        assert all(np.array_equal(kept.selfs[k], fresh.selfs[k]) for k in kept.selfs)
+        assert all(np.array_equal(kept.sinks[k], fresh.sinks[k]) for k in kept.sinks)
+        assert kept.groups == fresh.groups

@@ -235,5 +235,6 @@ def total_cost(problem: IntraOpProblem, choice: Sequence[int]) -> float:
     return breakdown(problem, choice)["total"]
 
 
-__all__ = ["Charge", "EdgeCosts", "GroupProgram", "HIDDEN_CHARGE", "HIDEABLE", "breakdown", "edge_charges", "edge_costs", "edge_matrix", "gemm_s",
-           "group_charges", "group_program", "hidden_s", "hide_caps", "pair_costs", "self_costs", "total_cost"]
+__all__ = ["Charge", "EdgeCosts", "GroupProgram", "HIDDEN_CHARGE", "HIDEABLE", "breakdown", "edge_charges",
+           "edge_costs", "edge_matrix", "gemm_s", "group_charges", "group_program", "hidden_s", "hide_caps",
+           "pair_costs", "self_costs", "total_cost"]
