@@ -220,14 +220,12 @@ def test_a_priced_programs_edge_costs_stay_those_of_its_edges_after_many_solves(
     st = discover_blocks(g)
     facts = GraphFacts(g, st)
     cluster = load_cluster("dgx-h100", devices=8)
-    solves = 0
     for zero, batch, fit in ((0, 16, False), (1, 16, True), (3, 32, True)):
         s = Strategy(tp=2, dp=4, micro_batch=2, zero=zero, sp=True, layouts="searched")
         stage_costs(g, st, cluster, make_workload("train", batch, 1024, "bf16", None), s, facts=facts,
                     memory_constraint=fit, weight_traffic=zero == 3)
-        solves = len(facts.choices)
     priced = [p for p, _ in facts.priced.values() if p.edge_costs is not None]
-    assert priced and solves > len(priced)  # programs solved more than once
+    assert priced and len(facts.choices) > len(priced)  # programs solved more than once
     for problem in priced:
         kept, fresh = problem.edge_costs, edge_costs(replace(problem, edge_costs=None))
         assert kept.pairs.keys() == fresh.pairs.keys() and kept.selfs.keys() == fresh.selfs.keys()

@@ -212,8 +212,7 @@ def stage_costs(
     elif ckey in facts.choices:
         choice, gap = facts.choices[ckey]
     else:
-        if problem.edge_costs is None:  # priced once for every solve of this program, which adds only unary costs
-            problem.edge_costs = edge_costs(problem)
+        problem.edge_costs = edge_costs(problem)  # kept from its first solve: later ones add only unary costs
         program = copy(problem)  # the shared priced program stays as priced: this solve's charges go on a copy
         program.unary = list(problem.unary)
         if training:  # only the program reads them: a cached choice needs none
