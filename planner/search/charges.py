@@ -189,18 +189,31 @@ def self_costs(problem: IntraOpProblem) -> dict[int, np.ndarray]:
     return out
 
 
-def breakdown(problem: IntraOpProblem, choice: Sequence[int]) -> dict[str, float]:
+def breakdown(problem: IntraOpProblem, choice: Sequence[int], memo: dict | None = None) -> dict[str, float]:
     """Compute and communication by pass and kind ('fwd:all_reduce', ...) of an assignment, 'hidden' (negative)
     what GEMMs hide of them; 'total', what is left exposed and `HIDDEN_CHARGE` of the hidden, is the objective the
-    solvers minimise."""
+    solvers minimise. `memo`, a dict the caller keeps for one problem, holds each edge's and group's charges by
+    the strategies they depend on (and the sinks' costs), for callers that cost many assignments of it."""
+    memo = {} if memo is None else memo
+
+    def kept(key, charges_of):
+        if key not in memo:
+            memo[key] = charges_of()
+        return memo[key]
+
     out: dict[str, float] = defaultdict(float)
     for v_i, u in enumerate(problem.unary):
         out["compute"] += float(u[choice[v_i]])
-    for v_i, c in problem.sink_costs().items():
+    for v_i, c in kept("sinks", problem.sink_costs).items():
         if c[choice[v_i]]:
             out["fwd:all_reduce"] += float(c[choice[v_i]])
-    charges = [c for src, o, idx in problem.groups for c in group_charges(problem, src, o, idx, choice)]
-    charges += [c for k, e in enumerate(problem.edges) for c in edge_charges(problem, k, choice[e.src], choice[e.dst])]
+    charges = []
+    for g_i, (src, o, idx) in enumerate(problem.groups):
+        deps = (choice[src],) + tuple(choice[problem.edges[k].dst] for k in idx)
+        charges += kept(("group", g_i, deps), lambda: group_charges(problem, src, o, idx, choice))
+    for k, e in enumerate(problem.edges):
+        i, j = choice[e.src], choice[e.dst]
+        charges += kept(("edge", k, i, j), lambda: edge_charges(problem, k, i, j))
     for c in charges:
         out[f"{'bwd' if c.backward else 'fwd'}:{c.coll}"] += c.sec
         if c.hidden:
@@ -230,9 +243,9 @@ def edge_costs(problem: IntraOpProblem) -> EdgeCosts:
                      tuple(group_program(problem, src, out, idx) for src, out, idx in problem.groups))
 
 
-def total_cost(problem: IntraOpProblem, choice: Sequence[int]) -> float:
-    """Seconds of an assignment (strategy index per var): the objective the solvers minimise."""
-    return breakdown(problem, choice)["total"]
+def total_cost(problem: IntraOpProblem, choice: Sequence[int], memo: dict | None = None) -> float:
+    """Seconds of an assignment (strategy index per var): the objective the solvers minimise (`memo`: `breakdown`)."""
+    return breakdown(problem, choice, memo)["total"]
 
 
 __all__ = ["Charge", "EdgeCosts", "GroupProgram", "HIDDEN_CHARGE", "HIDEABLE", "breakdown", "edge_charges",

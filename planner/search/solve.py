@@ -217,9 +217,9 @@ def solve_exhaustive(problem: IntraOpProblem, limit: int = 2_000_000) -> Solutio
     if total > limit:
         raise ValueError(f"{total} assignments is too many to enumerate")
     t0 = time.perf_counter()
-    best, best_c = None, float("inf")
+    best, best_c, memo = None, float("inf"), {}
     for choice in itertools.product(*[range(s) for s in sizes]):
-        c = total_cost(problem, choice)
+        c = total_cost(problem, choice, memo)
         if c < best_c - 1e-15:
             best, best_c = choice, c
     assert best is not None
