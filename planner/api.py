@@ -72,7 +72,7 @@ def load_graph(
     for key, value in (("batch", batch), ("seq_len", seq_len)):
         if value is not None and key not in settings and takes(text, key, value):
             settings[key] = value  # image models (ViT) have no sequence length: their tokens are patches
-    return import_model(build_weightless(text, settings), name=text)
+    return import_model(build_weightless(text, settings), name=text, built=True)
 
 
 def _graph_for_costing(model: str | os.PathLike, seq_len: int, dims: Mapping[str, int] | None,

@@ -37,15 +37,19 @@ MAX_FLOW_NOTES = 10
 
 
 def import_model(source: str | os.PathLike | onnx.ModelProto, *, dims: Mapping[str, int] | None = None,
-                 batch: int | None = None, seq_len: int | None = None, name: str | None = None) -> Graph:
+                 batch: int | None = None, seq_len: int | None = None, name: str | None = None,
+                 built: bool = False) -> Graph:
     """Import an ONNX model (path or proto) as a costed `Graph` at concrete shapes.
 
     `dims` binds symbolic dims by exact name (or ``input[k]`` for an unnamed
     dim of a graph input); `batch` and `seq_len` bind every dim whose name
     reads as a batch size or a sequence length (rules in `onnx_dims`).
+    `built`: the proto was built in this process field by field (the zoo, a
+    config.json), so protobuf checked its strings as they were set
+    (`read_model`).
     """
     _check_options(dims, batch, seq_len)
-    model, default_name = read_model(source)
+    model, default_name = read_model(source, built=built)
     notes: list[str] = []
     scopes = [node_scope(n) for n in model.graph.node]
     skel = skeleton(model)

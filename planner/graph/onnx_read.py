@@ -50,8 +50,13 @@ def _invalid_text(msg, path: str) -> str:
     return ""
 
 
-def read_model(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
-    """The model proto (external data not loaded) and a default name for it."""
+def read_model(source: str | os.PathLike | onnx.ModelProto, built: bool = False) -> tuple[onnx.ModelProto, str]:
+    """The model proto (external data not loaded) and a default name for it.
+
+    Its strings are checked for UTF-8 (a proto parsed from bytes may hold any); with `built`, a proto set field by
+    field in this process, they are not: protobuf refuses a string that is not UTF-8 when it is set, and the check
+    walks every message (15 % of importing a zoo model).
+    """
     if isinstance(source, onnx.ModelProto):
         model, name = source, source.graph.name or "model"
         where = "the given ModelProto"
@@ -74,7 +79,7 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelP
         where = f"'{path}'"
     else:
         raise InvalidInput(f"a model must be a file path or an onnx.ModelProto, not {type(source).__name__}")
-    bad = _invalid_text(model, "model")
+    bad = "" if built else _invalid_text(model, "model")
     if bad:
         raise InvalidModel(f"{where} has a string that is not valid UTF-8 ({bad}); ONNX names and metadata must be "
                            "UTF-8: fix or re-export the model")
