@@ -44,6 +44,23 @@ def shared_graphs() -> dict:
     return {}
 
 
+#: The worker group (pytest-xdist's --dist loadgroup) of every test module that costs runs on `shared_graphs`: one
+#: worker builds their graphs once (the eight modules beside test_calibration.py took 87 s alone, 42 s after it).
+GRAPH_GROUP = "shared-graphs"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under --dist loadgroup each module's tests run in one worker, as under loadfile (a module's fixtures built
+    once), and the modules that use `shared_graphs` all in one: each test is marked with its group before
+    pytest-xdist reads the marks. Any other --dist ignores the marks."""
+    sharing = {item.module.__name__ for item in items if "shared_graphs" in getattr(item, "fixturenames", ())}
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            module = item.module.__name__
+            item.add_marker(pytest.mark.xdist_group(GRAPH_GROUP if module in sharing else module))
+
+
 @pytest.fixture(autouse=True)
 def _fixed_terminal(monkeypatch):
     """Every test renders at 80 columns whatever the caller's terminal or $COLUMNS (a test that wants another
