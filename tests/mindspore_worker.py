@@ -1,11 +1,13 @@
 """One msrun worker of tests/test_mindspore_export.py: apply an exported MindSpore plan to a real `nn.Cell` on CPU.
 
-Run as `msrun ... python mindspore_worker.py PLAN.py SHAPES.json OUT_DIR [PHASE]`: it joins the CPU collective group
-(mccl), loads the generated plan module, builds a Cell whose parameters carry the declaration's names and the
-shapes in SHAPES.json, calls the plan's `parallelize`, and writes what MindSpore recorded (each parameter's
-layout, the cell's input layouts, the pipeline marks, the AutoParallel configuration) to OUT_DIR/rank_N.json.
-Then it tries one step (the loss) and records how MindSpore answered. With PHASE, the plan is a serving one:
-it binds that phase (`use_program`) and `parallelize(net)` shards the net for forward only.
+Run as `msrun ... python mindspore_worker.py JOBS.json`: it joins the CPU collective group (mccl) once, then for
+each job of JOBS.json (a list of {"plan": PLAN.py, "shapes": SHAPES.json, "out": OUT_DIR, "phase": PHASE or null})
+loads the generated plan module, builds a fresh Cell whose parameters carry the declaration's names and the shapes
+in SHAPES.json, calls the plan's `parallelize`, and writes what MindSpore recorded (each parameter's layout, the
+cell's input layouts, the pipeline marks, the AutoParallel configuration) to OUT_DIR/rank_N.json. Then it tries
+one step (the loss) and records how MindSpore answered. With PHASE, the plan is a serving one: it binds that phase
+(`use_program`) and `parallelize(net)` shards the net for forward only. One launch serves every job: forming the
+two-process cluster and taking it down cost some 15 s a launch.
 """
 
 from __future__ import annotations
@@ -89,9 +91,8 @@ def one_step(parallel: nn.Cell, hidden: int) -> dict:
         return {"error": str(err).strip().splitlines()[0]}
 
 
-def main(plan_path: str, shapes_path: str, out_dir: str, phase: str | None = None) -> None:
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    init()
+def apply(plan_path: str, shapes_path: str, out_dir: str, phase: str | None) -> None:
+    """One job: the plan applied to a fresh Cell, and what MindSpore recorded written to out_dir/rank_N.json."""
     spec = importlib.util.spec_from_file_location("plan", plan_path)
     plan = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plan)
@@ -106,8 +107,15 @@ def main(plan_path: str, shapes_path: str, out_dir: str, phase: str | None = Non
         out = recorded(net, plan.parallelize(net))
     with open(f"{out_dir}/rank_{get_rank()}.json", "w") as f:
         json.dump(out, f, indent=1, sort_keys=True)
-    print("written", get_rank(), flush=True)
+
+
+def main(jobs_path: str) -> None:
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    init()
+    for job in json.loads(open(jobs_path).read()):
+        apply(job["plan"], job["shapes"], job["out"], job.get("phase"))
+        print("written", job["out"], get_rank(), flush=True)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(sys.argv[1])

@@ -80,32 +80,53 @@ def _master_port() -> int:
     raise RuntimeError(f"no free TCP port in 20000-{low - 1}")
 
 
-def run_workers(doc: dict, tmp_path: Path, env: dict[str, str], phase: str | None = None) -> list[dict]:
-    """Two msrun workers on CPU applying `doc`'s exported plan (a serving one: its `phase`); each one's report."""
-    (tmp_path / "plan.py").write_text(export(doc, "mindspore"))
-    (tmp_path / "shapes.json").write_text(json.dumps(shapes(TINY)))
-    port = _master_port()
-    cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run", "--worker_num=2", "--local_worker_num=2",
-           f"--master_port={port}", f"--log_dir={tmp_path / 'log'}", "--join=True", "--cluster_time_out=120",
-           str(ROOT / "tests" / "mindspore_worker.py"), str(tmp_path / "plan.py"), str(tmp_path / "shapes.json"),
-           str(tmp_path)] + ([phase] if phase else [])
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
-    reports = sorted(tmp_path.glob("rank_*.json"))
-    if len(reports) != 2:
-        logs = "".join(p.read_text()[-3000:] for p in sorted((tmp_path / "log").glob("worker_*.log")))
-        pytest.fail(f"msrun exited {run.returncode} with {len(reports)} reports:\n{run.stderr[-2000:]}\n{logs}")
-    return [json.loads(p.read_text()) for p in reports]
-
-
 def declared(**kw) -> dict:
     return declare("llama3-8b", overrides=TINY, cluster="dgx-a100", devices=2, global_batch=4, seq_len=16, **kw)
 
 
-def test_tensor_parallel_plan_lays_out_every_parameter_on_a_real_cell(mindspore_env, tmp_path):
+def plans() -> dict[str, tuple[dict, str | None]]:
+    """The plans the tests apply, each with its serving phase (None: a training plan)."""
+    return {
+        # tp 2 with SP, hand-edited to Megatron's layouts (at hidden 64 the planner's choice is a close call)
+        "tp": (megatron(declared(tp=2, sp=True)), None),
+        "pp": (declared(pp=2, dp=1, zero=1, micro_batch=1), None),
+        "serve": (declare_serving_phases("llama3-8b", cluster="dgx-h100", prompt_len=8, gen_len=4, overrides=TINY,
+                                         prefill=dict(tp=2, batch=2), decode=dict(tp=2, batch=2), mode="co-located"),
+                  "decode"),
+    }
+
+
+@pytest.fixture(scope="module")
+def reports(mindspore_env, tmp_path_factory) -> dict[str, list[dict]]:
+    """Two msrun workers on CPU applying each plan of `plans` in turn, each to a fresh Cell, in one launch (one
+    cluster formed and taken down, not three); each plan's two reports, by rank."""
+    root = tmp_path_factory.mktemp("mindspore")
+    jobs = []
+    for name, (doc, phase) in plans().items():
+        (root / name).mkdir()
+        (root / name / "plan.py").write_text(export(doc, "mindspore"))
+        (root / name / "shapes.json").write_text(json.dumps(shapes(TINY)))
+        jobs.append({"plan": str(root / name / "plan.py"), "shapes": str(root / name / "shapes.json"),
+                     "out": str(root / name), "phase": phase})
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    port = _master_port()
+    cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run", "--worker_num=2", "--local_worker_num=2",
+           f"--master_port={port}", f"--log_dir={root / 'log'}", "--join=True", "--cluster_time_out=120",
+           str(ROOT / "tests" / "mindspore_worker.py"), str(root / "jobs.json")]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=mindspore_env, cwd=root)
+    out = {name: [json.loads(p.read_text()) for p in sorted((root / name).glob("rank_*.json"))] for name in plans()}
+    if any(len(r) != 2 for r in out.values()):
+        logs = "".join(p.read_text()[-3000:] for p in sorted((root / "log").glob("worker_*.log")))
+        pytest.fail(f"msrun exited {run.returncode} with {({k: len(r) for k, r in out.items()})} reports:\n"
+                    f"{run.stderr[-2000:]}\n{logs}")
+    return out
+
+
+def test_tensor_parallel_plan_lays_out_every_parameter_on_a_real_cell(reports):
     """tp 2 with SP, hand-edited to Megatron's layouts (at hidden 64 the planner's own choice of which weights to
     split is a close call): Cell.shard records each parameter's Layout over the stage's (dp, cp, tp) device matrix,
     as MindSpore writes it (tensor map counted from the fastest axis), and the input layout."""
-    reports = run_workers(megatron(declared(tp=2, sp=True)), tmp_path, mindspore_env)
+    reports = reports["tp"]
     assert [r["rank"] for r in reports] == [0, 1] and all(r["group_size"] == 2 for r in reports)
     params = reports[0]["params"]
     assert set(params) == set(shapes(TINY))
@@ -121,11 +142,10 @@ def test_tensor_parallel_plan_lays_out_every_parameter_on_a_real_cell(mindspore_
     assert reports[1]["params"] == params
 
 
-def test_pipeline_plan_marks_stages_and_configures_zero_on_a_real_cell(mindspore_env, tmp_path):
+def test_pipeline_plan_marks_stages_and_configures_zero_on_a_real_cell(reports):
     """pp 2 with ZeRO-1: each layer's cell carries its stage, AutoParallel holds the pipeline and the optimizer
     sharding level; the one step MindSpore would run is refused on CPU for the reason the module states."""
-    reports = run_workers(declared(pp=2, dp=1, zero=1, micro_batch=1), tmp_path, mindspore_env)
-    r = reports[0]
+    r = reports["pp"][0]
     assert r["stages"]["model.layers.0"] == 0 and r["stages"]["model.layers.1"] == 1
     assert r["pipeline_stages"] == 2 and r["pipeline_scheduler"] == "1f1b" and r["optimizer_level"] == "level1"
     assert r["params"]["model.layers.1.self_attn.q_proj.weight"]["device_matrix"] == [1, 1, 1]
@@ -134,12 +154,10 @@ def test_pipeline_plan_marks_stages_and_configures_zero_on_a_real_cell(mindspore
     assert "only support Ascend/GPU backend" in step["error"], step
 
 
-def test_serving_plan_shards_a_real_cell_for_its_phase(mindspore_env, tmp_path):
+def test_serving_plan_shards_a_real_cell_for_its_phase(reports):
     """A co-located tp 2 serving plan: `parallelize(net)` of the decode phase lays out every parameter over the
     stage's (dp, tp) device matrix and the token ids by batch over dp."""
-    doc = declare_serving_phases("llama3-8b", cluster="dgx-h100", prompt_len=8, gen_len=4, overrides=TINY,
-                                 prefill=dict(tp=2, batch=2), decode=dict(tp=2, batch=2), mode="co-located")
-    reports = run_workers(doc, tmp_path, mindspore_env, phase="decode")
+    reports = reports["serve"]
     params = reports[0]["params"]
     assert set(params) == set(shapes(TINY)) and reports[1]["params"] == params
     assert all(e["device_matrix"] == [1, 2] and e["alias_name"] == ["dp", "tp"] for e in params.values())
