@@ -122,12 +122,18 @@ def pytest_runtest_makereport(item, call):
         rep.longrepr = f"skipped under CI, but {why} and CI installs what it needs: {reason}"
 
 
+def _test_id(report) -> str:
+    """The report's test id without the worker group pytest-xdist's loadgroup appends to it ('...::test@group')."""
+    node = report.nodeid
+    return node[:node.rindex("@")] if node.rfind("@") > node.rfind("]") else node
+
+
 def pytest_runtest_logreport(report):
     """Record what ran and what skipped where the reports meet: the one process, or pytest-xdist's controller."""
     for m in getattr(report, "hyperplan_marks", ()):
-        _seen[m].add(report.nodeid)
+        _seen[m].add(_test_id(report))
     if getattr(report, "hyperplan_skip", None) is not None:
-        _skipped[report.nodeid] = report.hyperplan_skip
+        _skipped[_test_id(report)] = report.hyperplan_skip
 
 
 @pytest.hookimpl(hookwrapper=True)
