@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tests.layout_edits import megatron  # noqa: E402
-from tests.torch_runs import launch, ok, spread_experts  # noqa: E402
+from tests.torch_runs import launch, ok, tiny_mixtral  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -62,14 +62,7 @@ TP_SCENARIOS = {
 
 
 def _tiny_mixtral():
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    torch.manual_seed(0)
-    cfg = MixtralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=4, num_local_experts=EXPERTS,
-                        num_experts_per_tok=2, max_position_embeddings=64, use_cache=False,
-                        attn_implementation="eager")
-    return spread_experts(MixtralForCausalLM(cfg).float())
+    return tiny_mixtral(VOCAB, EXPERTS)
 
 
 @pytest.fixture(scope="module")

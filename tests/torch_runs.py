@@ -33,6 +33,19 @@ def spread_experts(model):
     return model
 
 
+def tiny_mixtral(vocab: int, experts: int):
+    """A seeded two-layer Hugging Face Mixtral of hidden 64 (top-2 of `experts`), its experts spread."""
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MixtralConfig(vocab_size=vocab, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=4, num_local_experts=experts,
+                        num_experts_per_tok=2, max_position_embeddings=64, use_cache=False,
+                        attn_implementation="eager")
+    return spread_experts(MixtralForCausalLM(cfg).float())
+
+
 def clean(name: str) -> str:
     return name.replace("._checkpoint_wrapped_module", "").replace(".module.", ".")
 

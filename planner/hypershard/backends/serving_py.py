@@ -9,9 +9,10 @@ out; training's FSDP, recompute and pipeline schedules do not apply.
   groups are made together), `parallelize_module` with Colwise/Rowwise
   styles read from the layouts (torchtitan's plan as data), and the
   rank's routed experts cut out of the stacked expert weights by
-  `expert_range` (uneven ranges allowed). Dispatching tokens to the
-  experts of other ranks is the serving engine's all-to-all: torch has
-  no generic expert-parallel style.
+  `expert_range` (uneven ranges allowed), and each Hugging Face experts
+  module's tokens sent to the ranks of their experts and back by
+  all-to-all over the stage's ranks (torch has no expert-parallel style
+  of its own).
 - jax: a `Mesh` per phase over its ranks' devices and a `PartitionSpec`
   per parameter; ep names the (dp, tp) ranks of a stage, dp major.
 - hyper-parallel: a mesh per phase (every rank makes each) and
@@ -50,8 +51,8 @@ def _named(spec):
 _TORCH = r'''
 def shard_experts(model, rank):
     """Keep the routed experts `rank` holds: every stacked expert weight declared over ep on its expert dim is cut
-    to expert_range(ep_coordinate(rank)). The other experts live on the other ep ranks; sending tokens to them and
-    combining the results (an all-to-all per MoE layer) is the serving engine's. Returns (first, end)."""
+    to expert_range(ep_coordinate(rank)); `route_experts` sends each token to the rank of each of its experts.
+    Returns (first, end)."""
     first, end = expert_range(ep_coordinate(rank))
     for name, param in list(model.named_parameters()):
         dims = layout_of(name)["dims"]
@@ -62,13 +63,59 @@ def shard_experts(model, rank):
     return first, end
 
 
+def _routed(compute, group, owner, first, hidden_states, top_k_index, top_k_weights):
+    """Each token to the ep rank holding each of its top-k experts (`owner`: expert -> ep coordinate), that rank's
+    experts on what arrives (`compute`, the module's own forward, one expert a token at weight 1), and back,
+    weighted (GShard's dispatch and combine, Lepikhin et al. 2020)."""
+    flat, owner = top_k_index.reshape(-1), owner.to(top_k_index.device)
+    order = torch.argsort(owner[flat], stable=True)  # token-expert pairs grouped by the rank holding the expert
+    expert, token = flat[order], order // top_k_index.shape[-1]
+    send = torch.bincount(owner[expert], minlength=dist.get_world_size(group))
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    sent, got = send.tolist(), recv.tolist()
+    x = hidden_states.new_empty((sum(got), hidden_states.shape[-1]))
+    dist.all_to_all_single(x, hidden_states[token].contiguous(), got, sent, group=group)
+    ids = expert.new_empty(sum(got))
+    dist.all_to_all_single(ids, expert.contiguous(), got, sent, group=group)
+    y = compute(x, (ids - first)[:, None], x.new_ones((len(ids), 1))) if len(ids) else x
+    back = hidden_states.new_empty((len(order), hidden_states.shape[-1]))
+    dist.all_to_all_single(back, y.contiguous(), sent, got, group=group)
+    weights = top_k_weights.reshape(-1)[order].to(back.dtype)
+    return torch.zeros_like(hidden_states).index_add(0, token, back * weights[:, None])
+
+
+def route_experts(model, rank, first, end):
+    """Route the tokens of every experts module `shard_experts` cut over the ranks of `rank`'s stage (its ep
+    group: every rank of the stage calls this). A Hugging Face experts module, forward(hidden_states,
+    top_k_index, top_k_weights), then runs its own experts on the tokens sent to them."""
+    stage, ep = stage_of(rank), dict(MESH)["tp"] * dict(MESH)["dp"]
+    group = dist.new_group(list(range(stage["first_rank"], stage["first_rank"] + ep)), use_local_synchronization=True)
+    owner = torch.tensor([c for c in range(ep) for _ in range(*expert_range(c))])
+    for path, module in model.named_modules():
+        cut = [n for n, p in module._parameters.items()
+               if p is not None and "ep" in _axes((layout_of(f"{path}.{n}")["dims"] or [None])[0])]
+        if not path or not cut:
+            continue
+        if len(inspect.signature(module.forward).parameters) < 3:
+            raise ValueError(f"{path} ({type(module).__name__}) is declared split over ep {ep}, but the export routes "
+                             "tokens to Hugging Face experts modules, forward(hidden_states, top_k_index, "
+                             "top_k_weights)")
+        module.num_experts = end - first
+        module.forward = partial(_routed, module.forward, group, owner, first)
+    return model
+
+
 def parallelize(model, mesh, rank):
-    """The bound phase's plan on `model`: tensor parallelism over the mesh's tp axis, then `rank`'s experts."""
+    """The bound phase's plan on `model`: tensor parallelism over the mesh's tp axis, then `rank`'s experts, each
+    token sent to its experts' ranks and back."""
     if dict(MESH)["tp"] > 1:
         parallelize_module(model, mesh["tp"], tp_plan(model))
         shard_own_params(model, mesh["tp"])
     if EXPERTS:
-        shard_experts(model, rank)
+        first, end = shard_experts(model, rank)
+        if dict(MESH)["tp"] * dict(MESH)["dp"] > 1:
+            route_experts(model, rank, first, end)
     return model
 '''
 
@@ -163,8 +210,8 @@ def render_torch(doc: Mapping[str, Any]) -> str:
     head = ['"""' + sc.header(doc, "PyTorch serving plan (DeviceMesh, DTensor tensor parallelism, experts)")
             + f"\n\nApply inside an initialised process group:\n\n{_USE}    mesh = build_mesh(\"cuda\")\n"
             "    model = parallelize(model, mesh, torch.distributed.get_rank())\n\"\"\"", "",
-            "from __future__ import annotations", "", "import fnmatch", "from functools import partial", "",
-            "import torch", "from torch import nn", "from torch.distributed.device_mesh import DeviceMesh",
+            "from __future__ import annotations", "", "import fnmatch", "import inspect", "from functools import partial",
+            "", "import torch", "import torch.distributed as dist", "from torch import nn", "from torch.distributed.device_mesh import DeviceMesh",
             "from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor",
             "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,",
             "                                               SequenceParallel, parallelize_module)", "",
