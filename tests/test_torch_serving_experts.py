@@ -37,43 +37,48 @@ def _tiny_mixtral():
     return tiny_mixtral(VOCAB, EXPERTS).eval()
 
 
-def _worker(rank: int, init: str, path: str, folder: str, own_sequences: bool) -> None:
+def _worker(rank: int, init: str, folder: str, names: list[str]) -> None:
+    """Each layout's plan applied in turn (one process group, one fork) to a fresh model; rank{r}_{name}.json."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    ids = torch.randint(0, VOCAB, (2, 2, SEQ), generator=torch.Generator().manual_seed(1))[rank if own_sequences else 0]
-    with torch.no_grad():
-        ref = _tiny_mixtral()(ids).logits
-    spec = importlib.util.spec_from_file_location("serve_plan", path)
-    plan = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plan)
-    plan.use_program("decode")
-    model = plan.parallelize(_tiny_mixtral(), plan.build_mesh("cpu"), rank)
-    with torch.no_grad():
-        out = model(ids).logits
-    experts = model.model.layers[0].mlp.experts
-    res = {"err": float((out - ref).abs().max()), "scale": float(ref.abs().max()),
-           "kept": int(experts.gate_up_proj.shape[0]), "num_experts": int(experts.num_experts)}
-    with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f)
+    for name in names:
+        own = "dp" in LAYOUTS[name]  # data-parallel ranks serve sequences of their own
+        ids = torch.randint(0, VOCAB, (2, 2, SEQ), generator=torch.Generator().manual_seed(1))[rank if own else 0]
+        with torch.no_grad():
+            ref = _tiny_mixtral()(ids).logits
+        spec = importlib.util.spec_from_file_location("serve_plan", os.path.join(folder, f"{name}.py"))
+        plan = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(plan)
+        plan.use_program("decode")
+        model = plan.parallelize(_tiny_mixtral(), plan.build_mesh("cpu"), rank)
+        with torch.no_grad():
+            out = model(ids).logits
+        experts = model.model.layers[0].mlp.experts
+        res = {"err": float((out - ref).abs().max()), "scale": float(ref.abs().max()),
+               "kept": int(experts.gate_up_proj.shape[0]), "num_experts": int(experts.num_experts)}
+        with open(os.path.join(folder, f"rank{rank}_{name}.json"), "w") as f:
+            json.dump(res, f)
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("name", sorted(LAYOUTS))
-def test_each_rank_serves_its_tokens_through_the_experts_of_both(name, tmp_path):
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> dict[str, list[dict]]:
+    """Every layout's decode plan, declared, written, validated and exported, served on the same 2 processes; each
+    layout's two ranks' results."""
     import torch.multiprocessing as mp
 
-    layout = LAYOUTS[name]
-    doc = declare_serving_phases("mixtral-8x7b", cluster="dgx-h100", prompt_len=SEQ, gen_len=4, overrides=TINY,
-                                 prefill=layout, decode=layout, mode="co-located")
-    write_document(doc, str(tmp_path / "tiny.yaml"))
-    assert validate_document(read_document(str(tmp_path / "tiny.yaml"))).ok
-    export_to_file(read_document(str(tmp_path / "tiny.yaml")), "torch", str(tmp_path / "tiny.py"))
+    folder = tmp_path_factory.mktemp("serving_experts")
+    for name, layout in LAYOUTS.items():
+        doc = declare_serving_phases("mixtral-8x7b", cluster="dgx-h100", prompt_len=SEQ, gen_len=4, overrides=TINY,
+                                     prefill=layout, decode=layout, mode="co-located")
+        write_document(doc, str(folder / f"{name}.yaml"))
+        assert validate_document(read_document(str(folder / f"{name}.yaml"))).ok
+        export_to_file(read_document(str(folder / f"{name}.yaml")), "torch", str(folder / f"{name}.py"))
     ctx = mp.get_context("fork")
-    init = f"file://{tmp_path}/rendezvous"
-    procs = [ctx.Process(target=_worker, args=(r, init, str(tmp_path / "tiny.py"), str(tmp_path), "dp" in layout))
-             for r in (0, 1)]
+    init = f"file://{folder}/rendezvous"
+    procs = [ctx.Process(target=_worker, args=(r, init, str(folder), sorted(LAYOUTS))) for r in (0, 1)]
     for p in procs:
         p.start()
     for p in procs:
@@ -81,7 +86,11 @@ def test_each_rank_serves_its_tokens_through_the_experts_of_both(name, tmp_path)
         if p.is_alive():
             p.kill()
     assert [p.exitcode for p in procs] == [0, 0]
-    for r in (0, 1):
-        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+    return {name: [json.loads((folder / f"rank{r}_{name}.json").read_text()) for r in (0, 1)] for name in LAYOUTS}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_each_rank_serves_its_tokens_through_the_experts_of_both(name, served):
+    for res in served[name]:
         assert res["kept"] == res["num_experts"] == EXPERTS // 2, res
         assert res["err"] < 1e-5 * max(1.0, res["scale"]), res
