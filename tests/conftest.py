@@ -54,11 +54,13 @@ def pytest_collection_modifyitems(config, items):
     """Under --dist loadgroup each module's tests run in one worker, as under loadfile (a module's fixtures built
     once), and the modules that use `shared_graphs` all in one: each test is marked with its group before
     pytest-xdist reads the marks. Any other --dist ignores the marks."""
-    sharing = {item.module.__name__ for item in items if "shared_graphs" in getattr(item, "fixturenames", ())}
+    def module(item) -> str:  # its file's name where an item has no module (a doctest, another plugin's item)
+        return item.module.__name__ if getattr(item, "module", None) is not None else item.nodeid.split("::")[0]
+
+    sharing = {module(item) for item in items if "shared_graphs" in getattr(item, "fixturenames", ())}
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            module = item.module.__name__
-            item.add_marker(pytest.mark.xdist_group(GRAPH_GROUP if module in sharing else module))
+            item.add_marker(pytest.mark.xdist_group(GRAPH_GROUP if module(item) in sharing else module(item)))
 
 
 @pytest.fixture(autouse=True)
