@@ -32,6 +32,7 @@ from planner.hypershard.backends import hyper_parallel_src as hp_src
 from planner.hypershard.backends import jax as jax_export, torch as torch_export
 from planner.hypershard.backends import serving_common as sc
 from planner.hypershard.backends.common import layouts, mesh_slow_first
+from planner.hypershard.backends.torch_experts import DISPATCH_SRC
 from planner.hypershard.backends.torch_tp import TP_SRC
 
 #: ep in the serving mesh is a stage's tp x dp ranks, tp fastest: dp is the major part of an expert index.
@@ -63,32 +64,11 @@ def shard_experts(model, rank):
     return first, end
 
 
-def _routed(compute, group, owner, first, hidden_states, top_k_index, top_k_weights):
-    """Each token to the ep rank holding each of its top-k experts (`owner`: expert -> ep coordinate), that rank's
-    experts on what arrives (`compute`, the module's own forward, one expert a token at weight 1), and back,
-    weighted (GShard's dispatch and combine, Lepikhin et al. 2020)."""
-    flat, owner = top_k_index.reshape(-1), owner.to(top_k_index.device)
-    order = torch.argsort(owner[flat], stable=True)  # token-expert pairs grouped by the rank holding the expert
-    expert, token = flat[order], order // top_k_index.shape[-1]
-    send = torch.bincount(owner[expert], minlength=dist.get_world_size(group))
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
-    sent, got = send.tolist(), recv.tolist()
-    x = hidden_states.new_empty((sum(got), hidden_states.shape[-1]))
-    dist.all_to_all_single(x, hidden_states[token].contiguous(), got, sent, group=group)
-    ids = expert.new_empty(sum(got))
-    dist.all_to_all_single(ids, expert.contiguous(), got, sent, group=group)
-    y = compute(x, (ids - first)[:, None], x.new_ones((len(ids), 1))) if len(ids) else x
-    back = hidden_states.new_empty((len(order), hidden_states.shape[-1]))
-    dist.all_to_all_single(back, y.contiguous(), sent, got, group=group)
-    weights = top_k_weights.reshape(-1)[order].to(back.dtype)
-    return torch.zeros_like(hidden_states).index_add(0, token, back * weights[:, None])
-
-
 def route_experts(model, rank, first, end):
     """Route the tokens of every experts module `shard_experts` cut over the ranks of `rank`'s stage (its ep
-    group: every rank of the stage calls this). A Hugging Face experts module, forward(hidden_states,
-    top_k_index, top_k_weights), then runs its own experts on the tokens sent to them."""
+    group: every rank of the stage calls this) by the training export's dispatch and combine (`_dispatched`). A
+    Hugging Face experts module, forward(hidden_states, top_k_index, top_k_weights), then runs its own experts on
+    the tokens sent to them."""
     stage, ep = stage_of(rank), dict(MESH)["tp"] * dict(MESH)["dp"]
     group = dist.new_group(list(range(stage["first_rank"], stage["first_rank"] + ep)), use_local_synchronization=True)
     owner = torch.tensor([c for c in range(ep) for _ in range(*expert_range(c))])
@@ -101,8 +81,9 @@ def route_experts(model, rank, first, end):
             raise ValueError(f"{path} ({type(module).__name__}) is declared split over ep {ep}, but the export routes "
                              "tokens to Hugging Face experts modules, forward(hidden_states, top_k_index, "
                              "top_k_weights)")
-        module.num_experts = end - first
-        module.forward = partial(_routed, module.forward, group, owner, first)
+        module.num_experts = end - first  # none here: no token comes, and the module is never run
+        compute = module.forward if end > first else (lambda x, *_: x)
+        module.forward = partial(_dispatched, compute, group, owner, first)
     return model
 
 
@@ -210,13 +191,16 @@ def render_torch(doc: Mapping[str, Any]) -> str:
     head = ['"""' + sc.header(doc, "PyTorch serving plan (DeviceMesh, DTensor tensor parallelism, experts)")
             + f"\n\nApply inside an initialised process group:\n\n{_USE}    mesh = build_mesh(\"cuda\")\n"
             "    model = parallelize(model, mesh, torch.distributed.get_rank())\n\"\"\"", "",
-            "from __future__ import annotations", "", "import fnmatch", "import inspect", "from functools import partial",
-            "", "import torch", "import torch.distributed as dist", "from torch import nn", "from torch.distributed.device_mesh import DeviceMesh",
+            "from __future__ import annotations", "", "import fnmatch", "import inspect",
+            "from functools import partial", "", "import torch", "import torch.distributed as dist",
+            "from torch import nn",
+            "from torch.distributed.device_mesh import DeviceMesh",
+            "from torch.distributed.nn.functional import all_to_all_single",
             "from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor",
             "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,",
             "                                               SequenceParallel, parallelize_module)", "",
             "SEQUENCE_PARALLEL = False  # serving keeps the residual stream whole between layers", ""]
-    return sc.assemble(head, doc, _data, _join(torch_export._MULTI_MESH, TP_SRC, _TORCH))
+    return sc.assemble(head, doc, _data, _join(torch_export._MULTI_MESH, TP_SRC, DISPATCH_SRC, _TORCH))
 
 
 def render_jax(doc: Mapping[str, Any]) -> str:

@@ -24,23 +24,9 @@ process-group backend. The other weights are sharded over all data-parallel rank
 
 from __future__ import annotations
 
-#: The generated source; it uses EXPERT_PARALLEL, DATA_AXIS, MOE_TOKEN_SPLIT, `layout_of`, `_axes` and `_fsdp_mesh`.
-EXPERTS_SRC = r'''
-def _split_data_axis(device_type, shape, names):
-    """The world mesh with the data axis built as (edp, ep) and flattened back under its name: ep takes
-    consecutive ranks of it, as the declaration folds expert parallelism into data parallelism."""
-    at = names.index(DATA_AXIS)
-    mesh = init_device_mesh(device_type, shape[:at] + (shape[at] // EXPERT_PARALLEL, EXPERT_PARALLEL) + shape[at + 1:],
-                            mesh_dim_names=names[:at] + ("edp", "ep") + names[at + 1:])
-    mesh[("edp", "ep")]._flatten(DATA_AXIS)
-    return mesh
-
-
-def _stacked(module):
-    """The names of a module's stacked-expert parameters (3-D, experts first)."""
-    return [n for n, p in module._parameters.items() if p is not None and p.dim() == 3]
-
-
+#: The dispatch and combine both torch exports run (training's `apply_expert_parallel` below, serving's
+#: `route_experts`); it uses torch, dist and torch.distributed.nn.functional's all_to_all_single.
+DISPATCH_SRC = r'''
 class _ScaleGrad(torch.autograd.Function):
     """The identity forward; its gradient times `factor` backward."""
 
@@ -54,25 +40,47 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.factor, None
 
 
-def _dispatched(module, compute, group, ep, hidden_states, top_k_index, top_k_weights):
-    """Each token to the ep rank of each of its top-k experts, the rank's experts on what arrives, and back."""
-    local = module.num_experts
-    flat = top_k_index.reshape(-1)
+def _dispatched(compute, group, owner, first, hidden_states, top_k_index, top_k_weights):
+    """Each token to the rank of `group` holding each of its top-k experts (`owner`: expert -> that rank, contiguous
+    ranges), that rank's experts (its first is expert `first`) on what arrives (`compute`, the experts module's own
+    forward, one expert a token at weight 1), and back, weighted (GShard's dispatch and combine, Lepikhin et al.
+    2020). The exchange carries gradients back; the experts' weight gradients are scaled by 1 / ep, the tokens' own
+    left unchanged."""
+    ep = dist.get_world_size(group)
+    flat, owner = top_k_index.reshape(-1), owner.to(top_k_index.device)
     order = torch.argsort(flat, stable=True)  # token-expert pairs grouped by expert, so by the rank holding it
     expert, token = flat[order], order // top_k_index.shape[-1]
-    send = torch.bincount(expert // local, minlength=ep)
+    send = torch.bincount(owner[expert], minlength=ep)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
     sent, got = send.tolist(), recv.tolist()
     x = all_to_all_single(hidden_states.new_empty((sum(got), hidden_states.shape[-1])), hidden_states[token],
                           got, sent, group=group)
     ids = torch.empty(sum(got), dtype=expert.dtype, device=expert.device)
-    dist.all_to_all_single(ids, (expert % local).contiguous(), got, sent, group=group)
-    x = _ScaleGrad.apply(x, float(ep))  # the experts' weight gradients 1 / ep, the tokens' own unchanged
-    y = _ScaleGrad.apply(compute(x, ids[:, None], x.new_ones((x.shape[0], 1))), 1.0 / ep)
+    dist.all_to_all_single(ids, expert.contiguous(), got, sent, group=group)
+    x = _ScaleGrad.apply(x, float(ep))
+    y = _ScaleGrad.apply(compute(x, (ids - first)[:, None], x.new_ones((x.shape[0], 1))), 1.0 / ep)
     back = all_to_all_single(y.new_empty((len(order), y.shape[-1])), y, sent, got, group=group)
     weights = top_k_weights.reshape(-1)[order].to(back.dtype)
     return torch.zeros_like(hidden_states).index_add(0, token, back * weights[:, None])
+'''
+
+#: The training export's expert parallelism; it uses DISPATCH_SRC, EXPERT_PARALLEL, DATA_AXIS, MOE_TOKEN_SPLIT,
+#: `layout_of`, `_axes` and `_fsdp_mesh`.
+EXPERTS_SRC = DISPATCH_SRC + r'''
+def _split_data_axis(device_type, shape, names):
+    """The world mesh with the data axis built as (edp, ep) and flattened back under its name: ep takes
+    consecutive ranks of it, as the declaration folds expert parallelism into data parallelism."""
+    at = names.index(DATA_AXIS)
+    mesh = init_device_mesh(device_type, shape[:at] + (shape[at] // EXPERT_PARALLEL, EXPERT_PARALLEL) + shape[at + 1:],
+                            mesh_dim_names=names[:at] + ("edp", "ep") + names[at + 1:])
+    mesh[("edp", "ep")]._flatten(DATA_AXIS)
+    return mesh
+
+
+def _stacked(module):
+    """The names of a module's stacked-expert parameters (3-D, experts first)."""
+    return [n for n, p in module._parameters.items() if p is not None and p.dim() == 3]
 
 
 def _forward_by(module, func):
@@ -102,7 +110,8 @@ def apply_expert_parallel(model, mesh):
                 module._parameters[name] = nn.Parameter(p.detach()[rank * share:(rank + 1) * share].clone(),
                                                         requires_grad=p.requires_grad)
         module.num_experts = share
-        module.forward = partial(_dispatched, module, module.forward, group, EXPERT_PARALLEL)
+        owner = torch.arange(experts) // share
+        module.forward = partial(_dispatched, module.forward, group, owner, rank * share)
     return model
 
 
@@ -114,4 +123,4 @@ def shard_experts(model, mesh, kwargs):
         fully_shard(module, **dict(kwargs, mesh=_fsdp_mesh(mesh, edp)))
 '''
 
-__all__ = ["EXPERTS_SRC"]
+__all__ = ["DISPATCH_SRC", "EXPERTS_SRC"]
