@@ -161,23 +161,15 @@ def test_torch_export_serves_with_tensor_parallelism_on_two_processes(tmp_path):
     """The decode plan (tp 2, Megatron's layouts read from the graph) applied to a tiny Llama over 2 gloo processes
     gives the single-process logits."""
     pytest.importorskip("torch")
-    import torch.multiprocessing as mp
+    from tests.forked import run_forked
 
     doc = declare_serving_phases("llama3-8b", cluster="dgx-h100", prompt_len=8, gen_len=4, overrides=TINY,
                                  prefill=dict(tp=2, batch=2), decode=dict(tp=2, batch=2), mode="co-located")
     write_document(doc, str(tmp_path / "tiny.yaml"))
     assert validate_document(read_document(str(tmp_path / "tiny.yaml"))).ok
     export_to_file(read_document(str(tmp_path / "tiny.yaml")), "torch", str(tmp_path / "tiny.py"))
-    ctx = mp.get_context("fork")
     init = _rendezvous(tmp_path)
-    procs = [ctx.Process(target=_tp_worker, args=(r, init, str(tmp_path / "tiny.py"), str(tmp_path))) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert run_forked(_tp_worker, [(r, init, str(tmp_path / "tiny.py"), str(tmp_path)) for r in (0, 1)], 120) == [0, 0]
     for r in (0, 1):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert res["err"] < 1e-5, res

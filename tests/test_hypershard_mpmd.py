@@ -278,18 +278,12 @@ def _mesh_worker(rank: int, init: str, path: str, out: str) -> None:
 def test_torch_export_builds_each_programs_mesh_over_its_ranks(doc, tmp_path):
     """Four gloo processes: ranks 0-1 join the encoders' mesh, 2-3 the backbone's; a collective stays inside."""
     pytest.importorskip("torch")
-    import torch.multiprocessing as mp
+    from tests.forked import run_forked
 
     path = tmp_path / "plan_torch.py"
     path.write_text(export(doc, "torch"))
     init = f"file://{tmp_path}/rendezvous"  # a file, not a probed TCP port another process may take first
-    ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_mesh_worker, args=(r, init, str(path), str(tmp_path / "out"))) for r in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    assert [p.exitcode for p in procs] == [0] * 4
+    assert run_forked(_mesh_worker, [(r, init, str(path), str(tmp_path / "out")) for r in range(4)], 120) == [0] * 4
     got = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(4)]
     assert [g["program"] for g in got] == [ENCODERS, ENCODERS, BACKBONE, BACKBONE]
     assert [g["ranks"] for g in got] == [[0, 1], [0, 1], [2, 3], [2, 3]]

@@ -23,6 +23,7 @@ from planner.hypershard import read_document, write_document  # noqa: E402
 from planner.hypershard.backends import export_to_file  # noqa: E402
 from planner.hypershard.serving_doc import declare_serving_phases  # noqa: E402
 from planner.hypershard.validate import validate_document  # noqa: E402
+from tests.forked import run_forked  # noqa: E402
 from tests.torch_runs import tiny_mixtral  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -67,8 +68,6 @@ def _worker(rank: int, init: str, folder: str, names: list[str]) -> None:
 def served(tmp_path_factory) -> dict[str, list[dict]]:
     """Every layout's decode plan, declared, written, validated and exported, served on the same 2 processes; each
     layout's two ranks' results."""
-    import torch.multiprocessing as mp
-
     folder = tmp_path_factory.mktemp("serving_experts")
     for name, layout in LAYOUTS.items():
         doc = declare_serving_phases("mixtral-8x7b", cluster="dgx-h100", prompt_len=SEQ, gen_len=4, overrides=TINY,
@@ -76,16 +75,8 @@ def served(tmp_path_factory) -> dict[str, list[dict]]:
         write_document(doc, str(folder / f"{name}.yaml"))
         assert validate_document(read_document(str(folder / f"{name}.yaml"))).ok
         export_to_file(read_document(str(folder / f"{name}.yaml")), "torch", str(folder / f"{name}.py"))
-    ctx = mp.get_context("fork")
     init = f"file://{folder}/rendezvous"
-    procs = [ctx.Process(target=_worker, args=(r, init, str(folder), sorted(LAYOUTS))) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=180)
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert run_forked(_worker, [(r, init, str(folder), sorted(LAYOUTS)) for r in (0, 1)], 180) == [0, 0]
     return {name: [json.loads((folder / f"rank{r}_{name}.json").read_text()) for r in (0, 1)] for name in LAYOUTS}
 
 
