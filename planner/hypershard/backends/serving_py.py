@@ -12,7 +12,8 @@ out; training's FSDP, recompute and pipeline schedules do not apply.
   `expert_range` (uneven ranges allowed), and each Hugging Face experts
   module's tokens sent to the ranks of their experts and back by
   all-to-all over the stage's ranks (torch has no expert-parallel style
-  of its own).
+  of its own); a tensor group's ranks hold the same tokens, so each sends
+  its share and the group gathers the results.
 - jax: a `Mesh` per phase over its ranks' devices and a `PartitionSpec`
   per parameter; ep names the (dp, tp) ranks of a stage, dp major.
 - hyper-parallel: a mesh per phase (every rank makes each) and
@@ -64,11 +65,24 @@ def shard_experts(model, rank):
     return first, end
 
 
-def route_experts(model, rank, first, end):
+def _tp_sliced(dispatch, tp_group, hidden_states, top_k_index, top_k_weights):
+    """`dispatch` on this tensor rank's contiguous share of the tokens its tensor group holds alike, the group's
+    results gathered back in token order: each token goes through its experts once, not once a tensor rank."""
+    tp, at = dist.get_world_size(tp_group), dist.get_rank(tp_group)
+    bounds = [hidden_states.shape[0] * i // tp for i in range(tp + 1)]
+    lo, hi = bounds[at], bounds[at + 1]
+    own = dispatch(hidden_states[lo:hi], top_k_index[lo:hi], top_k_weights[lo:hi]).contiguous()
+    parts = [own.new_empty((bounds[i + 1] - bounds[i],) + own.shape[1:]) for i in range(tp)]
+    dist.all_gather(parts, own, group=tp_group)
+    return torch.cat(parts)
+
+
+def route_experts(model, rank, first, end, tp_group=None):
     """Route the tokens of every experts module `shard_experts` cut over the ranks of `rank`'s stage (its ep
     group: every rank of the stage calls this) by the training export's dispatch and combine (`_dispatched`). A
     Hugging Face experts module, forward(hidden_states, top_k_index, top_k_weights), then runs its own experts on
-    the tokens sent to them."""
+    the tokens sent to them. The ranks of a tensor group hold the same tokens, so with `tp_group` each sends its
+    share of them and the group gathers the results (`_tp_sliced`), as the estimate costs it (tokens / tp a rank)."""
     stage, ep = stage_of(rank), dict(MESH)["tp"] * dict(MESH)["dp"]
     group = dist.new_group(list(range(stage["first_rank"], stage["first_rank"] + ep)), use_local_synchronization=True)
     owner = torch.tensor([c for c in range(ep) for _ in range(*expert_range(c))])
@@ -84,6 +98,8 @@ def route_experts(model, rank, first, end):
         module.num_experts = end - first  # none here: no token comes, and the module is never run
         compute = module.forward if end > first else (lambda x, *_: x)
         module.forward = partial(_dispatched, compute, group, owner, first)
+        if tp_group is not None:
+            module.forward = partial(_tp_sliced, module.forward, tp_group)
     return model
 
 
@@ -96,7 +112,7 @@ def parallelize(model, mesh, rank):
     if EXPERTS:
         first, end = shard_experts(model, rank)
         if dict(MESH)["tp"] * dict(MESH)["dp"] > 1:
-            route_experts(model, rank, first, end)
+            route_experts(model, rank, first, end, mesh["tp"].get_group() if dict(MESH)["tp"] > 1 else None)
     return model
 '''
 
