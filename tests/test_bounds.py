@@ -200,6 +200,9 @@ def test_a_training_precision_is_one_a_stack_trains_in_and_the_device_has(comman
     (["--pp", "2", "--vpp", "3"], "--pp 2 --vpp 3 makes 6 pipeline chunks, more than the model's 2 layers and its "
                                   "two ends; lower --vpp or --pp"),
     (["--ep", "2"], "--ep 2: the model has no routed experts (no MoE layer); drop --ep"),
+    (["--tp", "8"], "--tp 8 does not divide the 12 query heads of an attention layer"),
+    (["--pp", "3"], "--pp 3 does not divide the 8 devices; give degrees whose product divides 8"),
+    (["--tp", "2", "--dp", "3"], "--tp 2 x --dp 3 = 6 does not divide the 8 devices"),
 ])
 def test_fixed_knobs_no_strategy_of_the_model_can_take_are_named(knobs, words):
     """They had ended as 'no strategy fits ...: no strategy could be built' (exit 3) or as a mesh that keeps them."""
@@ -207,6 +210,22 @@ def test_fixed_knobs_no_strategy_of_the_model_can_take_are_named(knobs, words):
                             "--global-batch", "8", "--seq-len", "512", *knobs])
     assert r.exit_code == 2, r.output
     assert words in " ".join(r.output.split())
+
+
+@pytest.mark.parametrize("command", ["plan", "estimate"])
+def test_a_tensor_degree_that_does_not_divide_the_heads_is_refused(command):
+    """--tp 64 on llama3-8b's 32 query heads had planned (and exported a Megatron command line whose
+    TransformerConfig refuses it: num_attention_heads must be a multiple of tensor_model_parallel_size) and
+    estimated; --ep 16 on Mixtral's 8 experts had ended as a mesh the global batch did not keep (QA of
+    2026-12-07)."""
+    job = ["llama3-8b", "--cluster", "dgx-h100", "--devices", "64", "--global-batch", "64", "--seq-len", "4096"]
+    r = runner.invoke(app, [command, *job, "--tp", "64"])
+    assert r.exit_code == 2, r.output
+    assert ("--tp 64 does not divide the 32 query heads of an attention layer, and attention is split by whole "
+            "heads; use a tp that divides them (1, 2, 4, 8, 16, 32)") in " ".join(r.output.split())
+    r = runner.invoke(app, [command, "mixtral-8x7b", *job[1:], "--ep", "16"])
+    assert r.exit_code == 2, r.output
+    assert "--ep 16 does not divide the 8 routed experts of a MoE layer" in " ".join(r.output.split()), r.output
 
 
 def test_a_tensor_degree_that_does_not_split_the_sequence_is_refused_under_sequence_parallelism(tmp_path):

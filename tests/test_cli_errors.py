@@ -101,3 +101,32 @@ def test_a_plan_is_scored_only_on_its_own_model(tmp_path):
     other = runner.invoke(app, ["estimate", "llama3-8b", "--plan", str(out)])
     assert other.exit_code == 2, other.output
     assert "llama3-8b is not the model the declaration was planned for (gpt)" in other.output
+    # nor on another layer count: the declared pipeline's chunks had been cut anew, and 4 layers scored as 2 chunks
+    # of 2 were reported as the declaration (QA of 2026-12-07); a width change keeps its layers and is scored
+    for layers in ("4", "1"):
+        deeper = runner.invoke(app, ["estimate", "gpt", "--plan", str(out), "--layers", layers])
+        assert deeper.exit_code == 2, deeper.output
+        assert (f"the architecture options make a model of {layers} layers where the declaration's pipeline lists "
+                "2") in " ".join(deeper.output.split()), deeper.output
+    wider = runner.invoke(app, ["estimate", "gpt", "--plan", str(out), "--layers", "2", "--hidden", "384"])
+    assert wider.exit_code == 0, wider.output
+
+
+def test_a_model_without_repeated_layers_is_told_so(tmp_path):
+    """One MatMul and no repeated block: plan had said no strategy fits (exit 3, as if memory were short) and estimate
+    that its 0 layers were too few for 1 pipeline chunk, to be lowered with --pp (QA of 2026-12-07)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((16, 16), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "one_matmul",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16, 16])], [w])
+    path = tmp_path / "one_matmul.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    job = ["--cluster", "dgx-h100", "--devices", "2", "--global-batch", "2", "--seq-len", "16"]
+    for command in ("plan", "estimate"):
+        r = runner.invoke(app, [command, str(path), *job])
+        assert r.exit_code == 2, r.output
+        assert "no repeated layer was found in the model" in " ".join(r.output.split()), r.output

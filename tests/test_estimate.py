@@ -227,7 +227,7 @@ def test_a_zoo_model_as_shipped_cites_its_own_published_runs_on_the_hardware(mon
 
 def test_cli_tables_and_errors():
     ok = runner.invoke(app, ["estimate", "gpt", "--layers", "2", "--cluster", "dgx-a100", "--devices", "8",
-                             "--global-batch", "8", "--seq-len", "512", "--tp", "8"], terminal_width=120)
+                             "--global-batch", "8", "--seq-len", "512", "--tp", "4"], terminal_width=120)
     assert ok.exit_code == 0, ok.output
     assert "step time" in ok.output and "MFU" in ok.output
     bad = runner.invoke(app, ["estimate", "gpt", "--cluster", "nope", "--global-batch", "8", "--seq-len", "512"])

@@ -124,6 +124,20 @@ def attention_regions(graph: Graph, index: GraphIndex | None = None) -> list[Att
     return out
 
 
+def heads_problem(tp: int, heads: Iterable[int]) -> str:
+    """Why tensor parallelism of degree `tp` cannot split attention of these query-head counts, or "": every
+    framework the plans launch on splits attention by whole query heads (Megatron-Core's TransformerConfig
+    refuses num_attention_heads not a multiple of tensor_model_parallel_size; torchtitan's and torch's
+    Colwise plans cut the head dim evenly), so tp must divide each count."""
+    counts = {h for h in heads if h > 0}
+    odd = sorted(h for h in counts if h % tp)
+    if tp <= 1 or not odd:
+        return ""
+    fits = [d for d in range(1, odd[0] + 1) if all(h % d == 0 for h in counts)]
+    return (f"--tp {tp} does not divide the {odd[0]} query heads of an attention layer, and attention is split by "
+            f"whole heads; use a tp that divides them ({', '.join(map(str, fits))})")
+
+
 def mask_builders(graph: Graph, index: GraphIndex, regions: Iterable[AttentionRegion]) -> frozenset[int]:
     """The ops that only build the masks the cores read (comparisons of positions, the boolean-to-additive Where,
     their broadcasts): a flash kernel takes causal and window flags instead, so with one they do not run. Walked

@@ -20,6 +20,7 @@ from typing import Mapping
 from cost_models import Cluster
 from cost_models.offload import offload_tier
 
+from planner.costing.attention import attention_regions, heads_problem
 from planner.costing.execution import Execution
 from planner.costing.graph_facts import GraphFacts
 from planner.errors import InvalidInput
@@ -179,6 +180,15 @@ def check_devices(cluster: Cluster, strategy: Strategy) -> None:
                            f"pass --devices {s.devices} or change the degrees")
 
 
+def check_heads(graph: Graph, strategy: Strategy, facts: GraphFacts | None = None) -> None:
+    """InvalidInput unless tp divides every attention layer's query heads (`attention.heads_problem`); stages of
+    their own tensor widths are checked where they are cut."""
+    if strategy.tp > 1 and not strategy.stage_tp:
+        regions = facts.regions if facts is not None else attention_regions(graph)
+        if why := heads_problem(strategy.tp, (r.heads for r in regions)):
+            raise InvalidInput(why)
+
+
 def check_experts(graph: Graph, structure: Structure, strategy: Strategy, facts: GraphFacts | None = None) -> None:
     """InvalidInput unless ep divides the routed experts of every MoE layer: each expert-parallel rank holds the
     same whole number of experts, as every backend splits them (and ep needs routed experts at all)."""
@@ -213,6 +223,7 @@ def estimate(
     same `facts` to score many strategies of one graph)."""
     check_devices(cluster, strategy)
     check_experts(graph, structure, strategy, facts)
+    check_heads(graph, strategy, facts)
     m = strategy.micro_batches(workload)
     costs: StageCosts = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
                                     param_pins=param_pins, facts=facts, solver=solver)

@@ -50,11 +50,19 @@ def layout_chunks(layout: str) -> tuple[int, ...]:
     return tuple(c.count("t") + c.count("m") for c in text.split("|"))
 
 
+#: Why a model without repeated layers gets no plan
+NO_LAYERS = ("no repeated layer was found in the model (hyperplan cuts a model into the blocks that repeat, such as "
+             "transformer layers), so it has nothing to lay out; give a model with repeated layers, or inspect it "
+             "with hyperplan inspect")
+
+
 def assign_chunks(structure: Structure, n_chunks: int, sizes: tuple[int, ...] = ()) -> dict[str, int]:
     """Block name -> pipeline chunk: layers in graph order by `sizes`; other blocks go with the layer before them,
     those before the first layer to the first chunk and those after the last to the last (which `sizes` may leave
     without a layer, as Megatron-Core's account_for_embedding/loss_in_pipeline_split do)."""
     layers = [b for b in structure.blocks if b.is_layer]
+    if not layers:
+        raise InvalidInput(NO_LAYERS)
     if not sizes and len(layers) < n_chunks:
         raise InvalidInput(
             f"the model has {len(layers)} layers, too few for {n_chunks} pipeline chunks (pp x vpp); lower --pp or --vpp"

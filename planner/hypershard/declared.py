@@ -344,7 +344,23 @@ def estimate_declared(path: str, model: str, *, cluster: str | None = None, devi
     w = doc["workload"]
     workload = Workload(mode=w["mode"], global_batch=global_batch or w["global_batch"], seq_len=seq_len or w["seq_len"],
                         dtype=dtype or w["dtype"], execution=load_execution(w.get("stack")))
-    return score_as(doc, request, workload, devices or doc["cluster"]["devices"]).estimate_view()
+    devices = devices or doc["cluster"]["devices"]
+    if not is_multi(doc) and (overrides or dims):
+        _same_layers(doc, _rebuild(request, workload, devices)[2])
+    return score_as(doc, request, workload, devices).estimate_view()
+
+
+def _same_layers(doc: Mapping[str, Any], structure: Structure) -> None:
+    """InvalidInput when the model as the options make it has other layers than the declaration's pipeline lists:
+    its chunks would be cut anew, not scored as declared."""
+    chunks = chunk_layers(doc)
+    listed = [name for c in sorted(chunks) for name in chunks[c]]
+    layers = [b.name for b in structure.layers()]
+    if listed != layers:
+        raise InvalidInput(f"the architecture options make a model of {len(layers)} layers where the declaration's "
+                           f"pipeline lists {len(listed)} ({listed[0] if listed else 'none'} to "
+                           f"{listed[-1] if listed else 'none'}); drop them to score the plan as declared, or plan "
+                           "the variant with hyperplan plan")
 
 
 def _refuse_training_options(doc: Mapping[str, Any], devices: int | None, global_batch: int | None,

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from cost_models import Cluster
 
-from planner.costing.pipeline_cut import accounted_split
+from planner.costing.attention import heads_problem
+from planner.costing.pipeline_cut import NO_LAYERS, accounted_split
 from planner.errors import HyperplanError, InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
@@ -171,6 +172,8 @@ def check_buildable(workload: Workload, c: Constraints, shape: ModelShape) -> No
 
 
 def _unbuildable(workload: Workload, c: Constraints, shape: ModelShape) -> str:
+    if not shape.layers:
+        return NO_LAYERS
     for knob in ("ep", "etp"):
         if not shape.experts and (getattr(c, knob) or 1) > 1:
             return f"--{knob} {getattr(c, knob)}: the model has no routed experts (no MoE layer); drop --{knob}"
@@ -182,6 +185,12 @@ def _unbuildable(workload: Workload, c: Constraints, shape: ModelShape) -> str:
         return (f"{given} makes {chunks} pipeline chunks, more than the model's {shape.layers} layers"
                 f"{' and its two ends' if ends else ''}; lower {lower}")
     tp = c.tp or 1
+    if not c.stage_tp and (why := heads_problem(tp, shape.heads)):
+        return why
+    if c.ep and shape.experts and shape.experts % c.ep:
+        fits = [d for d in range(1, shape.experts + 1) if shape.experts % d == 0]
+        return (f"--ep {c.ep} does not divide the {shape.experts} routed experts of a MoE layer, so its ranks would "
+                f"hold unequal shares; use an ep that divides them ({', '.join(map(str, fits))})")
     if tp > 1 and workload.seq_len % tp and c.sequence_parallel_runs(workload.execution):
         return (f"--tp {tp}: sequence parallelism splits each sequence over the tensor ranks, and {workload.seq_len} "
                 f"tokens do not split into {tp} (the launch would refuse it); give a --seq-len divisible by {tp}, or "
@@ -195,6 +204,13 @@ def _unbuildable(workload: Workload, c: Constraints, shape: ModelShape) -> str:
 
 def no_mesh(cluster: Cluster, workload: Workload, c: Constraints, shape: ModelShape) -> HyperplanError:
     """The error when no mesh is left: the constraints it cannot keep, or a batch no data degree divides."""
+    fixed = [(k, v) for k, v in (("tp", c.tp), ("cp", c.cp), ("pp", c.pp), ("dp", c.dp)) if v]
+    product = math.prod(v for _, v in fixed)
+    if fixed and not c.stage_tp and cluster.n_devices % product:
+        given = " x ".join(f"--{k} {v}" for k, v in fixed)
+        return InvalidInput(f"{given}{f' = {product}' if len(fixed) > 1 else ''} does not divide the "
+                            f"{cluster.n_devices} devices; give degrees whose product divides {cluster.n_devices}, "
+                            "or change --devices")
     keeps = c.unmet(experts=bool(shape.experts), inout=shape.inout)
     if keeps:
         return InvalidInput(f"no mesh of {cluster.n_devices} devices keeps {keeps} with a global batch of "
