@@ -119,6 +119,7 @@ def test_a_file_model_records_its_hash_and_a_changed_file_is_caught(fixtures_dir
     (lambda d: d.pop("zero"), r"field '\(top level\)' is missing 'zero'"),
     (lambda d: d.update(extra=1), r"has unknown key 'extra'"),
     (lambda d: d["recompute"].update(policy="some"), r"field 'recompute\.policy' must be one of"),
+    (lambda d: d["cluster"].update(memory_gib=0), r"field 'cluster\.memory_gib' must be more than 0, got 0"),
     (lambda d: d["layouts"]["params"]["lm_head.weight"].update(dims=[3, None]),
      r"field 'layouts\.params\.lm_head\.weight\.dims\[0\]'"),
 ])

@@ -85,6 +85,21 @@ def test_check_output_names_the_problem(tmp_path):
     check_output(tmp_path / "new.yaml", "-o")  # a new file in an existing folder is fine
 
 
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(tmp_path):
+    """A folder no file can be made in (Linux's /proc refuses even root) and a name too long for the file system
+    had ended, after the whole search, as an 'internal error' (OSError 2 and 36) from the temporary file (QA of
+    2026-12-07)."""
+    with pytest.raises(InvalidInput, match=r"cannot write in folder /proc \(No such file or directory\)"):
+        check_output("/proc/x.yaml", "-o")
+    r = runner.invoke(app, ["plan", "gpt", "--layers", "2", *PLAN, "-o", "/proc/x.yaml"])
+    assert r.exit_code == 2 and "cannot write in folder /proc" in r.output, r.output
+    long = tmp_path / ("a" * 300 + ".yaml")
+    r = runner.invoke(app, ["plan", "gpt", "--layers", "2", *PLAN, "-o", str(long)])
+    assert r.exit_code == 2, r.output
+    assert "the file name is longer than the 255 bytes its folder allows" in " ".join(r.output.split())
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_failed_write_leaves_the_old_file_and_no_debris(tmp_path):
     out = tmp_path / "out.csv"
     out.write_text("old\n")

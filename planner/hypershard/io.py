@@ -114,10 +114,30 @@ def check_output(out: str | os.PathLike, flag: str, *, protect: tuple[Any, ...] 
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise InvalidInput(f"{flag} {out}: folder {folder} does not exist")
+    _check_writable(target, folder, flag)
     if target.is_dir():
         raise InvalidInput(f"{flag} {out} is a folder; give a file name")
     if target.exists() and not force:
         raise InvalidInput(f"{flag} {out} already exists; pass --force to replace it")
+
+
+def _check_writable(target: Path, folder: Path, flag: str) -> None:
+    """InvalidInput unless a file of `target`'s name can be made in `folder` (tried with an empty temporary file,
+    removed at once): a read-only folder or a name too long for its file system is said before any work."""
+    try:
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if len(os.fsencode(target.name)) > limit:
+        raise InvalidInput(f"{flag} {target}: the file name is longer than the {limit} bytes its folder allows; "
+                           "give a shorter name")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=".hyperplan-")
+    except OSError as exc:
+        raise InvalidInput(f"{flag} {target}: cannot write in folder {folder} ({exc.strerror}); "
+                           "give a path in a folder you can write to") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def _same_file(a: Any, target: Path) -> bool:
@@ -145,12 +165,20 @@ def write_atomically(out: str, produce: Callable[[], str | bytes], protect: tupl
         raise InvalidInput(f"-o {out}: folder {folder} does not exist")
     data = produce()
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=".hyperplan-", suffix=target.suffix)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=".hyperplan-", suffix=target.suffix)
+    except OSError as exc:
+        raise InvalidInput(f"-o {out}: cannot write in folder {folder} ({exc.strerror}); give a path in a folder "
+                           "you can write to") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; give what open() would
         os.replace(tmp, target)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise InvalidInput(f"-o {out}: could not write it ({exc.strerror}); nothing was written there") from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -246,7 +274,8 @@ def parse(text: str, name: str, *, json_format: bool) -> dict[str, Any]:
         try:
             doc = json.loads(text, object_pairs_hook=_json_object, parse_constant=_json_constant)
         except json.JSONDecodeError as exc:
-            raise InvalidInput(f"{name}: not valid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg}); "
+            why = exc.msg.removesuffix(" at")  # "Unterminated string starting at": the position is given here
+            raise InvalidInput(f"{name}: not valid JSON at line {exc.lineno}, column {exc.colno} ({why}); "
                                "fix the syntax") from None
         except _DuplicateKey as exc:
             raise InvalidInput(f"{name}: {exc}") from None
@@ -294,7 +323,9 @@ def _reason(err: Any) -> str:
     if v == "const":
         return f"must be {json.dumps(kind)}, got {got}"
     if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
-        return f"must be {'at least' if 'inimum' in v else 'at most'} {kind}, got {got}"
+        bound = {"minimum": "at least", "exclusiveMinimum": "more than", "maximum": "at most",
+                 "exclusiveMaximum": "less than"}[v]
+        return f"must be {bound} {kind}, got {got}"
     if v == "required":
         missing = [k for k in kind if isinstance(err.instance, dict) and k not in err.instance]
         return f"is missing {', '.join(repr(k) for k in missing)}"
