@@ -10,11 +10,9 @@ and are never cached.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import multiprocessing
+import math
 import os
 import re
-import signal
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 from planner.calibration.hardware_pairs import checked as hardware_checked
 from planner.errors import HyperplanError, Infeasible, InvalidInput, SolverTimeout
 from planner.model_source import display_name
+from planner.whatif_pool import compute
 from planner.whatif_cache import read_point, write_point, identity, cache_dir, cacheable, point_key
 
 Progress = Callable[[str, float], None]
@@ -146,63 +145,6 @@ def _plan_point(task: Mapping[str, Any]) -> dict[str, Any]:
             "checked": (r.get("accuracy") or {}).get("sentence")}
 
 
-def _pool_context() -> Any:
-    """forkserver where there is one: workers fork from a clean server (safe beside the progress thread)
-    and share its imports; spawn elsewhere."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["planner.whatif", "planner.api", "planner.search.plan_search",
-                                    "planner.costing.estimate", "planner.graph.onnx_import", "models_zoo"])
-        return ctx
-    return multiprocessing.get_context("spawn")
-
-
-def _compute(tasks: list[dict[str, Any]], workers: int | None, done: Callable[[int, dict[str, Any]], None]) -> None:
-    """Plan every task, in parallel when there is more than one; `done(index, record)` as each finishes,
-    so that an interrupted sweep keeps what it planned."""
-    cores = os.cpu_count() or 1
-    n = min(workers or cores, cores, len(tasks))
-    if n <= 1:
-        for i, t in enumerate(tasks):
-            rec = _plan_point(t)
-            if rec["status"] == "raise":
-                raise InvalidInput(rec["reason"])
-            done(i, rec)
-        return
-    pool = cf.ProcessPoolExecutor(max_workers=n, mp_context=_pool_context(), initializer=_ignore_interrupts)
-    try:
-        futures = {pool.submit(_plan_point, t): i for i, t in enumerate(tasks)}
-        for fut in cf.as_completed(futures):
-            rec = fut.result()
-            if rec["status"] == "raise":
-                raise InvalidInput(rec["reason"])
-            done(futures[fut], rec)
-    except cf.BrokenExecutor:
-        _stop(pool)
-        raise HyperplanError("a planning process died (out of memory, or a script that starts a sweep without "
-                             "`if __name__ == '__main__':`); run with one worker (--workers 1) to see why") from None
-    except BaseException:  # Ctrl-C or a wrong input: stop the workers now, not when their points finish
-        _stop(pool)
-        raise
-    pool.shutdown(wait=True)
-
-
-def _ignore_interrupts() -> None:
-    """In a worker: Ctrl-C is the parent's to handle (it stops the workers), not a traceback per process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _stop(pool: cf.ProcessPoolExecutor) -> None:
-    """Cancel what has not started and end the workers at once (a point's search can take minutes)."""
-    procs = list(getattr(pool, "_processes", {}).values())  # CPython keeps them here; 3.14 adds terminate_workers()
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in procs:
-        proc.join(timeout=1.0)
-
-
 # -- the sweep ------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Sweep:
@@ -285,6 +227,7 @@ def sweep_points(model: str | os.PathLike, clusters: Sequence[str], devices: Seq
             task = {**base, "model": os.fspath(model), "cluster": name, "devices": n}
             key = point_key({**task, "model": model_id, "cluster": cluster_id})
             hit = read_point(folder, key) if use_cache else None
+            hit = hit if hit is not None and well_formed(hit, empty) else None
             points.append({**point, **(hit or {})})
             if hit is None:
                 pending.append((len(points) - 1, task, key))
@@ -301,8 +244,25 @@ def sweep_points(model: str | os.PathLike, clusters: Sequence[str], devices: Seq
         if progress is not None:
             progress(f"{task['cluster']} x {task['devices']}", finished[0] / len(pending))
 
-    _compute([t for _, t, _ in pending], workers, done)
+    compute([t for _, t, _ in pending], workers, done, _plan_point)
     return points, len(pending)
+
+
+def well_formed(hit: Any, empty: Callable[[str, str], dict[str, Any]]) -> bool:
+    """Whether a cached record can be served: a record a fresh plan keeps (`cacheable`), with every field a fresh
+    one of its status has (`empty`) and a number (or, planned, no number) in each figure's place. A file damaged,
+    edited or written by another version that still parses is planned again."""
+    if not isinstance(hit, dict) or hit.get("status") not in ("ok", "infeasible") or not cacheable(hit):
+        return False
+    fresh = empty(hit["status"], "")
+    if not set(fresh) <= set(hit):
+        return False
+    figures = [k for k in fresh if k.endswith(("_s", "_gib", "mfu", "_per_device")) or k == "params"]
+    number = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+    if hit["status"] == "infeasible":
+        return all(hit[k] is None or number(hit[k]) for k in figures)
+    return all(number(hit[k]) for k in figures if k in _NUMBERS or k == "params") and all(
+        hit[k] is None or number(hit[k]) for k in figures)
 
 
 def _empty(status: str, reason: str) -> dict[str, Any]:

@@ -223,6 +223,24 @@ def test_cache_plans_only_new_points(tmp_path, monkeypatch):
     assert calls == [1, 2, 4, 1, 1, 2]
 
 
+@pytest.mark.parametrize("edit", [lambda p: {}, lambda p: {**p, "mfu": "high"}, lambda p: {**p, "status": "odd"},
+                                  lambda p: {k: v for k, v in p.items() if k != "step_time_s"}])
+def test_a_cached_point_that_parses_but_is_no_record_is_planned_again(tmp_path, monkeypatch, edit):
+    """An entry of valid JSON holding no record a plan keeps (emptied, a figure that is no number, an unknown
+    status, a figure missing) had stopped the sweep with an internal error (KeyError: 'status'; a format code on
+    a string) after its header was printed (QA of 2026-12-07); it is planned again, to the same document."""
+    calls = []
+    real = whatif._plan_point
+    monkeypatch.setattr(whatif, "_plan_point", lambda task: calls.append(task["devices"]) or real(task))
+    first = run_sweep(MODEL, devices=(1,), cache=tmp_path, workers=1, **SWEEP)
+    (entry,) = tmp_path.glob("*.json")
+    data = json.loads(entry.read_text())
+    entry.write_text(json.dumps({**data, "point": edit(data["point"])}))
+    again = run_sweep(MODEL, devices=(1,), cache=tmp_path, workers=1, **SWEEP)
+    assert (calls, again.computed) == ([1, 1], 1)
+    assert json.dumps(again.doc, sort_keys=True) == json.dumps(first.doc, sort_keys=True)
+
+
 def test_cache_key_follows_the_inputs(tmp_path):
     base = {"model": {"zoo": MODEL}, "cluster": {"name": "c", "sha256": "0"}, "devices": 8, "global_batch": 64}
     keys = {whatif.point_key(base), whatif.point_key({**base, "devices": 16}),
