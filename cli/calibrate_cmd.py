@@ -78,6 +78,9 @@ def calibrate_cmd(
         check_deployments(files, hardware, as_json, console)
         return
     fit_ids = [x.strip() for x in fit.split(",") if x.strip()] if fit else None
+    if fit is not None and not fit_ids:
+        raise InvalidInput(f"--fit {fit!r} names no run; give the ids of the runs to fit on, RUN,RUN,... "
+                           "(`hyperplan calibrate --json` lists them)")
     inputs = (*(str(f) for f in files or ()), hardware)
     if output is not None:
         if fit_ids is None:

@@ -19,7 +19,7 @@ from planner.api import plan_inference, plan_model
 from planner.errors import Infeasible, InvalidInput
 from planner.hypershard import Request, declare_plan, declare_serving, write_document
 from planner.hypershard.io import check_output, check_suffix, read_constraints
-from planner.hypershard.backends import LAUNCH, TRAINING_LAUNCH, export, launch_configs, plan_limits
+from planner.hypershard.backends import LAUNCH, TRAINING_LAUNCH, export, launch_configs, mode_problem, plan_limits
 from planner.hypershard.backends.launch import mpmd_what
 from planner.hypershard.document import DECLARED_MPMD
 from planner.search.constraints import LAUNCH_LIMITS, merge as merge_constraints
@@ -180,6 +180,8 @@ def plan_cmd(
     if output:  # before the search, so that no work is lost to a file that may not be written
         check_suffix(output)
         check_output(output, "-o", protect=(model, cluster, stack), force=force, noun="declaration")
+    if backend is not None and (why := mode_problem(backend, mode)):  # before the search
+        raise InvalidInput(why)
     if mode == "infer":
         if any(v is not None for v in (tp, pp, cp, ep, etp, vpp, dp, micro_batch, recompute, zero, stage_tp, offload,
                                        constraints_file)):

@@ -164,18 +164,24 @@ class Fields:
         params = self.raw("rope_parameters") or self.raw("rope_scaling")
         if not isinstance(params, dict) or params.get("rope_type", params.get("type")) != "yarn":
             return 1.0
+        def number(key: str) -> float:
+            value = params[key]
+            require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                    and value > 0, f"{self.where}: rope scaling's {key} must be a positive number, got {value!r}.")
+            return float(value)
+
         if params.get("attention_factor") is not None:
-            return float(params["attention_factor"])
-        factor = params.get("factor")
-        if factor is None:  # transformers: the context over the original one
+            return number("attention_factor")
+        if params.get("factor") is not None:
+            factor = number("factor")
+        else:  # transformers: the context over the original one
             original = params.get("original_max_position_embeddings") or self.num("max_position_embeddings")
             factor = self.num("max_position_embeddings") / float(original)
-        factor = float(factor)
 
         def mscale(m: float) -> float:
             return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
         if params.get("mscale") and params.get("mscale_all_dim"):
-            return mscale(float(params["mscale"])) / mscale(float(params["mscale_all_dim"]))
+            return mscale(number("mscale")) / mscale(number("mscale_all_dim"))
         return mscale(1.0)
 
     def rotary_fraction(self) -> float:

@@ -163,6 +163,8 @@ def llama4_text(f: Fields, seq_len: int) -> tuple[str, Any]:
     4th layer NoPE and full (``no_rope_layers``: 1 = RoPE)."""
     layers = f.int("num_hidden_layers")
     step = f.int("interleave_moe_layer_step")
+    require(step >= 1, f"{f.where}: interleave_moe_layer_step must be at least 1 (every step-th layer is MoE), "
+                       f"got {step}.")
     moe = f.ints("moe_layers")
     moe = list(range(step - 1, layers, step)) if moe is None else moe
     roped = f.ints("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]

@@ -129,7 +129,8 @@ class LlamaConfig:
                 require(not getattr(self, name), f"{name}={getattr(self, name)} needs experts > 0; set experts too.")
             require(self.moe_every == 1 and not self.shared_gate, "moe_every and shared_gate need experts > 0.")
             return
-        require(0 < self.top_k <= self.experts, f"top_k={self.top_k} must be between 1 and experts={self.experts}.")
+        require(0 < self.top_k <= self.experts, f"top_k={self.top_k} must be between 1 and experts={self.experts}"
+                + ("; set top_k too (--top-k)." if not self.top_k else "."))
         require(self.mlp == "swiglu", f"routed experts are SwiGLU MLPs; mlp={self.mlp!r} needs experts=0.")
         require(self.moe_every == 1 or self.dense_ffn > 0,
                 f"moe_every={self.moe_every} leaves dense layers; give their width as dense_ffn.")

@@ -85,7 +85,8 @@ def build_weightless(model: str, settings: Mapping[str, Any]) -> Any:
         message = str(exc)
         if hf:
             raise InvalidInput(message if f"'{model}'" in message else f"'{model}': {message}") from None
-        raise InvalidInput(f"zoo model '{model}': {message}") from None
+        raise InvalidInput(message if message.startswith(f"zoo model '{model}'") else f"zoo model '{model}': {message}"
+                           ) from None
 
 
 def unknown_message(text: str, zoo_names: list[str]) -> str:

@@ -210,3 +210,14 @@ def test_a_runs_file_none_of_whose_runs_can_be_predicted_is_an_error(tmp_path):
     res = CliRunner().invoke(app, ["calibrate", str(path)])
     assert res.exit_code == 2 and "no run could be predicted: my-run: no file or zoo model named 'llama3-9b'" in \
         res.output and "(and 1 more run)" in res.output and "Traceback" not in res.output
+
+
+def test_an_empty_runs_file_and_an_empty_fit_are_said_as_such(tmp_path):
+    """QA of 2026-12-07: an empty runs list had read "no run has ;", and --fit "" with -o asked for --fit."""
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"runs": []}), encoding="utf-8")
+    res = CliRunner().invoke(app, ["calibrate", str(path)])
+    assert res.exit_code == 2 and "the runs file holds no run; add rows to its 'runs' list" in res.output, res.output
+    res = CliRunner().invoke(app, ["calibrate", "--fit", "", "-o", str(tmp_path / "x.toml")])
+    assert res.exit_code == 2 and "--fit '' names no run" in res.output, res.output
+    assert not (tmp_path / "x.toml").exists()

@@ -130,3 +130,19 @@ def test_a_model_without_repeated_layers_is_told_so(tmp_path):
         r = runner.invoke(app, [command, str(path), *job])
         assert r.exit_code == 2, r.output
         assert "no repeated layer was found in the model" in " ".join(r.output.split()), r.output
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--global-batch", "8", "--seq-len", "64", "--backend", "vllm"],
+     "--backend vllm launches serving, not training; add --mode infer"),
+    (["--mode", "infer", "--prompt-len", "64", "--gen-len", "8", "--backend", "megatron"],
+     "--backend megatron launches training, not serving"),
+])
+def test_a_launch_backend_of_the_other_mode_is_refused_before_the_search(args, words, monkeypatch):
+    """They had searched in full and then ended at exit 3, the best plan not exporting (QA of 2026-12-07)."""
+    from cli import plan_cmd
+
+    monkeypatch.setattr(plan_cmd, "plan_model", lambda *a, **k: pytest.fail("searched"))
+    monkeypatch.setattr(plan_cmd, "plan_inference", lambda *a, **k: pytest.fail("searched"))
+    r = runner.invoke(app, ["plan", "gpt", *SMALL, "--cluster", "dgx-h100", "--devices", "2", *args])
+    assert r.exit_code == 2 and words in " ".join(r.output.split()), r.output

@@ -106,6 +106,12 @@ def test_families_read_their_switches():
          "attention pattern fbb (b: banded, f: full) is not every n-th layer full"),
         ({"model_type": "qwen2_moe", "mlp_only_layers": [0, 3]}, "mlp_only_layers [0, 3] makes layers dense"),
         ({"model_type": "llama", "num_attention_heads": 7}, "hidden=4096 is not a multiple of heads=7"),
+        # QA of 2026-12-07: Python's own words had come through ("could not convert string to float: 'x'",
+        # "range() arg 3 must not be zero")
+        ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": "x"}},
+         "rope scaling's factor must be a positive number, got 'x'"),
+        ({"model_type": "llama4", "text_config": {"interleave_moe_layer_step": 0}},
+         "interleave_moe_layer_step must be at least 1 (every step-th layer is MoE), got 0"),
     ],
 )
 def test_bad_configs_raise_one_sentence(tmp_path, data, words):

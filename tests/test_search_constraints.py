@@ -62,6 +62,9 @@ def test_a_file_without_the_section_or_with_an_unknown_key_is_refused(tmp_path):
     f.write_text("constraints: {tpp: 2}\n")
     r = runner.invoke(app, PLAN + ["--constraints", str(f)], terminal_width=120)
     assert r.exit_code != 0 and "unknown constraint 'tpp'" in r.output
+    f.write_text("constraints: {tp: eight}\n")  # named as the file's, not as a flag the command line did not give
+    r = runner.invoke(app, PLAN + ["--constraints", str(f)], terminal_width=400)
+    assert r.exit_code == 2 and f"{f}'s constraints: --tp must be a positive integer, got 'eight'" in r.output, r.output
     with pytest.raises(InvalidInput, match="does not exist"):
         read_constraints(str(tmp_path / "missing.yaml"))
 

@@ -87,6 +87,9 @@ class CalibrationResult:
 def select(runs: Sequence[Run], hardware: str | None, category: str | None) -> list[Run]:
     out = [r for r in runs if (hardware is None or r.hardware == hardware)
            and (category is None or r.category == category)]
+    if not runs:
+        raise InvalidInput("the runs file holds no run; add rows to its 'runs' list (`hyperplan calibrate --help` "
+                           "gives their format)")
     if not out:
         what = " and ".join(x for x in (f"hardware {hardware!r}" if hardware else "",
                                         f"category {category!r}" if category else "") if x)

@@ -328,7 +328,11 @@ def merge(from_file: Mapping[str, Any], flags: Mapping[str, Any], source: str,
           remedy: str = "edit the file") -> dict[str, Any]:
     """A plan file's (or a backend's) constraints with the command line's: both keep their knobs; one both fix
     differently is refused, naming the source."""
-    a, b = Constraints.from_mapping(from_file).given(), Constraints.from_mapping(flags).given()
+    try:
+        a = Constraints.from_mapping(from_file).given()
+    except InvalidInput as exc:  # it names the flag of the key: say where the key was written
+        raise InvalidInput(f"{source}'s constraints: {exc} (as a key there, with underscores); {remedy}") from None
+    b = Constraints.from_mapping(flags).given()
     for k in sorted(set(a) & set(b)):
         if a[k] != b[k]:
             flag = f"--{k.replace('_', '-')}"

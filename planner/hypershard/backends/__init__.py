@@ -138,6 +138,18 @@ def launch_config(doc: Mapping[str, Any], backend: str, *, base_dir: str | None 
 TRAINING_LAUNCH: tuple[str, ...] = ("megatron", "torchtitan", "deepspeed", "mindformers")
 
 
+def mode_problem(backend: str, mode: str) -> str:
+    """Why `backend` cannot run a plan of `mode` (train or infer), or "": the training launch configs start no
+    serving, vllm and sglang no training."""
+    if backend in TRAINING_LAUNCH and mode == "infer":
+        return (f"--backend {backend} launches training, not serving; with --mode infer use vllm, sglang or a "
+                "framework backend (torch, jax, ...)")
+    if backend in LAUNCH and backend not in TRAINING_LAUNCH and mode == "train":
+        return (f"--backend {backend} launches serving, not training; add --mode infer, or use "
+                f"{', '.join(TRAINING_LAUNCH)} or a framework backend to plan training")
+    return ""
+
+
 def launch_configs(doc: Mapping[str, Any]) -> dict[str, str]:
     """Per training launch backend, what of the plan it cannot express ("" where it writes the plan)."""
     out = {}
@@ -166,5 +178,5 @@ def export_to_file(doc: Mapping[str, Any], backend: str, out: str, *, base_dir: 
 
 
 __all__ = ["BACKENDS", "FLUSHING", "LAUNCH", "PLAN_LIMITS", "TRAINING_LAUNCH", "export", "export_to_file",
-           "launch_config", "launch_configs", "plan_limits",
+           "launch_config", "launch_configs", "mode_problem", "plan_limits",
            "suffix"]
