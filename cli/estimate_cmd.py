@@ -27,7 +27,8 @@ def register(app: typer.Typer) -> None:
 
 
 def parse_offload(items: list[str] | None) -> tuple[tuple[str, float], ...]:
-    """`['optimizer=0.5', 'params=1']` -> (('optimizer', 0.5), ('params', 1.0))."""
+    """`['optimizer=0.5', 'params=1']` -> (('optimizer', 0.5), ('params', 1.0)): a training step's offload (a class
+    alone means all of it; each class once)."""
     out: dict[str, float] = {}
     for item in items or []:
         name, sep, value = item.partition("=")
@@ -35,7 +36,13 @@ def parse_offload(items: list[str] | None) -> tuple[tuple[str, float], ...]:
             frac = float(value) if sep else 1.0
         except ValueError:
             raise InvalidInput(f"--offload {item!r}: write CLASS=FRACTION, like --offload optimizer=0.5") from None
-        out[name.strip()] = frac
+        name = name.strip()
+        if name in out:
+            raise InvalidInput(f"--offload {name} is given twice ({out[name]:g} and {frac:g}); give it once")
+        if name == "kv_cache":
+            raise InvalidInput("--offload kv_cache: a training step keeps no KV cache; serving plans (plan --mode "
+                               "infer) offload it themselves")
+        out[name] = frac
     return tuple(sorted(out.items()))
 
 

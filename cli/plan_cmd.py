@@ -210,6 +210,7 @@ def plan_cmd(
         raise InvalidInput(f"--mode {mode}: use train or infer")
     given = [f for f, v in (("--prompt-len", prompt_len), ("--gen-len", gen_len), ("--batch", batch),
                             ("--ttft-ms", ttft_ms), ("--tpot-ms", tpot_ms)) if v is not None]
+    given += [f for f, on in (("--kv-dtype", kv_dtype != "bf16"), ("--uneven-experts", uneven_experts)) if on]
     if given:
         verb, them = ("describes", "it") if len(given) == 1 else ("describe", "them")
         raise InvalidInput(f"{', '.join(given)} {verb} serving; add --mode infer, or drop {them} to plan training")

@@ -253,6 +253,9 @@ def test_a_tensor_degree_that_does_not_split_the_sequence_is_refused_under_seque
                                                         "but pp x vpp = 1; give --pp (and --vpp) whose product is 2"),
     (["estimate", "--dp", "8", "--recompute", "selective", "--full-recompute-layers", "50"],
      "--full-recompute-layers 50: a pipeline chunk here holds at most 2 layers; give at most 2"),
+    # QA of 2026-12-07: taken and ignored in training, or printed as offloaded
+    (["plan", "--kv-dtype", "int8"], "--kv-dtype describes serving; add --mode infer, or drop it to plan training"),
+    (["estimate", "--dp", "8", "--offload", "kv_cache=0.5"], "--offload kv_cache: a training step keeps no KV cache"),
 ])
 def test_a_refusal_names_what_to_change(args, words):
     """The QA round's messages: a device count of 0 had been explained by the largest network, a sequence of 2^40

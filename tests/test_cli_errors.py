@@ -146,3 +146,10 @@ def test_a_launch_backend_of_the_other_mode_is_refused_before_the_search(args, w
     monkeypatch.setattr(plan_cmd, "plan_inference", lambda *a, **k: pytest.fail("searched"))
     r = runner.invoke(app, ["plan", "gpt", *SMALL, "--cluster", "dgx-h100", "--devices", "2", *args])
     assert r.exit_code == 2 and words in " ".join(r.output.split()), r.output
+
+
+def test_an_offload_class_given_twice_is_refused():
+    """The last value had won without a word (QA of 2026-12-07)."""
+    r = runner.invoke(app, ["estimate", "gpt", *SMALL, "--cluster", "dgx-h100", "--devices", "2", "--global-batch",
+                            "4", "--seq-len", "128", "--offload", "params=1", "--offload", "params=0"])
+    assert r.exit_code == 2 and "--offload params is given twice (1 and 0); give it once" in r.output, r.output
