@@ -13,6 +13,7 @@ app = typer.Typer(
     name="hyperplan",
     help="Auto-parallel strategy search for large AI models on supernodes.",
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",

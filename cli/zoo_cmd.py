@@ -14,6 +14,7 @@ from cli.arch_options import architecture_options
 from cli import options as opt
 from cli import render
 from cli.errors import guarded
+from planner import bounds
 from planner.errors import InvalidInput
 from planner.hypershard.io import check_output, write_atomically
 
@@ -68,6 +69,9 @@ def export_cmd(
     if output.suffix.lower() != ".onnx":
         raise InvalidInput(f"-o {output}: an ONNX model is a .onnx file; name it like {name}.onnx")
     check_output(output, "-o", force=force, noun="model")
+    bounds.readable("--seq-len", seq_len, name)
+    if batch is not None:
+        bounds.whole("--batch", batch, "the sequences per batch")
     settings = dict(overrides or {}) | {k: v for k, v in (("seq_len", seq_len), ("batch", batch)) if v is not None}
     hf = models_zoo.hf_config_file(name) is not None
     try:

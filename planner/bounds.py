@@ -177,7 +177,8 @@ def readable(flag: str, tokens: int | None, model: str | os.PathLike) -> None:
     machine's memory (a zoo model is built at any length without holding per-token values)."""
     if tokens is None:
         return
-    whole(flag, tokens, "the sequence length (tokens)")
+    whole(flag, tokens, "the sequence length (tokens)", most=MAX_TOKENS_PER_STEP,
+          why="more tokens than any published training step holds, about 70x the largest")
     if tokens <= PEEK_ABOVE_TOKENS or not os.path.isfile(os.fspath(model)):
         return
     need = tokens * IMPORT_BYTES_PER_TOKEN

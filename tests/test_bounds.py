@@ -128,6 +128,12 @@ def test_inspect_bounds_what_it_reads(monkeypatch):
     assert r.exit_code == 2 and "ONNX shape inference holds about 1 KiB per token" in r.output, r.output
     r = runner.invoke(app, ["inspect", gpt2, "--batch", "0"])
     assert r.exit_code == 2 and "--batch 0: the sequences per batch is at least 1" in r.output, r.output
+    # a zoo model is built at any length, but not past a step's tokens: GPT's position table at 1e11 tokens had been
+    # described (inspect) and written (zoo export) as a 76.8T-parameter model (QA of 2026-12-07)
+    for command in (["inspect", "gpt"], ["zoo", "export", "gpt", "-o", "never.onnx"]):
+        r = runner.invoke(app, [*command, "--seq-len", str(10**11)])
+        assert r.exit_code == 2 and "--seq-len 100000000000: the sequence length (tokens) is at most 4,294,967,296" \
+            in " ".join(r.output.split()), r.output
 
 
 @given(st.integers(1, 5000), st.integers(1, 5000), st.booleans(), st.integers(0, 3000), st.sampled_from([1, 64, 128]))
@@ -162,6 +168,20 @@ def test_a_declarations_sequence_is_bounded_like_a_given_one(tmp_path, monkeypat
     monkeypatch.setattr(declared, "estimate_declared", _no_work)
     r = runner.invoke(app, ["estimate", "llama3-8b", *SMALL, "--plan", str(plan), "--seq-len", "1000000000"])
     assert r.exit_code == 2 and "--seq-len 1,000,000,000: one sequence needs at least" in r.output, r.output
+
+
+def test_a_declarations_step_is_bounded_like_a_given_one(tmp_path):
+    """A declaration of 10^30 sequences a step had been re-scored, to a step of 6.5e27 hours (QA of 2026-12-07)."""
+    plan = tmp_path / "p.yaml"
+    r = runner.invoke(app, ["plan", "gpt", "--layers", "2", "--cluster", "dgx-a100", "--devices", "2",
+                            "--global-batch", "4", "--seq-len", "128", "-o", str(plan)])
+    assert r.exit_code == 0, r.output
+    plan.write_text(plan.read_text().replace("global_batch: 4\n", f"global_batch: {10**30}\n", 1))
+    for command in (["validate", str(plan)], ["export", str(plan), "--backend", "megatron"]):
+        r = runner.invoke(app, command)
+        assert r.exit_code == 2, r.output
+        assert "workload.global_batch x workload.seq_len = 128,000,000,000,000,000,000,000,000,000,000 tokens per " \
+               "step is more than 4,294,967,296" in " ".join(r.output.split()), r.output
 
 
 def test_a_step_of_hours_is_flagged_and_a_step_of_seconds_is_not():

@@ -91,6 +91,8 @@ def test_registered_on_the_real_app():
 
     result = runner.invoke(real_app, ["inspect", "--help"], env=ENV)
     assert result.exit_code == 0 and "--seq-len" in result.stdout and "--kv-heads" in result.stdout
+    short = runner.invoke(real_app, ["inspect", "-h"], env=ENV)  # -h too (QA of 2026-12-07: "No such option")
+    assert short.exit_code == 0 and short.stdout == result.stdout
 
 
 @pytest.mark.parametrize(("args", "needle"), [

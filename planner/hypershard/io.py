@@ -124,10 +124,7 @@ def check_output(out: str | os.PathLike, flag: str, *, protect: tuple[Any, ...] 
 def _check_writable(target: Path, folder: Path, flag: str) -> None:
     """InvalidInput unless a file of `target`'s name can be made in `folder` (tried with an empty temporary file,
     removed at once): a read-only folder or a name too long for its file system is said before any work."""
-    try:
-        limit = os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        limit = 255
+    limit = os.pathconf(folder, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
     if len(os.fsencode(target.name)) > limit:
         raise InvalidInput(f"{flag} {target}: the file name is longer than the {limit} bytes its folder allows; "
                            "give a shorter name")
@@ -208,7 +205,19 @@ def read_document(path: str) -> dict[str, Any]:
         raise InvalidInput(f"cannot read '{path}' ({exc.strerror or exc}); check the path") from None
     doc = parse(text, p.name, json_format=p.suffix.lower() == ".json")
     check_schema(doc, p.name)
+    _check_step_tokens(doc, p.name)
     return anchored(doc, path)
+
+
+def _check_step_tokens(doc: Mapping[str, Any], name: str) -> None:
+    """A training declaration's step within the tokens a step given by flags may hold (`bounds.step_tokens`)."""
+    from planner.bounds import MAX_TOKENS_PER_STEP
+
+    w = doc.get("workload")
+    if isinstance(w, Mapping) and not is_serving(doc) and (
+            tokens := w.get("global_batch", 1) * w.get("seq_len", 1)) > MAX_TOKENS_PER_STEP:
+        raise InvalidInput(f"{name}: workload.global_batch x workload.seq_len = {tokens:,} tokens per step is more "
+                           f"than {MAX_TOKENS_PER_STEP:,}, about 70x the largest published training batch; fix it")
 
 
 class _DuplicateKey(ValueError):
