@@ -104,6 +104,9 @@ def test_a_serving_plan_says_how_its_hardware_s_deployments_came_out():
     (lambda r: r.update(cluster="dgx-h99"), "cluster 'dgx-h99' is neither a preset"),
     (lambda r: r.update(measured_tokens_per_s_per_device=0), "must be a positive number"),
     (lambda r: r.pop("batch"), "devices, batch, context and layout"),
+    # QA of 2026-12-07: both had been read past, the estimate the same whatever they said
+    (lambda r: r.update(bogus=1), "unknown key 'bogus'; a deployment has batch, cluster"),
+    (lambda r: r["layout"].update(ep=16), "layout key 'ep' is not one the estimate reads"),
 ])
 def test_a_deployments_file_with_a_mistake_is_refused_in_one_sentence(tmp_path, edit, said):
     """A user's own deployments (`hyperplan calibrate --serving FILE`) are checked before any estimate."""

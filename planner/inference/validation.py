@@ -55,6 +55,13 @@ def load_rows(path: str | Path) -> tuple[dict[str, Any], dict[str, Cluster]]:
     return doc, clusters
 
 
+#: What a deployment row may hold: what the estimate reads, and its provenance (source, measured_as, notes,
+#: why_not_compared)
+ROW_KEYS = frozenset({"id", "model", "cluster", "devices", "phase", "layout", "batch", "context", "dtype",
+                      "measured_tokens_per_s_per_device", "compared", "source", "measured_as", "notes",
+                      "why_not_compared"})
+
+
 def _check_row(row: Any, where: str, inline: set[str], seen: set[str]) -> None:
     if not isinstance(row, dict):
         raise InvalidInput(f"{where}: a deployment is an object, got {type(row).__name__}")
@@ -71,7 +78,12 @@ def _check_row(row: Any, where: str, inline: set[str], seen: set[str]) -> None:
     if row["phase"] not in PHASES or row["dtype"] not in SERVING_DTYPES:
         raise InvalidInput(f"{where}: phase must be one of {', '.join(PHASES)} and dtype one of "
                            f"{', '.join(SERVING_DTYPES)}, got {row['phase']!r} and {row['dtype']!r}")
+    if extra := sorted(set(row) - ROW_KEYS):
+        raise InvalidInput(f"{where}: unknown key {extra[0]!r}; a deployment has {', '.join(sorted(ROW_KEYS))}")
     lay = row.get("layout")
+    if isinstance(lay, dict) and (extra := sorted(set(lay) - {"tp", "dp", "pp"})):
+        raise InvalidInput(f"{where}: layout key {extra[0]!r} is not one the estimate reads; a layout is {{tp, dp, "
+                           "pp} (a MoE phase's experts spread over each stage's tp x dp ranks)")
     counts = [row.get("devices"), row.get("batch"), row.get("context")] + (
         [lay.get(a) for a in ("tp", "dp", "pp")] if isinstance(lay, dict) else [None])
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in counts):
