@@ -298,9 +298,12 @@ def plan_model(
                        incumbent_s=result.best.step_s if result.best else None, budget=budget, **kinds)
     if result.best is None and mp is None:
         if budget.stopped:  # nothing proven: a timeout (exit 4), which whatif never caches
-            raise SolverTimeout(_infeasible_message(model, hw, result) + (
-                f" (not proven: the search stopped by {budget.stopped_by} after {budget.nodes} nodes before any "
-                "strategy fit; raise --time-limit to search on)"))
+            stop = f"stopped by {budget.stopped_by} after {budget.nodes} nodes"
+            scored = result.closest is not None and result.closest.peak_bytes < float("inf")
+            raise SolverTimeout(_infeasible_message(model, hw, result) + f" (not proven: the search {stop} before any "
+                                "strategy fit; raise --time-limit to search on)" if scored else
+                                f"the search of {display_name(model)} on {hw.n_devices} devices of {hw.name} {stop}, "
+                                "before it scored any strategy; raise --time-limit to search on")
         raise Infeasible(_infeasible_message(model, hw, result))
     out: dict[str, Any]
     if result.best is not None:
