@@ -153,3 +153,19 @@ def test_an_offload_class_given_twice_is_refused():
     r = runner.invoke(app, ["estimate", "gpt", *SMALL, "--cluster", "dgx-h100", "--devices", "2", "--global-batch",
                             "4", "--seq-len", "128", "--offload", "params=1", "--offload", "params=0"])
     assert r.exit_code == 2 and "--offload params is given twice (1 and 0); give it once" in r.output, r.output
+
+
+def test_an_export_says_its_estimate_is_the_declarations_record(tmp_path):
+    """Export checks a declaration through its layouts, not its figures: an edited step time went out as 'hyperplan's
+    analytic estimate' while validate refused the file (QA of 2026-12-07). The header says whose figure it is."""
+    out = tmp_path / "plan.yaml"
+    made = runner.invoke(app, ["plan", "gpt", *SMALL, "--cluster", "dgx-h100", "--devices", "2", "--global-batch",
+                               "4", "--seq-len", "128", "-o", str(out)])
+    assert made.exit_code == 0, made.output
+    for backend in ("megatron", "jax"):  # a launch config's header and a file's
+        target = [] if backend == "megatron" else ["-o", str(tmp_path / "plan.py")]
+        r = runner.invoke(app, ["export", str(out), "--backend", backend, *target], terminal_width=400)
+        assert r.exit_code == 0, r.output
+        text = r.output if backend == "megatron" else (tmp_path / "plan.py").read_text()
+        assert "(hyperplan's analytic estimate as the declaration records it; `hyperplan validate` re-scores it)" \
+            in " ".join(text.replace("#", " ").split()), text[:600]
