@@ -222,6 +222,7 @@ def estimate(
     """Score one strategy: the numbers `hyperplan estimate` prints (`param_pins`: see `stage_costs`; pass the
     same `facts` to score many strategies of one graph)."""
     check_devices(cluster, strategy)
+    facts = facts or GraphFacts(graph, structure)  # once, for the checks and every costing below
     check_experts(graph, structure, strategy, facts)
     check_heads(graph, strategy, facts)
     m = strategy.micro_batches(workload)
