@@ -297,14 +297,9 @@ def plan_model(
         mp = plan_mpmd(graph, structure, hw, workload, allow_offload=offload, progress=progress,
                        incumbent_s=result.best.step_s if result.best else None, budget=budget, **kinds)
     if result.best is None and mp is None:
-        if budget.stopped:  # nothing proven: a timeout (exit 4), which whatif never caches
-            stop = f"stopped by {budget.stopped_by} after {budget.nodes} nodes"
-            scored = result.closest is not None and result.closest.peak_bytes < float("inf")
-            raise SolverTimeout(_infeasible_message(model, hw, result) + f" (not proven: the search {stop} before any "
-                                "strategy fit; raise --time-limit to search on)" if scored else
-                                f"the search of {display_name(model)} on {hw.n_devices} devices of {hw.name} {stop}, "
-                                "before it scored any strategy; raise --time-limit to search on")
-        raise Infeasible(_infeasible_message(model, hw, result))
+        stopped = f"{budget.stopped_by} after {budget.nodes} nodes" if budget.stopped else ""
+        # nothing proven where the search stopped: a timeout (exit 4), which whatif never caches
+        raise (SolverTimeout if stopped else Infeasible)(_infeasible_message(model, hw, result, stopped))
     out: dict[str, Any]
     if result.best is not None:
         best, est, unfit = fitting_best(result, lambda s: estimate(graph, structure, hw, workload, s, solver=solver))
@@ -367,19 +362,22 @@ def with_memory_cap(hw: Any, memory_gib: float | None) -> Any:
     return dataclasses.replace(hw, device=dataclasses.replace(hw.device, hbm_bytes=cap))
 
 
-def _infeasible_message(model: Any, hw: Any, result: Any) -> str:
+def _infeasible_message(model: Any, hw: Any, result: Any, stopped_by: str = "") -> str:
+    """Why no plan came out: nothing fits (and what would), or, `stopped_by` a limit, nothing was proven."""
     from cost_models.spec import nearest_valid_counts
 
-    c = result.closest
+    c, where = result.closest, f"{display_name(model)} on {hw.n_devices} devices of {hw.name}"
     if c is None or c.peak_bytes == float("inf"):
-        why = c.note if c is not None else "no strategy could be built"
-        return f"no strategy fits {display_name(model)} on {hw.n_devices} devices of {hw.name}: {why}"
+        if stopped_by:  # nothing scored: no "fits" to speak of
+            return (f"the search of {where} stopped by {stopped_by}, before it scored any strategy; raise "
+                    "--time-limit to search on")
+        return f"no strategy fits {where}: {c.note if c is not None else 'no strategy could be built'}"
     rough = int(hw.n_devices * c.peak_bytes / hw.device.hbm_bytes) + 1
-    _, up = nearest_valid_counts(hw.levels, rough)
-    more = up if up is not None else rough
-    return (f"no strategy fits {display_name(model)} on {hw.n_devices} devices of {hw.name}: the "
-            f"closest ({c.strategy.short()}) needs {nbytes(c.peak_bytes)} per device and a device has {nbytes(hw.device.hbm_bytes)}; "
-            f"try about {more} devices (--devices {more}), a shorter --seq-len, or offload")
+    more = nearest_valid_counts(hw.levels, rough)[1] or rough  # the next count the network builds, else rough
+    return (f"no strategy fits {where}: the closest ({c.strategy.short()}) needs {nbytes(c.peak_bytes)} per device "
+            f"and a device has {nbytes(hw.device.hbm_bytes)}; try about {more} devices (--devices {more}), a shorter "
+            "--seq-len, or offload" + (f" (not proven: the search stopped by {stopped_by} before any strategy fit; "
+                                       "raise --time-limit to search on)" if stopped_by else ""))
 
 
 def plan_inference(model: str | os.PathLike, **options: Any) -> dict[str, Any]:

@@ -257,12 +257,12 @@ def well_formed(hit: Any, empty: Callable[[str, str], dict[str, Any]]) -> bool:
     fresh = empty(hit["status"], "")
     if not set(fresh) <= set(hit):
         return False
-    figures = [k for k in fresh if k.endswith(("_s", "_gib", "mfu", "_per_device")) or k == "params"]
-    number = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-    if hit["status"] == "infeasible":
-        return all(hit[k] is None or number(hit[k]) for k in figures)
-    return all(number(hit[k]) for k in figures if k in _NUMBERS or k == "params") and all(
-        hit[k] is None or number(hit[k]) for k in figures)
+    figures = set(fresh) - {"status", "reason", "plan", "serving", "search_complete"}  # a fresh record's numbers
+    planned = {"params", *_NUMBERS} if hit["status"] == "ok" else set()  # figures a training plan always has
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return all(number(hit[k]) or (hit[k] is None and k not in planned) for k in figures)
 
 
 def _empty(status: str, reason: str) -> dict[str, Any]:

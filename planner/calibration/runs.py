@@ -120,7 +120,9 @@ def load_runs(path: str | Path) -> list[Run]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"cannot read runs file {str(path)!r} ({exc}); give a UTF-8 JSON file") from None
     except json.JSONDecodeError as exc:
-        raise InvalidInput(f"{path.name}: not valid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg.removesuffix(' at')}); fix the syntax") from None
+        why = exc.msg.removesuffix(" at")  # "Unterminated string starting at": the position is given here
+        raise InvalidInput(f"{path.name}: not valid JSON at line {exc.lineno}, column {exc.colno} ({why}); "
+                           "fix the syntax") from None
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise InvalidInput(f"{path.name}: expected an object with a list 'runs'; see `hyperplan calibrate --help`")
     runs = [parse_run(row, where=f"{path.name}: runs[{i}]", origin=str(path), order=i)

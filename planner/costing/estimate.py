@@ -20,13 +20,13 @@ from typing import Mapping
 from cost_models import Cluster
 from cost_models.offload import offload_tier
 
-from planner.costing.attention import attention_regions, heads_problem
+from planner.costing.attention import heads_problem
 from planner.costing.execution import Execution
 from planner.costing.graph_facts import GraphFacts
 from planner.errors import InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
-from planner.graph.moe import expert_counts
+from planner.graph.moe import ep_problem
 from planner.costing.stage_costs import StageCosts, stage_costs
 from planner.search.solve import WALL_LIMIT_S
 from planner.strategy import Strategy, Workload
@@ -180,31 +180,27 @@ def check_devices(cluster: Cluster, strategy: Strategy) -> None:
                            f"pass --devices {s.devices} or change the degrees")
 
 
-def check_heads(graph: Graph, strategy: Strategy, facts: GraphFacts | None = None) -> None:
+def check_heads(strategy: Strategy, facts: GraphFacts) -> None:
     """InvalidInput unless tp divides every attention layer's query heads (`attention.heads_problem`); stages of
     their own tensor widths are checked where they are cut."""
     if strategy.tp > 1 and not strategy.stage_tp:
-        regions = facts.regions if facts is not None else attention_regions(graph)
-        if why := heads_problem(strategy.tp, (r.heads for r in regions)):
+        if why := heads_problem(strategy.tp, (r.heads for r in facts.regions)):
             raise InvalidInput(why)
 
 
-def check_experts(graph: Graph, structure: Structure, strategy: Strategy, facts: GraphFacts | None = None) -> None:
-    """InvalidInput unless ep divides the routed experts of every MoE layer: each expert-parallel rank holds the
-    same whole number of experts, as every backend splits them (and ep needs routed experts at all)."""
+def check_experts(strategy: Strategy, facts: GraphFacts) -> None:
+    """InvalidInput unless ep divides the routed experts of every MoE layer (`moe.ep_problem`), and ep or etp needs
+    routed experts at all."""
     ep = strategy.ep
     if ep == 1 and strategy.expert_tp == strategy.tp:
         return
-    counts = sorted({f.experts for f in facts.moe.values()}) if facts else expert_counts(graph, structure)
+    counts = sorted({f.experts for f in facts.moe.values()})
     if not counts:
         flag = f"--ep {ep}" if ep > 1 else f"--etp {strategy.etp}"
         raise InvalidInput(f"{flag}: the model has no routed experts (no MoE layer was found), so there is nothing "
                            "to split over an expert-parallel group; drop it")
-    odd = [e for e in counts if e % ep]
-    if odd:
-        fits = [d for d in range(1, counts[0] + 1) if all(e % d == 0 for e in counts)]
-        raise InvalidInput(f"--ep {ep} does not divide the {odd[0]} routed experts of a MoE layer, so its ranks "
-                           f"would hold unequal shares; use an ep that divides them ({', '.join(map(str, fits))})")
+    if why := ep_problem(ep, counts):
+        raise InvalidInput(why)
 
 
 def estimate(
@@ -223,8 +219,8 @@ def estimate(
     same `facts` to score many strategies of one graph)."""
     check_devices(cluster, strategy)
     facts = facts or GraphFacts(graph, structure)  # once, for the checks and every costing below
-    check_experts(graph, structure, strategy, facts)
-    check_heads(graph, strategy, facts)
+    check_experts(strategy, facts)
+    check_heads(strategy, facts)
     m = strategy.micro_batches(workload)
     costs: StageCosts = stage_costs(graph, structure, cluster, workload, strategy, time_limit_s=time_limit_s,
                                     param_pins=param_pins, facts=facts, solver=solver)

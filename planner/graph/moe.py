@@ -13,6 +13,7 @@ see `planner.costing.block_costs`). Shared experts are ordinary dense weights. T
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from planner.graph.blocks import Structure
@@ -203,6 +204,18 @@ def expert_counts(graph: Graph, structure, index: GraphIndex | None = None) -> l
     index = index or index_graph(graph)
     found = [moe_facts(graph, index, frozenset(b.nodes)) for b in structure.blocks if b.is_layer and b.nodes]
     return sorted({f.experts for f in found if f is not None})
+
+
+def ep_problem(ep: int, counts: Iterable[int]) -> str:
+    """Why an expert-parallel degree `ep` cannot split MoE layers of these routed-expert counts, or "": each rank
+    holds the same whole number of experts, as every backend splits them."""
+    counts = sorted(set(counts))
+    odd = [e for e in counts if e % ep]
+    if not odd:
+        return ""
+    fits = [d for d in range(1, counts[0] + 1) if all(e % d == 0 for e in counts)]
+    return (f"--ep {ep} does not divide the {odd[0]} routed experts of a MoE layer, so its ranks would hold unequal "
+            f"shares; use an ep that divides them ({', '.join(map(str, fits))})")
 
 
 def routed_experts(graph: Graph, structure, index: GraphIndex | None = None) -> int:

@@ -71,6 +71,12 @@ def chunk_layers(doc: Mapping[str, Any]) -> dict[int, list[str]]:
     return out
 
 
+def declared_layers(doc: Mapping[str, Any]) -> list[str]:
+    """The layers a one-program document's pipeline lists, in chunk order."""
+    chunks = chunk_layers(doc)
+    return [name for c in sorted(chunks) for name in chunks[c]]
+
+
 def strategy_of(doc: Mapping[str, Any], k: int = 0) -> Strategy:
     """The strategy of program k as the declaration's sections describe it (InvalidInput naming the field)."""
     return view_strategy(view(doc, k))
@@ -353,9 +359,7 @@ def estimate_declared(path: str, model: str, *, cluster: str | None = None, devi
 def _same_layers(doc: Mapping[str, Any], structure: Structure) -> None:
     """InvalidInput when the model as the options make it has other layers than the declaration's pipeline lists:
     its chunks would be cut anew, not scored as declared."""
-    chunks = chunk_layers(doc)
-    listed = [name for c in sorted(chunks) for name in chunks[c]]
-    layers = [b.name for b in structure.layers()]
+    listed, layers = declared_layers(doc), [b.name for b in structure.layers()]
     if listed != layers:
         raise InvalidInput(f"the architecture options make a model of {len(layers)} layers where the declaration's "
                            f"pipeline lists {len(listed)} ({listed[0] if listed else 'none'} to "

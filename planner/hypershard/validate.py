@@ -27,8 +27,8 @@ from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.moe import expert_params
 from planner.graph.mtp import mtp_depths
-from planner.hypershard.declared import (Scored, chunk_layers, cluster_problems, program_parts, program_workloads,
-                                         request_of, score_as, view_strategy, workload_of)
+from planner.hypershard.declared import (Scored, chunk_layers, cluster_problems, declared_layers, program_parts,
+                                         program_workloads, request_of, score_as, view_strategy, workload_of)
 from planner.hypershard.document import Request, build_document, file_sha256
 from planner.hypershard.io import check_schema
 from planner.hypershard.layouts import dim_axes, partial_problems
@@ -276,7 +276,7 @@ def _pipeline_problems(doc: Mapping[str, Any], structure: Structure, s: Strategy
             if not ch["layers"] and not end:
                 out.append(f"chunk {ch['chunk']} has no layers; every chunk needs at least one, but the first and "
                            "the last, which may hold only blocks (the embedding, the final norm and head)")
-    listed = [name for c in want for name in chunks[c]]
+    listed = declared_layers(doc)  # chunks are 0..pp x vpp - 1 here
     layers = [b.name for b in structure.layers()]
     if listed != layers:
         extra = [x for x in listed if x not in set(layers)]

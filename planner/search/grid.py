@@ -31,7 +31,7 @@ from planner.costing.pipeline_cut import NO_LAYERS, accounted_split
 from planner.errors import HyperplanError, InvalidInput
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
-from planner.graph.moe import routed_experts
+from planner.graph.moe import ep_problem, routed_experts
 from planner.search.constraints import Constraints
 from planner.strategy import Strategy, Workload
 
@@ -187,10 +187,8 @@ def _unbuildable(workload: Workload, c: Constraints, shape: ModelShape) -> str:
     tp = c.tp or 1
     if not c.stage_tp and (why := heads_problem(tp, shape.heads)):
         return why
-    if c.ep and shape.experts and shape.experts % c.ep:
-        fits = [d for d in range(1, shape.experts + 1) if shape.experts % d == 0]
-        return (f"--ep {c.ep} does not divide the {shape.experts} routed experts of a MoE layer, so its ranks would "
-                f"hold unequal shares; use an ep that divides them ({', '.join(map(str, fits))})")
+    if c.ep and shape.experts and (why := ep_problem(c.ep, (shape.experts,))):
+        return why
     if tp > 1 and workload.seq_len % tp and c.sequence_parallel_runs(workload.execution):
         return (f"--tp {tp}: sequence parallelism splits each sequence over the tensor ranks, and {workload.seq_len} "
                 f"tokens do not split into {tp} (the launch would refuse it); give a --seq-len divisible by {tp}, or "
