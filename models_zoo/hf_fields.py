@@ -127,6 +127,13 @@ class Fields:
     def opt_int(self, key: str) -> int | None:
         return None if self.raw(key) is None else self.int(key)
 
+    def opt_size(self, key: str) -> int | None:
+        """A size transformers derives when it is null (head_dim, num_key_value_heads): given, at least 1."""
+        value = self.opt_int(key)
+        require(value is None or value >= 1, f"{self.where}: {key} must be at least 1 (or null for the class's "
+                                             f"default), got {value}.")
+        return value
+
     def num(self, key: str, default: float | None = None) -> float:
         value = self.raw(key)
         value = default if value is None else value

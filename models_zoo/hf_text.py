@@ -31,8 +31,8 @@ def _base(f: Fields, seq_len: int, **switches: Any) -> LlamaConfig:
                            f"{', '.join(sorted(_GATES))}, or export the model to ONNX.")
     settings: dict[str, Any] = dict(
         hidden=hidden, layers=f.int("num_hidden_layers"), heads=heads,
-        kv_heads=f.opt_int("num_key_value_heads") or heads, ffn=f.int("intermediate_size"), vocab=f.int("vocab_size"),
-        seq_len=seq_len, head_dim=f.opt_int("head_dim") or 0, rope_theta=f.rope(), norm_eps=f.num("rms_norm_eps"),
+        kv_heads=f.opt_size("num_key_value_heads") or heads, ffn=f.int("intermediate_size"), vocab=f.int("vocab_size"),
+        seq_len=seq_len, head_dim=f.opt_size("head_dim") or 0, rope_theta=f.rope(), norm_eps=f.num("rms_norm_eps"),
         tie_embeddings=f.flag("tie_word_embeddings"), rotary_fraction=f.rotary_fraction(), mlp=_GATES[act],
         rope_attention_factor=f.yarn_attention_factor(),
     )

@@ -96,6 +96,9 @@ def unknown_message(text: str, zoo_names: list[str]) -> str:
     if os.path.isdir(text):
         return (f"folder '{text}' holds no config.json; give an .onnx file, a Hugging Face config.json or the "
                 "folder holding it, or a zoo name")
+    if os.path.exists(text):
+        return (f"'{text}' is not a regular file; give the path of an .onnx file, a Hugging Face config.json or "
+                "its folder, or a zoo name")
     if os.sep in text or text.lower().endswith((".onnx", ".pb", ".json")):
         return (f"model file '{text}' does not exist; check the path (`hyperplan zoo list` shows zoo models)")
     close = difflib.get_close_matches(text, zoo_names, n=3, cutoff=0.6)

@@ -112,6 +112,9 @@ def test_families_read_their_switches():
          "rope scaling's factor must be a positive number, got 'x'"),
         ({"model_type": "llama4", "text_config": {"interleave_moe_layer_step": 0}},
          "interleave_moe_layer_step must be at least 1 (every step-th layer is MoE), got 0"),
+        # transformers takes a 0 as given where null means "derive it": a 0 had been read as null
+        ({"model_type": "llama", "head_dim": 0}, "head_dim must be at least 1 (or null for the class's default)"),
+        ({"model_type": "qwen3", "num_key_value_heads": 0}, "num_key_value_heads must be at least 1"),
     ],
 )
 def test_bad_configs_raise_one_sentence(tmp_path, data, words):

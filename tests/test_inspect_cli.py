@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-
+import os
 from pathlib import Path
 
 import pytest
@@ -97,6 +97,7 @@ def test_registered_on_the_real_app():
 
 @pytest.mark.parametrize(("args", "needle"), [
     (["no/such/model.onnx"], "does not exist"),
+    ([os.devnull], "is not a regular file"),  # it exists: "does not exist" had said otherwise
     (["GARBAGE"], "not a readable ONNX model"),
     ([str(FIXTURES / "llama_gqa.onnx")], "--dim"),
     (["llama3-8c"], "did you mean 'llama3-8b'"),
