@@ -320,10 +320,13 @@ def print_estimate(r: dict) -> None:
             right=("stage", "layers", "devices", "fwd/mb", "bwd/mb", "peak")))
 
     if r["layouts"]:
-        rows = [(btype if i == 0 else "", p, lay) for btype, entries in r["layouts"].items()
+        experts = r.get("expert_layouts") or {}
+        rows = [(btype if i == 0 else "", p, experts.get(btype, {}).get(p, lay)) for btype, entries in r["layouts"].items()
                 for i, (p, lay) in enumerate(entries.items())]
-        console.print(render.table("tensor-parallel layouts (S<d>: split on dim d, R: replicated)",
-                                   ("block type", "parameter", "layout"), rows))
+        legend = "S<d>: split on dim d over TP, R: replicated"
+        if experts:
+            legend += "; routed experts: EP<n> dealt over n ranks, ETP<n> each split over n"
+        console.print(render.table(f"tensor-parallel layouts ({legend})", ("block type", "parameter", "layout"), rows))
 
 
 def memory_table(mem: dict) -> render.Adaptive:

@@ -380,3 +380,15 @@ def test_zero3_layouts_weigh_what_each_weight_moves_per_micro_batch():
             assert stage_costs(graph, st, hw, wl, zero1, weight_traffic=True) == stage_costs(graph, st, hw, wl,
                                                                                              zero1)
     assert all(r <= 1.0 + 1e-9 for r in steps.values()), steps
+
+
+@pytest.mark.parametrize(("extra", "label"), [(dict(ep=4), "EP4·ETP2"), (dict(ep=4, etp=1), "EP4"),
+                                              (dict(ep=1, etp=1), "R")])
+def test_routed_experts_are_labelled_as_the_strategy_splits_them(extra, label):
+    """The layout program's tensor-axis choice for a routed expert is not how it is stored: EP deals the experts
+    over ranks and ETP splits each (QA of 2026-12-08: EP8·ETP2 experts had printed `R`, as if replicated)."""
+    r = estimate_model("mixtral-8x7b", overrides=dict(layers=2), cluster="dgx-h100", devices=8, global_batch=8,
+                       seq_len=1024, tp=2, **extra)
+    experts = r["expert_layouts"]["model.layers (MoE layer)"]
+    assert experts == {"mlp.experts.gate_up_proj": label, "mlp.experts.down_proj": label}
+    assert set(experts) < set(r["layouts"]["model.layers (MoE layer)"])  # the rows they relabel, nothing else

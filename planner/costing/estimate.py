@@ -62,6 +62,9 @@ class Estimate:
     breakdown_s: Mapping[str, float]
     stages: tuple[StageEstimate, ...]
     layouts: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: per block type, the routed experts' weights as the strategy splits them (`expert_layouts`): `layouts`
+    #: holds the layout program's tensor-axis choice for them, which the expert split overrides
+    expert_layouts: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     microbatches: int = 1
     solver_gap: float = 0.0
     offload: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # per memory class moved off HBM
@@ -93,6 +96,7 @@ class Estimate:
                 for s in self.stages
             ],
             "layouts": {k: dict(v) for k, v in sorted(self.layouts.items())},
+            "expert_layouts": {k: dict(v) for k, v in sorted(self.expert_layouts.items())},
             "solver_gap": self.solver_gap,
             "offload": {cls: {"fraction": v["fraction"], "offloaded_gib": v["offloaded_bytes"] / GIB,
                               "traffic_gib_per_step": v["traffic_bytes"] / GIB, "exposed_s": v["exposed_s"]}
@@ -203,6 +207,22 @@ def check_experts(strategy: Strategy, facts: GraphFacts) -> None:
         raise InvalidInput(why)
 
 
+def expert_layouts(layouts: Mapping[str, Mapping[str, str]], routed: frozenset[str], strategy: Strategy
+                   ) -> dict[str, dict[str, str]]:
+    """The rows of `layouts` that are routed experts' weights, labelled as the strategy splits them: `EP<n>` the
+    experts dealt over n ranks, `ETP<n>` each expert's weight split over n (Megatron-Core's grouped GEMMs: the
+    first column-, the second row-wise), `R` whole and on every rank."""
+    parts = [f"EP{strategy.ep}"] if strategy.ep > 1 else []
+    parts += [f"ETP{strategy.expert_tp}"] if strategy.expert_tp > 1 else []
+    label = "·".join(parts) or "R"
+    out: dict[str, dict[str, str]] = {}
+    for btype, rows in layouts.items():
+        mine = {name: label for name in rows if name in routed or any(p.endswith("." + name) for p in routed)}
+        if mine:
+            out[btype] = mine
+    return out
+
+
 def estimate(
     graph: Graph,
     structure: Structure,
@@ -267,6 +287,7 @@ def estimate(
         breakdown_s=bd,
         stages=stages,
         layouts=costs.layouts,
+        expert_layouts=expert_layouts(costs.layouts, facts.expert_params, strategy),
         microbatches=m,
         solver_gap=costs.solver_gap,
         offload=offload,

@@ -225,7 +225,7 @@ def build_document(plan: Mapping[str, Any], graph: Graph, structure: Structure, 
     if (plan.get("mpmd") or {}).get("used"):
         return _multi_document(plan, graph, structure, request)
     s = strategy_from_dict(plan["strategy"])
-    est = _figures(plan["estimate"])
+    est = recorded_figures(plan["estimate"])
     n = plan["cluster"]["devices"]
     doc = _head(plan, graph, request, structure)
     doc["meshes"] = [_mesh("world", list(plan["mesh"]), n, PLACEMENT)]
@@ -258,16 +258,16 @@ def _multi_document(plan: Mapping[str, Any], graph: Graph, structure: Structure,
         prog = _program(entry["name"], entry["name"], list(entry["submodels"]), program.structure, s, first, count,
                         int(est.get("microbatches", 1)))
         prog.update(sections(program.graph, program.structure, s, plan["workload"]["seq_len"], est.get("layouts", {})))
-        prog["estimate"] = _figures(est)
+        prog["estimate"] = recorded_figures(est)
         doc["programs"].append(prog)
-    doc["estimate"] = _figures(plan["estimate"])
+    doc["estimate"] = recorded_figures(plan["estimate"])
     return _tail(doc, plan)
 
 
-def _figures(estimate: Mapping[str, Any]) -> dict[str, Any]:
-    """An estimate as a declaration records it: its figures, without the per-block-type layout table (the
-    layouts section says it per parameter)."""
-    return {k: v for k, v in estimate.items() if k != "layouts"}
+def recorded_figures(estimate: Mapping[str, Any]) -> dict[str, Any]:
+    """An estimate as a declaration records it: its figures, without the per-block-type layout tables (the
+    layouts section says them per parameter)."""
+    return {k: v for k, v in estimate.items() if k not in ("layouts", "expert_layouts")}
 
 
 def _tail(doc: dict[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from planner.graph.moe import expert_params
 from planner.graph.mtp import mtp_depths
 from planner.hypershard.declared import (Scored, chunk_layers, cluster_problems, declared_layers, program_parts,
                                          program_workloads, request_of, score_as, view_strategy, workload_of)
-from planner.hypershard.document import Request, build_document, file_sha256
+from planner.hypershard.document import Request, build_document, file_sha256, recorded_figures
 from planner.hypershard.io import check_schema
 from planner.hypershard.layouts import dim_axes, partial_problems
 from planner.hypershard.patterns import expand
@@ -148,7 +148,7 @@ def validate_document(doc: Mapping[str, Any], name: str = "declaration", base_di
         for k, prog in enumerate(doc["programs"]):
             again = rescored[k].get("estimate") if k < len(rescored) else None
             if prog.get("estimate") and again is not None:
-                found = first_difference(prog["estimate"], {key: v for key, v in again.items() if key != "layouts"},
+                found = first_difference(prog["estimate"], recorded_figures(again),
                                          f"programs[{k}].estimate")
                 if found:
                     problems = [found + " (the declaration was edited, or the cost model changed)"]
@@ -367,7 +367,7 @@ def _estimate_problems(recorded: Mapping[str, Any] | None, est: Mapping[str, Any
     """Every recorded figure against the re-estimate (the same inputs give the same figures exactly)."""
     if not recorded:
         return []
-    found = first_difference(recorded, {k: v for k, v in est.items() if k != "layouts"}, "estimate")
+    found = first_difference(recorded, recorded_figures(est), "estimate")
     return [found + " (the declaration was edited, or the cost model changed): `hyperplan estimate MODEL --plan "
             "FILE` scores it as it is"] if found else []
 
