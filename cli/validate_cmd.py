@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from cli import options as opt
 from cli import render
@@ -42,9 +44,14 @@ def validate_cmd(
         typer.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     else:
         console.print(f"[bold]{escape(file)}[/]")
+        checks = Table.grid(padding=(0, 2))  # the detail wraps under itself at the console's width
+        checks.add_column(width=4, no_wrap=True)
+        checks.add_column(no_wrap=True)
+        checks.add_column(overflow="fold")
         for c in report.checks:
-            mark = "[green]  ok[/]" if c.ok else "[bold red]FAIL[/]"
-            console.print(f"{mark}  {c.name:<9} {escape(c.detail)}", soft_wrap=True)
+            mark = Text("  ok", style="green") if c.ok else Text("FAIL", style="bold red")
+            checks.add_row(mark, c.name, Text(c.detail))
+        console.print(checks)
         for w in report.warnings:
             console.print(f"[yellow]note:[/] {escape(w)}")
         if report.estimate is not None:

@@ -32,6 +32,13 @@ def test_plan_writes_a_declaration_that_validates_to_its_numbers(planned):
     assert report["ok"] and report["estimate"]["step_time_s"] == plan["estimate"]["step_time_s"]
     human = runner.invoke(app, ["validate", str(folder / "plan.yaml")], terminal_width=120)
     assert human.exit_code == 0 and "valid" in human.output and "equal to the recorded estimate" in human.output
+    narrow = runner.invoke(app, ["validate", str(folder / "plan.yaml")], terminal_width=60)
+    lines = narrow.output.splitlines()
+    checks = lines[1:next(i for i, line in enumerate(lines) if line.startswith("gpt on dgx-a100"))]
+    assert max(len(line.rstrip()) for line in checks) <= 60, narrow.output  # it had run on past the width
+    estimate_line = next(i for i, line in enumerate(checks) if line.startswith("  ok  estimate"))
+    follow = checks[estimate_line + 1]  # its detail, some 65 characters, goes on under itself
+    assert follow.startswith(" " * 16) and follow.strip() and "estimate" in follow
 
 
 def test_the_declaration_says_how_far_off_its_estimate_may_be(planned):
