@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -44,10 +45,26 @@ def list_cmd(
     if as_json:
         typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2, sort_keys=True))
         return
-    console.print(render.table("hyperplan zoo (weightless ONNX builders)",
+    console.print(render.table("hyperplan zoo (weightless ONNX builders; each source in full: --json)",
                                ("name", "family", "params", "active", "layers", "source"),
-                               ((r.name, r.family, _human(r.params), _human(r.active_params), r.layers, r.source)
-                                for r in rows), right=("params", "active", "layers"), prose=("source",)))
+                               ((r.name, r.family, _human(r.params), _human(r.active_params), r.layers,
+                                 short_source(r.source)) for r in rows),
+                               right=("params", "active", "layers"), prose=("source",)))
+
+
+def short_source(source: str) -> str:
+    """Where a preset's figures come from, without what was read there: the text before its first `;` or `:`,
+    less a parenthesis of figures ("(36 layers, ...)") or one left open by that cut, and, past 50 characters,
+    anything after its first comma outside parentheses."""
+    head = re.sub(r"\s*\((?=\d)[^)]*\)?", "", re.split(r"[;:]", source, maxsplit=1)[0]).strip().rstrip(",")
+    if head.count("(") > head.count(")"):
+        head = head[:head.rindex("(")].rstrip()
+    depth = 0
+    for i, ch in enumerate(head if len(head) > 50 else ""):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and head.startswith(", ", i):
+            return head[:i]
+    return head
 
 
 @zoo_app.command("export")

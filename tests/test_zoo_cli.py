@@ -50,6 +50,20 @@ def test_list_table_names_presets(app):
     assert "llama3-405b" in res.output and "mixtral-8x22b" in res.output and "671.0B" in res.output
 
 
+def test_list_table_cites_each_source_briefly():
+    """Where the figures come from, not all that was read there (QA of 2026-12-08: 272 lines at 80 columns, six
+    a preset); `--json` keeps the whole sentence."""
+    from cli.zoo_cmd import short_source
+
+    qwen = "HF Qwen/Qwen3-8B config.json (36 layers, hidden 4096, 32 heads, 8 KV heads, head_dim 128, ...); 8.2B"
+    assert short_source(qwen) == "HF Qwen/Qwen3-8B config.json"
+    assert short_source("Brown et al. 2020 (GPT-3), Table 2.1: n_layers, d_model") == \
+        "Brown et al. 2020 (GPT-3), Table 2.1"
+    assert short_source("HF Qwen/Qwen3-235B-A22B config.json, as MindSpeed-RL configs/model/q.yaml repeats it") == \
+        "HF Qwen/Qwen3-235B-A22B config.json"
+    assert all(len(short_source(r.source)) <= 80 for r in models_zoo.presets())
+
+
 def test_export_writes_a_loadable_weightless_file_with_overrides(app, tmp_path):
     out = tmp_path / "m.onnx"
     res = invoke(app, "zoo", "export", "mixtral-8x7b", "-o", str(out), "--layers", "2", "--experts", "4",
