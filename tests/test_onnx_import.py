@@ -330,3 +330,20 @@ def test_a_constant_no_real_model_has_turns_off_onnx_data_propagation(tmp_path):
     graph = import_model(path, batch=2, seq_len=8)
     assert any("1,099,511,627,776 is no dimension" in n for n in graph.notes)
     assert graph.params == plain.params and graph.param_count == plain.param_count
+
+
+def test_small_shape_constants_in_external_data_are_read(tmp_path):
+    """A file saved with every tensor external (`size_threshold=0`) keeps even an optimised export's `[-1]` Reshape
+    targets in the .data file: they are read back (as `skeleton` keeps small tensors inline), so the attention's
+    GEMMs are costed as in the inline file (they had gone uncosted, 30 % of OLMo-2's FLOPs at 64 tokens)."""
+    import onnx
+
+    from planner.api import load_graph
+
+    src = Path(__file__).parent / "fixtures" / "hf" / "olmo2_dyn18_inline_named_opt.onnx"
+    out = tmp_path / "ext.onnx"
+    onnx.save_model(onnx.load(str(src)), str(out), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="ext.onnx.data", size_threshold=0)
+    inline, external = (load_graph(str(p), dims={"batch": 1, "seq": 64}) for p in (src, out))
+    assert not external.unknown_ops()
+    assert sum(n.flops for n in external.nodes) == sum(n.flops for n in inline.nodes)

@@ -23,7 +23,7 @@ from planner.graph import onnx_dims
 from planner.graph.ir import Graph, Node, Tensor
 from planner.graph.onnx_params import (attrs_of, consumed_names, declared_placeholders, declared_roles, find_params,
                                       folded_nodes, steering_only)
-from planner.graph.onnx_read import nested_refs, read_model, skeleton, topo_order
+from planner.graph.onnx_read import inline_small_external, nested_refs, read_model, skeleton, topo_order
 from planner.graph.onnx_scopes import inline_functions, node_scope
 from planner.graph.onnx_shapes import Shapes, collect, propagate, write_back
 from planner.graph.onnx_subgraphs import control_flow_cost, is_control_flow
@@ -54,6 +54,7 @@ def import_model(source: str | os.PathLike | onnx.ModelProto, *, dims: Mapping[s
     scopes = [node_scope(n) for n in model.graph.node]
     skel = skeleton(model)
     base_dir = os.path.dirname(os.path.abspath(os.fspath(source))) if isinstance(source, (str, os.PathLike)) else None
+    inline_small_external(skel, base_dir)
     if note := unrename(skel, model, scopes, declared_placeholders(model.graph)):
         notes.append(note)
     if note := untie(skel, model, scopes, base_dir):

@@ -10,6 +10,7 @@ Reshape, Expand, Slice and friends read their values.
 from __future__ import annotations
 
 import heapq
+import math
 import os
 from typing import Iterable
 
@@ -144,6 +145,40 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
                          for t in src.initializer)
     g.sparse_initializer.extend(src.sparse_initializer)
     return skel
+
+
+def inline_small_external(skel: onnx.ModelProto, base_dir: str | None) -> int:
+    """Read into `skel` the data of its small initializers stored as external data (those `skeleton` would have
+    kept inline: shape arithmetic, scalars), so that Reshape, Slice and friends can read their values. A file
+    saved with every tensor external (`onnx.save_model(..., size_threshold=0)`) otherwise leaves an optimised
+    export's `[-1]` Reshape targets unknown, and the attention GEMMs after them uncosted. Only files inside the
+    model's folder are read (as onnx's own loader requires). Returns how many were read."""
+    if base_dir is None:
+        return 0
+    root, done = os.path.realpath(base_dir), 0
+    for t in skel.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL or _big(t):
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        path = os.path.realpath(os.path.join(root, location))
+        if not location or location == _STRIPPED or os.path.commonpath([root, path]) != root:
+            continue
+        try:
+            length = math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+            if int(info.get("length") or length) != length:
+                continue
+            with open(path, "rb") as f:
+                f.seek(int(info.get("offset") or 0))
+                data = f.read(length)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if len(data) == length:
+            t.raw_data = data
+            del t.external_data[:]
+            t.data_location = onnx.TensorProto.DEFAULT
+            done += 1
+    return done
 
 
 def subgraph_refs(graph: onnx.GraphProto) -> set[str]:
