@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +39,33 @@ def test_the_experts_of_each_moe_layer_are_cut_out_with_their_activation(dsv3):
     assert len(split.attention.graph.nodes) + len(inside) == len(g.nodes)
     assert not any(".experts." in p for p in split.attention.graph.params)
     assert split.expert_params == sum(g.tensors[p].numel for p in g.params if ".experts." in p)
+
+
+def test_experts_are_cut_out_whatever_their_weights_are_named(tmp_path):
+    """The split finds a layer's routed experts from its router (`graph.moe`), not from `.experts.` in weight
+    names: with the experts' weights renamed (as other model families and optimised exports name them), a MoE
+    model had been taken for a dense one and got no attention | experts plan."""
+    import onnx
+
+    source = Path(__file__).parent / "fixtures" / "mixtral_moe.onnx"
+    model = onnx.load(str(source), load_external_data=False)
+    renamed = {t.name: t.name.replace(".experts.", ".ffn_bank.") for t in model.graph.initializer}
+    for t in model.graph.initializer:
+        t.name = renamed[t.name]
+    for n in model.graph.node:
+        n.input[:] = [renamed.get(x, x) for x in n.input]
+    for prop in model.graph.metadata_props:  # the exporter's signature names them too
+        prop.value = prop.value.replace(".experts.", ".ffn_bank.")
+    onnx.save(model, str(tmp_path / "bank.onnx"))
+    splits = []
+    for path in (source, tmp_path / "bank.onnx"):
+        g = load_graph(str(path), batch=1, seq_len=64)
+        st = discover_blocks(g)
+        splits.append(split_moe(g, st, GraphFacts(g, st)))
+    named, bank = splits
+    assert bank is not None and named is not None
+    assert (bank.experts, bank.expert_params, len(bank.regions)) == (named.experts, named.expert_params, 2)
+    assert bank.regions == named.regions and bank.dispatch_bytes == named.dispatch_bytes
 
 
 def test_tokens_cross_as_tokens_x_top_k_x_hidden_each_way(dsv3):

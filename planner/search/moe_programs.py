@@ -46,7 +46,7 @@ from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
 from planner.graph.subgraph import extract
 from planner.costing.graph_facts import GraphFacts
-from planner.search.moe_split import (EXPERT_TAG, ExpertGroup, MoeSplit, expert_flops, expert_group, split_moe)
+from planner.search.moe_split import ExpertGroup, MoeSplit, expert_flops, expert_group, split_moe
 from planner.search.mpmd import MpmdResult, Program, ProgramPlan, ProgramSearch
 from planner.search.plan_search import Budget, Candidate
 from planner.search.program_groups import group_cluster, group_unit, group_workload
@@ -241,9 +241,9 @@ def plan_moe_programs(
 ) -> MpmdResult | None:
     """The best attention | experts plan in training, or None for a dense model (or when no split fits);
     `incumbent_s`: the step to beat, which lets hopeless splits go unsearched (`MoeSplitSearch.best`)."""
-    if workload.mode != "train" or not any(EXPERT_TAG in p for p in graph.params):
+    if workload.mode != "train":
         return None
-    facts = GraphFacts(graph, structure)
+    facts = GraphFacts(graph, structure)  # its MoE layers are found from their routers, not from weight names
     split = split_moe(graph, structure, facts)
     if split is None or split.experts < 1:
         return None

@@ -20,9 +20,8 @@ once a memory-bound op's (Narayanan 2021, section 5.1).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import numpy as np
 
@@ -43,19 +42,6 @@ from planner.costing.stage_costs import DTYPE_WIDTH
 from planner.costing.node_times import optimizer_step_s
 from planner.strategy import Workload
 
-EXPERT_TAG = ".experts."
-_EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
-
-
-def expert_count(graph: Graph, weights: Iterable[str]) -> int:
-    """Routed experts behind these weights: their indices (per-expert weights) or the leading dim (fused)."""
-    weights = sorted(weights)
-    indices = {m.group(1) for w in weights if (m := _EXPERT_INDEX.search(w))}
-    if indices:
-        return len(indices)
-    return max((graph.tensors[w].shape[0] for w in weights if len(graph.tensors[w].shape or ()) == 3), default=0)
-
-
 @dataclass(frozen=True, slots=True)
 class MoeSplit:
     """The model cut into its attention program and, per MoE layer, the nodes of its routed experts."""
@@ -68,14 +54,16 @@ class MoeSplit:
     combine_bytes: Mapping[str, float]  # and back
 
 
-def expert_regions(graph: Graph, structure: Structure, matrix: np.ndarray) -> dict[str, tuple[int, ...]]:
-    """Per block, the routed experts' nodes: those reading expert weights, the expert matmuls fed by them,
-    and every node on a path between the two (the activation between the up and down projections)."""
-    params = set(graph.params)
+def expert_regions(graph: Graph, structure: Structure, matrix: np.ndarray,
+                   routed: Mapping[str, frozenset[str]]) -> dict[str, tuple[int, ...]]:
+    """Per MoE block, the routed experts' nodes: those reading the block's routed weights (`routed`, found from
+    its router: `graph.moe`), the expert matmuls fed by them, and every node on a path between the two (the
+    activation between the up and down projections)."""
     out: dict[str, tuple[int, ...]] = {}
     for blk in structure.blocks:
+        weights = routed.get(blk.name, frozenset())
         nodes = sorted(blk.nodes)
-        readers = {i for i in nodes if any(x in params and EXPERT_TAG in x for x in graph.nodes[i].inputs if x)}
+        readers = {i for i in nodes if any(x in weights for x in graph.nodes[i].inputs if x)}
         if not readers:
             continue
         producer = {o: i for i in nodes for o in graph.nodes[i].outputs if o}
@@ -84,7 +72,7 @@ def expert_regions(graph: Graph, structure: Structure, matrix: np.ndarray) -> di
             if i not in below and any(producer.get(x) in below for x in graph.nodes[i].inputs if x):
                 below.add(i)
         matmuls = {i for i in below if matrix[i] and any(
-            producer.get(x) in readers or (x in params and EXPERT_TAG in x) for x in graph.nodes[i].inputs if x)}
+            producer.get(x) in readers or x in weights for x in graph.nodes[i].inputs if x)}
         above = set(matmuls)  # ancestors of the expert matmuls
         for i in reversed(nodes):
             if i in above:
@@ -95,7 +83,7 @@ def expert_regions(graph: Graph, structure: Structure, matrix: np.ndarray) -> di
 
 def split_moe(graph: Graph, structure: Structure, facts: GraphFacts) -> MoeSplit | None:
     """The attention program and the expert regions, or None for a model without routed experts."""
-    regions = expert_regions(graph, structure, facts.work.matrix)
+    regions = expert_regions(graph, structure, facts.work.matrix, {b: f.params for b, f in facts.moe.items()})
     if not regions:
         return None
     inside = {i for r in regions.values() for i in r}
@@ -114,9 +102,8 @@ def split_moe(graph: Graph, structure: Structure, facts: GraphFacts) -> MoeSplit
         outs = {o for o in produced if o in attn.tensors and graph.tensors[o].dtype in FLOAT_DTYPES}
         dispatch[name] = sum(graph.tensors[x].nbytes for x in sorted(ins)) / batch
         combine[name] = sum(graph.tensors[x].nbytes for x in sorted(outs)) / batch
-        weights = {x for i in region for x in graph.nodes[i].inputs if x in params and EXPERT_TAG in x}
-        experts = max(experts, expert_count(graph, weights))
-    expert_params = float(sum(graph.tensors[p].numel for p in graph.params if EXPERT_TAG in p))
+        experts = max(experts, facts.moe[name].experts)
+    expert_params = float(sum(graph.tensors[p].numel for p in sorted(facts.expert_params)))
     return MoeSplit(attention, regions, experts, expert_params, dispatch, combine)
 
 
