@@ -321,8 +321,8 @@ def print_estimate(r: dict) -> None:
 
     if r["layouts"]:
         experts = r.get("expert_layouts") or {}
-        rows = [(btype if i == 0 else "", p, experts.get(btype, {}).get(p, lay)) for btype, entries in r["layouts"].items()
-                for i, (p, lay) in enumerate(entries.items())]
+        rows = [(btype if i == 0 else "", p, experts.get(btype, {}).get(p, lay))
+                for btype, entries in r["layouts"].items() for i, (p, lay) in enumerate(entries.items())]
         legend = "S<d>: split on dim d over TP, R: replicated"
         if experts:
             legend += "; routed experts: EP<n> dealt over n ranks, ETP<n> each split over n"

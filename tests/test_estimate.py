@@ -392,3 +392,27 @@ def test_routed_experts_are_labelled_as_the_strategy_splits_them(extra, label):
     experts = r["expert_layouts"]["model.layers (MoE layer)"]
     assert experts == {"mlp.experts.gate_up_proj": label, "mlp.experts.down_proj": label}
     assert set(experts) < set(r["layouts"]["model.layers (MoE layer)"])  # the rows they relabel, nothing else
+
+
+def test_only_routed_expert_rows_are_relabelled_whatever_the_experts_are_named(tmp_path):
+    """Expert weights named like any weight (`...experts.gate_up_proj.weight`, as transformers 4 and DeepSeek's
+    own code name them) relabel their own rows only: matched by suffix, `lm_head`'s, the embedding's and the final
+    norm's `weight` rows had been labelled EP4·ETP2 too (review of 2026-12-08)."""
+    import onnx
+
+    from tests.conftest import FIXTURES
+
+    model = onnx.load(str(FIXTURES / "mixtral_moe.onnx"), load_external_data=False)
+    renamed = {t.name: t.name + ".weight" for t in model.graph.initializer if ".experts." in t.name}
+    for t in model.graph.initializer:
+        t.name = renamed.get(t.name, t.name)
+    for n in model.graph.node:
+        n.input[:] = [renamed.get(x, x) for x in n.input]
+    for prop in model.graph.metadata_props:  # the exporter's signature names them too
+        for old, new in renamed.items():
+            prop.value = prop.value.replace(f"'{old}'", f"'{new}'")
+    onnx.save(model, str(tmp_path / "named.onnx"))
+    r = estimate_model(str(tmp_path / "named.onnx"), cluster="dgx-h100", devices=8, global_batch=8, seq_len=64,
+                       tp=2, ep=4)
+    assert r["expert_layouts"] == {"model.layers (MoE layer)": {"mlp.experts.gate_up_proj.weight": "EP4·ETP2",
+                                                                "mlp.experts.down_proj.weight": "EP4·ETP2"}}

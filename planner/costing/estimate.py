@@ -207,19 +207,25 @@ def check_experts(strategy: Strategy, facts: GraphFacts) -> None:
         raise InvalidInput(why)
 
 
-def expert_layouts(layouts: Mapping[str, Mapping[str, str]], routed: frozenset[str], strategy: Strategy
-                   ) -> dict[str, dict[str, str]]:
-    """The rows of `layouts` that are routed experts' weights, labelled as the strategy splits them: `EP<n>` the
-    experts dealt over n ranks, `ETP<n>` each expert's weight split over n (Megatron-Core's grouped GEMMs: the
-    first column-, the second row-wise), `R` whole and on every rank."""
+def expert_layouts(structure: Structure, layouts: Mapping[str, Mapping[str, str]], routed: frozenset[str],
+                   strategy: Strategy) -> dict[str, dict[str, str]]:
+    """The rows of `layouts` that are routed experts' weights, named as `block_costs.layout_table` names them
+    (relative to their block, or absolute), labelled as the strategy splits them: `EP<n>` the experts dealt over n
+    ranks, `ETP<n>` each expert's weight split over n (Megatron-Core's grouped GEMMs: the first column-, the
+    second row-wise), `R` whole and on every rank."""
     parts = [f"EP{strategy.ep}"] if strategy.ep > 1 else []
     parts += [f"ETP{strategy.expert_tp}"] if strategy.expert_tp > 1 else []
     label = "·".join(parts) or "R"
     out: dict[str, dict[str, str]] = {}
-    for btype, rows in layouts.items():
-        mine = {name: label for name in rows if name in routed or any(p.endswith("." + name) for p in routed)}
-        if mine:
-            out[btype] = mine
+    for btype in structure.types:
+        rows = layouts.get(btype.label, {})
+        for inst in btype.instances:
+            blk = structure.block(inst)
+            for p in sorted(routed & set(blk.params)):
+                rel = p[len(blk.name) + 1:] if p.startswith(blk.name + ".") else p
+                # a later instance's row is named absolutely where its layout differs
+                for name in sorted({rel, p} & rows.keys()):
+                    out.setdefault(btype.label, {})[name] = label
     return out
 
 
@@ -287,7 +293,7 @@ def estimate(
         breakdown_s=bd,
         stages=stages,
         layouts=costs.layouts,
-        expert_layouts=expert_layouts(costs.layouts, facts.expert_params, strategy),
+        expert_layouts=expert_layouts(structure, costs.layouts, facts.expert_params, strategy),
         microbatches=m,
         solver_gap=costs.solver_gap,
         offload=offload,
