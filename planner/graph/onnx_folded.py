@@ -56,14 +56,13 @@ graph inputs carry no values: nothing is untied.
 
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from planner.graph.onnx_read import shell
+from planner.graph.onnx_read import external_span, shell
 
 #: Elements compared between a table and a candidate copy (on fixed strides through both)
 SAMPLE = 4096
@@ -345,12 +344,9 @@ def _bits(t: onnx.TensorProto, base_dir: str | None) -> np.ndarray | None:
     if as_bits is None or len(shape) != 2 or 0 in shape:
         return None
     if t.data_location == onnx.TensorProto.EXTERNAL:
-        info = {e.key: e.value for e in t.external_data}
-        path = os.path.join(base_dir or "", info.get("location", ""))
-        offset, size = int(info.get("offset", 0) or 0), int(np.prod(shape)) * width
-        if not info.get("location") or not os.path.isfile(path) or os.path.getsize(path) < offset + size:
+        if (span := external_span(t, base_dir)) is None:
             return None
-        return np.memmap(path, dtype=as_bits, mode="r", offset=offset, shape=shape)
+        return np.memmap(span[0], dtype=as_bits, mode="r", offset=span[1], shape=shape)
     if t.raw_data:
         if len(t.raw_data) != int(np.prod(shape)) * width:
             return None

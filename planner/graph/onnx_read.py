@@ -147,31 +147,48 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return skel
 
 
+#: Element types packed two to a byte: their bytes are not elements x itemsize
+_SUB_BYTE = frozenset(getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+                      if hasattr(onnx.TensorProto, n))
+
+
+def external_span(t: onnx.TensorProto, base_dir: str | None) -> tuple[str, int, int] | None:
+    """(file, offset, bytes) of an initializer's external data, or None where it cannot be read from here: no
+    folder, no location (or the skeleton's stripped mark), a location outside the model's folder (absolute, or
+    through `..`, as onnx's own loader refuses; a symlink inside it, as the Hugging Face cache's, is followed), a
+    size unknown (negative dims, sub-byte elements) or disagreeing with its `length`, or a file too short."""
+    info = {e.key: e.value for e in t.external_data}
+    location = info.get("location", "")
+    if base_dir is None or not location or location == _STRIPPED or os.path.isabs(location) \
+            or ".." in location.replace("\\", "/").split("/") or t.data_type in _SUB_BYTE or any(d < 0 for d in t.dims):
+        return None
+    path = os.path.normpath(os.path.join(base_dir, location))
+    try:
+        length = math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        offset = int(info.get("offset") or 0)
+        if int(info.get("length") or length) != length or os.path.getsize(path) < offset + length:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return path, offset, length
+
+
 def inline_small_external(skel: onnx.ModelProto, base_dir: str | None) -> int:
     """Read into `skel` the data of its small initializers stored as external data (those `skeleton` would have
     kept inline: shape arithmetic, scalars), so that Reshape, Slice and friends can read their values. A file
     saved with every tensor external (`onnx.save_model(..., size_threshold=0)`) otherwise leaves an optimised
-    export's `[-1]` Reshape targets unknown, and the attention GEMMs after them uncosted. Only files inside the
-    model's folder are read (as onnx's own loader requires). Returns how many were read."""
-    if base_dir is None:
-        return 0
-    root, done = os.path.realpath(base_dir), 0
+    export's `[-1]` Reshape targets unknown, and the attention GEMMs after them uncosted (`external_span` says
+    which files are read). Returns how many were read."""
+    done = 0
     for t in skel.graph.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL or _big(t):
+        if t.data_location != onnx.TensorProto.EXTERNAL or _big(t) or (span := external_span(t, base_dir)) is None:
             continue
-        info = {e.key: e.value for e in t.external_data}
-        location = info.get("location", "")
-        path = os.path.realpath(os.path.join(root, location))
-        if not location or location == _STRIPPED or os.path.commonpath([root, path]) != root:
-            continue
+        path, offset, length = span
         try:
-            length = math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-            if int(info.get("length") or length) != length:
-                continue
             with open(path, "rb") as f:
-                f.seek(int(info.get("offset") or 0))
+                f.seek(offset)
                 data = f.read(length)
-        except (OSError, ValueError, KeyError, TypeError):
+        except OSError:
             continue
         if len(data) == length:
             t.raw_data = data
