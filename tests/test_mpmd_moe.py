@@ -12,7 +12,7 @@ from planner.api import load_graph, plan_model
 from planner.graph.blocks import discover_blocks
 from planner.costing.graph_facts import GraphFacts
 from planner.search.moe_programs import MoeSplitSearch, cycle_s, plan_moe_programs
-from planner.search.moe_split import expert_group, split_moe
+from planner.search.moe_split import expert_flops, expert_group, split_moe
 from planner.strategy import Workload
 
 SEQ = 512
@@ -61,11 +61,18 @@ def test_experts_are_cut_out_whatever_their_weights_are_named(tmp_path):
     for path in (source, tmp_path / "bank.onnx"):
         g = load_graph(str(path), batch=1, seq_len=64)
         st = discover_blocks(g)
-        splits.append(split_moe(g, st, GraphFacts(g, st)))
+        facts = GraphFacts(g, st)
+        splits.append(split_moe(g, st, facts))
     named, bank = splits
     assert bank is not None and named is not None
     assert (bank.experts, bank.expert_params, len(bank.regions)) == (named.experts, named.expert_params, 2)
     assert bank.regions == named.regions and bank.dispatch_bytes == named.dispatch_bytes
+    # each region holds its layer's two expert contractions, reached through the export's Transpose and per-token
+    # GatherND of the stacked weights (review of 2026-12-08: the regions had been two Transposes, 0 FLOPs)
+    for name, region in bank.regions.items():
+        assert facts.moe[name].expert_nodes <= set(region)
+        assert [g.nodes[i].op_type for i in region].count("MatMul") == 2
+    assert expert_flops(bank, facts) > 0
 
 
 def test_tokens_cross_as_tokens_x_top_k_x_hidden_each_way(dsv3):

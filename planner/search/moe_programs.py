@@ -44,6 +44,7 @@ from cost_models.collectives import send_recv_s
 from planner.costing.estimate import fits_memory
 from planner.graph.blocks import Structure
 from planner.graph.ir import Graph
+from planner.graph.moe import expert_params
 from planner.graph.subgraph import extract
 from planner.costing.graph_facts import GraphFacts
 from planner.search.moe_split import ExpertGroup, MoeSplit, expert_flops, expert_group, split_moe
@@ -241,9 +242,9 @@ def plan_moe_programs(
 ) -> MpmdResult | None:
     """The best attention | experts plan in training, or None for a dense model (or when no split fits);
     `incumbent_s`: the step to beat, which lets hopeless splits go unsearched (`MoeSplitSearch.best`)."""
-    if workload.mode != "train":
+    if workload.mode != "train" or not expert_params(graph, structure):  # from the routers (a third of the facts)
         return None
-    facts = GraphFacts(graph, structure)  # its MoE layers are found from their routers, not from weight names
+    facts = GraphFacts(graph, structure)
     split = split_moe(graph, structure, facts)
     if split is None or split.experts < 1:
         return None

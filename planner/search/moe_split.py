@@ -23,7 +23,6 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-import numpy as np
 
 from cost_models import Cluster, place_group
 from cost_models.collectives import all_gather_s, reduce_scatter_s
@@ -34,6 +33,7 @@ from cost_models.overlap import exposed_dp_reduction_s
 from planner.costing.estimate import fits_memory
 from planner.graph.blocks import Structure, discover_blocks
 from planner.graph.ir import Graph
+from planner.graph.moe import MoeFacts
 from planner.graph.subgraph import extract
 from planner.costing.graph_facts import GraphFacts
 from planner.costing.node_work import FLOAT_DTYPES
@@ -54,26 +54,24 @@ class MoeSplit:
     combine_bytes: Mapping[str, float]  # and back
 
 
-def expert_regions(graph: Graph, structure: Structure, matrix: np.ndarray,
-                   routed: Mapping[str, frozenset[str]]) -> dict[str, tuple[int, ...]]:
-    """Per MoE block, the routed experts' nodes: those reading the block's routed weights (`routed`, found from
-    its router: `graph.moe`), the expert matmuls fed by them, and every node on a path between the two (the
-    activation between the up and down projections)."""
+def expert_regions(graph: Graph, structure: Structure, moe: Mapping[str, MoeFacts]) -> dict[str, tuple[int, ...]]:
+    """Per MoE block, the routed experts' nodes: those reading the block's routed weights and the contractions
+    that use them (`moe`, found from each router: `graph.moe`; through a dynamo export's Transpose and
+    per-token Gather of the stacked weights too), and every node on a path between the two (the activation
+    between the up and down projections)."""
     out: dict[str, tuple[int, ...]] = {}
     for blk in structure.blocks:
-        weights = routed.get(blk.name, frozenset())
+        if blk.name not in moe:
+            continue
+        weights, contractions = moe[blk.name].params, moe[blk.name].expert_nodes
         nodes = sorted(blk.nodes)
         readers = {i for i in nodes if any(x in weights for x in graph.nodes[i].inputs if x)}
-        if not readers:
-            continue
         producer = {o: i for i in nodes for o in graph.nodes[i].outputs if o}
         below = set(readers)  # descendants of the weight readers, in graph (topological) order
         for i in nodes:
             if i not in below and any(producer.get(x) in below for x in graph.nodes[i].inputs if x):
                 below.add(i)
-        matmuls = {i for i in below if matrix[i] and any(
-            producer.get(x) in readers or x in weights for x in graph.nodes[i].inputs if x)}
-        above = set(matmuls)  # ancestors of the expert matmuls
+        above = {i for i in contractions if i in below}  # their ancestors, the experts' activation among them
         for i in reversed(nodes):
             if i in above:
                 above.update(producer[x] for x in graph.nodes[i].inputs if x in producer)
@@ -83,7 +81,7 @@ def expert_regions(graph: Graph, structure: Structure, matrix: np.ndarray,
 
 def split_moe(graph: Graph, structure: Structure, facts: GraphFacts) -> MoeSplit | None:
     """The attention program and the expert regions, or None for a model without routed experts."""
-    regions = expert_regions(graph, structure, facts.work.matrix, {b: f.params for b, f in facts.moe.items()})
+    regions = expert_regions(graph, structure, facts.moe)
     if not regions:
         return None
     inside = {i for r in regions.values() for i in r}
