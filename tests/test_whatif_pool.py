@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Starts the forkserver (by `start_quietly`, or directly) and prints whether it ignores SIGINT at once, while it
 #: still imports the planner: the SigIgn mask of /proc/PID/status, bit SIGINT - 1.
 _PROBE = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (see _ignores_sigint)
 from multiprocessing import forkserver
 from planner.whatif_pool import pool_context, start_quietly
 ctx = pool_context()
@@ -36,10 +37,11 @@ print(bool(int(mask, 16) >> (2 - 1) & 1))
 
 def _ignores_sigint(how: str) -> bool:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    # started with SIGINT at its default, as from a terminal: a background run (`cmd &`, nohup) hands every child
-    # SIGINT ignored, and the forkserver would then ignore it however it was started
+    # the probe takes SIGINT back first, as a terminal's run has it: a background run (`cmd &`, nohup) hands every
+    # child SIGINT ignored, and the forkserver (an exec of it: a handler becomes the default) would then ignore it
+    # however it was started
     out = subprocess.run([sys.executable, "-c", _PROBE, how], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=120, check=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         timeout=120, check=True)
     return out.stdout.strip() == "True"
 
 

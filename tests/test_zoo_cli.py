@@ -48,6 +48,7 @@ def test_list_table_names_presets(app):
     res = invoke(app, "zoo", "list")
     assert res.exit_code == 0
     assert "llama3-405b" in res.output and "mixtral-8x22b" in res.output and "671.0B" in res.output
+    assert "HF Qwen/Qwen3-8B config.json" in res.output and "36 layers" not in res.output  # each source briefly
 
 
 def test_list_table_cites_each_source_briefly():
