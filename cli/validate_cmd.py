@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
 from cli import options as opt
 from cli import render
@@ -19,6 +18,8 @@ from planner.hypershard.io import read_document
 from planner.hypershard.validate import validate_document
 
 console = render.LiveConsole(highlight=False, soft_wrap=False)
+#: where a check's detail starts: its mark, two spaces, its name in 9, a space
+_INDENT = 16
 
 
 def register(app: typer.Typer) -> None:
@@ -44,14 +45,13 @@ def validate_cmd(
         typer.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     else:
         console.print(f"[bold]{escape(file)}[/]")
-        checks = Table.grid(padding=(0, 2))  # the detail wraps under itself at the console's width
-        checks.add_column(width=4, no_wrap=True)
-        checks.add_column(no_wrap=True)
-        checks.add_column(overflow="fold")
+        room = max(30, console.width - _INDENT)  # each detail wraps under itself, no line padded to the width
         for c in report.checks:
-            mark = Text("  ok", style="green") if c.ok else Text("FAIL", style="bold red")
-            checks.add_row(mark, c.name, Text(c.detail))
-        console.print(checks)
+            mark = "[green]  ok[/]" if c.ok else "[bold red]FAIL[/]"
+            lines = textwrap.wrap(c.detail, room, break_long_words=False, break_on_hyphens=False) or [""]
+            console.print(f"{mark}  {c.name:<9} {escape(lines[0])}", soft_wrap=True)
+            for line in lines[1:]:
+                console.print(" " * _INDENT + escape(line), soft_wrap=True)
         for w in report.warnings:
             console.print(f"[yellow]note:[/] {escape(w)}")
         if report.estimate is not None:
