@@ -27,6 +27,8 @@ MAX_DEVICES = SPEC_MAX_DEVICES
 #: batch (DeepSeek-V3: 15,360 x 4,096 = 63M tokens, arXiv:2412.19437 section 4.2); beyond it the estimate
 #: would print a step of days as if it were a plan.
 MAX_TOKENS_PER_STEP = 2**32
+#: What that bound is, as the refusals of a step over it say
+MAX_TOKENS_WHY = "about 70x the largest published training batch (DeepSeek-V3: 63M tokens)"
 
 #: Host memory the ONNX importer holds per token of a bound sequence dimension: ONNX shape inference with data
 #: propagation materialises per-position values (Range, masks). Measured on the torch-exported fixtures
@@ -106,8 +108,7 @@ def step_tokens(global_batch: int | None, seq_len: int | None) -> None:
         whole("--seq-len", seq_len, "the sequence length (tokens)")
     if global_batch is not None and seq_len is not None and global_batch * seq_len > MAX_TOKENS_PER_STEP:
         raise InvalidInput(f"--global-batch {global_batch} x --seq-len {seq_len} = {global_batch * seq_len:,} tokens "
-                           f"per step is more than {MAX_TOKENS_PER_STEP:,}, about 70x the largest published "
-                           "training batch (DeepSeek-V3: 63M tokens); give a smaller "
+                           f"per step is more than {MAX_TOKENS_PER_STEP:,}, {MAX_TOKENS_WHY}; give a smaller "
                            f"{'--seq-len' if seq_len > MAX_TOKENS_PER_STEP else '--global-batch or --seq-len'}")
 
 

@@ -128,13 +128,18 @@ def _check_writable(target: Path, folder: Path, flag: str) -> None:
     if len(os.fsencode(target.name)) > limit:
         raise InvalidInput(f"{flag} {target}: the file name is longer than the {limit} bytes its folder allows; "
                            "give a shorter name")
-    try:
-        fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=".hyperplan-")
-    except OSError as exc:
-        raise InvalidInput(f"{flag} {target}: cannot write in folder {folder} ({exc.strerror}); "
-                           "give a path in a folder you can write to") from None
+    fd, tmp = _temporary(folder, f"{flag} {target}")
     os.close(fd)
     os.unlink(tmp)
+
+
+def _temporary(folder: Path, what: str, suffix: str = "") -> tuple[int, str]:
+    """A new empty file in `folder` (its descriptor and path), or InvalidInput saying `what` cannot be written."""
+    try:
+        return tempfile.mkstemp(dir=str(folder), prefix=".hyperplan-", suffix=suffix)
+    except OSError as exc:
+        raise InvalidInput(f"{what}: cannot write in folder {folder} ({exc.strerror}); give a path in a folder you "
+                           "can write to") from None
 
 
 def _same_file(a: Any, target: Path) -> bool:
@@ -162,23 +167,17 @@ def write_atomically(out: str, produce: Callable[[], str | bytes], protect: tupl
         raise InvalidInput(f"-o {out}: folder {folder} does not exist")
     data = produce()
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        fd, tmp = tempfile.mkstemp(dir=str(folder), prefix=".hyperplan-", suffix=target.suffix)
-    except OSError as exc:
-        raise InvalidInput(f"-o {out}: cannot write in folder {folder} ({exc.strerror}); give a path in a folder "
-                           "you can write to") from None
+    fd, tmp = _temporary(folder, f"-o {out}", target.suffix)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; give what open() would
         os.replace(tmp, target)
-    except OSError as exc:
+    except BaseException as exc:  # a full disk, Ctrl-C: the temporary file goes, the target stays as it was
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise InvalidInput(f"-o {out}: could not write it ({exc.strerror}); nothing was written there") from None
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise InvalidInput(f"-o {out}: could not write it ({exc.strerror}); nothing was written there") from None
         raise
     return len(raw)
 
@@ -211,13 +210,13 @@ def read_document(path: str) -> dict[str, Any]:
 
 def _check_step_tokens(doc: Mapping[str, Any], name: str) -> None:
     """A training declaration's step within the tokens a step given by flags may hold (`bounds.step_tokens`)."""
-    from planner.bounds import MAX_TOKENS_PER_STEP
+    from planner.bounds import MAX_TOKENS_PER_STEP, MAX_TOKENS_WHY
 
     w = doc.get("workload")
     if isinstance(w, Mapping) and not is_serving(doc) and (
             tokens := w.get("global_batch", 1) * w.get("seq_len", 1)) > MAX_TOKENS_PER_STEP:
         raise InvalidInput(f"{name}: workload.global_batch x workload.seq_len = {tokens:,} tokens per step is more "
-                           f"than {MAX_TOKENS_PER_STEP:,}, about 70x the largest published training batch; fix it")
+                           f"than {MAX_TOKENS_PER_STEP:,}, {MAX_TOKENS_WHY}; fix it")
 
 
 class _DuplicateKey(ValueError):
