@@ -80,7 +80,8 @@ def test_set_reaches_a_config_json():
     [
         (["inspect", "llama3-8b", "--set", "expert_width=4"],  # the model named once (QA of 2026-12-07: twice)
          "error: zoo model 'llama3-8b' has no setting 'expert_width'; valid settings: attn_scale, batch, dense_ffn,"),
-        (["inspect", "llama3-8b", "--experts", "8"], "top_k=0 must be between 1 and experts=8; set top_k too (--top-k)."),
+        (["inspect", "llama3-8b", "--experts", "8"],
+         "top_k=0 must be between 1 and experts=8; set top_k too (--top-k)."),
         (["inspect", "deepseek-v3", "--head-dim", "64"], "has no setting 'head_dim'; valid settings: batch, dense_"),
         (["inspect", "llama3-8b", "--set", "qk_norm=yes"], "qk_norm must be true or false, got 'yes'."),
         (["inspect", "llama3-8b", "--set", "rope_theta=fast"], "rope_theta must be a number, got 'fast'."),
